@@ -1,0 +1,56 @@
+"""``ddl info``: print a variant's configuration and parameter count."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
+
+    p = sub.add_parser(
+        "info",
+        help="print a variant's configuration and parameter count",
+        description="Build the model of VARIANT at PRESET (on the meta device: no memory is used) and print "
+        "its configuration and parameter count (tied embeddings counted once).",
+    )
+    p.add_argument("--variant", default="baseline", choices=list(VARIANTS), help="model variant (default: baseline)")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model size (default: tiny)")
+    p.add_argument("--json", action="store_true", help="print the configuration as JSON only")
+    p.set_defaults(func=run)
+
+
+def count_parameters(model) -> int:
+    """Parameters counted once each (tied embeddings once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from deep_delta.models import DDLConfig, DDLForCausalLM
+    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
+
+    cfg = DDLConfig.from_variant(args.variant, args.preset)
+    with torch.device("meta"):
+        model = DDLForCausalLM(cfg)
+    n = count_parameters(model)
+    if args.json:
+        print(json.dumps({**cfg.to_diff_dict(), "parameters": n}, indent=2, sort_keys=True))
+        return 0
+    base_cfg = DDLConfig.from_variant("baseline", args.preset)
+    with torch.device("meta"):
+        base = count_parameters(DDLForCausalLM(base_cfg))
+    print(f"variant   {args.variant} ({PAPER_NAMES[args.variant]})")
+    print(f"preset    {args.preset}")
+    keys = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+            "intermediate_size", "max_position_embeddings", "residual", "value_channels", "residual_map",
+            "compressor", "compressor_kernel_size", "state_init", "embed_conv_kernel_size", "gate",
+            "beta_init", "value_scale", "k_eps", "delta_backend"]
+    for k in keys:
+        print(f"  {k:<24} {getattr(cfg, k)}")
+    extra = n - base
+    print(f"parameters {n:,} ({n / 1e6:.2f}M; {extra:+,} = {100 * extra / base:+.3f}% vs baseline)")
+    return 0

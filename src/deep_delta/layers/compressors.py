@@ -1,0 +1,144 @@
+"""Reading the expanded state out (compressors) and building it (state expansion).
+
+Compressors map X: (B, T, d, d_v) to x_in: (B, T, d). Both start as the plain average over the value
+channels, so at initialisation the read of a freshly expanded state equals the embedding it came from.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deep_delta.ops.shortconv import next_past, pad_with_past, short_conv
+
+COMPRESSORS = ("token", "channel")
+STATE_INITS = ("repeat", "conv")
+
+
+def _check_state(name: str, x: torch.Tensor, dim: int, value_channels: int) -> None:
+    if x.dim() != 4 or x.shape[-2:] != (dim, value_channels):
+        raise ValueError(
+            f"{name}: expected a state of shape (B, T, {dim}, {value_channels}), got {tuple(x.shape)}"
+        )
+
+
+class ChannelCompressor(nn.Module):
+    """CC: per-feature mix over the value channels, ``x_in_i = sum_j c_ij X_ij`` (kernel = d_v).
+
+    Needs no token history, so generation carries nothing extra for it.
+    """
+
+    kernel_size_is_value_channels = True
+
+    def __init__(self, dim: int, value_channels: int, kernel_size: int | None = None):
+        super().__init__()
+        if kernel_size is not None and kernel_size != value_channels:
+            raise ValueError(
+                f"ChannelCompressor: `kernel_size` spans the value channels and must equal "
+                f"value_channels={value_channels}, got {kernel_size}"
+            )
+        self.dim, self.value_channels, self.kernel_size = dim, value_channels, value_channels
+        self.weight = nn.Parameter(torch.empty(dim, value_channels))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.weight, 1.0 / self.value_channels)
+
+    @property
+    def history(self) -> int:
+        return 0
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor | None = None):
+        """x: (B, T, d, d_v) -> (x_in: (B, T, d), None)."""
+        _check_state("ChannelCompressor", x, self.dim, self.value_channels)
+        return (x * self.weight.to(x.dtype)).sum(-1), None
+
+
+class TokenConvCompressor(nn.Module):
+    """TC: causal depthwise conv over tokens on the d*d_v channels, then a read vector w_p over d_v.
+
+    ``x_in_{t,i} = sum_j w_p,j sum_s c_{i,j,s} X_{t-s,i,j}``. Starts as identity conv + mean read.
+    A decoding step passes the last K-1 states as ``past`` and gets the next ``past`` back.
+    """
+
+    def __init__(self, dim: int, value_channels: int, kernel_size: int = 4):
+        super().__init__()
+        if kernel_size < 1:
+            raise ValueError(f"TokenConvCompressor: `kernel_size` must be >= 1, got {kernel_size}")
+        self.dim, self.value_channels, self.kernel_size = dim, value_channels, kernel_size
+        self.conv_weight = nn.Parameter(torch.empty(kernel_size, dim, value_channels))
+        self.read = nn.Parameter(torch.empty(value_channels))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.conv_weight.zero_()
+            self.conv_weight[0].fill_(1.0)
+            self.read.fill_(1.0 / self.value_channels)
+
+    @property
+    def history(self) -> int:
+        return self.kernel_size - 1
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor | None = None):
+        """x: (B, T, d, d_v), past: (B, K-1, d, d_v) or None -> (x_in: (B, T, d), next past or None)."""
+        _check_state("TokenConvCompressor", x, self.dim, self.value_channels)
+        k, t = self.kernel_size, x.shape[1]
+        # fold the read vector into the conv taps: one reduction per tap instead of a full conv output
+        w = (self.conv_weight * self.read).to(x.dtype)
+        xp = pad_with_past(x, k, past)
+        out = (xp[:, k - 1 : k - 1 + t] * w[0]).sum(-1)
+        for s in range(1, k):
+            out = out + (xp[:, k - 1 - s : k - 1 - s + t] * w[s]).sum(-1)
+        return out, next_past(xp, k)
+
+
+def make_compressor(kind: str, dim: int, value_channels: int, kernel_size: int | None) -> nn.Module:
+    if kind == "channel":
+        return ChannelCompressor(dim, value_channels, kernel_size)
+    if kind == "token":
+        return TokenConvCompressor(dim, value_channels, 4 if kernel_size is None else kernel_size)
+    raise ValueError(f"compressor must be one of {COMPRESSORS}, got {kind!r}")
+
+
+class StateExpander(nn.Module):
+    """Build X_0: (B, T, d, d_v) from embeddings e: (B, T, d).
+
+    kind="repeat": ``X_0 = e 1^T``. kind="conv" (EC): depthwise causal conv over tokens mapping d to
+    d*d_v, identity-initialised so it starts as repetition; decoding passes the last K-1 embeddings.
+    """
+
+    def __init__(self, dim: int, value_channels: int, kind: str = "repeat", kernel_size: int = 4):
+        super().__init__()
+        if kind not in STATE_INITS:
+            raise ValueError(f"StateExpander: `kind` must be one of {STATE_INITS}, got {kind!r}")
+        if kernel_size < 1:
+            raise ValueError(f"StateExpander: `kernel_size` must be >= 1, got {kernel_size}")
+        self.dim, self.value_channels, self.kind = dim, value_channels, kind
+        self.kernel_size = kernel_size if kind == "conv" else 1
+        if kind == "conv":
+            self.weight = nn.Parameter(torch.empty(kernel_size, dim, value_channels))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            with torch.no_grad():
+                self.weight.zero_()
+                self.weight[0].fill_(1.0)
+
+    @property
+    def history(self) -> int:
+        return self.kernel_size - 1
+
+    def forward(self, e: torch.Tensor, past: torch.Tensor | None = None):
+        """e: (B, T, d), past: (B, K-1, d) or None -> (X_0: (B, T, d, d_v), next past or None)."""
+        if e.dim() != 3 or e.shape[-1] != self.dim:
+            raise ValueError(f"StateExpander: expected embeddings of shape (B, T, {self.dim}), got {tuple(e.shape)}")
+        if self.weight is None:
+            return e.unsqueeze(-1).expand(*e.shape, self.value_channels).contiguous(), None
+        k = self.kernel_size
+        ep = pad_with_past(e, k, past)
+        x = short_conv(e.unsqueeze(-1), self.weight.to(e.dtype), None if past is None else past.unsqueeze(-1))
+        return x, next_past(ep, k)

@@ -1,0 +1,139 @@
+"""The DDL residual: a pre-norm residual around any sublayer whose update is the delta rewrite.
+
+    c = RMSNorm(read(x));  h = branch(c)
+    k-Map:  k~ = h,         v = s * sigmoid(W_v src + b_v)
+    v-Map:  k~ = phi_k(c),  v = s * sigmoid(w_p^T h)  (d_v = 1)  /  v = W_v h  (d_v > 1)
+    beta = gate(c);  x <- x + beta k (v^T - k^T x)
+
+``disable=True`` swaps in the plain additive residual ``x + branch(RMSNorm(x))`` with the same
+interface, so an A/B comparison needs no code change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from deep_delta.layers.gate import BetaGate
+from deep_delta.ops import delta_update, resolve_backend
+
+RESIDUAL_MAPS = ("k", "v")
+
+
+class DeltaResidual(nn.Module):
+    """Wrap ``branch`` (a module from R^d to R^d) with the Deep Delta residual update.
+
+    Args:
+        dim: model width d.
+        branch: the sublayer F (attention, MLP, ...). It receives the normed input and any extra
+            positional/keyword arguments given to ``forward``.
+        value_channels: d_v. With d_v = 1 the state is (..., d); with d_v > 1 it is (..., d, d_v) and
+            ``forward`` needs the compressed read ``x_in`` (..., d) (the mean over value channels if None).
+        residual_map: "k" (k-Map, the paper's primary choice) or "v" (v-Map).
+        gate: "linear" or "mlp"; gate_hidden_size: width of the tanh MLP gate.
+        beta_init: beta at initialisation (the gate bias is logit(beta_init / 2)).
+        value_scale: s in ``v = s * sigmoid(.)``.
+        k_eps: eps guard of the direction normalisation.
+        vmap_rank: rank of the low-rank phi_k branch of the v-Map.
+        disable: use the plain additive residual instead (d_v = 1 only).
+        backend: delta-update backend, "auto", "torch" or "triton".
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        branch: nn.Module,
+        *,
+        value_channels: int = 1,
+        residual_map: str = "k",
+        gate: str = "linear",
+        gate_hidden_size: int | None = None,
+        beta_init: float = 1.0,
+        value_scale: float = 4.0,
+        k_eps: float = 1e-5,
+        norm_eps: float = 1e-5,
+        vmap_rank: int | None = None,
+        disable: bool = False,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        if value_channels < 1:
+            raise ValueError(f"DeltaResidual: `value_channels` must be >= 1, got {value_channels}")
+        if residual_map not in RESIDUAL_MAPS:
+            raise ValueError(f"DeltaResidual: `residual_map` must be one of {RESIDUAL_MAPS}, got {residual_map!r}")
+        if disable and value_channels != 1:
+            raise ValueError(
+                f"DeltaResidual: `disable=True` (additive residual) needs value_channels=1, got {value_channels}"
+            )
+        resolve_backend(backend, torch.device("cpu"))  # validates the name
+        self.dim, self.value_channels, self.residual_map = dim, value_channels, residual_map
+        self.value_scale, self.k_eps, self.disable, self.backend = value_scale, k_eps, disable, backend
+        self.norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.branch = branch
+        if disable:
+            return
+        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init)
+        if residual_map == "k":
+            # v from the raw residual (d_v = 1) or the compressed read (d_v > 1)
+            self.value_proj = nn.Linear(dim, value_channels, bias=True)
+        else:
+            rank = vmap_rank or max(8, dim // 16)
+            self.key_down = nn.Linear(dim, rank, bias=False)
+            self.key_up = nn.Linear(rank, dim, bias=False)
+            self.value_proj = nn.Linear(dim, value_channels, bias=value_channels == 1)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float | None = None) -> None:
+        if self.disable:
+            return
+        std = std if std is not None else 0.5 / math.sqrt(self.dim)
+        for lin in (self.value_proj, getattr(self, "key_down", None), getattr(self, "key_up", None)):
+            if lin is not None:
+                nn.init.normal_(lin.weight, std=std)
+                if lin.bias is not None:
+                    nn.init.zeros_(lin.bias)
+        self.gate.reset_parameters(std)
+
+    def extra_repr(self) -> str:
+        if self.disable:
+            return f"dim={self.dim}, additive"
+        return f"dim={self.dim}, value_channels={self.value_channels}, map={self.residual_map}"
+
+    def _check(self, x: torch.Tensor, x_in: torch.Tensor | None) -> None:
+        want = (self.dim,) if self.value_channels == 1 else (self.dim, self.value_channels)
+        if tuple(x.shape[-len(want):]) != want or x.dim() < len(want) + 1:
+            raise ValueError(
+                f"DeltaResidual: expected a state of shape (..., {', '.join(map(str, want))}), got {tuple(x.shape)}"
+            )
+        if x_in is not None and tuple(x_in.shape) != tuple(x.shape[: x.dim() - len(want)]) + (self.dim,):
+            raise ValueError(
+                f"DeltaResidual: `x_in` must have shape {tuple(x.shape[: x.dim() - len(want)]) + (self.dim,)}, "
+                f"got {tuple(x_in.shape)}"
+            )
+
+    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, **branch_kwargs):
+        """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns x's shape."""
+        self._check(x, x_in)
+        if self.value_channels == 1:
+            src = x
+        else:
+            src = x.mean(-1) if x_in is None else x_in
+        c = self.norm(src)
+        h = self.branch(c, *branch_args, **branch_kwargs)
+        if self.disable:
+            return x + h
+        beta = self.gate(c)
+        if self.residual_map == "k":
+            k = h
+            v = self.value_scale * torch.sigmoid(self.value_proj(src).float())
+        else:
+            k = self.key_up(self.key_down(c))
+            if self.value_channels == 1:
+                v = self.value_scale * torch.sigmoid(self.value_proj(h).float())
+            else:
+                v = self.value_proj(h)
+        if self.value_channels == 1:
+            return delta_update(x.unsqueeze(-1), k, v, beta, k_eps=self.k_eps, backend=self.backend).squeeze(-1)
+        return delta_update(x, k, v, beta, k_eps=self.k_eps, backend=self.backend)

@@ -1,0 +1,58 @@
+"""The gate beta in (0, 2): eq. 2.7 (single linear) or A.2 (tanh MLP), with fp32 logits."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GATE_KINDS = ("linear", "mlp")
+
+
+def gate_bias_for(beta_init: float) -> float:
+    """Logit that makes ``2 * sigmoid(logit) == beta_init``."""
+    if not 0.0 < beta_init < 2.0:
+        raise ValueError(f"beta_init must lie in the open interval (0, 2), got {beta_init}")
+    p = beta_init / 2.0
+    return math.log(p / (1.0 - p))
+
+
+class BetaGate(nn.Module):
+    """``beta = 2 sigmoid(w^T c + b)`` (kind="linear") or ``2 sigmoid(w^T tanh(W c) + b)`` (kind="mlp").
+
+    c: (..., d) -> beta: (..., 1) in fp32. The bias starts at logit(beta_init / 2).
+    """
+
+    def __init__(self, dim: int, kind: str = "linear", hidden_size: int | None = None, beta_init: float = 1.0):
+        super().__init__()
+        if kind not in GATE_KINDS:
+            raise ValueError(f"BetaGate: `kind` must be one of {GATE_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.beta_init = beta_init
+        self.bias_init = gate_bias_for(beta_init)
+        if kind == "mlp":
+            hidden_size = hidden_size or max(dim // 4, 1)
+            self.hidden = nn.Linear(dim, hidden_size, bias=False)
+            self.proj = nn.Linear(hidden_size, 1, bias=True)
+        else:
+            self.hidden = None
+            self.proj = nn.Linear(dim, 1, bias=True)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float | None = None) -> None:
+        fan_in = self.proj.in_features if self.hidden is None else self.hidden.in_features
+        std = std if std is not None else 0.5 / math.sqrt(fan_in)
+        if self.hidden is not None:
+            nn.init.normal_(self.hidden.weight, std=std)
+        nn.init.normal_(self.proj.weight, std=std)
+        nn.init.constant_(self.proj.bias, self.bias_init)
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=c.device.type, enabled=False):
+            h = c.float()
+            if self.hidden is not None:
+                h = torch.tanh(F.linear(h, self.hidden.weight.float()))
+            logit = F.linear(h, self.proj.weight.float(), self.proj.bias.float())
+            return 2.0 * torch.sigmoid(logit)

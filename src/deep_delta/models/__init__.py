@@ -1,0 +1,19 @@
+"""Models: the DDL Transformer (baseline and every variant), registered with the Hugging Face Auto classes."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from deep_delta.models.ddl import (
+    PAPER_NAMES,
+    PRESETS,
+    VARIANTS,
+    DDLCache,
+    DDLConfig,
+    DDLForCausalLM,
+    DDLModel,
+)
+
+AutoConfig.register(DDLConfig.model_type, DDLConfig, exist_ok=True)
+AutoModel.register(DDLConfig, DDLModel, exist_ok=True)
+AutoModelForCausalLM.register(DDLConfig, DDLForCausalLM, exist_ok=True)
+
+__all__ = ["PAPER_NAMES", "PRESETS", "VARIANTS", "DDLCache", "DDLConfig", "DDLForCausalLM", "DDLModel"]

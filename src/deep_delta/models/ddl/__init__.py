@@ -1,0 +1,13 @@
+from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES, PRESETS, VARIANTS, DDLConfig
+from deep_delta.models.ddl.modeling_ddl import DDLCache, DDLForCausalLM, DDLModel, DDLPreTrainedModel
+
+__all__ = [
+    "PAPER_NAMES",
+    "PRESETS",
+    "VARIANTS",
+    "DDLCache",
+    "DDLConfig",
+    "DDLForCausalLM",
+    "DDLModel",
+    "DDLPreTrainedModel",
+]

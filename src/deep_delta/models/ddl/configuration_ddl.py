@@ -1,0 +1,195 @@
+"""DDLConfig: one configuration for the additive baseline and every DDL variant of the paper."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+from deep_delta.layers.compressors import COMPRESSORS, STATE_INITS
+from deep_delta.layers.delta_residual import RESIDUAL_MAPS
+from deep_delta.layers.gate import GATE_KINDS
+from deep_delta.ops import BACKENDS
+
+# A variant is data: the residual fields that differ from the baseline.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "baseline": dict(residual="additive", value_channels=1, compressor="none", state_init="repeat"),
+    "ddl-dv1": dict(residual="delta", value_channels=1, residual_map="k", compressor="none", state_init="repeat"),
+    "ddl-dv1-vmap": dict(residual="delta", value_channels=1, residual_map="v", compressor="none", state_init="repeat"),
+    "ddl-tc": dict(residual="delta", value_channels=4, compressor="token", state_init="conv"),
+    "ddl-cc": dict(residual="delta", value_channels=4, compressor="channel", state_init="conv"),
+    "ddl-tc-noec": dict(residual="delta", value_channels=4, compressor="token", state_init="repeat"),
+    "ddl-cc-noec": dict(residual="delta", value_channels=4, compressor="channel", state_init="repeat"),
+}
+
+# Paper names (latest revision) for tables.
+PAPER_NAMES = {
+    "baseline": "Baseline",
+    "ddl-dv1": "DDL (d_v=1)",
+    "ddl-dv1-vmap": "DDL (d_v=1, v-Map)",
+    "ddl-tc": "DDL-TC",
+    "ddl-cc": "DDL-CC",
+    "ddl-tc-noec": "DDL-TC w/o EC",
+    "ddl-cc-noec": "DDL-CC w/o EC",
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CI and CPU smoke runs: a training step of 4 x 256 tokens well under a second on 2 cores
+    "tiny": dict(vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=256),
+    # the paper's 124M shape (appendix C)
+    "small": dict(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=6, max_position_embeddings=1024),
+    # the paper's 353M shape
+    "medium": dict(vocab_size=50304, hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, max_position_embeddings=1024),
+}
+
+_RESIDUALS = ("additive", "delta")
+_COMPRESSORS = ("none",) + COMPRESSORS
+
+
+def _bad(field: str, got: Any, allowed: str) -> ValueError:
+    return ValueError(f"DDLConfig: `{field}` got {got!r}; allowed: {allowed}")
+
+
+@strict(accept_kwargs=True)
+@dataclass(repr=False)
+class DDLConfig(PreTrainedConfig):
+    """Configuration of :class:`deep_delta.DDLForCausalLM`.
+
+    Backbone fields (shared by every variant): vocab_size, hidden_size, num_hidden_layers,
+    num_attention_heads (head_dim = hidden_size / num_attention_heads), intermediate_size
+    (default floor(8/3 d)), max_position_embeddings, rope_theta, rms_norm_eps, initializer_range
+    (embedding std), hidden_init_scale (hidden weights ~ N(0, (scale / sqrt(d))^2)).
+
+    Residual fields (what a variant changes): residual ("additive" | "delta"), value_channels (d_v),
+    residual_map ("k" | "v"), compressor ("none" | "token" | "channel"), compressor_kernel_size
+    (TC: taps over tokens, default 4; CC: must equal d_v), state_init ("repeat" | "conv" = EC),
+    embed_conv_kernel_size, gate ("linear" | "mlp"), gate_hidden_size, beta_init, value_scale,
+    k_eps, vmap_rank, delta_backend ("auto" | "torch" | "triton").
+    """
+
+    model_type = "deep_delta"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 50304
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 6
+    intermediate_size: int | None = None
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    hidden_init_scale: float = 0.5
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    variant: str | None = None
+    preset: str | None = None
+    residual: str = "additive"
+    value_channels: int = 1
+    residual_map: str = "k"
+    compressor: str = "none"
+    compressor_kernel_size: int | None = None
+    state_init: str = "repeat"
+    embed_conv_kernel_size: int = 4
+    gate: str = "linear"
+    gate_hidden_size: int | None = None
+    beta_init: float = 1.0
+    value_scale: float = 4.0
+    k_eps: float = 1e-5
+    vmap_rank: int | None = None
+    delta_backend: str = "auto"
+
+    def __post_init__(self, **kwargs):
+        if self.intermediate_size is None:
+            self.intermediate_size = (8 * self.hidden_size) // 3
+        if self.compressor == "token" and self.compressor_kernel_size is None:
+            self.compressor_kernel_size = 4
+        if self.compressor == "channel" and self.compressor_kernel_size is None:
+            self.compressor_kernel_size = self.value_channels
+        self.check()
+        super().__post_init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def check(self) -> None:
+        """Raise ValueError naming the field, the value and what is allowed."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "embed_conv_kernel_size"):
+            if getattr(self, name) < 1:
+                raise _bad(name, getattr(self, name), "an integer >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise _bad("num_attention_heads", self.num_attention_heads,
+                       f"a divisor of hidden_size={self.hidden_size}")
+        if self.head_dim % 2:
+            raise _bad("num_attention_heads", self.num_attention_heads,
+                       f"a value giving an even head_dim for RoPE (hidden_size / heads = {self.head_dim})")
+        for name, allowed in (("residual", _RESIDUALS), ("residual_map", RESIDUAL_MAPS),
+                              ("compressor", _COMPRESSORS), ("state_init", STATE_INITS),
+                              ("gate", GATE_KINDS), ("delta_backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise _bad(name, getattr(self, name), " | ".join(allowed))
+        if self.value_channels < 1:
+            raise _bad("value_channels", self.value_channels, "an integer >= 1 (d_v)")
+        if self.residual == "additive" and self.value_channels != 1:
+            raise _bad("value_channels", self.value_channels, "1 with residual='additive' (use residual='delta')")
+        if self.value_channels == 1 and self.compressor != "none":
+            raise _bad("compressor", self.compressor, "'none' when value_channels=1 (nothing to compress)")
+        if self.value_channels > 1 and self.compressor == "none":
+            raise _bad("compressor", self.compressor, "'token' or 'channel' when value_channels > 1")
+        if self.value_channels == 1 and self.state_init != "repeat":
+            raise _bad("state_init", self.state_init, "'repeat' when value_channels=1 (EC expands d_v > 1)")
+        if self.compressor == "channel" and self.compressor_kernel_size != self.value_channels:
+            raise _bad("compressor_kernel_size", self.compressor_kernel_size,
+                       f"exactly value_channels={self.value_channels} for the channel compressor (CC)")
+        if self.compressor == "token" and not 1 <= self.compressor_kernel_size <= self.max_position_embeddings:
+            raise _bad("compressor_kernel_size", self.compressor_kernel_size,
+                       f"1..max_position_embeddings={self.max_position_embeddings} for the token compressor (TC)")
+        if not 1 <= self.embed_conv_kernel_size <= self.max_position_embeddings:
+            raise _bad("embed_conv_kernel_size", self.embed_conv_kernel_size,
+                       f"1..max_position_embeddings={self.max_position_embeddings}")
+        if not 0.0 < self.beta_init < 2.0:
+            raise _bad("beta_init", self.beta_init, "a float in the open interval (0, 2)")
+        if self.k_eps < 0:
+            raise _bad("k_eps", self.k_eps, "a float >= 0")
+        if self.gate_hidden_size is not None and self.gate_hidden_size < 1:
+            raise _bad("gate_hidden_size", self.gate_hidden_size, "None or an integer >= 1")
+        if self.vmap_rank is not None and self.vmap_rank < 1:
+            raise _bad("vmap_rank", self.vmap_rank, "None or an integer >= 1")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise _bad("preset", self.preset, " | ".join(PRESETS))
+        if self.variant is not None and self.variant not in VARIANTS:
+            raise _bad("variant", self.variant, " | ".join(VARIANTS))
+
+    @property
+    def is_delta(self) -> bool:
+        return self.residual == "delta"
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_variant(cls, name: str, preset: str = "tiny", **overrides: Any) -> DDLConfig:
+        """The config of variant ``name`` (see ``VARIANTS``) at ``preset`` ("tiny" | "small" | "medium").
+
+        ``overrides`` set any other field; unknown names are refused.
+        """
+        if name not in VARIANTS:
+            raise _bad("variant", name, " | ".join(VARIANTS))
+        if preset not in PRESETS:
+            raise _bad("preset", preset, " | ".join(PRESETS))
+        known = cls.field_names()
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"DDLConfig: unknown field(s) {unknown}; allowed: {sorted(known)}")
+        fields = {**PRESETS[preset], **VARIANTS[name], **overrides, "variant": name, "preset": preset}
+        return cls(**fields)

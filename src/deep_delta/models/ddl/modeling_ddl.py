@@ -1,0 +1,387 @@
+"""The DDL Transformer: a Llama-style decoder whose residual update is additive (baseline) or DDL.
+
+Backbone for every variant: pre-norm RMSNorm, RoPE multi-head attention with RMSNorm on q and k
+(after RoPE), SwiGLU MLP, no biases, tied embeddings, final RMSNorm. Only the residual differs:
+``DeltaResidual(disable=True)`` is the additive baseline; d_v > 1 adds a state expansion at the
+embedding, one compressor per block (shared by its attention and MLP) and a final readout compressor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from deep_delta.layers.compressors import (
+    ChannelCompressor,
+    StateExpander,
+    TokenConvCompressor,
+    make_compressor,
+)
+from deep_delta.layers.delta_residual import DeltaResidual
+from deep_delta.layers.gate import BetaGate
+from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+
+class DDLCache(DynamicCache):
+    """Attention K/V (the library's DynamicCache) plus DDL's token history.
+
+    ``token_history[name]`` holds the last K-1 inputs of a token-axis convolution: the embeddings for EC
+    ("embed") and the expanded states read by each TC compressor ("<layer>.attn", "<layer>.mlp", "final").
+    CC and d_v = 1 carry nothing beyond the K/V.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.token_history: dict[str, torch.Tensor] = {}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        for key, t in self.token_history.items():
+            self.token_history[key] = t.index_select(0, beam_idx.to(t.device))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE tables for given positions: position_ids (B, T) -> cos, sin (B, 1, T, head_dim)."""
+
+    def __init__(self, head_dim: int, base: float):
+        super().__init__()
+        self.head_dim, self.base = head_dim, base
+        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
+
+    def compute_inv_freq(self) -> torch.Tensor:
+        return 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with RoPE and QK RMSNorm; K/V go through the cache when given."""
+
+    def __init__(self, config: DDLConfig, layer_idx: int):
+        super().__init__()
+        d, self.n_heads, self.head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.o_proj.is_output_proj = True
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, c: torch.Tensor, rope, cache: DynamicCache | None, mask: torch.Tensor | None):
+        b, t, d = c.shape
+        q = self.q_proj(c).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(c).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(c).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q = self.q_norm(q * cos + rotate_half(q) * sin)
+        k = self.k_norm(k * cos + rotate_half(k) * sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        if mask is None and k.shape[2] == t:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # decoding (t == 1, no mask needed) or an explicit causal/padding mask
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: DDLConfig):
+        super().__init__()
+        d, h = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, h, bias=False)
+        self.up_proj = nn.Linear(d, h, bias=False)
+        self.down_proj = nn.Linear(h, d, bias=False)
+        self.down_proj.is_output_proj = True
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(c)) * self.up_proj(c))
+
+
+def _residual(config: DDLConfig, branch: nn.Module) -> DeltaResidual:
+    return DeltaResidual(
+        config.hidden_size,
+        branch,
+        value_channels=config.value_channels,
+        residual_map=config.residual_map,
+        gate=config.gate,
+        gate_hidden_size=config.gate_hidden_size,
+        beta_init=config.beta_init,
+        value_scale=config.value_scale,
+        k_eps=config.k_eps,
+        norm_eps=config.rms_norm_eps,
+        vmap_rank=config.vmap_rank,
+        disable=not config.is_delta,
+        backend=config.delta_backend,
+    )
+
+
+def _read(compressor: nn.Module, x: torch.Tensor, cache: DDLCache | None, key: str) -> torch.Tensor:
+    """Compress x with the compressor's token history from the cache (and store the new history)."""
+    past = cache.token_history.get(key) if cache is not None else None
+    x_in, nxt = compressor(x, past)
+    if cache is not None and nxt is not None:
+        cache.token_history[key] = nxt
+    return x_in
+
+
+class DDLBlock(nn.Module):
+    """One Transformer block: attention and MLP sublayers, each wrapped in a (delta) residual."""
+
+    def __init__(self, config: DDLConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attn = _residual(config, Attention(config, layer_idx))
+        self.mlp = _residual(config, SwiGLU(config))
+        self.compressor = (
+            make_compressor(config.compressor, config.hidden_size, config.value_channels, config.compressor_kernel_size)
+            if config.value_channels > 1
+            else None
+        )
+
+    def forward(self, x, rope, cache=None, mask=None, pad_mask=None):
+        """x: (B, T, d) for d_v = 1, (B, T, d, d_v) otherwise."""
+        if self.compressor is None:
+            x = self.attn(x, rope, cache, mask)
+            return self.mlp(x)
+        if pad_mask is not None:  # padded positions carry no state into token convolutions
+            x = x * pad_mask[..., None, None]
+        x = self.attn(x, rope, cache, mask, x_in=_read(self.compressor, x, cache, f"{self.layer_idx}.attn"))
+        if pad_mask is not None:
+            x = x * pad_mask[..., None, None]
+        return self.mlp(x, x_in=_read(self.compressor, x, cache, f"{self.layer_idx}.mlp"))
+
+
+class DDLPreTrainedModel(PreTrainedModel):
+    config_class = DDLConfig
+    config: DDLConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["DDLBlock"]
+    _supports_sdpa = True
+    _skip_keys_device_placement = ["past_key_values"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        cfg = self.config
+        std = cfg.hidden_init_scale / math.sqrt(cfg.hidden_size)
+        if isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+        elif isinstance(module, nn.Linear):
+            if module is getattr(self, "lm_head", None):
+                init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+                return
+            s = std / math.sqrt(cfg.num_hidden_layers) if getattr(module, "is_output_proj", False) else std
+            init.normal_(module.weight, mean=0.0, std=s)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, BetaGate):
+            init.constant_(module.proj.bias, module.bias_init)
+        elif isinstance(module, ChannelCompressor):
+            init.constant_(module.weight, 1.0 / module.value_channels)
+        elif isinstance(module, TokenConvCompressor):
+            init.copy_(module.conv_weight, _identity_taps(module.conv_weight))
+            init.constant_(module.read, 1.0 / module.value_channels)
+        elif isinstance(module, StateExpander) and module.weight is not None:
+            init.copy_(module.weight, _identity_taps(module.weight))
+        elif isinstance(module, RotaryEmbedding):
+            init.copy_(module.inv_freq, module.compute_inv_freq())
+
+
+def _identity_taps(w: torch.Tensor) -> torch.Tensor:
+    """Taps (K, ...) of an identity causal conv: 1 at lag 0, 0 elsewhere."""
+    out = torch.zeros_like(w)
+    out[0] = 1.0
+    return out
+
+
+def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, device) -> torch.Tensor | None:
+    """Boolean (B, 1, t, past + t) mask when needed; None when plain causal attention suffices."""
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if not padded and (past == 0 or t == 1):
+        return None
+    s = past + t
+    causal = torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=past)
+    mask = causal[None, None]
+    if padded:
+        mask = mask & attention_mask[:, None, None, -s:].bool()
+        # a fully masked row (a pad query) would give NaN; let it attend to itself
+        mask = mask | torch.eye(t, s, offset=past, dtype=torch.bool, device=device)[None, None]
+    return mask
+
+
+class DDLModel(DDLPreTrainedModel):
+    """The backbone: embeddings -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm."""
+
+    def __init__(self, config: DDLConfig):
+        super().__init__(config)
+        d = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.expander = (
+            StateExpander(d, config.value_channels, config.state_init, config.embed_conv_kernel_size)
+            if config.value_channels > 1
+            else None
+        )
+        self.layers = nn.ModuleList(DDLBlock(config, i) for i in range(config.num_hidden_layers))
+        self.final_compressor = (
+            make_compressor(config.compressor, d, config.value_channels, config.compressor_kernel_size)
+            if config.value_channels > 1
+            else None
+        )
+        self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: DDLCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        cfg = self.config
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("DDLModel: pass exactly one of `input_ids` (B, T) or `inputs_embeds` (B, T, d)")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"DDLModel: `input_ids` must have shape (B, T), got {tuple(input_ids.shape)}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size):
+                raise ValueError(
+                    f"DDLModel: token ids must lie in [0, vocab_size={cfg.vocab_size}), got range "
+                    f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+                )
+            inputs_embeds = self.embed_tokens(input_ids)
+        b, t = inputs_embeds.shape[:2]
+        if use_cache is None:
+            use_cache = cfg.use_cache and not self.training
+        cache = past_key_values
+        if use_cache and cache is None:
+            cache = DDLCache()
+        if cache is not None and not isinstance(cache, DDLCache):
+            if cache.get_seq_length() > 0:
+                raise ValueError(
+                    "DDLModel: `past_key_values` must be a DDLCache (it also carries the token history of "
+                    f"the DDL convolutions), got a filled {type(cache).__name__}"
+                )
+            cache = DDLCache()
+        past = cache.get_seq_length() if cache is not None else 0
+        if past + t > cfg.max_position_embeddings:
+            raise ValueError(
+                f"DDLModel: {past + t} positions ({past} cached + {t} new) exceed "
+                f"max_position_embeddings={cfg.max_position_embeddings}"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + t, device=inputs_embeds.device).unsqueeze(0).expand(b, t)
+        rope = self.rotary(position_ids, inputs_embeds.dtype)
+        mask = _attention_mask(attention_mask, t, past, inputs_embeds.device)
+        pad_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            pad_mask = attention_mask[:, -t:].to(inputs_embeds.dtype)
+
+        x = inputs_embeds
+        if self.expander is not None:
+            if pad_mask is not None:
+                x = x * pad_mask[..., None]
+            past_e = cache.token_history.get("embed") if cache is not None else None
+            x, nxt = self.expander(x, past_e)
+            if cache is not None and nxt is not None:
+                cache.token_history["embed"] = nxt
+        for block in self.layers:
+            x = block(x, rope, cache, mask, pad_mask)
+        if self.final_compressor is not None:
+            if pad_mask is not None:
+                x = x * pad_mask[..., None, None]
+            x = _read(self.final_compressor, x, cache, "final")
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=cache if use_cache else None)
+
+
+class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
+    """Causal LM over :class:`DDLModel`; ``model(input_ids, labels=...)`` returns ``.loss`` and ``.logits``.
+
+    ``labels`` follow the Hugging Face convention (shifted inside; -100 is ignored); ``shift_labels`` are
+    targets already aligned with the inputs (as a token-shard loader produces them).
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: DDLConfig):
+        super().__init__(config)
+        self.model = DDLModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: DDLCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        shift_labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+        )
+        h = out.last_hidden_state
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        logits = self.lm_head(h)
+        loss = None
+        if labels is not None or shift_labels is not None:
+            if shift_labels is None:
+                if labels.shape != h.shape[:2]:
+                    raise ValueError(f"`labels` must have shape {tuple(h.shape[:2])}, got {tuple(labels.shape)}")
+                shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+            elif shift_labels.shape != h.shape[:2]:
+                raise ValueError(f"`shift_labels` must have shape {tuple(h.shape[:2])}, got {tuple(shift_labels.shape)}")
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), shift_labels.reshape(-1).to(logits.device), ignore_index=-100
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
