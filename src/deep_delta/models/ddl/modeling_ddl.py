@@ -223,7 +223,8 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
     if padded:
         mask = mask & attention_mask[:, None, None, -s:].bool()
         # a fully masked row (a pad query) would give NaN; let it attend to itself
-        mask = mask | torch.eye(t, s, offset=past, dtype=torch.bool, device=device)[None, None]
+        own = torch.arange(s, device=device)[None, :] == torch.arange(past, past + t, device=device)[:, None]
+        mask = mask | own[None, None]
     return mask
 
 
