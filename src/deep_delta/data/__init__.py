@@ -1,0 +1,33 @@
+"""Token data: tokenizers, llm.c-layout shards, preparation from text sources, and the training loader.
+
+    from deep_delta.data import TokenLoader, default_data_dir
+
+    loader = TokenLoader(default_data_dir(), "train", batch_size=8, seq_len=256, seed=0, vocab_size=257)
+    x, y = loader.next_batch()  # (8, 256) int64 each; y = next tokens of x
+"""
+
+from deep_delta.data.default import default_cache_dir, default_data_dir
+from deep_delta.data.errors import DataUnavailableError
+from deep_delta.data.loader import TokenLoader
+from deep_delta.data.prepare import check_data_dir, prepare, read_meta, write_dataset
+from deep_delta.data.shards import ShardError, ShardHeader, open_shard, read_header, write_shard
+from deep_delta.data.tokenizers import ByteTokenizer, TiktokenTokenizer, get_tokenizer
+
+__all__ = [
+    "ByteTokenizer",
+    "DataUnavailableError",
+    "ShardError",
+    "ShardHeader",
+    "TiktokenTokenizer",
+    "TokenLoader",
+    "check_data_dir",
+    "default_cache_dir",
+    "default_data_dir",
+    "get_tokenizer",
+    "open_shard",
+    "prepare",
+    "read_header",
+    "read_meta",
+    "write_dataset",
+    "write_shard",
+]

@@ -1,0 +1,77 @@
+"""``default_data_dir``: the embedded default corpus, prepared once with the byte tokenizer and cached."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from deep_delta.data.prepare import check_data_dir, staging_dir, write_dataset
+from deep_delta.data.sources import default_texts, texts_sha256
+from deep_delta.data.tokenizers import ByteTokenizer
+
+CACHE_ENV = "DDL_CACHE_DIR"
+DEFAULT_DIR_NAME = "pydoc-byte"
+# ~465 K tokens in all: 10% (~46 K tokens, ~180 windows of 256) gives a steadier validation loss than 1%.
+DEFAULT_VAL_FRACTION = 0.1
+DEFAULT_SHARD_TOKENS = 100_000_000
+
+
+def default_cache_dir() -> Path:
+    """Where cached data directories live: ``$DDL_CACHE_DIR/data`` if set, else ``~/.cache/deep_delta/data``."""
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "deep_delta") / "data"
+
+
+def _is_current(path: Path, sha256: str) -> bool:
+    try:
+        meta = check_data_dir(path)
+    except (OSError, ValueError):
+        return False
+    return (
+        meta.get("source") == "default"
+        and meta.get("source_sha256") == sha256
+        and meta.get("tokenizer") == ByteTokenizer.name
+        and meta.get("val_fraction") == DEFAULT_VAL_FRACTION
+        and meta.get("shard_tokens") == DEFAULT_SHARD_TOKENS
+        and meta.get("max_tokens") is None
+    )
+
+
+def default_data_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Directory of the embedded default corpus (CPython's ``pydoc_data.topics``) as byte-level token shards.
+
+    Built on first use into ``<cache_dir>/pydoc-byte`` (``cache_dir`` defaults to :func:`default_cache_dir`) and
+    reused afterwards while its ``meta.json`` and shards are intact and match this Python's text; otherwise
+    rebuilt. Safe when several processes call it at once: each builds in its own temporary directory and
+    renames it into place; a process that loses the race uses the winner's copy.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    out = root / DEFAULT_DIR_NAME
+    texts = default_texts()
+    sha = texts_sha256(texts)
+    if _is_current(out, sha):
+        return out
+    staging = staging_dir(out)
+    try:
+        write_dataset(texts, ByteTokenizer(), staging, val_fraction=DEFAULT_VAL_FRACTION,
+                      shard_tokens=DEFAULT_SHARD_TOKENS,
+                      source_info={"source": "default", "source_detail": "pydoc_data.topics", "source_sha256": sha})
+        for _ in range(10):
+            try:
+                os.rename(staging, out)  # fails if out exists (another process finished first, or a stale copy)
+                return out
+            except OSError:
+                pass
+            if _is_current(out, sha):
+                return out
+            stale = out.parent / f"{staging.name}.stale"
+            try:
+                os.rename(out, stale)  # set the invalid copy aside; a concurrent process may have done so already
+            except OSError:
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
+        raise RuntimeError(f"could not install the default data directory at {out} (it keeps changing)")
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)

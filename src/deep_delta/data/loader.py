@@ -1,0 +1,238 @@
+"""``TokenLoader``: deterministic, resumable, rank-aware batches from memory-mapped token shards."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deep_delta.data.shards import ShardError, max_token_id, open_shard
+
+
+def split_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
+    """The shard files ``<split>_<number>.bin`` of ``data_dir`` in numeric order (possibly empty)."""
+    pattern = re.compile(rf"{re.escape(split)}_(\d+)\.bin")
+    found = []
+    for p in Path(data_dir).iterdir():
+        m = pattern.fullmatch(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def available_splits(data_dir: str | os.PathLike) -> list[str]:
+    """Names of the splits that have at least one shard in ``data_dir``."""
+    names = {m.group(1) for p in Path(data_dir).iterdir() if (m := re.fullmatch(r"(.+)_\d+\.bin", p.name))}
+    return sorted(names)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"TokenLoader: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class TokenLoader:
+    """Batches of next-token prediction from the shards of one split of a prepared data directory.
+
+    The split's shards are read as one token stream (memory-mapped, headers checked) and cut into
+    ``num_windows = (num_tokens - 1) // seq_len`` windows of ``seq_len + 1`` tokens with stride ``seq_len``
+    (window ``i`` covers tokens ``[i*T, i*T + T + 1)``; windows may cross shard boundaries).
+
+    Training order (:meth:`next_batch`): an endless stream of epochs, epoch ``e`` being a permutation of all
+    windows drawn from ``numpy.random.default_rng([seed, e])``. Each optimizer step consumes the next
+    ``batch_size * world_size`` windows of that stream; rank ``r`` takes the ``r``-th contiguous block of
+    ``batch_size`` of them, so ranks read disjoint windows and the ranks' batches stacked in rank order are
+    exactly the batch a single process with ``batch_size * world_size`` rows gets. A step may span two epochs.
+
+    The position in the stream (:meth:`state_dict`) counts windows of the global stream, so a restored loader
+    continues with exactly the batches an uninterrupted one would have produced.
+
+    Args:
+        data_dir: directory with ``<split>_000000.bin``, ... (see :func:`deep_delta.data.prepare`).
+        split: split name, e.g. ``"train"`` or ``"val"``.
+        batch_size: rows per batch on this rank (B).
+        seq_len: tokens per row (T).
+        seed: seed of the window order.
+        rank, world_size: this process's rank and the number of data-parallel processes.
+        vocab_size: when given, every shard is scanned and a token id ``>= vocab_size`` is an error.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        split: str,
+        batch_size: int,
+        seq_len: int,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        vocab_size: int | None = None,
+    ) -> None:
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.seq_len = _check_int("seq_len", seq_len, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"TokenLoader: rank must be in [0, world_size={world_size}), got {rank}")
+        if vocab_size is not None:
+            vocab_size = _check_int("vocab_size", vocab_size, 1)
+        if not isinstance(split, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*", split):
+            raise ValueError(f"TokenLoader: split must be a name like 'train' or 'val', got {split!r}")
+        self.data_dir = Path(data_dir)
+        self.split = split
+        if not self.data_dir.is_dir():
+            raise FileNotFoundError(f"data directory {self.data_dir} does not exist (prepare it with `ddl data prepare`)")
+        self.files = split_shards(self.data_dir, split)
+        if not self.files:
+            have = ", ".join(available_splits(self.data_dir)) or "none"
+            raise FileNotFoundError(
+                f"no '{split}' shards ({split}_000000.bin, ...) in {self.data_dir}; splits found: {have}"
+            )
+        self._shards = [open_shard(p) for p in self.files]
+        if vocab_size is not None:
+            for path, tokens in zip(self.files, self._shards):
+                top = max_token_id(tokens)
+                if top >= vocab_size:
+                    raise ShardError(
+                        f"token shard {path} holds token id {top}, but the model's vocabulary has {vocab_size} "
+                        f"ids (0..{vocab_size - 1}); prepare the data with the model's tokenizer or use a model "
+                        f"with vocab_size > {top}"
+                    )
+        self._starts = np.cumsum([0] + [len(s) for s in self._shards])
+        self.num_tokens = int(self._starts[-1])
+        if self.num_tokens < self.seq_len + 1:
+            raise ValueError(
+                f"split '{split}' of {self.data_dir} has {self.num_tokens} tokens, fewer than seq_len + 1 = "
+                f"{self.seq_len + 1} needed for one training window; use a shorter seq_len or more data"
+            )
+        self.num_windows = (self.num_tokens - 1) // self.seq_len
+        self._epoch = 0
+        self._position = 0
+        self._perm_epoch = -1
+        self._perm = np.empty(0, dtype=np.int64)
+
+    # ------------------------------------------------------------------ reading
+    def _window(self, index: int) -> np.ndarray:
+        """Tokens of window ``index``: (T + 1,) uint16."""
+        start = index * self.seq_len
+        end = start + self.seq_len + 1
+        s = int(np.searchsorted(self._starts, start, side="right")) - 1
+        pieces = []
+        while start < end:
+            shard = self._shards[s]
+            lo = start - int(self._starts[s])
+            take = min(end - start, len(shard) - lo)
+            if take > 0:
+                pieces.append(shard[lo : lo + take])
+                start += take
+            s += 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _batch(self, windows) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = np.stack([self._window(int(i)) for i in windows]).astype(np.int64)
+        t = torch.from_numpy(buf)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+            self._perm_epoch = epoch
+        return self._perm
+
+    # ------------------------------------------------------------------ training stream
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next training batch of this rank: ``x, y`` int64 tensors of shape (B, T), ``y[:, t] = x[:, t + 1]``
+        in the token stream (the next-token targets)."""
+        need = self.batch_size * self.world_size
+        taken = []
+        while need > 0:
+            perm = self._permutation(self._epoch)
+            k = min(need, self.num_windows - self._position)
+            taken.append(perm[self._position : self._position + k])
+            self._position += k
+            need -= k
+            if self._position == self.num_windows:
+                self._epoch += 1
+                self._position = 0
+        step = np.concatenate(taken)
+        return self._batch(step[self.rank * self.batch_size : (self.rank + 1) * self.batch_size])
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next window (0-based)."""
+        return self._epoch
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable position in the training stream (the same on every rank)."""
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "num_windows": self.num_windows,
+            "split": self.split,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`). Batch size and world size may differ from the
+        run that saved it; the data (window count), ``seq_len`` and ``seed`` must match."""
+        if not isinstance(state, dict):
+            raise ValueError(f"TokenLoader.load_state_dict: expected a dict, got {type(state).__name__}")
+        for key in ("epoch", "position"):
+            if key not in state:
+                raise ValueError(f"TokenLoader.load_state_dict: missing key {key!r} (got keys {sorted(state)})")
+        for key in ("seed", "seq_len", "num_windows"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"TokenLoader.load_state_dict: saved {key}={state[key]!r} but this loader has "
+                    f"{key}={getattr(self, key)!r}; the data or settings changed since the state was saved"
+                )
+        epoch, position = state["epoch"], state["position"]
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"TokenLoader.load_state_dict: epoch must be an integer >= 0, got {epoch!r}")
+        if not isinstance(position, int) or not 0 <= position < self.num_windows:
+            raise ValueError(
+                f"TokenLoader.load_state_dict: position must be an integer in [0, {self.num_windows}), got {position!r}"
+            )
+        self._epoch, self._position = epoch, position
+
+    # ------------------------------------------------------------------ evaluation pass
+    def _eval_plan(self, max_batches: int | None) -> list[tuple[int, int]]:
+        """(first window of the step, rows per rank) of each evaluation batch."""
+        if max_batches is not None:
+            _check_int("max_batches", max_batches, 1)
+        plan, start = [], 0
+        while start < self.num_windows and (max_batches is None or len(plan) < max_batches):
+            rows = min(self.batch_size * self.world_size, self.num_windows - start) // self.world_size
+            if rows == 0:
+                break
+            plan.append((start, rows))
+            start += rows * self.world_size
+        return plan
+
+    def num_eval_batches(self, max_batches: int | None = None) -> int:
+        """How many batches :meth:`eval_batches` yields."""
+        return len(self._eval_plan(max_batches))
+
+    def eval_batches(self, max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One deterministic pass over the split for validation: windows in file order, ``batch_size *
+        world_size`` per step, rank ``r`` taking the ``r``-th block. The last step may have fewer rows (the same
+        number on every rank; at most ``world_size - 1`` trailing windows are left out). Does not touch the
+        training position."""
+        for start, rows in self._eval_plan(max_batches):
+            first = start + self.rank * rows
+            yield self._batch(range(first, first + rows))
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenLoader({str(self.data_dir)!r}, split={self.split!r}, batch_size={self.batch_size}, "
+            f"seq_len={self.seq_len}, seed={self.seed}, rank={self.rank}, world_size={self.world_size}, "
+            f"num_tokens={self.num_tokens}, num_windows={self.num_windows})"
+        )

@@ -1,0 +1,293 @@
+"""``prepare``: tokenize a source into train/val token shards plus ``meta.json``.
+
+Output directory layout::
+
+    train_000000.bin, train_000001.bin, ...   (llm.c / modded-nanogpt shards, see shards.py)
+    val_000000.bin, ...                       (absent when val_fraction == 0)
+    meta.json                                 (tokenizer, vocab_size, eot_token, counts, source)
+
+Every document is followed by the end-of-text token. The validation split is a deterministic, streaming
+choice of whole documents: a document goes to validation when the validation tokens so far are at most
+``val_fraction`` of all tokens so far (so the first document is always a validation one, and the share stays
+within one document of ``val_fraction`` all along the stream). Documents may span shard boundaries; the
+loader reads a split's shards as one stream.
+
+The output is built in a temporary directory beside ``out_dir`` and renamed into place at the end, so a
+failure (an unreachable Hub, a bad record, Ctrl-C) leaves any existing ``out_dir`` untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from deep_delta.data.loader import split_shards
+from deep_delta.data.shards import MAX_TOKEN_ID, MAX_TOKENS, ShardError, read_header, write_shard
+from deep_delta.data.sources import resolve_source
+from deep_delta.data.tokenizers import Tokenizer, get_tokenizer
+
+META_FILE = "meta.json"
+META_FORMAT = "deep_delta.tokens/1"
+DEFAULT_VAL_FRACTION = 0.01
+DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
+_OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
+_ENCODE_BATCH = 256  # documents per tokenizer call (tiktoken encodes a batch on several threads)
+
+
+class _SplitWriter:
+    """Accumulates the tokens of one split and writes a shard each time ``shard_tokens`` are buffered."""
+
+    def __init__(self, directory: Path, split: str, shard_tokens: int) -> None:
+        self.directory, self.split, self.shard_tokens = directory, split, shard_tokens
+        self.parts: list[np.ndarray] = []
+        self.buffered = 0
+        self.num_tokens = 0
+        self.num_documents = 0
+        self.shards: list[dict] = []
+
+    def add(self, tokens: np.ndarray) -> None:
+        self.parts.append(tokens)
+        self.buffered += len(tokens)
+        self.num_tokens += len(tokens)
+        self.num_documents += 1
+        while self.buffered >= self.shard_tokens:
+            self._flush(self.shard_tokens)
+
+    def _flush(self, n: int) -> None:
+        data = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
+        name = f"{self.split}_{len(self.shards):06d}.bin"
+        write_shard(self.directory / name, data[:n])
+        self.shards.append({"file": name, "num_tokens": int(n)})
+        rest = data[n:]
+        self.parts = [rest] if len(rest) else []
+        self.buffered = len(rest)
+
+    def close(self) -> dict:
+        if self.buffered:
+            self._flush(self.buffered)
+        return {"num_tokens": self.num_tokens, "num_documents": self.num_documents, "shards": self.shards}
+
+
+def _batched(items: Iterable[str], n: int):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int, max_tokens: int | None) -> None:
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
+    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or not 1 <= shard_tokens <= MAX_TOKENS:
+        raise ValueError(f"shard_tokens must be an integer in [1, {MAX_TOKENS}], got {shard_tokens!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+    if tokenizer.vocab_size > MAX_TOKEN_ID + 1:
+        raise ValueError(
+            f"tokenizer {tokenizer.name!r} has vocab_size {tokenizer.vocab_size}; uint16 shards hold at most "
+            f"{MAX_TOKEN_ID + 1} ids"
+        )
+
+
+def write_dataset(
+    documents: Iterable[str],
+    tokenizer: Tokenizer,
+    directory: str | os.PathLike,
+    *,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    max_tokens: int | None = None,
+    source_info: dict | None = None,
+    progress: bool = False,
+) -> dict:
+    """Tokenize ``documents`` into shards and ``meta.json`` in ``directory`` (created if needed, written in
+    place: use :func:`prepare` for the atomic, overwrite-safe version). Returns the metadata written.
+
+    ``max_tokens`` caps the total (train + val) token count; the document that reaches it is cut there.
+    """
+    _check_options(tokenizer, val_fraction, shard_tokens, max_tokens)
+    from tqdm.auto import tqdm
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    train = _SplitWriter(directory, "train", shard_tokens)
+    val = _SplitWriter(directory, "val", shard_tokens)
+    eot = np.array([tokenizer.eot_token], dtype=np.uint16)
+    total, truncated = 0, False
+    # disable=None: tqdm shows the bar only on a terminal
+    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing", disable=None if progress else True,
+               mininterval=0.5)
+    try:
+        for batch in _batched(documents, _ENCODE_BATCH):
+            for ids in tokenizer.encode_batch(batch):
+                tokens = np.concatenate([np.asarray(ids, dtype=np.uint16), eot])
+                if max_tokens is not None and total + len(tokens) >= max_tokens:
+                    truncated = total + len(tokens) > max_tokens
+                    tokens = tokens[: max_tokens - total]
+                writer = val if val_fraction > 0 and val.num_tokens <= val_fraction * total else train
+                writer.add(tokens)
+                total += len(tokens)
+                bar.update(len(tokens))
+                if max_tokens is not None and total >= max_tokens:
+                    break
+            if max_tokens is not None and total >= max_tokens:
+                break
+    finally:
+        bar.close()
+    splits = {"train": train.close(), "val": val.close()}
+    if total == 0:
+        raise ValueError("the source holds no documents (nothing to tokenize)")
+    meta = {
+        "format": META_FORMAT,
+        "shard_layout": "llm.c/modded-nanogpt .bin: 256 x int32 header (magic 20240520, version 1, count), uint16",
+        "tokenizer": tokenizer.name,
+        "vocab_size": int(tokenizer.vocab_size),
+        "eot_token": int(tokenizer.eot_token),
+        **(source_info or {}),
+        "num_tokens": total,
+        "num_documents": train.num_documents + val.num_documents,
+        "truncated": truncated,
+        "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens,
+        "max_tokens": max_tokens,
+        "splits": splits,
+    }
+    tmp = directory / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / META_FILE)
+    return meta
+
+
+def read_meta(data_dir: str | os.PathLike) -> dict:
+    """``meta.json`` of a prepared data directory."""
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {data_dir} a directory made by `ddl data prepare`?")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def check_data_dir(data_dir: str | os.PathLike) -> dict:
+    """Check that ``meta.json`` and the shards of ``data_dir`` agree (every listed shard exists with a valid
+    header and the listed count, and no unlisted shard exists). Returns the metadata; raises
+    ``FileNotFoundError`` / :class:`ShardError` / ``ValueError`` naming what is wrong."""
+    data_dir = Path(data_dir)
+    meta = read_meta(data_dir)
+    for key in ("tokenizer", "vocab_size", "eot_token", "splits"):
+        if key not in meta:
+            raise ValueError(f"{data_dir / META_FILE} lacks the key {key!r}")
+    for split, info in meta["splits"].items():
+        listed = [s["file"] for s in info.get("shards", [])]
+        present = [p.name for p in split_shards(data_dir, split)]
+        if sorted(present) != sorted(listed):
+            missing = sorted(set(listed) - set(present))
+            if missing:
+                raise FileNotFoundError(f"token shard {data_dir / missing[0]} listed in meta.json does not exist")
+            raise ShardError(f"{data_dir}: shards {sorted(set(present) - set(listed))} are not listed in meta.json")
+        for s in info.get("shards", []):
+            header = read_header(data_dir / s["file"])
+            if header.num_tokens != s["num_tokens"]:
+                raise ShardError(
+                    f"token shard {header.path} holds {header.num_tokens} tokens, meta.json says {s['num_tokens']}"
+                )
+    return meta
+
+
+def _check_output(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output {out} exists and is not a directory")
+    if not out.is_dir():
+        return
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise FileExistsError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) to replace it")
+    foreign = [e for e in entries if not _OUTPUT_NAME.fullmatch(e)]
+    if foreign:
+        raise FileExistsError(
+            f"refusing to overwrite {out}: it holds files that `ddl data prepare` does not write "
+            f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); choose another --out"
+        )
+
+
+def staging_dir(out: Path) -> Path:
+    """A new empty directory beside ``out`` (same filesystem, so it can be renamed onto ``out``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+
+
+def replace_dir(staging: Path, out: Path) -> None:
+    """Move ``staging`` to ``out``; an existing ``out`` is moved aside first and deleted only after the move."""
+    if not out.exists():
+        os.rename(staging, out)
+        return
+    trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(out, trash)
+    try:
+        os.rename(staging, out)
+    except BaseException:
+        os.rename(trash, out)
+        raise
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prepare(
+    source: str | os.PathLike,
+    tokenizer: str | Tokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    max_tokens: int | None = None,
+    overwrite: bool = False,
+    bpe_file: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> dict:
+    """Tokenize ``source`` with ``tokenizer`` into ``out_dir`` and return the metadata written to ``meta.json``.
+
+    Args:
+        source: "default" (the embedded ``pydoc_data.topics`` text), "fineweb-edu" / "fineweb-edu:CONFIG"
+            (e.g. sample-10BT, sample-100BT; streamed from the Hub), or a local ``.txt`` / ``.jsonl`` /
+            ``.parquet`` file, directory or glob (records' ``"text"``; a ``.txt`` file is one document).
+        tokenizer: "byte", "gpt2", or a tokenizer object (see :mod:`deep_delta.data.tokenizers`).
+        out_dir: output directory; an existing non-empty one is replaced only with ``overwrite=True`` (and only
+            if it holds nothing but shards and meta.json).
+        val_fraction: share of tokens (whole documents) in the validation split, in [0, 1).
+        shard_tokens: tokens per shard (the last shard of a split holds the rest).
+        max_tokens: cap on the total number of tokens (train + val); None reads the whole source.
+        bpe_file: local GPT-2 BPE for ``tokenizer="gpt2"`` (see :func:`get_tokenizer`).
+        progress: show a progress bar (on a terminal).
+    """
+    tok = get_tokenizer(tokenizer, bpe_file=bpe_file) if isinstance(tokenizer, str) else tokenizer
+    _check_options(tok, val_fraction, shard_tokens, max_tokens)
+    out = Path(out_dir).expanduser()
+    _check_output(out, overwrite)
+    src = resolve_source(source)
+    staging = staging_dir(out)
+    try:
+        meta = write_dataset(src.documents, tok, staging, val_fraction=val_fraction, shard_tokens=shard_tokens,
+                             max_tokens=max_tokens, source_info=src.info, progress=progress)
+        _check_output(out, overwrite)  # the directory may have been filled while we worked
+        replace_dir(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return meta

@@ -1,0 +1,216 @@
+"""Where documents come from: the embedded default text, local files, or FineWeb-Edu on the Hugging Face Hub.
+
+Every source is turned into a :class:`Source`: an iterable of document strings plus a description for
+``meta.json``. Records of any tabular source (jsonl lines, parquet rows, Hub rows) go through one function,
+:func:`iter_texts`, which reads their ``"text"`` field.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deep_delta.data.errors import DataUnavailableError
+
+FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
+FINEWEB_DEFAULT_CONFIG = "sample-10BT"
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+TEXT_FIELD = "text"
+
+
+@dataclass
+class Source:
+    """Documents (an iterable of str, possibly a one-shot stream) and what ``meta.json`` says about them."""
+
+    documents: Iterable[str]
+    info: dict = field(default_factory=dict)
+
+
+def default_texts() -> list[str]:
+    """The embedded default corpus: CPython's ``pydoc_data.topics`` (~465 KB of English), in sorted key order."""
+    from pydoc_data.topics import topics
+
+    return [topics[k] for k in sorted(topics)]
+
+
+def texts_sha256(texts: Iterable[str]) -> str:
+    """Fingerprint of a list of documents (changes with the Python version that ships ``pydoc_data``)."""
+    h = hashlib.sha256()
+    for t in texts:
+        b = t.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def iter_texts(records: Iterable, origin: str) -> Iterator[str]:
+    """The ``"text"`` of each record (a mapping), skipping empty ones; ``origin`` names the source in errors."""
+    for i, record in enumerate(records):
+        try:
+            text = record[TEXT_FIELD]
+        except (KeyError, TypeError, IndexError):
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"{origin}: record {i} has no {TEXT_FIELD!r} field (got {keys})") from None
+        if text is None or text == "":
+            continue
+        if not isinstance(text, str):
+            raise ValueError(f"{origin}: record {i} field {TEXT_FIELD!r} must be a string, got {type(text).__name__}")
+        yield text
+
+
+# ---------------------------------------------------------------------------------------------- local files
+def local_files(spec: str | os.PathLike) -> list[Path]:
+    """Files named by ``spec``: one file, a directory (searched recursively), or a glob pattern.
+
+    Only ``.txt``, ``.jsonl`` and ``.parquet`` files are used from a directory or glob; an explicit file must
+    have one of these suffixes.
+    """
+    text = str(spec)
+    if any(c in text for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if Path(p).is_file())
+        files = [p for p in files if p.suffix in LOCAL_SUFFIXES]
+        if not files:
+            raise FileNotFoundError(f"source {text!r}: the pattern matches no {'/'.join(LOCAL_SUFFIXES)} files")
+        return files
+    path = Path(os.path.expanduser(text))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"source directory {path} holds no {'/'.join(LOCAL_SUFFIXES)} files")
+        return files
+    if path.is_file():
+        if path.suffix not in LOCAL_SUFFIXES:
+            raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(LOCAL_SUFFIXES)}")
+        return [path]
+    raise FileNotFoundError(
+        f"source {text!r} is neither 'default', 'fineweb-edu[:CONFIG]', nor an existing file, directory or glob"
+    )
+
+
+def _jsonl_records(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
+            yield record
+
+
+def _parquet_records(path: Path) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if TEXT_FIELD not in pf.schema_arrow.names:
+        raise ValueError(f"{path}: parquet file has no {TEXT_FIELD!r} column (columns: {pf.schema_arrow.names})")
+    for batch in pf.iter_batches(batch_size=1024, columns=[TEXT_FIELD]):
+        for text in batch.column(0).to_pylist():
+            yield {TEXT_FIELD: text}
+
+
+def iter_local_documents(files: Iterable[Path]) -> Iterator[str]:
+    """Documents of local files in order: a ``.txt`` file is one document; ``.jsonl`` lines and ``.parquet``
+    rows are one document each (their ``"text"``)."""
+    for path in files:
+        if path.suffix == ".txt":
+            text = path.read_text(encoding="utf-8")
+            if text:
+                yield text
+        elif path.suffix == ".jsonl":
+            yield from iter_texts(_jsonl_records(path), str(path))
+        elif path.suffix == ".parquet":
+            yield from iter_texts(_parquet_records(path), str(path))
+        else:
+            raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(LOCAL_SUFFIXES)}")
+
+
+# ---------------------------------------------------------------------------------------------- FineWeb-Edu
+def _hub_help(config: str) -> str:
+    return (
+        f"To work offline, download the parquet files of {FINEWEB_REPO} (config {config}) on a machine with "
+        f"access, e.g. `huggingface-cli download {FINEWEB_REPO} --repo-type dataset --include "
+        f"'sample/10BT/*.parquet' --local-dir fineweb-edu`, and pass them as a local source: "
+        f"--source 'fineweb-edu/sample/10BT/*.parquet' (same 'text' column)."
+    )
+
+
+def fineweb_records(config: str = FINEWEB_DEFAULT_CONFIG, *, data_files=None) -> Iterator[dict]:
+    """Stream the rows of FineWeb-Edu ``config`` with Hugging Face ``datasets`` (``streaming=True``).
+
+    ``data_files`` (parquet paths) loads local files through the same ``load_dataset(..., streaming=True)``
+    path instead of the Hub. A Hub that cannot be reached, at the start or mid-stream, raises
+    :class:`DataUnavailableError` saying how to use local parquet files instead.
+    """
+    try:
+        from datasets import load_dataset
+    except ImportError as e:
+        raise ImportError("FineWeb-Edu needs the datasets library: pip install 'deep-delta-learning[data]'") from e
+    where = "local parquet files" if data_files is not None else f"the Hugging Face Hub ({FINEWEB_REPO}, {config})"
+    try:
+        if data_files is not None:
+            ds = load_dataset("parquet", data_files=data_files, split="train", streaming=True)
+        else:
+            ds = load_dataset(FINEWEB_REPO, name=config, split="train", streaming=True)
+        it = iter(ds)
+    except Exception as e:
+        if data_files is not None:
+            raise
+        raise DataUnavailableError(
+            f"cannot open {where}: the Hub is unreachable or the config does not exist "
+            f"({type(e).__name__}: {e}). {_hub_help(config)}"
+        ) from e
+    count = 0
+    while True:
+        try:
+            record = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            if data_files is not None:
+                raise
+            raise DataUnavailableError(
+                f"streaming from {where} failed after {count} records ({type(e).__name__}: {e}). {_hub_help(config)}"
+            ) from e
+        count += 1
+        yield record
+
+
+def parse_fineweb(spec: str) -> str | None:
+    """The config named by a ``fineweb-edu[:CONFIG]`` source, or None if ``spec`` is not one."""
+    if spec == "fineweb-edu":
+        return FINEWEB_DEFAULT_CONFIG
+    if spec.startswith("fineweb-edu:"):
+        config = spec.split(":", 1)[1]
+        if not config:
+            raise ValueError(f"source {spec!r}: empty config; use e.g. fineweb-edu:sample-10BT or fineweb-edu:sample-100BT")
+        return config
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+def resolve_source(spec: str | os.PathLike) -> Source:
+    """The :class:`Source` for ``spec``: "default", "fineweb-edu[:CONFIG]", or a local file / directory / glob."""
+    text = str(spec)
+    if not text:
+        raise ValueError("source must not be empty; use 'default', 'fineweb-edu[:CONFIG]' or a local path")
+    if text == "default":
+        texts = default_texts()
+        return Source(
+            texts,
+            {"source": "default", "source_detail": "pydoc_data.topics", "source_sha256": texts_sha256(texts)},
+        )
+    config = parse_fineweb(text)
+    if config is not None:
+        return Source(iter_texts(fineweb_records(config), f"{FINEWEB_REPO}:{config}"),
+                      {"source": f"fineweb-edu:{config}", "source_detail": f"{FINEWEB_REPO} (config {config})"})
+    files = local_files(text)
+    return Source(iter_local_documents(files), {"source": text, "source_files": [str(p) for p in files]})
