@@ -1,0 +1,280 @@
+"""``TrainConfig``: every setting of a training run, loaded from YAML with command-line overrides.
+
+Precedence: dataclass defaults < YAML file (``--config``) < command-line flags and ``--set key=value``.
+Unknown keys are refused (the error names the key and lists the allowed ones); types are checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16")
+DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
+
+
+@dataclass
+class TrainConfig:
+    """One training run.
+
+    Model: ``variant`` and ``preset`` pick ``DDLConfig.from_variant(variant, preset)``; ``model`` holds overrides
+    of any DDLConfig field (e.g. ``{"hidden_size": 64}``). ``vocab_size`` defaults to the preset's vocabulary, or
+    the data's vocabulary padded up to a multiple of 64 when the preset's is smaller.
+
+    Batch: every optimizer step sees ``batch_size * grad_accum * world_size`` sequences of ``seq_len`` tokens.
+    ``global_batch_size`` (sequences), when set, fixes that product: ``grad_accum`` is derived from it and the
+    number of processes.
+
+    Schedule: linear warm-up over ``warmup_steps`` to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at
+    ``steps``. AdamW(``betas``) with ``weight_decay`` on matrices (dim >= 2) only; gradients clipped to
+    ``grad_clip`` (0 disables).
+    """
+
+    variant: str = "baseline"
+    preset: str = "tiny"
+    model: dict[str, Any] = field(default_factory=dict)
+    data: str | None = None
+    out: str = "runs/train"
+    steps: int = 1000
+    batch_size: int = 8
+    grad_accum: int = 1
+    global_batch_size: int | None = None
+    seq_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_batches: int = 20
+    save_every: int = 1000
+    keep: int = 2
+    log_every: int = 10
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+    distributed: str = "auto"
+    tensorboard: bool = False
+    peak_flops: float | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check types and ranges; raise ValueError naming the field, the value and what is allowed."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), _FIELD_TYPES[f.name]))
+        from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS, DDLConfig
+
+        _choice("variant", self.variant, tuple(VARIANTS))
+        _choice("preset", self.preset, tuple(PRESETS))
+        _choice("device", self.device, DEVICES)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("distributed", self.distributed, DISTRIBUTED)
+        known = DDLConfig.field_names() - {"variant", "preset"}
+        unknown = sorted(set(self.model) - known)
+        if unknown:
+            raise ValueError(
+                f"TrainConfig: unknown model field(s) {unknown} in `model`; allowed: {', '.join(sorted(known))}"
+            )
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "keep"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("warmup_steps", "eval_every", "save_every", "log_every", "seed"):
+            _at_least(name, getattr(self, name), 0)
+        _at_least("eval_batches", self.eval_batches, 1)
+        if self.global_batch_size is not None:
+            _at_least("global_batch_size", self.global_batch_size, 1)
+        if not self.lr > 0:
+            raise _bad("lr", self.lr, "a float > 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise _bad("min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
+        if self.weight_decay < 0:
+            raise _bad("weight_decay", self.weight_decay, "a float >= 0")
+        if self.grad_clip < 0:
+            raise _bad("grad_clip", self.grad_clip, "a float >= 0 (0 disables clipping)")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise _bad("betas", list(self.betas), "two floats in [0, 1)")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise _bad("peak_flops", self.peak_flops, "a float > 0 (FLOP/s of one device) or null")
+        if not self.out:
+            raise _bad("out", self.out, "a directory path")
+
+    def accumulation(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each of ``world_size`` processes."""
+        if self.global_batch_size is None:
+            return self.grad_accum
+        per_step = self.batch_size * world_size
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"TrainConfig: `global_batch_size` got {self.global_batch_size}, which is not a multiple of "
+                f"batch_size ({self.batch_size}) x processes ({world_size}) = {per_step}; choose a batch_size "
+                "that divides it"
+            )
+        return self.global_batch_size // per_step
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, base: TrainConfig | None = None, origin: str = "") -> TrainConfig:
+        """``base`` (or the defaults) updated with ``values``; unknown keys refused."""
+        if not isinstance(values, dict):
+            raise ValueError(f"TrainConfig{origin}: expected a mapping of settings, got {type(values).__name__}")
+        allowed = cls.field_names()
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"TrainConfig{origin}: unknown key(s) {unknown}; allowed keys: {', '.join(allowed)}"
+            )
+        merged = (base or cls()).to_dict()
+        for key, value in values.items():
+            if key == "model" and value is not None:
+                if not isinstance(value, dict):
+                    raise _bad("model", value, "a mapping of DDLConfig fields to values")
+                merged["model"] = {**merged["model"], **value}
+            else:
+                merged[key] = value
+        return cls(**merged)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, *, base: TrainConfig | None = None) -> TrainConfig:
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"config file {path}: not valid YAML: {e}") from e
+        return cls.from_dict(values or {}, base=base, origin=f" (from {path})")
+
+    def with_overrides(self, assignments: list[str]) -> TrainConfig:
+        """Apply ``key=value`` strings (values parsed as YAML; ``model.FIELD=value`` sets a model field)."""
+        values: dict[str, Any] = {}
+        for item in assignments:
+            key, sep, raw = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or not key:
+                raise ValueError(f"--set: expected KEY=VALUE, got {item!r}")
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError as e:
+                raise ValueError(f"--set {item!r}: value is not valid YAML: {e}") from e
+            if key.startswith("model."):
+                values.setdefault("model", {})[key[len("model."):]] = value
+            else:
+                values[key] = value
+        return self.from_dict(values, base=self, origin=" (from --set)")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------- named configs shipped with the package
+def config_root() -> Path:
+    """Directory of the YAML configs shipped in ``deep_delta/configs``."""
+    return Path(str(resources.files("deep_delta") / "configs"))
+
+
+def available_configs() -> list[str]:
+    """Names of the shipped configs, e.g. ``small/ddl-cc`` (usable as ``--config small/ddl-cc``)."""
+    root = config_root()
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+
+
+def resolve_config(spec: str | os.PathLike) -> Path:
+    """A config file from a path, or from a shipped name like ``small/ddl-cc`` (``.yaml`` optional)."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    name = str(spec).removesuffix(".yaml")
+    shipped = config_root() / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise FileNotFoundError(
+        f"--config {str(spec)!r}: no such file, and not a shipped config name; shipped: "
+        f"{', '.join(available_configs())}"
+    )
+
+
+def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None,
+                assignments: list[str] | None = None) -> TrainConfig:
+    """Defaults < YAML ``spec`` (path or shipped name) < ``overrides`` (field -> value) < ``assignments``."""
+    cfg = TrainConfig.from_yaml(resolve_config(spec)) if spec else TrainConfig()
+    if overrides:
+        cfg = TrainConfig.from_dict(overrides, base=cfg, origin=" (from the command line)")
+    if assignments:
+        cfg = cfg.with_overrides(assignments)
+    return cfg
+
+
+# ---------------------------------------------------------------------- type checking
+_FIELD_TYPES = {
+    "variant": str, "preset": str, "model": dict, "data": (str, type(None)), "out": str,
+    "steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": (int, type(None)), "seq_len": int,
+    "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "betas": "betas",
+    "grad_clip": float, "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int,
+    "seed": int, "device": str, "dtype": str, "compile": bool, "distributed": str, "tensorboard": bool,
+    "peak_flops": (float, type(None)),
+}
+
+
+def _bad(name: str, got: Any, allowed: str) -> ValueError:
+    return ValueError(f"TrainConfig: `{name}` got {got!r}; allowed: {allowed}")
+
+
+def _coerce(name: str, value: Any, kind) -> Any:
+    """``value`` checked against ``kind`` (ints accepted for floats, PathLike for str)."""
+    if kind == "betas":
+        if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
+        ):
+            return (float(value[0]), float(value[1]))
+        raise _bad(name, value, "a list of two floats, e.g. [0.9, 0.95]")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if value is None and type(None) in kinds:
+        return None
+    if str in kinds and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if float in kinds and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) and bool not in kinds:
+        raise _bad(name, value, _type_names(kinds))
+    if isinstance(value, kinds):
+        return value
+    raise _bad(name, value, _type_names(kinds))
+
+
+def _type_names(kinds: tuple) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
+             type(None): "null"}
+    return " or ".join(names[k] for k in kinds)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise _bad(name, value, " | ".join(allowed))
+
+
+def _at_least(name: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise _bad(name, value, f"an integer >= {minimum}")

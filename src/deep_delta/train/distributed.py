@@ -1,0 +1,175 @@
+"""Running under ``torchrun``: process group, device, and the ``parallelize`` step (compile, DDP or FSDP2).
+
+The model knows nothing of distribution: :func:`parallelize` takes a plain ``DDLForCausalLM`` and returns
+the module to train (like torchtitan). FSDP2 shards every ``DDLBlock`` and then the root with
+``fully_shard``; on CUDA with a mixed-precision policy of bf16 parameters and fp32 gradient reduction.
+
+Checkpoint state goes through ``torch.distributed.checkpoint.state_dict`` with full (unsharded) state
+dicts, so a checkpoint written by one mode (single process, DDP, FSDP) resumes in any other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class DistInfo:
+    """Where this process runs: ``mode`` is "none", "ddp" or "fsdp"."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    mode: str = "none"
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.mode != "none"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """"auto" -> CUDA if available else CPU; "cuda" -> this process's GPU (``LOCAL_RANK``)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("TrainConfig: `device` got 'cuda' but no CUDA device is available; allowed here: cpu, auto")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device(device)
+
+
+def setup(distributed: str = "auto", device: str = "auto") -> DistInfo:
+    """Read the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), pick the device and, for
+    more than one process, initialise the process group (nccl on CUDA, gloo on CPU).
+
+    ``distributed``: "auto" (DDP when WORLD_SIZE > 1), "none", "ddp" or "fsdp". FSDP is allowed with one
+    process (it then only shards trivially), DDP too (it becomes a no-op wrapper).
+    """
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if distributed == "none" and world > 1:
+        raise ValueError(
+            f"TrainConfig: `distributed` got 'none' but WORLD_SIZE={world} processes were started; "
+            "allowed under torchrun: auto | ddp | fsdp"
+        )
+    mode = ("ddp" if world > 1 else "none") if distributed == "auto" else distributed
+    dev = resolve_device(device, local_rank)
+    owns = False
+    if mode != "none" and not dist.is_initialized():
+        if world == 1:  # a single process asked for ddp/fsdp explicitly: a private one-process group
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
+        owns = True
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, mode=mode, device=dev, owns_group=owns)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def teardown(info: DistInfo) -> None:
+    if info.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16: bool = False) -> nn.Module:
+    """The module to train: ``model`` compiled (per block, in place) and wrapped for ``info.mode``.
+
+    ``bf16`` selects FSDP's mixed-precision policy (bf16 parameters, fp32 reduction); DDP and single-process
+    runs use autocast instead.
+    """
+    if compile:
+        for block in model.model.layers:
+            block.compile()
+    if info.mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    if info.mode == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        for block in model.model.layers:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        return model
+    return model
+
+
+def set_gradient_sync(module: nn.Module, info: DistInfo, enabled: bool) -> None:
+    """Turn the gradient all-reduce of the next backward on or off (off for all but the last micro-batch)."""
+    if info.mode == "ddp":
+        module.require_backward_grad_sync = enabled
+    elif info.mode == "fsdp":
+        module.set_requires_gradient_sync(enabled)
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.distributed and info.world_size > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed and info.world_size > 1:
+        dist.barrier()
+
+
+def broadcast_object(obj, info: DistInfo):
+    """``obj`` of rank 0 on every rank."""
+    if not (info.distributed and info.world_size > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model state on CPU (a collective under FSDP: call it on every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The unsharded optimizer state keyed by parameter names (a collective under FSDP)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a state from :func:`full_optimizer_state` (every rank passes the full state)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
