@@ -127,11 +127,11 @@ class DeltaResidual(nn.Module):
         beta = self.gate(c)
         if self.residual_map == "k":
             k = h
-            v = self.value_scale * torch.sigmoid(self.value_proj(src).float())
+            v = self.value_scale * torch.sigmoid(self.value_proj(src).to(torch.promote_types(src.dtype, torch.float32)))
         else:
             k = self.key_up(self.key_down(c))
             if self.value_channels == 1:
-                v = self.value_scale * torch.sigmoid(self.value_proj(h).float())
+                v = self.value_scale * torch.sigmoid(self.value_proj(h).to(torch.promote_types(h.dtype, torch.float32)))
             else:
                 v = self.value_proj(h)
         if self.value_channels == 1:

@@ -51,8 +51,9 @@ class BetaGate(nn.Module):
 
     def forward(self, c: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=c.device.type, enabled=False):
-            h = c.float()
+            ct = torch.promote_types(c.dtype, torch.float32)  # fp32 logits; fp64 stays fp64 (gradcheck)
+            h = c.to(ct)
             if self.hidden is not None:
-                h = torch.tanh(F.linear(h, self.hidden.weight.float()))
-            logit = F.linear(h, self.proj.weight.float(), self.proj.bias.float())
+                h = torch.tanh(F.linear(h, self.hidden.weight.to(ct)))
+            logit = F.linear(h, self.proj.weight.to(ct), self.proj.bias.to(ct))
             return 2.0 * torch.sigmoid(logit)
