@@ -1,0 +1,38 @@
+"""``ddl export``: write a training checkpoint or run as a clean Hugging Face model directory."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a checkpoint or run as a Hugging Face model directory",
+        description="Write the model at SOURCE (a training run: its checkpoints/LATEST; a checkpoint directory; "
+        "or an HF directory) to OUT_DIR with config.json, model.safetensors, generation_config.json, the "
+        "tokenizer (tokenizer.json) and a model card (README.md). OUT_DIR then loads with "
+        "AutoModelForCausalLM.from_pretrained after `import deep_delta`, and with AutoTokenizer.",
+    )
+    p.add_argument("source", metavar="RUN_OR_CKPT", help="training run, checkpoint or HF model directory")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (must not exist or be empty)")
+    p.add_argument("--tokenizer", default=None, choices=["byte", "gpt2"],
+                   help="tokenizer to save (default: the one named in train_meta.json or saved with the model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the exported weights (default float32)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from deep_delta.hf.export import export_model
+    from deep_delta.hf.loading import quiet_transformers
+
+    quiet_transformers()
+
+    out = export_model(args.source, args.out_dir, tokenizer=args.tokenizer, dtype=args.dtype,
+                       overwrite=args.overwrite)
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    print(f"exported {args.source} -> {out}")
+    print(f"  files: {files}")
+    return 0

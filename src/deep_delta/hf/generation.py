@@ -1,0 +1,105 @@
+"""Text generation with ``model.generate()``: greedy or sampled (temperature, top-k, top-p), with the cache."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingOptions:
+    """greedy, or sampling with ``temperature`` (> 0), ``top_k`` (None/0 = off) and ``top_p`` (1.0 = off)."""
+
+    max_new_tokens: int = 64
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    use_cache: bool = True
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens: got {self.max_new_tokens}; allowed: an integer >= 1")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"--temperature: got {self.temperature}; allowed: a float >= 0 (0 = greedy)")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"--top-k: got {self.top_k}; allowed: an integer >= 1 (0 = off)")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"--top-p: got {self.top_p}; allowed: a float in (0, 1]")
+
+    def generation_config(self, eos_token_id: int | None, pad_token_id: int | None, max_new_tokens: int):
+        from transformers import GenerationConfig
+
+        sample = not self.greedy and self.temperature > 0
+        kwargs = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            use_cache=self.use_cache,
+        )
+        if sample:
+            kwargs.update(temperature=self.temperature, top_k=self.top_k or 0, top_p=self.top_p or 1.0)
+        return GenerationConfig(**kwargs)
+
+
+@dataclass
+class Generation:
+    prompt: str
+    text: str  # the completion only
+    prompt_tokens: int
+    new_tokens: int
+
+
+def encode_prompts(tokenizer, prompts: list[str], context: int) -> list[list[int]]:
+    """Token ids of each prompt (an empty prompt starts from the end-of-text token).
+
+    A prompt that leaves no room for a new token in the ``context`` is refused.
+    """
+    out = []
+    for i, p in enumerate(prompts):
+        ids = tokenizer.encode(p, add_special_tokens=False, verbose=False) if p else [tokenizer.eos_token_id]
+        if len(ids) >= context:
+            which = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
+            raise ValueError(
+                f"--prompt: {which} is {len(ids)} tokens, but the model's context is {context} tokens "
+                f"(max_position_embeddings), leaving no room to generate; shorten it to at most {context - 1} tokens"
+            )
+        out.append(ids)
+    return out
+
+
+@torch.no_grad()
+def generate_text(model, tokenizer, prompts: list[str], options: SamplingOptions) -> tuple[list[Generation], int]:
+    """Complete each prompt; a batch is left-padded. Returns the generations and the max_new_tokens used
+    (``options.max_new_tokens``, cut so the longest prompt plus its completion fits the context)."""
+    options.check()
+    context = model.config.max_position_embeddings
+    ids = encode_prompts(tokenizer, prompts, context)
+    longest = max(len(x) for x in ids)
+    max_new = min(options.max_new_tokens, context - longest)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    input_ids = torch.full((len(ids), longest), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)
+    for row, x in enumerate(ids):
+        input_ids[row, longest - len(x):] = torch.tensor(x)
+        attention_mask[row, longest - len(x):] = 1
+    if options.seed is not None:
+        torch.manual_seed(options.seed)
+    gen_cfg = options.generation_config(tokenizer.eos_token_id, pad, max_new)
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device) if len(ids) > 1 else None,
+        generation_config=gen_cfg,
+    )
+    results = []
+    for row, x in enumerate(ids):
+        new = out[row, longest:].tolist()
+        if tokenizer.eos_token_id in new:  # stop at the first end-of-text (later ones are padding)
+            new = new[: new.index(tokenizer.eos_token_id)]
+        results.append(Generation(prompts[row], tokenizer.decode(new), len(x), len(new)))
+    return results, max_new
