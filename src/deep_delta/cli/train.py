@@ -1,0 +1,116 @@
+"""``ddl train``: train a variant from a YAML config and/or command-line settings (also under torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+
+# help of every TrainConfig field; the flag is --field-name
+FIELD_HELP = {
+    "variant": "model variant",
+    "preset": "model size: tiny (CPU), small (124M), medium (353M)",
+    "data": "prepared data directory (default: the embedded text, prepared once into a cache)",
+    "out": "run directory: metrics.jsonl, run.json, checkpoints/ (default: runs/train)",
+    "steps": "total optimizer steps of the run (also the length of the cosine schedule)",
+    "batch_size": "sequences per micro-batch on each process",
+    "grad_accum": "micro-batches per optimizer step (ignored when --global-batch-size is set)",
+    "global_batch_size": "sequences per optimizer step over all processes; derives grad_accum",
+    "seq_len": "tokens per sequence",
+    "lr": "peak learning rate (default 1e-3)",
+    "min_lr_ratio": "final learning rate as a fraction of --lr (default 0.1)",
+    "warmup_steps": "linear warm-up steps (default 100)",
+    "weight_decay": "AdamW weight decay on matrices (default 0.1)",
+    "betas": "AdamW betas (default 0.9 0.95)",
+    "grad_clip": "clip the gradient norm to this (0: off; default 1.0)",
+    "eval_every": "validate every N steps (0: only at the end)",
+    "eval_batches": "validation batches per evaluation",
+    "save_every": "checkpoint every N steps (0: only at the end)",
+    "keep": "keep the newest K checkpoints (default 2)",
+    "log_every": "print / update the progress bar every N steps (0: never)",
+    "seed": "seed of the initialisation and the data order",
+    "device": "auto (CUDA if available), cpu or cuda",
+    "dtype": "auto (bf16 autocast on CUDA, fp32 on CPU), float32 or bfloat16",
+    "compile": "torch.compile each block",
+    "distributed": "under torchrun: auto (DDP when several processes), none, ddp or fsdp (FSDP2)",
+    "tensorboard": "also write TensorBoard scalars to OUT/tensorboard",
+    "peak_flops": "peak FLOP/s of one device for MFU (default: looked up for known GPUs; none on CPU)",
+}
+
+
+def add_parser(sub) -> None:
+    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
+
+    p = sub.add_parser(
+        "train",
+        help="train a baseline or DDL model",
+        description="Train VARIANT at PRESET on prepared token data. Settings come from the defaults, then "
+        "--config (a YAML file or a shipped name such as small/ddl-cc; see --list-configs), then the flags "
+        "below and --set KEY=VALUE. Writes OUT/metrics.jsonl (one JSON object per optimizer step, validation "
+        "records beside them) and atomic checkpoints OUT/checkpoints/step_N (a Hugging Face model directory "
+        "plus the training state). Run it under `torchrun --nproc_per_node N` for DDP or --distributed fsdp.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE|NAME", help="YAML config: a path, or a shipped name (tiny/ddl-cc)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any setting (value parsed as YAML); model.FIELD=VALUE overrides a model field, "
+                   "e.g. --set model.hidden_size=64. Repeatable")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from its latest checkpoint up to --steps (fresh if none)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
+    p.add_argument("--stop-at", type=int, metavar="N",
+                   help="end this session after step N (checkpointed) without shortening the schedule")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (print a line every --log-every)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--list-configs", action="store_true", help="list the shipped config names and exit")
+    g = p.add_argument_group("settings (override the config file)")
+    choices = {"variant": list(VARIANTS), "preset": list(PRESETS), "device": ["auto", "cpu", "cuda"],
+               "dtype": ["auto", "float32", "bfloat16"], "distributed": ["auto", "none", "ddp", "fsdp"]}
+    kinds = {"steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": int, "seq_len": int,
+             "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "grad_clip": float,
+             "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int, "seed": int,
+             "peak_flops": float}
+    for name, text in FIELD_HELP.items():
+        flag = "--" + name.replace("_", "-")
+        if name in ("compile", "tensorboard"):
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
+        elif name == "betas":
+            g.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=text)
+        else:
+            g.add_argument(flag, type=kinds.get(name, str), choices=choices.get(name), default=argparse.SUPPRESS,
+                           help=text)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The TrainConfig of a parsed command line: defaults < --config < flags < --set."""
+    from deep_delta.train.config import load_config
+
+    overrides = {name: getattr(args, name) for name in FIELD_HELP if hasattr(args, name)}
+    return load_config(args.config, overrides, args.assignments)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from deep_delta.cli.main import UsageError
+    from deep_delta.train.config import available_configs
+
+    if args.list_configs:
+        print("\n".join(available_configs()))
+        return 0
+    cfg = config_from_args(args)
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+
+    from deep_delta.data import DataUnavailableError
+    from deep_delta.train.trainer import NonFiniteLossError, train
+
+    try:
+        train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
+              progress=not args.no_progress)
+    except (FileExistsError, DataUnavailableError) as e:
+        raise UsageError(str(e)) from e
+    except NonFiniteLossError as e:
+        print(f"ddl train: error: {e}", file=sys.stderr)
+        return 1
+    return 0
