@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,7 @@ class DDLConfig(PreTrainedConfig):
     delta_backend: str = "auto"
 
     def __post_init__(self, **kwargs):
+        self._check_types()
         if self.intermediate_size is None:
             self.intermediate_size = (8 * self.hidden_size) // 3
         if self.compressor == "token" and self.compressor_kernel_size is None:
@@ -119,6 +121,25 @@ class DDLConfig(PreTrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def _check_types(self) -> None:
+        """Refuse a value of the wrong type (e.g. hidden_size="256", value_channels=2.5), naming the field."""
+        for name, ann in DDLConfig.__annotations__.items():
+            if name.endswith("_token_id"):  # HF allows lists of ids here
+                continue
+            allowed = [a.strip() for a in str(ann).split("|")]
+            value = getattr(self, name)
+            if value is None and "None" in allowed:
+                continue
+            ok = any(
+                (a == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool))
+                or (a == "float" and isinstance(value, numbers.Real) and not isinstance(value, bool))
+                or (a == "str" and isinstance(value, str))
+                or (a == "bool" and isinstance(value, bool))
+                for a in allowed
+            )
+            if not ok:
+                raise _bad(name, value, " or ".join(allowed))
 
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is allowed."""
