@@ -6,15 +6,20 @@ import os
 import shutil
 from pathlib import Path
 
-from deep_delta.data.prepare import check_data_dir, staging_dir, write_dataset
+from deep_delta.data.prepare import (
+    DEFAULT_SHARD_TOKENS,
+    META_FORMAT,
+    check_data_dir,
+    staging_dir,
+    write_dataset,
+)
 from deep_delta.data.sources import default_texts, texts_sha256
 from deep_delta.data.tokenizers import ByteTokenizer
 
 CACHE_ENV = "DDL_CACHE_DIR"
 DEFAULT_DIR_NAME = "pydoc-byte"
 # ~465 K tokens in all: 10% (~46 K tokens, ~180 windows of 256) gives a steadier validation loss than 1%.
-DEFAULT_VAL_FRACTION = 0.1
-DEFAULT_SHARD_TOKENS = 100_000_000
+PYDOC_VAL_FRACTION = 0.1
 
 
 def default_cache_dir() -> Path:
@@ -29,10 +34,11 @@ def _is_current(path: Path, sha256: str) -> bool:
     except (OSError, ValueError):
         return False
     return (
-        meta.get("source") == "default"
+        meta.get("format") == META_FORMAT
+        and meta.get("source") == "default"
         and meta.get("source_sha256") == sha256
         and meta.get("tokenizer") == ByteTokenizer.name
-        and meta.get("val_fraction") == DEFAULT_VAL_FRACTION
+        and meta.get("val_fraction") == PYDOC_VAL_FRACTION
         and meta.get("shard_tokens") == DEFAULT_SHARD_TOKENS
         and meta.get("max_tokens") is None
     )
@@ -54,7 +60,7 @@ def default_data_dir(cache_dir: str | os.PathLike | None = None) -> Path:
         return out
     staging = staging_dir(out)
     try:
-        write_dataset(texts, ByteTokenizer(), staging, val_fraction=DEFAULT_VAL_FRACTION,
+        write_dataset(texts, ByteTokenizer(), staging, val_fraction=PYDOC_VAL_FRACTION,
                       shard_tokens=DEFAULT_SHARD_TOKENS,
                       source_info={"source": "default", "source_detail": "pydoc_data.topics", "source_sha256": sha})
         for _ in range(10):

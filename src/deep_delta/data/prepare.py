@@ -7,9 +7,9 @@ Output directory layout::
     meta.json                                 (tokenizer, vocab_size, eot_token, counts, source)
 
 Every document is followed by the end-of-text token. The validation split is a deterministic, streaming
-choice of whole documents: a document goes to validation when the validation tokens so far are at most
-``val_fraction`` of all tokens so far (so the first document is always a validation one, and the share stays
-within one document of ``val_fraction`` all along the stream). Documents may span shard boundaries; the
+choice of whole documents: the first document, then each document that brings the validation share of the
+tokens so far closer to ``val_fraction`` (so the share stays within about half a document of ``val_fraction``
+all along the stream, with no need to know the total in advance). Documents may span shard boundaries; the
 loader reads a split's shards as one stream.
 
 The output is built in a temporary directory beside ``out_dir`` and renamed into place at the end, so a
@@ -35,7 +35,7 @@ from deep_delta.data.sources import resolve_source
 from deep_delta.data.tokenizers import Tokenizer, get_tokenizer
 
 META_FILE = "meta.json"
-META_FORMAT = "deep_delta.tokens/1"
+META_FORMAT = "deep_delta.tokens/2"  # /2: validation documents chosen by the closest-share rule
 DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
@@ -74,6 +74,17 @@ class _SplitWriter:
         if self.buffered:
             self._flush(self.buffered)
         return {"num_tokens": self.num_tokens, "num_documents": self.num_documents, "shards": self.shards}
+
+
+def _to_val(val_tokens: int, total: int, n: int, val_fraction: float) -> bool:
+    """Whether the next document (``n`` tokens) goes to validation: always the first one (so the split is never
+    empty), then whenever adding it brings the validation share closer to ``val_fraction``."""
+    if val_fraction <= 0:
+        return False
+    if val_tokens == 0:
+        return True
+    target = val_fraction * (total + n)
+    return abs(val_tokens + n - target) <= abs(val_tokens - target)
 
 
 def _batched(items: Iterable[str], n: int):
@@ -136,7 +147,7 @@ def write_dataset(
                 if max_tokens is not None and total + len(tokens) >= max_tokens:
                     truncated = total + len(tokens) > max_tokens
                     tokens = tokens[: max_tokens - total]
-                writer = val if val_fraction > 0 and val.num_tokens <= val_fraction * total else train
+                writer = val if _to_val(val.num_tokens, total, len(tokens), val_fraction) else train
                 writer.add(tokens)
                 total += len(tokens)
                 bar.update(len(tokens))
@@ -149,6 +160,11 @@ def write_dataset(
     splits = {"train": train.close(), "val": val.close()}
     if total == 0:
         raise ValueError("the source holds no documents (nothing to tokenize)")
+    if train.num_tokens == 0:
+        raise ValueError(
+            f"the source gave {val.num_documents} document(s), all of them in the validation split: the training "
+            f"split needs at least one more document (or use val_fraction=0 / --val-fraction 0)"
+        )
     meta = {
         "format": META_FORMAT,
         "shard_layout": "llm.c/modded-nanogpt .bin: 256 x int32 header (magic 20240520, version 1, count), uint16",

@@ -126,7 +126,7 @@ def _gpt2_from_tiktoken() -> Tokenizer:
         encoding = tiktoken.get_encoding("gpt2")
     except Exception as e:  # requests' ConnectionError, timeouts, a hash mismatch of a partial download
         raise DataUnavailableError(
-            f"cannot load the GPT-2 BPE through tiktoken ({type(e).__name__}: {e}). tiktoken downloads it once "
+            f"cannot load the GPT-2 BPE through tiktoken ({type(e).__name__}: {str(e)[:160]}). tiktoken downloads it once "
             f"from openaipublic.blob.core.windows.net; offline, provide it locally in one of these ways: "
             f"(1) point ${GPT2_ENV} (or --bpe-file) at GPT-2's vocab.bpe with encoder.json beside it, at a "
             f"directory holding vocab.bpe + encoder.json (or Hugging Face gpt2's merges.txt + vocab.json), or at "

@@ -1,0 +1,179 @@
+"""``ddl data``: prepare token shards from a text source (``prepare``) and inspect a data directory (``info``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMbBgG]?)")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+
+
+def count(text: str) -> int:
+    """A positive token count: ``1000000``, ``1_000_000``, ``1e6``, ``500k``, ``10M``, ``2B``."""
+    t = text.replace("_", "").strip()
+    m = _COUNT.fullmatch(t)
+    try:
+        value = float(m.group(1)) * _SCALE[m.group(2).lower()] if m else float(t)
+    except ValueError:
+        value = float("nan")
+    if not value >= 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a positive whole number such as 1000000, 1e6, 500k or 10M, got {text!r}")
+    return int(value)
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "data",
+        help="prepare token shards and inspect data directories",
+        description="Prepare tokenized training data (llm.c / modded-nanogpt .bin shards plus meta.json) and "
+        "inspect prepared directories.",
+    )
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    data_sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    pp = data_sub.add_parser(
+        "prepare",
+        help="tokenize a source into train/val shards",
+        description="Tokenize SOURCE into OUT/train_000000.bin, ..., OUT/val_000000.bin, ... and OUT/meta.json. "
+        "Every document ends with the end-of-text token; the validation split is whole documents "
+        "(about --val-fraction of the tokens, chosen deterministically along the stream).",
+        epilog="examples:\n"
+        "  ddl data prepare --out data/pydoc\n"
+        "  ddl data prepare --source corpus.jsonl --tokenizer gpt2 --out data/corpus\n"
+        "  ddl data prepare --source 'fineweb/sample/10BT/*.parquet' --tokenizer gpt2 --max-tokens 1B --out data/fw\n"
+        "  ddl data prepare --source fineweb-edu:sample-10BT --tokenizer gpt2 --max-tokens 100M --out data/fw100m",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pp.add_argument("--source", default="default",
+                    help="'default' (CPython's pydoc_data.topics text, embedded), 'fineweb-edu[:CONFIG]' "
+                    "(Hugging Face Hub, CONFIG e.g. sample-10BT (default) or sample-100BT), or a local .txt / "
+                    ".jsonl / .parquet file, directory or glob (default: default)")
+    pp.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
+                    help="byte: UTF-8 bytes + EOT (vocab 257); gpt2: tiktoken GPT-2 BPE (vocab 50257) (default: byte)")
+    pp.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
+    pp.add_argument("--val-fraction", type=fraction, default=None, metavar="F",
+                    help="share of tokens in the validation split, in [0, 1) (default: 0.01)")
+    pp.add_argument("--shard-tokens", type=count, default=None, metavar="N",
+                    help="tokens per shard file (default: 100M)")
+    pp.add_argument("--max-tokens", type=count, default=None, metavar="N",
+                    help="stop after N tokens in all (train + val); the last document is cut (default: no cap)")
+    pp.add_argument("--bpe-file", default=None, metavar="PATH",
+                    help="local GPT-2 BPE for --tokenizer gpt2: vocab.bpe (+ encoder.json beside it), a directory "
+                    "with vocab.bpe + encoder.json or merges.txt + vocab.json, or a .tiktoken file "
+                    "(default: $DDL_GPT2_BPE, else tiktoken's download cache)")
+    pp.add_argument("--overwrite", action="store_true",
+                    help="replace OUT if it is not empty (only if it holds nothing but shards and meta.json)")
+    pp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pp.set_defaults(func=run_prepare)
+
+    pi = data_sub.add_parser(
+        "info",
+        help="print a data directory's meta.json and shard headers",
+        description="Print DIR's meta.json summary and the header of every shard, and check that they agree. "
+        "Exit code 1 if a shard is missing, corrupted or disagrees with meta.json.",
+    )
+    pi.add_argument("dir", metavar="DIR", help="a directory made by `ddl data prepare` (or any llm.c .bin shards)")
+    pi.add_argument("--json", action="store_true", help="print meta.json and the shard headers as JSON")
+    pi.set_defaults(func=run_info)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    import time
+
+    from deep_delta.cli.main import UsageError
+    from deep_delta.data import DataUnavailableError, prepare
+    from deep_delta.data.prepare import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION
+
+    if args.bpe_file is not None and args.tokenizer != "gpt2":
+        raise UsageError(f"--bpe-file is only used with --tokenizer gpt2, got --tokenizer {args.tokenizer}")
+    start = time.perf_counter()
+    try:
+        meta = prepare(
+            args.source,
+            args.tokenizer,
+            args.out,
+            val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
+            shard_tokens=DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens,
+            max_tokens=args.max_tokens,
+            overwrite=args.overwrite,
+            bpe_file=args.bpe_file,
+            progress=not args.no_progress,
+        )
+    except (DataUnavailableError, FileExistsError, ImportError) as e:
+        raise UsageError(str(e)) from e
+    seconds = time.perf_counter() - start
+    print(f"prepared {meta['num_tokens']:,} tokens ({meta['num_documents']:,} documents) from {meta['source']} "
+          f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
+          f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
+    _print_splits(meta)
+    print(f"  written to {args.out} in {seconds:.1f} s ({meta['num_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
+    return 0
+
+
+def _print_splits(meta: dict) -> None:
+    for split, info in meta["splits"].items():
+        n = len(info["shards"])
+        print(f"  {split:<6} {info['num_tokens']:>14,} tokens {info['num_documents']:>10,} documents "
+              f"{n:>4} shard{'s' if n != 1 else ''}")
+
+
+def run_info(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from deep_delta.data import ShardError, check_data_dir, read_header
+    from deep_delta.data.loader import available_splits, split_shards
+    from deep_delta.data.prepare import META_FILE
+
+    d = Path(args.dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"data directory {d} does not exist")
+    problems: list[str] = []
+    shards = []
+    for split in available_splits(d):
+        for path in split_shards(d, split):
+            try:
+                shards.append({"split": split, "file": path.name, "num_tokens": read_header(path).num_tokens})
+            except (ShardError, FileNotFoundError) as e:
+                shards.append({"split": split, "file": path.name, "error": str(e)})
+                problems.append(str(e))
+    meta = None
+    if (d / META_FILE).exists():
+        try:
+            meta = check_data_dir(d)
+        except (ShardError, ValueError, FileNotFoundError) as e:
+            problems.append(str(e))
+            try:
+                meta = json.loads((d / META_FILE).read_text(encoding="utf-8"))
+            except ValueError:
+                meta = None
+    else:
+        problems.append(f"{d / META_FILE} does not exist (shards alone, e.g. from llm.c / modded-nanogpt)")
+    if args.json:
+        print(json.dumps({"meta": meta, "shards": shards, "problems": problems}, indent=2))
+    else:
+        if isinstance(meta, dict) and "splits" in meta:
+            print(f"{d}: {meta.get('num_tokens', 0):,} tokens from {meta.get('source')} "
+                  f"(tokenizer {meta.get('tokenizer')}, vocab_size {meta.get('vocab_size')}, "
+                  f"eot {meta.get('eot_token')})")
+            _print_splits(meta)
+        print("shards:")
+        for s in shards:
+            status = f"{s['num_tokens']:>14,} tokens" if "num_tokens" in s else f"ERROR {s['error']}"
+            print(f"  {s['file']:<22} {status}")
+        for p in problems:
+            print(f"problem: {p}")
+        if not problems:
+            print("ok: meta.json and shard headers agree")
+    return 1 if problems else 0
