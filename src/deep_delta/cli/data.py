@@ -45,8 +45,8 @@ def add_parser(sub) -> None:
     pp = data_sub.add_parser(
         "prepare",
         help="tokenize a source into train/val shards",
-        description="Tokenize SOURCE into OUT/train_000000.bin, ..., OUT/val_000000.bin, ... and OUT/meta.json. "
-        "Every document ends with the end-of-text token; the validation split is whole documents "
+        description="Tokenize SOURCE into OUT/train_000000.bin, ..., OUT/val_000000.bin, ... and OUT/meta.json.\n"
+        "Every document ends with the end-of-text token; the validation split is whole documents\n"
         "(about --val-fraction of the tokens, chosen deterministically along the stream).",
         epilog="examples:\n"
         "  ddl data prepare --out data/pydoc\n"

@@ -171,7 +171,7 @@ def write_dataset(
         "tokenizer": tokenizer.name,
         "vocab_size": int(tokenizer.vocab_size),
         "eot_token": int(tokenizer.eot_token),
-        **(source_info or {}),
+        **(source_info or {"source": "python iterable"}),
         "num_tokens": total,
         "num_documents": train.num_documents + val.num_documents,
         "truncated": truncated,
