@@ -3,6 +3,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from deep_delta.data import ShardError, TokenLoader, write_shard
 
@@ -38,7 +40,7 @@ def test_batches_are_windows_of_the_stream(tmp_path):
 
 
 def test_window_crossing_shards(tmp_path):
-    d, stream = make_dir(tmp_path, sizes=(10, 3, 30))
+    d, stream = make_dir(tmp_path, sizes=(10, 0, 3, 30, 0))
     loader = TokenLoader(d, "train", batch_size=1, seq_len=6)
     x, y = loader._batch(range(loader.num_windows))
     for i in range(loader.num_windows):
@@ -181,3 +183,27 @@ def test_bad_arguments(tmp_path, kwargs, message):
     args = {"split": "train", "batch_size": 2, "seq_len": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
         TokenLoader(tmp_path, args.pop("split"), args.pop("batch_size"), args.pop("seq_len"), **args)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.integers(0, 60), min_size=1, max_size=4).filter(lambda s: sum(s) >= 12),
+    seq_len=st.integers(1, 11),
+    batch=st.integers(1, 5),
+    world=st.integers(1, 3),
+    before=st.integers(0, 12),
+    seed=st.integers(0, 2**32),
+)
+def test_property_ranks_and_resume(tmp_path_factory, sizes, seq_len, batch, world, before, seed):
+    d, _ = make_dir(tmp_path_factory.mktemp("p"), sizes=sizes, seed=seed % 7)
+    single = TokenLoader(d, "train", batch * world, seq_len, seed=seed)
+    ranks = [TokenLoader(d, "train", batch, seq_len, seed=seed, rank=r, world_size=world) for r in range(world)]
+    for _ in range(before):
+        stacked = torch.cat([r.next_batch()[1] for r in ranks])
+        assert torch.equal(stacked, single.next_batch()[1])
+    resumed = TokenLoader(d, "train", batch * world, seq_len, seed=seed)
+    resumed.load_state_dict(json.loads(json.dumps(ranks[0].state_dict())))
+    for _ in range(3):
+        x, y = resumed.next_batch()
+        assert torch.equal(x, single.next_batch()[0])
+        assert torch.equal(x[:, 1:], y[:, :-1])
