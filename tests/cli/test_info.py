@@ -1,0 +1,91 @@
+"""``ddl info``: the configuration and the parameter count of every variant, run in-process."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from deep_delta.cli.main import main
+
+# the authors' baselines, tied embeddings counted once (SPEC section 2)
+PAPER_BASELINE = {"small": 123_590_400, "medium": 353_508_352}
+
+
+def info(capsys, *argv: str) -> str:
+    assert main(["info", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def parameters(out: str) -> int:
+    m = re.search(r"^parameters ([\d,]+) ", out, flags=re.M)
+    assert m, out
+    return int(m.group(1).replace(",", ""))
+
+
+def field(out: str, name: str) -> str:
+    m = re.search(rf"^\s+{name}\s+(\S+)$", out, flags=re.M)
+    assert m, f"{name} not printed:\n{out}"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("preset,nominal", [("small", 124e6), ("medium", 353e6)])
+def test_baseline_parameter_counts_match_the_paper(capsys, preset, nominal):
+    out = info(capsys, "--variant", "baseline", "--preset", preset)
+    n = parameters(out)
+    assert n == PAPER_BASELINE[preset]
+    assert abs(n - nominal) / nominal < 0.01
+    assert "+0 = +0.000% vs baseline" in out
+    assert out.startswith("variant   baseline (Baseline)\npreset    " + preset)
+
+
+def test_prints_the_configuration(capsys):
+    out = info(capsys, "--variant", "ddl-cc", "--preset", "small")
+    expected = {"hidden_size": "768", "num_hidden_layers": "12", "num_attention_heads": "6", "head_dim": "128",
+                "intermediate_size": "2048", "vocab_size": "50304", "residual": "delta", "value_channels": "4",
+                "compressor": "channel", "compressor_kernel_size": "4", "state_init": "conv", "beta_init": "1.0"}
+    for name, value in expected.items():
+        assert field(out, name) == value, name
+    assert "DDL-CC" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "variant,low,high",
+    [("ddl-dv1", 0.025, 0.035), ("ddl-cc", 0.05, 0.2), ("ddl-cc-noec", 0.05, 0.2), ("ddl-tc", 0.15, 0.25),
+     ("ddl-tc-noec", 0.15, 0.25)],
+)
+def test_ddl_overhead_at_small(capsys, variant, low, high):
+    # SPEC: DDL adds 0.03% (d_v = 1) to ~0.2% (TC) parameters at small
+    out = info(capsys, "--variant", variant, "--preset", "small")
+    n = parameters(out)
+    extra = 100 * (n - PAPER_BASELINE["small"]) / PAPER_BASELINE["small"]
+    assert low <= extra <= high, extra
+    assert f"{extra:+.3f}% vs baseline" in out
+
+
+def test_json_output(capsys):
+    cfg = json.loads(info(capsys, "--variant", "ddl-tc", "--preset", "tiny", "--json"))
+    assert cfg["variant"] == "ddl-tc" and cfg["preset"] == "tiny"
+    assert cfg["value_channels"] == 4 and cfg["compressor"] == "token" and cfg["hidden_size"] == 256
+    assert isinstance(cfg["parameters"], int) and cfg["parameters"] > 0
+
+
+def test_json_count_equals_an_instantiated_model(capsys):
+    from deep_delta import DDLConfig, DDLForCausalLM
+
+    cfg = json.loads(info(capsys, "--variant", "ddl-cc", "--preset", "tiny", "--json"))
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny"))
+    unique = {p.data_ptr(): p.numel() for p in model.parameters()}  # tied embedding once
+    assert cfg["parameters"] == sum(unique.values())
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--variant", "ddl-x"], r"argument --variant: invalid choice: 'ddl-x'"),
+    (["--preset", "huge"], r"argument --preset: invalid choice: 'huge'"),
+])
+def test_bad_arguments_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["info", *argv])
+    assert exc.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
