@@ -11,6 +11,7 @@ dicts, so a checkpoint written by one mode (single process, DDP, FSDP) resumes i
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +119,9 @@ def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16
     if info.mode == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # A block hands its output, a reshaped view for d_v > 1, to the next block; nothing modifies it in place,
+        # so FSDP's warning about views is moot here.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
         for block in model.model.layers:
             fully_shard(block, mp_policy=mp)
@@ -132,6 +136,15 @@ def set_gradient_sync(module: nn.Module, info: DistInfo, enabled: bool) -> None:
         module.require_backward_grad_sync = enabled
     elif info.mode == "fsdp":
         module.set_requires_gradient_sync(enabled)
+
+
+def reshard(module: nn.Module, info: DistInfo) -> None:
+    """Free FSDP's gathered parameters after forward-only work (evaluation): without a backward the root
+    keeps them gathered, and the state-dict helpers would then see the unsharded tensors."""
+    if info.mode == "fsdp":
+        for m in module.modules():
+            if hasattr(m, "reshard") and hasattr(m, "set_requires_gradient_sync"):
+                m.reshard()
 
 
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:

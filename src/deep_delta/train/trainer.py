@@ -275,6 +275,7 @@ def _train(cfg: TrainConfig, info: distr.DistInfo, *, resume: bool, overwrite: b
                 total[0] += loss.double() * y.numel()
                 total[1] += y.numel()
         distr.all_reduce_sum(total, info)
+        distr.reshard(train_model, info)
         train_model.train()
         val = float(total[0] / total[1])
         return val, math.exp(min(val, 700.0))
