@@ -260,9 +260,9 @@ def _train(cfg: TrainConfig, info: distr.DistInfo, *, resume: bool, overwrite: b
         f"(batch {cfg.batch_size} x accum {accum} x {info.world_size} x seq {cfg.seq_len})"
         + (f"; resuming at step {step} from {latest}" if restored is not None else ""))
     if peak is None:
-        say("MFU: no peak FLOP/s known for this device; pass --peak-flops to report it")
+        say("  (MFU not reported: no peak FLOP/s known for this device; pass --peak-flops)")
     elif info.device.type == "cpu":
-        say(f"MFU is relative to the given --peak-flops {peak:.3g} FLOP/s per process (CPU)")
+        say(f"  (MFU is relative to the given --peak-flops {peak:.3g} FLOP/s per process)")
 
     def evaluate() -> tuple[float, float]:
         train_model.eval()
