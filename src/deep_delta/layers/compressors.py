@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from deep_delta.ops.shortconv import next_past, pad_with_past, short_conv
+from deep_delta.ops import resolve_backend
+from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
+from deep_delta.ops.shortconv import next_past
 
 COMPRESSORS = ("token", "channel")
 STATE_INITS = ("repeat", "conv")
@@ -30,8 +32,10 @@ class ChannelCompressor(nn.Module):
 
     kernel_size_is_value_channels = True
 
-    def __init__(self, dim: int, value_channels: int, kernel_size: int | None = None):
+    def __init__(self, dim: int, value_channels: int, kernel_size: int | None = None, backend: str = "auto"):
         super().__init__()
+        resolve_backend(backend, torch.device("cpu"))  # validates the name
+        self.backend = backend
         if kernel_size is not None and kernel_size != value_channels:
             raise ValueError(
                 f"ChannelCompressor: `kernel_size` spans the value channels and must equal "
@@ -51,7 +55,7 @@ class ChannelCompressor(nn.Module):
     def forward(self, x: torch.Tensor, past: torch.Tensor | None = None):
         """x: (B, T, d, d_v) -> (x_in: (B, T, d), None)."""
         _check_state("ChannelCompressor", x, self.dim, self.value_channels)
-        return (x * self.weight.to(x.dtype)).sum(-1), None
+        return channel_compress(x, self.weight, backend=self.backend), None
 
 
 class TokenConvCompressor(nn.Module):
@@ -61,8 +65,10 @@ class TokenConvCompressor(nn.Module):
     A decoding step passes the last K-1 states as ``past`` and gets the next ``past`` back.
     """
 
-    def __init__(self, dim: int, value_channels: int, kernel_size: int = 4):
+    def __init__(self, dim: int, value_channels: int, kernel_size: int = 4, backend: str = "auto"):
         super().__init__()
+        resolve_backend(backend, torch.device("cpu"))  # validates the name
+        self.backend = backend
         if kernel_size < 1:
             raise ValueError(f"TokenConvCompressor: `kernel_size` must be >= 1, got {kernel_size}")
         self.dim, self.value_channels, self.kernel_size = dim, value_channels, kernel_size
@@ -83,21 +89,36 @@ class TokenConvCompressor(nn.Module):
     def forward(self, x: torch.Tensor, past: torch.Tensor | None = None):
         """x: (B, T, d, d_v), past: (B, K-1, d, d_v) or None -> (x_in: (B, T, d), next past or None)."""
         _check_state("TokenConvCompressor", x, self.dim, self.value_channels)
-        k, t = self.kernel_size, x.shape[1]
-        # fold the read vector into the conv taps: one reduction per tap instead of a full conv output
-        w = (self.conv_weight * self.read).to(x.dtype)
-        xp = pad_with_past(x, k, past)
-        out = (xp[:, k - 1 : k - 1 + t] * w[0]).sum(-1)
-        for s in range(1, k):
-            out = out + (xp[:, k - 1 - s : k - 1 - s + t] * w[s]).sum(-1)
-        return out, next_past(xp, k)
+        k = self.kernel_size
+        if past is not None and tuple(past.shape) != (x.shape[0], k - 1) + tuple(x.shape[2:]):
+            raise ValueError(
+                f"TokenConvCompressor: `past` must have shape {(x.shape[0], k - 1) + tuple(x.shape[2:])}, "
+                f"got {tuple(past.shape)}"
+            )
+        # fold the read vector into the conv taps: one reduction over d_v instead of a full conv output
+        out = token_compress(x, self.conv_weight * self.read, past, backend=self.backend)
+        return out, _history(x, past, k)
 
 
-def make_compressor(kind: str, dim: int, value_channels: int, kernel_size: int | None) -> nn.Module:
+def _history(x: torch.Tensor, past: torch.Tensor | None, kernel_size: int) -> torch.Tensor | None:
+    """The last K-1 inputs along dim 1 (with ``past`` in front, zeros if None): the next ``past``."""
+    if kernel_size == 1:
+        return None
+    need = kernel_size - 1
+    if x.shape[1] >= need:
+        return x[:, x.shape[1] - need :].detach().clone()  # small; does not keep x alive
+    if past is None:
+        past = x.new_zeros((x.shape[0], need) + tuple(x.shape[2:]))
+    return next_past(torch.cat([past.to(x.dtype), x], dim=1), kernel_size)
+
+
+def make_compressor(
+    kind: str, dim: int, value_channels: int, kernel_size: int | None, backend: str = "auto"
+) -> nn.Module:
     if kind == "channel":
-        return ChannelCompressor(dim, value_channels, kernel_size)
+        return ChannelCompressor(dim, value_channels, kernel_size, backend=backend)
     if kind == "token":
-        return TokenConvCompressor(dim, value_channels, 4 if kernel_size is None else kernel_size)
+        return TokenConvCompressor(dim, value_channels, 4 if kernel_size is None else kernel_size, backend=backend)
     raise ValueError(f"compressor must be one of {COMPRESSORS}, got {kind!r}")
 
 
@@ -108,8 +129,12 @@ class StateExpander(nn.Module):
     d*d_v, identity-initialised so it starts as repetition; decoding passes the last K-1 embeddings.
     """
 
-    def __init__(self, dim: int, value_channels: int, kind: str = "repeat", kernel_size: int = 4):
+    def __init__(
+        self, dim: int, value_channels: int, kind: str = "repeat", kernel_size: int = 4, backend: str = "auto"
+    ):
         super().__init__()
+        resolve_backend(backend, torch.device("cpu"))  # validates the name
+        self.backend = backend
         if kind not in STATE_INITS:
             raise ValueError(f"StateExpander: `kind` must be one of {STATE_INITS}, got {kind!r}")
         if kernel_size < 1:
@@ -139,6 +164,8 @@ class StateExpander(nn.Module):
         if self.weight is None:
             return e.unsqueeze(-1).expand(*e.shape, self.value_channels).contiguous(), None
         k = self.kernel_size
-        ep = pad_with_past(e, k, past)
-        x = short_conv(e.unsqueeze(-1), self.weight.to(e.dtype), None if past is None else past.unsqueeze(-1))
-        return x, next_past(ep, k)
+        if past is not None and tuple(past.shape) != (e.shape[0], k - 1, e.shape[2]):
+            raise ValueError(
+                f"StateExpander: `past` must have shape {(e.shape[0], k - 1, e.shape[2])}, got {tuple(past.shape)}"
+            )
+        return embed_conv(e, self.weight, past, backend=self.backend), _history(e, past, k)

@@ -1,14 +1,16 @@
 """Functional DDL math: the delta update and the Delta Operator, with backend dispatch.
 
-``backend="torch"`` is the plain reference (:mod:`deep_delta.ops.delta.naive`); ``"triton"`` forces the
-fused kernel; ``"auto"`` picks the kernel on CUDA when Triton is importable, else the reference.
+``backend="torch"`` is the lean PyTorch path (:mod:`deep_delta.ops.delta.lean`, tested against the plain
+reference :mod:`deep_delta.ops.delta.naive`); ``"triton"`` forces the fused kernel; ``"auto"`` picks the
+kernel on CUDA when Triton is importable, else the PyTorch path.
 """
 
 from __future__ import annotations
 
 import torch
 
-from deep_delta.ops.delta.naive import delta_operator_torch, delta_update_torch
+from deep_delta.ops.delta.lean import delta_update_lean
+from deep_delta.ops.delta.naive import delta_operator_torch, delta_update_torch  # noqa: F401 (reference)
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -82,7 +84,7 @@ def delta_update(
         from deep_delta.ops.delta.triton import delta_update_triton
 
         return delta_update_triton(x, k, v, beta, k_eps=k_eps)
-    return delta_update_torch(x, k, v, beta, k_eps=k_eps)
+    return delta_update_lean(x, k, v, beta, k_eps=k_eps)
 
 
 def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) -> torch.Tensor:

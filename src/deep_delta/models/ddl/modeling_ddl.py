@@ -149,7 +149,10 @@ class DDLBlock(nn.Module):
         self.attn = _residual(config, Attention(config, layer_idx))
         self.mlp = _residual(config, SwiGLU(config))
         self.compressor = (
-            make_compressor(config.compressor, config.hidden_size, config.value_channels, config.compressor_kernel_size)
+            make_compressor(
+                config.compressor, config.hidden_size, config.value_channels, config.compressor_kernel_size,
+                backend=config.delta_backend,
+            )
             if config.value_channels > 1
             else None
         )
@@ -237,13 +240,17 @@ class DDLModel(DDLPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.expander = (
-            StateExpander(d, config.value_channels, config.state_init, config.embed_conv_kernel_size)
+            StateExpander(
+                d, config.value_channels, config.state_init, config.embed_conv_kernel_size, backend=config.delta_backend
+            )
             if config.value_channels > 1
             else None
         )
         self.layers = nn.ModuleList(DDLBlock(config, i) for i in range(config.num_hidden_layers))
         self.final_compressor = (
-            make_compressor(config.compressor, d, config.value_channels, config.compressor_kernel_size)
+            make_compressor(
+                config.compressor, d, config.value_channels, config.compressor_kernel_size, backend=config.delta_backend
+            )
             if config.value_channels > 1
             else None
         )

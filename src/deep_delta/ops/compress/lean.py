@@ -1,0 +1,183 @@
+"""Lean PyTorch compressors and embedding convolution: the ``backend="torch"`` path.
+
+Autograd Functions with the math of :mod:`.naive` (tested against it) written for few, vectorised passes
+over the (B, T, d, d_v) state:
+
+- the state is handled as (B, T, d*d_v) rows, so every tap is one contiguous multiply-add
+  (``addcmul_`` on time-shifted slices, no padded copy during training);
+- the sum over the d_v value channels is a matrix product with a ones vector (a short inner reduction is
+  an order of magnitude slower as a plain ``sum(-1)`` on CPU);
+- backward recomputes what is cheap (the broadcast of e or of the upstream gradient) and saves only the
+  inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _sum_value_channels(y: torch.Tensor, dv: int) -> torch.Tensor:
+    """(..., d*d_v) -> (..., d): sum over the innermost d_v channels as one mat-vec."""
+    ones = torch.ones(dv, 1, dtype=y.dtype, device=y.device)
+    return torch.mm(y.reshape(-1, dv), ones).view(*y.shape[:-1], y.shape[-1] // dv)
+
+
+def _broadcast_channels(e: torch.Tensor, dv: int) -> torch.Tensor:
+    """(..., d) -> (..., d*d_v), each feature repeated over its d_v channels (one contiguous write)."""
+    return e.unsqueeze(-1).expand(*e.shape, dv).reshape(*e.shape[:-1], e.shape[-1] * dv)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype of weight gradients: fp32, or fp64 for fp64 inputs."""
+    return torch.promote_types(torch.float32, dtype)
+
+
+def _tap_range(s: int, t: int, p: int) -> tuple[int, int]:
+    """Outputs t' in [lo, t) read input row t' + p - s (inputs: p history rows, then t rows)."""
+    return max(0, s - p), t
+
+
+class ChannelCompressFunction(torch.autograd.Function):
+    """x: (N, d, d_v), w: (d, d_v) -> (N, d)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        n, d, dv = x.shape
+        return _sum_value_channels((x * w.to(x.dtype)).view(n, d * dv), dv)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        n, d, dv = x.shape
+        ge = _broadcast_channels(g.to(x.dtype), dv).view(n, d, dv)
+        grad_x = ge * w.to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (ge * x).view(n, d * dv).sum(0, dtype=_acc(x.dtype)).view(d, dv).to(w.dtype)
+        return grad_x, grad_w
+
+
+class TokenCompressFunction(torch.autograd.Function):
+    """xp: (B, P+T, d, d_v) (P history rows first), w: (K, d, d_v) -> (B, T, d)."""
+
+    @staticmethod
+    def forward(ctx, xp, w, t: int):
+        b, length, d, dv = xp.shape
+        p, kk = length - t, w.shape[0]
+        xf = xp.view(b, length, d * dv)
+        wf = w.to(xp.dtype).reshape(kk, d * dv)
+        y = xf[:, p:] * wf[0]
+        for s in range(1, kk):
+            lo, hi = _tap_range(s, t, p)
+            if lo < hi:
+                y[:, lo:hi].addcmul_(xf[:, lo + p - s : hi + p - s], wf[s])
+        ctx.save_for_backward(xp, w)
+        ctx.t = t
+        return _sum_value_channels(y, dv)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp, w = ctx.saved_tensors
+        t = ctx.t
+        b, length, d, dv = xp.shape
+        p, kk = length - t, w.shape[0]
+        xf = xp.view(b, length, d * dv)
+        wf = w.to(xp.dtype).reshape(kk, d * dv)
+        ge = _broadcast_channels(g.to(xp.dtype), dv)  # (B, T, d*d_v)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            gxp = torch.empty_like(xf)
+            if p:
+                gxp[:, :p].zero_()
+            torch.mul(ge, wf[0], out=gxp[:, p:])
+            for s in range(1, kk):
+                lo, hi = _tap_range(s, t, p)
+                if lo < hi:
+                    gxp[:, lo + p - s : hi + p - s].addcmul_(ge[:, lo:hi], wf[s])
+            grad_x = gxp.view(xp.shape)
+        if ctx.needs_input_grad[1]:
+            rows = []
+            for s in range(kk):
+                lo, hi = _tap_range(s, t, p)
+                if lo < hi:
+                    prod = ge[:, lo:hi] * xf[:, lo + p - s : hi + p - s]
+                    rows.append(prod.reshape(-1, d * dv).sum(0, dtype=_acc(xp.dtype)))
+                else:
+                    rows.append(torch.zeros(d * dv, dtype=_acc(xp.dtype), device=xp.device))
+            grad_w = torch.stack(rows).view(kk, d, dv).to(w.dtype)
+        return grad_x, grad_w, None
+
+
+class EmbedConvFunction(torch.autograd.Function):
+    """ep: (B, P+T, d) (P history rows first), w: (K, d, d_v) -> (B, T, d, d_v)."""
+
+    @staticmethod
+    def forward(ctx, ep, w, t: int):
+        b, length, d = ep.shape
+        kk, _, dv = w.shape
+        p = length - t
+        ef = _broadcast_channels(ep, dv)  # (B, P+T, d*d_v)
+        wf = w.to(ep.dtype).reshape(kk, d * dv)
+        y = ef[:, p:] * wf[0]
+        for s in range(1, kk):
+            lo, hi = _tap_range(s, t, p)
+            if lo < hi:
+                y[:, lo:hi].addcmul_(ef[:, lo + p - s : hi + p - s], wf[s])
+        ctx.save_for_backward(ep, w)
+        ctx.t = t
+        return y.view(b, t, d, dv)
+
+    @staticmethod
+    def backward(ctx, g):
+        ep, w = ctx.saved_tensors
+        t = ctx.t
+        b, length, d = ep.shape
+        kk, _, dv = w.shape
+        p = length - t
+        wf = w.to(ep.dtype).reshape(kk, d * dv)
+        gf = g.to(ep.dtype).reshape(b, t, d * dv)
+        grad_e = grad_w = None
+        if ctx.needs_input_grad[0]:
+            h = torch.empty(b, length, d * dv, dtype=ep.dtype, device=ep.device)
+            if p:
+                h[:, :p].zero_()
+            torch.mul(gf, wf[0], out=h[:, p:])
+            for s in range(1, kk):
+                lo, hi = _tap_range(s, t, p)
+                if lo < hi:
+                    h[:, lo + p - s : hi + p - s].addcmul_(gf[:, lo:hi], wf[s])
+            grad_e = _sum_value_channels(h, dv)
+        if ctx.needs_input_grad[1]:
+            ef = _broadcast_channels(ep, dv)
+            rows = []
+            for s in range(kk):
+                lo, hi = _tap_range(s, t, p)
+                if lo < hi:
+                    prod = gf[:, lo:hi] * ef[:, lo + p - s : hi + p - s]
+                    rows.append(prod.reshape(-1, d * dv).sum(0, dtype=_acc(ep.dtype)))
+                else:
+                    rows.append(torch.zeros(d * dv, dtype=_acc(ep.dtype), device=ep.device))
+            grad_w = torch.stack(rows).view(kk, d, dv).to(w.dtype)
+        return grad_e, grad_w, None
+
+
+def channel_compress_lean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x: (..., d, d_v), weight: (d, d_v) -> (..., d)."""
+    *lead, d, dv = x.shape
+    out = ChannelCompressFunction.apply(x.reshape(-1, d, dv), weight)
+    return out.view(*lead, d)
+
+
+def token_compress_lean(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (B, T, d, d_v), weight: (K, d, d_v), past: (B, K-1, d, d_v) or None -> (B, T, d)."""
+    t = x.shape[1]
+    xp = x.contiguous() if past is None else torch.cat([past.to(x.dtype), x], dim=1)
+    return TokenCompressFunction.apply(xp, weight, t)
+
+
+def embed_conv_lean(e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+    """e: (B, T, d), weight: (K, d, d_v), past: (B, K-1, d) or None -> (B, T, d, d_v)."""
+    t = e.shape[1]
+    ep = e.contiguous() if past is None else torch.cat([past.to(e.dtype), e], dim=1)
+    return EmbedConvFunction.apply(ep, weight, t)

@@ -1,0 +1,113 @@
+"""Lean PyTorch delta update: the ``backend="torch"`` path, a custom autograd Function.
+
+Same math as :func:`deep_delta.ops.delta.naive.delta_update_torch` (the plain reference it is tested
+against), written to touch the (N, d, d_v) state as few times as possible:
+
+- forward: one read of x for ``p = u^T x`` (a batched mat-vec) and one fused read-write
+  ``x + u delta^T`` (``addcmul``); no fp32 copy of the state, no saved intermediates of state size.
+- backward: saves only x (alive anyway: it is the previous layer's output), the raw k, v and beta;
+  recomputes the unit direction u and ``p`` (cheap, (N, d) and (N, d_v)) and computes
+
+      a      = u^T G                       (N, d_v)
+      grad_x = G - u (beta a)^T            one read of G, one write
+      grad_u = G delta - beta x a          one read of G and x each
+      grad_k = rho (grad_u - u (u . grad_u)),   rho = 1 / sqrt(|k|^2 + eps^2)
+      grad_v = beta a,  grad_beta = sum_j a_j (v_j - p_j)
+
+  where ``u = k rho`` is the unit direction and ``delta = beta (v - p)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deep_delta.ops.delta.naive import compute_dtype
+
+
+def _unit_direction(k: torch.Tensor, k_eps: float, ct: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, rho): the unit direction ``k rho`` (N, d) and ``rho = 1/sqrt(|k|^2 + eps^2)`` (N, 1), in ct.
+
+    Computed as the precision-friendly RMSNorm of section 4.1 with the 1/sqrt(d) scale applied last.
+    """
+    d = k.shape[-1]
+    kf = k.to(ct)
+    r = torch.rsqrt(kf.square().mean(-1, keepdim=True) + (k_eps * k_eps) / d)
+    rho = r * (1.0 / math.sqrt(d))
+    return kf * rho, rho
+
+
+def _read(u: torch.Tensor, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+    """``p = u^T x`` (N, d_v) in the compute dtype: one batched mat-vec over the state.
+
+    fp32/fp64 states are read in place. A bf16/fp16 state is read through an fp32 copy so that p is not
+    rounded (p - v can cancel; its rounding error would land on the whole update). That copy is transient
+    and only on this reference path; the Triton kernel reads bf16 and accumulates in fp32 directly.
+    """
+    if x.dtype == ct:
+        return torch.bmm(u.unsqueeze(1), x).squeeze(1)
+    return torch.bmm(u.unsqueeze(1), x.to(ct)).squeeze(1)
+
+
+class DeltaUpdateFunction(torch.autograd.Function):
+    """``x + beta u (v^T - u^T x)``; x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1)."""
+
+    @staticmethod
+    def forward(ctx, x, k, v, beta, k_eps: float):
+        ct = compute_dtype(x, k, v, beta)
+        u, _ = _unit_direction(k, k_eps, ct)
+        xd = x.dtype
+        p = _read(u, x, ct)  # (N, d_v)
+        delta = beta.to(ct) * (v.to(ct) - p)  # (N, d_v)
+        out = torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1))
+        ctx.save_for_backward(x, k, v, beta)
+        ctx.k_eps = k_eps
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, k, v, beta = ctx.saved_tensors
+        ct = compute_dtype(x, k, v, beta)
+        xd = x.dtype
+        u, rho = _unit_direction(k, ctx.k_eps, ct)
+        ux = u.to(xd)
+        g = g.contiguous()
+        p = _read(u, x, ct)
+        bf = beta.to(ct)
+        vf = v.to(ct)
+        delta = bf * (vf - p)
+        a = torch.bmm(ux.unsqueeze(1), g).squeeze(1).to(ct)  # (N, d_v) = u^T G
+        gp = -bf * a  # dL/dp
+        grad_x = grad_k = grad_v = grad_beta = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.addcmul(g, ux.unsqueeze(-1), gp.to(xd).unsqueeze(1))
+        if ctx.needs_input_grad[1]:
+            # grad_u = G delta + x gp, two mat-vecs over the state (accumulated in fp32)
+            gu = torch.bmm(g, delta.to(g.dtype).unsqueeze(-1)).squeeze(-1).to(ct)
+            gu = gu + torch.bmm(x, gp.to(xd).unsqueeze(-1)).squeeze(-1).to(ct)
+            grad_k = (rho * (gu - u * (u * gu).sum(-1, keepdim=True))).to(k.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_v = (bf * a).to(v.dtype)
+        if ctx.needs_input_grad[3]:
+            grad_beta = (a * (vf - p)).sum(-1, keepdim=True).to(beta.dtype)
+        return grad_x, grad_k, grad_v, grad_beta, None
+
+
+def delta_update_lean(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    k_eps: float = 1e-5,
+) -> torch.Tensor:
+    """Lean ``x + beta k (v^T - k^T x)`` (k normalised inside); shapes already validated.
+
+    x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1). Returns (..., d, d_v) in x.dtype.
+    """
+    *lead, d, dv = x.shape
+    n = math.prod(lead)
+    out = DeltaUpdateFunction.apply(
+        x.reshape(n, d, dv), k.reshape(n, d), v.reshape(n, dv), beta.reshape(n, 1), float(k_eps)
+    )
+    return out.view(x.shape)

@@ -1,0 +1,223 @@
+"""Triton kernels of the delta update, forward and backward, with an optional fused CC read.
+
+One program owns ``ROWS`` consecutive tokens; for each it holds the whole (d, d_v) state tile in
+registers (``BLOCK_D = next_pow2(d)``, ``BLOCK_V = next_pow2(d_v)``, masked), so the state is read once
+and written once per pass:
+
+forward   read k, x, v, beta -> k_hat = k * rsqrt(mean(k^2) + eps^2/d)  (fp32 reduction)
+                             -> p = (k_hat . x) / sqrt(d), delta = beta (v - p)  (fp32)
+                             -> write x' = x + (k_hat / sqrt(d)) delta^T       (x's dtype)
+          [fused read]       -> write x_in = sum_j c_ij x'_ij                  (the next sublayer's CC read)
+backward  read x, k, v, beta, G (and g_in, c for the fused read: G += g_in c^T)
+          recompute k_hat, p, delta (nothing of state size is saved but x itself)
+          write grad_x = G - u (beta a)^T, grad_k, grad_v, grad_beta with a = u^T G
+          [fused read]       per-program partial sums of grad_c = sum_n g_in x'^T (summed by torch)
+
+Gate and value math are fp32 whatever the storage dtype (fp32, bf16, fp16). Tested against the plain
+reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_kernels.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
+
+
+def _blocks(d: int, dv: int) -> tuple[int, int]:
+    if d > MAX_WIDTH:
+        raise ValueError(f"delta_update (triton): width d must be <= {MAX_WIDTH}, got {d}")
+    return triton.next_power_of_2(d), triton.next_power_of_2(dv)
+
+
+def _rows_per_program(n: int) -> int:
+    """Tokens per program: enough programs to fill a GPU, few enough partial sums to add up."""
+    return 1 if n <= 4096 else (4 if n <= 65536 else 16)
+
+
+def _num_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8
+
+
+@triton.jit
+def _delta_fwd_kernel(
+    X, K, V, BETA, OUT, C, XIN,
+    N, D, DV, eps2_over_d, inv_sqrt_d,
+    HAS_READ: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    if HAS_READ:
+        c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        n_d = tl.zeros_like(offs_d) + n  # the row index as a vector: masks must be tensors
+        n_v = tl.zeros_like(offs_v) + n
+        ok_d = md & (n_d < N)
+        ok_v = mv & (n_v < N)
+        mt = ok_d[:, None] & ok_v[None, :]
+        k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
+        u = k * (rstd * inv_sqrt_d)
+        x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+        p = tl.sum(u[:, None] * x, axis=0)
+        v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        beta = tl.sum(tl.load(BETA + n_v, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
+        delta = beta * (v - p)
+        out = x + u[:, None] * delta[None, :]
+        out_st = out.to(OUT.dtype.element_ty)
+        tl.store(OUT + n * D * DV + tile, out_st, mask=mt)
+        if HAS_READ:
+            # read the stored (rounded) state, as a separate compressor would
+            xin = tl.sum(out_st.to(tl.float32) * c, axis=1)
+            tl.store(XIN + n * D + offs_d, xin.to(XIN.dtype.element_ty), mask=ok_d)
+
+
+@triton.jit
+def _delta_bwd_kernel(
+    X, K, V, BETA, G, GIN, C,
+    GX, GK, GV, GBETA, GC_PART,
+    N, D, DV, eps2_over_d, inv_sqrt_d,
+    HAS_READ: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    if HAS_READ:
+        c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        n_d = tl.zeros_like(offs_d) + n  # the row index as a vector: masks must be tensors
+        n_v = tl.zeros_like(offs_v) + n
+        ok_d = md & (n_d < N)
+        ok_v = mv & (n_v < N)
+        mt = ok_d[:, None] & ok_v[None, :]
+        k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
+        rho = rstd * inv_sqrt_d
+        u = k * rho
+        x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+        p = tl.sum(u[:, None] * x, axis=0)
+        v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        beta = tl.sum(tl.load(BETA + n_v, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
+        delta = beta * (v - p)
+        g = tl.load(G + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+        if HAS_READ:
+            gin = tl.load(GIN + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+            g = g + gin[:, None] * c
+            out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
+            gc += gin[:, None] * out
+        a = tl.sum(u[:, None] * g, axis=0)  # u^T G, (BLOCK_V,)
+        gp = -beta * a
+        gx = g + u[:, None] * gp[None, :]
+        tl.store(GX + n * D * DV + tile, gx.to(GX.dtype.element_ty), mask=mt)
+        gu = tl.sum(g * delta[None, :] + x * gp[None, :], axis=1)
+        gk = rho * (gu - u * tl.sum(u * gu, axis=0))
+        tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=ok_d)
+        tl.store(GV + n * DV + offs_v, (beta * a).to(GV.dtype.element_ty), mask=ok_v)
+        gb = tl.sum(a * (v - p), axis=0)
+        gb_v = tl.zeros_like(a) + gb
+        tl.store(GBETA + n_v, gb_v.to(GBETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+    if HAS_READ:
+        tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
+
+
+def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor):
+    *lead, d, dv = x.shape
+    n = math.prod(lead)
+    return (
+        x.reshape(n, d, dv).contiguous(),
+        k.reshape(n, d).contiguous(),
+        v.reshape(n, dv).contiguous(),
+        beta.reshape(n).contiguous(),
+    )
+
+
+class DeltaUpdateTriton(torch.autograd.Function):
+    """Flattened inputs x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,), c: (d, d_v) or None.
+
+    Returns x' (N, d, d_v), or (x', x_in) with x_in (N, d) = CC read of x' when c is given.
+    """
+
+    @staticmethod
+    def forward(ctx, x, k, v, beta, c, k_eps: float):
+        n, d, dv = x.shape
+        bd, bv = _blocks(d, dv)
+        rows = _rows_per_program(n)
+        out = torch.empty_like(x)
+        has_read = c is not None
+        xin = torch.empty(n, d, dtype=x.dtype, device=x.device) if has_read else out
+        c_arg = c.contiguous() if has_read else x
+        grid = (triton.cdiv(n, rows),)
+        _delta_fwd_kernel[grid](
+            x, k, v, beta, out, c_arg, xin, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d),
+            HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        )
+        ctx.save_for_backward(x, k, v, beta, c_arg if has_read else None)
+        ctx.k_eps, ctx.has_read = k_eps, has_read
+        return (out, xin) if has_read else out
+
+    @staticmethod
+    def backward(ctx, g, gin=None):
+        x, k, v, beta, c = ctx.saved_tensors
+        n, d, dv = x.shape
+        bd, bv = _blocks(d, dv)
+        rows = _rows_per_program(n)
+        grid = (triton.cdiv(n, rows),)
+        has_read = ctx.has_read
+        g = g.contiguous()
+        gx = torch.empty_like(x)
+        gk = torch.empty_like(k)
+        gv = torch.empty_like(v)
+        gbeta = torch.empty_like(beta)
+        if has_read:
+            gin = torch.zeros(n, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
+            gc_part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
+        else:
+            gin, gc_part, c = g, g, g  # unused placeholders
+        _delta_bwd_kernel[grid](
+            x, k, v, beta, g, gin, c, gx, gk, gv, gbeta, gc_part,
+            n, d, dv, ctx.k_eps * ctx.k_eps / d, 1.0 / math.sqrt(d),
+            HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        )
+        gc = gc_part.sum(0).to(c.dtype) if has_read else None
+        return gx, gk, gv, gbeta, gc, None
+
+
+def delta_update_triton(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5
+) -> torch.Tensor:
+    """Fused ``x + beta k (v^T - k^T x)``; x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1)."""
+    xf, kf, vf, bf = _flat(x, k, v, beta)
+    return DeltaUpdateTriton.apply(xf, kf, vf, bf, None, float(k_eps)).view(x.shape)
+
+
+def delta_update_read_triton(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    k_eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused update and CC read of the new state: returns (x', x_in) with ``x_in_i = sum_j c_ij x'_ij``.
+
+    weight: (d, d_v), the channel compressor of the next sublayer. Saves the separate read pass over x'
+    in the forward and the separate (g_in c^T) write plus gradient add in the backward.
+    """
+    xf, kf, vf, bf = _flat(x, k, v, beta)
+    out, xin = DeltaUpdateTriton.apply(xf, kf, vf, bf, weight, float(k_eps))
+    return out.view(x.shape), xin.view(*x.shape[:-1])
