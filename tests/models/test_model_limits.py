@@ -204,3 +204,20 @@ def test_ddl_cc_at_init_and_beta_zero_is_the_embedding_limit():
         out = model(ids).logits
         expected = model.lm_head(model.model.norm(model.model.embed_tokens(ids)))
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_incremental_decoding_equals_the_full_forward(variant):
+    """Token by token with the cache (K/V and the token convolutions' history) = one causal pass."""
+    model = build(variant)
+    randomise_residual_stream(model)
+    ids = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :4], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(4, 10):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)

@@ -361,3 +361,10 @@ def test_shape_errors_name_expected_and_got():
         delta_operator(k, torch.zeros(3))
     with pytest.raises(ValueError, match=r"delta_operator: `k` must have shape \(\.\.\., d\), got \(\)"):
         delta_operator(torch.zeros(()), torch.zeros(()))
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=["0", "2x0"])
+def test_empty_leading_dims(lead):
+    x, k, v, beta = torch.zeros(*lead, 4, 2), torch.zeros(*lead, 4), torch.zeros(*lead, 2), torch.zeros(lead)
+    assert delta_update(x, k, v, beta).shape == (*lead, 4, 2)
+    assert delta_operator(k, beta).shape == (*lead, 4, 4)
