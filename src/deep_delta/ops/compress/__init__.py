@@ -46,6 +46,33 @@ def embed_conv(
     return embed_conv_lean(e, weight, past)
 
 
+def update_and_channel_read(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    k_eps: float = 1e-5,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta update of one sublayer fused with the CC read of the next: returns (x', x_in).
+
+    x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1), weight: (d, d_v) the next sublayer's
+    channel compressor. Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = channel_compress(x', weight)``;
+    the Triton kernel computes x_in from the tile it has just written (no second pass over x').
+    """
+    from deep_delta.ops import _check_inputs, delta_update
+
+    beta = _check_inputs(x, k, v, beta)
+    if resolve_backend(backend, x.device) == "triton":
+        from deep_delta.ops.delta.triton import delta_update_read_triton
+
+        return delta_update_read_triton(x, k, v, beta, weight, k_eps=k_eps)
+    out = delta_update(x, k, v, beta, k_eps=k_eps, backend="torch")
+    return out, channel_compress_lean(out, weight)
+
+
 __all__ = [
     "channel_compress",
     "channel_compress_naive",
@@ -53,4 +80,5 @@ __all__ = [
     "embed_conv_naive",
     "token_compress",
     "token_compress_naive",
+    "update_and_channel_read",
 ]

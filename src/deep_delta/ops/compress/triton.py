@@ -1,0 +1,339 @@
+"""Triton kernels of the compressors (CC, TC) and the embedding convolution (EC), forward and backward.
+
+Each program owns ``ROWS`` tokens and holds a (d, d_v) tile per token (``BLOCK_D = next_pow2(d)``,
+``BLOCK_V = next_pow2(d_v)``, masked); all sums are fp32. Weight gradients are per-program partial sums
+(one (d, d_v) tile per program and tap) added by torch: deterministic, no atomics.
+
+- CC  fwd: x_in = sum_j c_ij x_ij (one read of x);  bwd: grad_x = g c^T (one write), grad_c partials.
+- TC  fwd: x_in_t = sum_s sum_j w_s x_{t-s} (the K taps of a token are re-read from L2, not HBM);
+      bwd: grad_x_t = sum_s w_s g_{t+s} (a gather, one write), grad_w partials per tap.
+- EC  fwd: X_t = sum_s w_s e_{t-s} 1^T (one write of the state from the (B, T, d) embeddings);
+      bwd: grad_e_t = sum_s sum_j w_s G_{t+s} (one read of G per tap), grad_w partials per tap.
+
+Sequences with history (decoding) are handled by concatenating the K-1 past rows in front (P rows) and
+computing outputs for the last T rows; during training P = 0 and nothing is copied.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deep_delta.ops.delta.triton import _blocks, _num_warps, _rows_per_program
+
+
+@triton.jit
+def _cc_fwd_kernel(X, C, XIN, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
+        ok_v = mv & ((tl.zeros_like(offs_v) + n) < N)
+        x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0).to(tl.float32)
+        tl.store(XIN + n * D + offs_d, tl.sum(x * c, axis=1).to(XIN.dtype.element_ty), mask=ok_d)
+
+
+@triton.jit
+def _cc_bwd_kernel(
+    X, C, G, GX, GC_PART, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
+        ok_v = mv & ((tl.zeros_like(offs_v) + n) < N)
+        mt = ok_d[:, None] & ok_v[None, :]
+        g = tl.load(G + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+        tl.store(GX + n * D * DV + tile, (g[:, None] * c).to(GX.dtype.element_ty), mask=mt)
+        gc += g[:, None] * x
+    tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
+
+
+@triton.jit
+def _tc_fwd_kernel(
+    XP, W, XIN, N, T, L, D, DV,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Output row n = (b, t) in [0, B*T); input rows (b, t + P - s) of XP (B, L = P + T, d, d_v)."""
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    p = L - T
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        b = n // T
+        t = n % T
+        acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        for s in tl.static_range(KS):
+            src = t + p - s
+            ok_d = md & ((tl.zeros_like(offs_d) + n) < N) & ((tl.zeros_like(offs_d) + src) >= 0)
+            w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            x = tl.load(XP + (b * L + src) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
+            acc += w * x.to(tl.float32)
+        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
+        tl.store(XIN + n * D + offs_d, tl.sum(acc, axis=1).to(XIN.dtype.element_ty), mask=ok_d)
+
+
+@triton.jit
+def _tc_bwd_x_kernel(
+    G, W, GXP, M, T, L, D, DV,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Input row m = (b, q) in [0, B*L): grad = sum_s w_s g(b, q - P + s) for 0 <= q - P + s < T."""
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    p = L - T
+    for r in range(ROWS):
+        m = pid * ROWS + r
+        b = m // L
+        q = m % L
+        acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        for s in tl.static_range(KS):
+            t = q - p + s
+            tv = tl.zeros_like(offs_d) + t
+            ok_d = md & ((tl.zeros_like(offs_d) + m) < M) & (tv >= 0) & (tv < T)
+            w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            g = tl.load(G + (b * T + t) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+            acc += w * g[:, None]
+        ok_d = md & ((tl.zeros_like(offs_d) + m) < M)
+        tl.store(GXP + m * D * DV + tile, acc.to(GXP.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
+
+
+@triton.jit
+def _conv_bwd_w_kernel(
+    A, S, GW_PART, N, T, L, D, DV,
+    A_IS_STATE: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Partial ``sum_n A(b, t) * S(b, t + P - s)`` for tap s = program_id(1).
+
+    TC: A = g (B, T, d) broadcast over d_v, S = x (B, L, d, d_v).  (A_IS_STATE = False)
+    EC: A = G (B, T, d, d_v), S = e (B, L, d) broadcast over d_v.  (A_IS_STATE = True)
+    """
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    p = L - T
+    acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        b = n // T
+        t = n % T
+        src = t + p - s
+        ok_d = md & ((tl.zeros_like(offs_d) + n) < N) & ((tl.zeros_like(offs_d) + src) >= 0)
+        mt = ok_d[:, None] & mv[None, :]
+        if A_IS_STATE:
+            a = tl.load(A + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+            e = tl.load(S + (b * L + src) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+            acc += a * e[:, None]
+        else:
+            g = tl.load(A + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+            x = tl.load(S + (b * L + src) * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+            acc += g[:, None] * x
+    tl.store(GW_PART + (pid * tl.num_programs(1) + s) * D * DV + tile, acc, mask=md[:, None] & mv[None, :])
+
+
+@triton.jit
+def _ec_fwd_kernel(
+    EP, W, X, N, T, L, D, DV,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    p = L - T
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        b = n // T
+        t = n % T
+        acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        for s in tl.static_range(KS):
+            src = t + p - s
+            ok_d = md & ((tl.zeros_like(offs_d) + n) < N) & ((tl.zeros_like(offs_d) + src) >= 0)
+            w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            e = tl.load(EP + (b * L + src) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+            acc += w * e[:, None]
+        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
+        tl.store(X + n * D * DV + tile, acc.to(X.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
+
+
+@triton.jit
+def _ec_bwd_e_kernel(
+    G, W, GEP, M, T, L, D, DV,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    p = L - T
+    for r in range(ROWS):
+        m = pid * ROWS + r
+        b = m // L
+        q = m % L
+        acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        for s in tl.static_range(KS):
+            t = q - p + s
+            tv = tl.zeros_like(offs_d) + t
+            ok_d = md & ((tl.zeros_like(offs_d) + m) < M) & (tv >= 0) & (tv < T)
+            w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+            g = tl.load(G + (b * T + t) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
+            acc += w * g.to(tl.float32)
+        ok_d = md & ((tl.zeros_like(offs_d) + m) < M)
+        tl.store(GEP + m * D + offs_d, tl.sum(acc, axis=1).to(GEP.dtype.element_ty), mask=ok_d)
+
+
+def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
+    bd, bv = _blocks(d, dv)
+    rows = _rows_per_program(n)
+    return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
+
+
+class ChannelCompressTriton(torch.autograd.Function):
+    """x: (N, d, d_v), c: (d, d_v) -> (N, d)."""
+
+    @staticmethod
+    def forward(ctx, x, c):
+        n, d, dv = x.shape
+        c = c.contiguous()
+        xin = torch.empty(n, d, dtype=x.dtype, device=x.device)
+        grid, meta = _launch_args(n, d, dv)
+        _cc_fwd_kernel[grid](x, c, xin, n, d, dv, **meta)
+        ctx.save_for_backward(x, c)
+        return xin
+
+    @staticmethod
+    def backward(ctx, g):
+        x, c = ctx.saved_tensors
+        n, d, dv = x.shape
+        grid, meta = _launch_args(n, d, dv)
+        gx = torch.empty_like(x)
+        part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
+        _cc_bwd_kernel[grid](x, c, g.contiguous(), gx, part, n, d, dv, **meta)
+        return gx, part.sum(0).to(c.dtype)
+
+
+def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_state: bool) -> torch.Tensor:
+    b, length = src.shape[:2]
+    kk, d, dv = w.shape
+    n = b * t
+    grid, meta = _launch_args(n, d, dv)
+    part = torch.empty(grid[0], kk, d, dv, dtype=torch.float32, device=a.device)
+    _conv_bwd_w_kernel[(grid[0], kk)](a, src, part, n, t, length, d, dv, A_IS_STATE=a_is_state, **meta)
+    return part.sum(0).to(w.dtype)
+
+
+class TokenCompressTriton(torch.autograd.Function):
+    """xp: (B, P+T, d, d_v), w: (K, d, d_v) -> (B, T, d)."""
+
+    @staticmethod
+    def forward(ctx, xp, w, t: int):
+        b, length, d, dv = xp.shape
+        w = w.contiguous()
+        n = b * t
+        xin = torch.empty(b, t, d, dtype=xp.dtype, device=xp.device)
+        grid, meta = _launch_args(n, d, dv)
+        _tc_fwd_kernel[grid](xp, w, xin, n, t, length, d, dv, KS=w.shape[0], **meta)
+        ctx.save_for_backward(xp, w)
+        ctx.t = t
+        return xin
+
+    @staticmethod
+    def backward(ctx, g):
+        xp, w = ctx.saved_tensors
+        t = ctx.t
+        b, length, d, dv = xp.shape
+        g = g.contiguous()
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            m = b * length
+            gx = torch.empty_like(xp)
+            grid, meta = _launch_args(m, d, dv)
+            _tc_bwd_x_kernel[grid](g, w, gx, m, t, length, d, dv, KS=w.shape[0], **meta)
+        if ctx.needs_input_grad[1]:
+            gw = _wgrad(g, xp, w, t, a_is_state=False)
+        return gx, gw, None
+
+
+class EmbedConvTriton(torch.autograd.Function):
+    """ep: (B, P+T, d), w: (K, d, d_v) -> (B, T, d, d_v)."""
+
+    @staticmethod
+    def forward(ctx, ep, w, t: int):
+        b, length, d = ep.shape
+        w = w.contiguous()
+        kk, _, dv = w.shape
+        n = b * t
+        x = torch.empty(b, t, d, dv, dtype=ep.dtype, device=ep.device)
+        grid, meta = _launch_args(n, d, dv)
+        _ec_fwd_kernel[grid](ep, w, x, n, t, length, d, dv, KS=kk, **meta)
+        ctx.save_for_backward(ep, w)
+        ctx.t = t
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        ep, w = ctx.saved_tensors
+        t = ctx.t
+        b, length, d = ep.shape
+        kk, _, dv = w.shape
+        g = g.contiguous()
+        ge = gw = None
+        if ctx.needs_input_grad[0]:
+            m = b * length
+            ge = torch.empty_like(ep)
+            grid, meta = _launch_args(m, d, dv)
+            _ec_bwd_e_kernel[grid](g, w, ge, m, t, length, d, dv, KS=kk, **meta)
+        if ctx.needs_input_grad[1]:
+            gw = _wgrad(g, ep, w, t, a_is_state=True)
+        return ge, gw, None
+
+
+def channel_compress_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x: (..., d, d_v), weight: (d, d_v) -> (..., d)."""
+    *lead, d, dv = x.shape
+    return ChannelCompressTriton.apply(x.reshape(-1, d, dv).contiguous(), weight).view(*lead, d)
+
+
+def token_compress_triton(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (B, T, d, d_v), weight: (K, d, d_v), past: (B, K-1, d, d_v) or None -> (B, T, d)."""
+    t = x.shape[1]
+    xp = x.contiguous() if past is None else torch.cat([past.to(x.dtype), x], dim=1)
+    return TokenCompressTriton.apply(xp, weight, t)
+
+
+def embed_conv_triton(e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+    """e: (B, T, d), weight: (K, d, d_v), past: (B, K-1, d) or None -> (B, T, d, d_v)."""
+    t = e.shape[1]
+    ep = e.contiguous() if past is None else torch.cat([past.to(e.dtype), e], dim=1)
+    return EmbedConvTriton.apply(ep, weight, t)
