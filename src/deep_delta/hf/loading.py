@@ -57,16 +57,6 @@ def _is_model_dir(d: Path) -> bool:
     return (d / CONFIG).is_file() and ((d / WEIGHTS).is_file() or (d / WEIGHTS_INDEX).is_file())
 
 
-def _follow_latest(checkpoints: Path, path: Path) -> Path:
-    name = (checkpoints / LATEST).read_text().strip()
-    if not name or "/" in name or name in (".", ".."):
-        raise _not_a_model(path, f"{checkpoints / LATEST} holds {name!r}, not a checkpoint directory name")
-    ckpt = checkpoints / name
-    if not _is_model_dir(ckpt):
-        raise _not_a_model(path, f"{checkpoints / LATEST} names {ckpt}, which lacks {CONFIG} + {WEIGHTS}")
-    return ckpt
-
-
 def resolve_model_dir(path: str | os.PathLike) -> ModelSource:
     """Resolve ``path`` (HF dir, checkpoint dir, run dir, or a run's checkpoints/ dir) to a model directory."""
     p = Path(path)
@@ -77,11 +67,15 @@ def resolve_model_dir(path: str | os.PathLike) -> ModelSource:
     if _is_model_dir(p):
         meta = _read_json(p / TRAIN_META) if (p / TRAIN_META).is_file() else {}
         return ModelSource(p, p, "checkpoint" if meta else "hf", meta)
-    for checkpoints in (p / "checkpoints", p):
-        if (checkpoints / LATEST).is_file():
-            ckpt = _follow_latest(checkpoints, p)
-            meta = _read_json(ckpt / TRAIN_META) if (ckpt / TRAIN_META).is_file() else {}
-            return ModelSource(p, ckpt, "run", meta)
+    for run_dir in (p, p.parent) if p.name == "checkpoints" else (p,):  # a run, or its checkpoints/ directory
+        if (run_dir / "checkpoints" / LATEST).is_file():
+            from deep_delta.train.checkpoint import latest_checkpoint
+
+            try:
+                ckpt = latest_checkpoint(run_dir)
+            except (FileNotFoundError, ValueError) as e:
+                raise _not_a_model(p, str(e)) from None
+            return ModelSource(p, ckpt, "run", _read_json(ckpt / TRAIN_META))
     if (p / "pytorch_model.bin").exists() and (p / CONFIG).is_file():
         raise _not_a_model(p, "found pytorch_model.bin: pickled weights are never loaded; save with safetensors")
     if (p / CONFIG).is_file():
@@ -172,6 +166,8 @@ def load_model(
         str(source.model_dir), config=config, local_files_only=True, use_safetensors=True, dtype=dt
     )
     model.to(dev).eval()
+    if dev.type == "cpu":
+        _realign(model)
     tok, tok_name = load_tokenizer(source, tokenizer, config.max_position_embeddings)
     if tok is None and require_tokenizer:
         raise ValueError(
@@ -184,6 +180,19 @@ def load_model(
             f"{config.vocab_size}: they do not belong together"
         )
     return LoadedModel(model, tok, source, tok_name)
+
+
+@torch.no_grad()
+def _realign(model) -> None:
+    """Copy tensors that live in the memory-mapped safetensors file into fresh allocations.
+
+    Weights read from the file sit at arbitrary byte offsets; CPU kernels pick different vector paths for
+    unaligned data and round differently (~1e-7), so a loaded model would not reproduce the saved one's
+    logits bit for bit. Fresh allocations are 64-byte aligned. Tied weights stay tied (one Parameter).
+    """
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() % 64:
+            t.data = t.data.clone()
 
 
 def quiet_transformers() -> None:

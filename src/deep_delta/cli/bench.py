@@ -1,0 +1,59 @@
+"""``ddl bench``: the cost table (parameters, train/prefill/decode tokens/s, peak memory) of the variants."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub) -> None:
+    from deep_delta.eval.bench import BENCH_DTYPES, DEFAULT_SHAPES, DEFAULT_VARIANTS
+
+    shapes = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
+    p = sub.add_parser(
+        "bench",
+        help="cost table: parameters, throughput and peak memory per variant",
+        description="Build every variant in one process and measure them interleaved (round-robin over "
+        "repeats, median): parameters, train tokens/s (forward + backward + AdamW step), inference tokens/s "
+        "(prefill; decode with the cache) and peak training memory, each with its factor over the baseline. "
+        "Prints a markdown table and writes it to --out (samples beside it as JSON).",
+    )
+    p.add_argument("--preset", default="tiny", help="model size: tiny | small | medium (default tiny)")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma-separated variants (default {','.join(DEFAULT_VARIANTS)})")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--dtype", default="float32", choices=list(BENCH_DTYPES),
+                   help="float32, or bfloat16/float16 autocast over fp32 weights as in training (default float32)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B", help=f"sequences per batch (default: {shapes})")
+    p.add_argument("--seq-len", type=int, default=None, metavar="T", help="tokens per sequence (default: see --batch-size)")
+    p.add_argument("--steps", type=int, default=3, metavar="N", help="timed train steps per repeat (default 3)")
+    p.add_argument("--repeats", type=int, default=3, metavar="R", help="interleaved repeats; the median is reported (default 3)")
+    p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
+    p.add_argument("--decode-tokens", type=int, default=32, metavar="N", help="decode steps timed per repeat (default 32)")
+    p.add_argument("--out", default="bench.md", metavar="FILE", help="markdown file to write (default bench.md)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from deep_delta.eval.bench import BenchSettings, bench_table, run_bench, write_bench
+
+    settings = BenchSettings(
+        preset=args.preset,
+        variants=[v.strip() for v in args.variants.split(",") if v.strip()],
+        device=args.device,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        decode_tokens=args.decode_tokens,
+    ).resolved()
+    t0 = time.perf_counter()
+    rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    print(bench_table(rows, settings))
+    out = write_bench(args.out, rows, settings)
+    print(f"\nwrote {out} and {out.with_suffix('.json')} ({time.perf_counter() - t0:.0f} s)")
+    return 0
