@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deep_delta.ops.delta.triton import _blocks, _num_warps, _rows_per_program
+from deep_delta.ops.delta.triton import _blocks, _num_warps, _rows_per_program, check_device
 
 
 @triton.jit
@@ -321,12 +321,14 @@ class EmbedConvTriton(torch.autograd.Function):
 
 def channel_compress_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: (..., d, d_v), weight: (d, d_v) -> (..., d)."""
+    check_device("channel_compress", x)
     *lead, d, dv = x.shape
     return ChannelCompressTriton.apply(x.reshape(-1, d, dv).contiguous(), weight).view(*lead, d)
 
 
 def token_compress_triton(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
     """x: (B, T, d, d_v), weight: (K, d, d_v), past: (B, K-1, d, d_v) or None -> (B, T, d)."""
+    check_device("token_compress", x)
     t = x.shape[1]
     xp = x.contiguous() if past is None else torch.cat([past.to(x.dtype), x], dim=1)
     return TokenCompressTriton.apply(xp, weight, t)
@@ -334,6 +336,7 @@ def token_compress_triton(x: torch.Tensor, weight: torch.Tensor, past: torch.Ten
 
 def embed_conv_triton(e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
     """e: (B, T, d), weight: (K, d, d_v), past: (B, K-1, d) or None -> (B, T, d, d_v)."""
+    check_device("embed_conv", e)
     t = e.shape[1]
     ep = e.contiguous() if past is None else torch.cat([past.to(e.dtype), e], dim=1)
     return EmbedConvTriton.apply(ep, weight, t)

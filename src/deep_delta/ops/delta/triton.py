@@ -134,6 +134,21 @@ def _delta_bwd_kernel(
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
 
 
+def interpreted() -> bool:
+    """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+    return type(_delta_fwd_kernel).__name__ == "InterpretedFunction"
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter only."""
+    if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
+        return
+    raise ValueError(
+        f"{name}: backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before "
+        f"Triton is imported), got a tensor on {t.device}; use backend='torch' or 'auto' here"
+    )
+
+
 def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor):
     *lead, d, dv = x.shape
     n = math.prod(lead)
@@ -200,6 +215,7 @@ def delta_update_triton(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5
 ) -> torch.Tensor:
     """Fused ``x + beta k (v^T - k^T x)``; x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1)."""
+    check_device("delta_update", x)
     xf, kf, vf, bf = _flat(x, k, v, beta)
     return DeltaUpdateTriton.apply(xf, kf, vf, bf, None, float(k_eps)).view(x.shape)
 
@@ -218,6 +234,7 @@ def delta_update_read_triton(
     weight: (d, d_v), the channel compressor of the next sublayer. Saves the separate read pass over x'
     in the forward and the separate (g_in c^T) write plus gradient add in the backward.
     """
+    check_device("update_and_channel_read", x)
     xf, kf, vf, bf = _flat(x, k, v, beta)
     out, xin = DeltaUpdateTriton.apply(xf, kf, vf, bf, weight, float(k_eps))
     return out.view(x.shape), xin.view(*x.shape[:-1])
