@@ -197,7 +197,9 @@ def test_beta_zero_leaves_the_state_unchanged(lead, d, dv, seed, scale):
     out = delta_update(x, k, v, tiny, backend="torch")
     ku = unit(k)
     gap = (v - (ku.unsqueeze(-1) * x).sum(-2)).abs()  # (..., d_v)
-    assert bool(((out - x).abs() <= 1e-9 * gap.unsqueeze(-2) * (1 + 1e-6) + 1e-300).all())
+    # (plus the rounding of x + update, a few ulp of x)
+    bound = 1e-9 * gap.unsqueeze(-2) * (1 + 1e-6) + 4 * torch.finfo(F64).eps * x.abs()
+    assert bool(((out - x).abs() <= bound).all())
 
 
 @SETTINGS
@@ -331,9 +333,11 @@ def test_bf16_inputs_stay_bf16_and_match_fp32(lead, d, dv, seed, scale):
     out = delta_update(x, k, v, beta, backend="torch")
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     ref = delta_update(x.float(), k.float(), v.float(), beta.float(), backend="torch")  # same rounded inputs
-    # Tolerance: two bf16 roundings (the update, then x + update), unit roundoff 2^-8 each, so
-    # |out - ref| <= 2^-7 (|x| + |update|) elementwise (1% slack for the rounding of the rounding).
-    bound = 1.01 * 2**-7 * (x.float().abs() + (ref - x.float()).abs()) + 1e-30
+    # Tolerance, elementwise: |out - ref| <= 2^-8 (|x| + 4 |update|), 2^-8 being bf16's unit roundoff.
+    # A bf16 implementation may round the direction, the correction beta (v - k^T x) and their product
+    # (<= 3 roundings on the update) and then x + update once (on the whole output).
+    upd = (ref - x.float()).abs()
+    bound = 2**-8 * (x.float().abs() + 4 * upd) * 1.01 + 1e-30
     err = (out.float() - ref).abs()
     assert bool((err <= bound).all()), float((err / bound).max())
 
