@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
     p.add_argument("--seed", type=int, default=None, help=f"(default {d['seed']}) seed of initialisation and data order")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="(default auto) device")
+    p.add_argument("--threads", default="auto", metavar="N|auto",
+                   help="CPU threads for PyTorch (default auto: the cores not already busy, at least 1)")
     p.add_argument("--config", metavar="FILE|NAME",
                    help="start from this YAML config instead of the compare defaults (flags above still apply)")
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
@@ -46,10 +48,13 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    import torch
+
     from deep_delta.cli.main import UsageError
     from deep_delta.data import DataUnavailableError
     from deep_delta.train.compare import COMPARE_DEFAULTS, format_table, run_compare
     from deep_delta.train.config import load_config
+    from deep_delta.train.distributed import cpu_threads
     from deep_delta.train.trainer import NonFiniteLossError
 
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
@@ -57,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     settings = given if args.config else {**COMPARE_DEFAULTS, **given}
     base = load_config(args.config, settings, args.assignments)
+    threads = cpu_threads(args.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    print(f"ddl compare: {', '.join(args.variants)} at preset {base.preset}, {base.steps} steps x "
+          f"{base.batch_size} x {base.seq_len} tokens each, same seed ({base.seed}) and data; "
+          f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
     try:
         summary = run_compare(base, args.variants, args.out, overwrite=args.overwrite,
                               progress=not args.no_progress)

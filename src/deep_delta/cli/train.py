@@ -59,6 +59,8 @@ def add_parser(sub) -> None:
     p.add_argument("--stop-at", type=int, metavar="N",
                    help="end this session after step N (checkpointed) without shortening the schedule")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (print a line every --log-every)")
+    p.add_argument("--threads", metavar="N|auto",
+                   help="CPU threads for PyTorch (default: PyTorch's choice; auto: the cores not already busy)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--list-configs", action="store_true", help="list the shipped config names and exit")
     g = p.add_argument_group("settings (override the config file)")
@@ -102,8 +104,15 @@ def run(args: argparse.Namespace) -> int:
         print(cfg.to_yaml(), end="")
         return 0
 
+    import torch
+
     from deep_delta.data import DataUnavailableError
+    from deep_delta.train.distributed import cpu_threads
     from deep_delta.train.trainer import NonFiniteLossError, train
+
+    threads = cpu_threads(args.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
     try:
         train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
