@@ -30,8 +30,27 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, metavar="R", help="interleaved repeats; the median is reported (default 3)")
     p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
     p.add_argument("--decode-tokens", type=int, default=32, metavar="N", help="decode steps timed per repeat (default 32)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a DDLConfig field for every variant, e.g. --override hidden_size=64 (repeatable)")
     p.add_argument("--out", default="bench.md", metavar="FILE", help="markdown file to write (default bench.md)")
     p.set_defaults(func=run)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """["hidden_size=64", "delta_backend=torch"] -> {"hidden_size": 64, "delta_backend": "torch"} (JSON values
+    where they parse, strings otherwise); unknown fields are refused by DDLConfig."""
+    import json
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--override: got {item!r}; allowed: KEY=VALUE, e.g. hidden_size=64")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
         decode_tokens=args.decode_tokens,
+        overrides=parse_overrides(args.override),
     ).resolved()
     t0 = time.perf_counter()
     rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))

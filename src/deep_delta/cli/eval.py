@@ -140,7 +140,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit: got {args.limit}; allowed: a number > 0")
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     # refuse unknown task names before loading any model
-    tasks = harness.check_tasks(tasks, harness.task_manager(args.include_path))
+    tasks = harness.check_tasks(tasks, harness.task_manager(args.include_path, tasks))
     runs = []
     for i, path in enumerate(args.model):
         loaded = load_model(path, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)

@@ -63,6 +63,10 @@ class BenchSettings:
                 raise ValueError(f"--variants: got {v!r}; allowed: {' | '.join(VARIANTS)}")
         if len(set(variants)) != len(variants):
             raise ValueError(f"--variants: got a variant twice in {','.join(variants)}")
+        from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+        for v in variants:  # bad overrides fail here, before anything is built
+            DDLConfig.from_variant(v, self.preset, **self.overrides)
         if self.dtype not in BENCH_DTYPES:
             raise ValueError(f"--dtype: got {self.dtype!r}; allowed: {' | '.join(BENCH_DTYPES)}")
         device = str(resolve_device(self.device))

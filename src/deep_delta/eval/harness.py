@@ -201,8 +201,15 @@ class HarnessRun:
     raw: dict[int, Any] = field(default_factory=dict)
 
 
-def task_manager(include_path: str | os.PathLike | Sequence[str | os.PathLike] | None = None):
-    """lm-eval's TaskManager over its built-in tasks plus ``include_path`` (indexing takes seconds: cached)."""
+def task_manager(
+    include_path: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    tasks: Sequence[str] | None = None,
+):
+    """lm-eval's TaskManager over ``include_path`` and its built-in tasks (cached per process).
+
+    Indexing the ~200 built-in task folders takes seconds; when every name in ``tasks`` is defined under
+    ``include_path``, a manager over those folders alone is returned.
+    """
     if include_path is None:
         paths: tuple[str, ...] = ()
     elif isinstance(include_path, (str, os.PathLike)):
@@ -212,15 +219,19 @@ def task_manager(include_path: str | os.PathLike | Sequence[str | os.PathLike] |
     for p in paths:
         if not Path(p).exists():
             raise FileNotFoundError(f"--include-path: {p} does not exist (expected a directory of task YAMLs)")
-    return _task_manager(paths)
+    if paths and tasks:
+        local = _task_manager(paths, False)
+        if set(tasks) <= set(local.all_tasks):
+            return local
+    return _task_manager(paths, True)
 
 
-@lru_cache(maxsize=4)
-def _task_manager(paths: tuple[str, ...]):
+@lru_cache(maxsize=8)
+def _task_manager(paths: tuple[str, ...], include_defaults: bool):
     require_lm_eval()
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=list(paths) or None)
+    return TaskManager(include_path=list(paths) or None, include_defaults=include_defaults)
 
 
 def check_tasks(tasks: Sequence[str], manager) -> list[str]:
@@ -280,7 +291,7 @@ def evaluate_harness(
     require_lm_eval()
     from lm_eval import evaluator
 
-    manager = task_manager(include_path)
+    manager = task_manager(include_path, tasks)
     tasks = check_tasks(tasks, manager)
     run = HarnessRun(name)
     for shots in num_fewshot:

@@ -1,0 +1,72 @@
+"""`ddl eval loss`: validation loss and perplexity on a token split."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from eval_helpers import make_byte_data, make_run, tiny_model
+
+from deep_delta.cli.main import main
+from deep_delta.data import open_shard
+from deep_delta.eval import evaluate_loss
+
+
+def _reference_loss(model, data_dir, seq_len: int, max_windows: int | None = None) -> tuple[float, int]:
+    """Plain reference: the val tokens cut into windows of T+1 (stride T), one window at a time."""
+    tokens = np.concatenate([np.asarray(open_shard(p)) for p in sorted(data_dir.glob("val_*.bin"))]).astype(np.int64)
+    n = (len(tokens) - 1) // seq_len
+    n = n if max_windows is None else min(n, max_windows)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(n):
+            w = torch.from_numpy(tokens[i * seq_len : i * seq_len + seq_len + 1])[None]
+            logits = model(w[:, :-1], use_cache=False).logits
+            total += F.cross_entropy(logits[0], w[0, 1:], reduction="sum").item()
+            count += seq_len
+    return total / count, count
+
+
+def test_loss_matches_reference_and_ignores_batching(tmp_path):
+    data = make_byte_data(tmp_path / "data")
+    model = tiny_model("ddl-tc")
+    ref, count = _reference_loss(model, data, 32)
+    for bs in (1, 7):
+        res = evaluate_loss(model, data, batch_size=bs, seq_len=32)
+        assert res.tokens == count
+        assert res.loss == pytest.approx(ref, rel=1e-5)
+        assert res.perplexity == pytest.approx(math.exp(ref), rel=1e-5)
+    capped = evaluate_loss(model, data, batch_size=2, seq_len=32, max_batches=2)
+    assert capped.batches == 2 and capped.tokens == 4 * 32
+    assert capped.loss == pytest.approx(_reference_loss(model, data, 32, max_windows=4)[0], rel=1e-5)
+    assert not model.training
+
+
+def test_loss_errors(tmp_path):
+    data = make_byte_data(tmp_path / "data")
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"--seq-len: got 65; allowed: 1..64"):
+        evaluate_loss(model, data, seq_len=65)
+    with pytest.raises(FileNotFoundError, match="no 'test' shards"):
+        evaluate_loss(model, data, split="test", seq_len=16)
+
+
+def test_ddl_eval_loss_cli(tmp_path, capsys):
+    data = make_byte_data(tmp_path / "data")
+    run, model = make_run(tmp_path / "run")
+    assert main(["eval", "loss", "--model", str(run), "--data", str(data), "--batch-size", "4", "--seq-len", "32",
+                 "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["loss"] == pytest.approx(_reference_loss(model, data, 32)[0], rel=1e-5)
+    assert got["perplexity"] == pytest.approx(math.exp(got["loss"]), rel=1e-9)
+    assert main(["eval", "loss", "--model", str(run), "--data", str(data), "--max-batches", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "val loss" in out and "perplexity" in out
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "tokenizer": "gpt2"}))
+    assert main(["eval", "loss", "--model", str(run), "--data", str(data)]) == 2
+    assert "tokenized with 'gpt2', but the model was trained with 'byte'" in capsys.readouterr().err
