@@ -17,18 +17,15 @@ from deep_delta.eval import evaluate_loss
 
 
 def _reference_loss(model, data_dir, seq_len: int, max_windows: int | None = None) -> tuple[float, int]:
-    """Plain reference: the val tokens cut into windows of T+1 (stride T), one window at a time."""
+    """Plain reference: the val tokens cut into windows of T+1 (stride T), all windows in one forward."""
     tokens = np.concatenate([np.asarray(open_shard(p)) for p in sorted(data_dir.glob("val_*.bin"))]).astype(np.int64)
     n = (len(tokens) - 1) // seq_len
     n = n if max_windows is None else min(n, max_windows)
-    total, count = 0.0, 0
+    w = torch.stack([torch.from_numpy(tokens[i * seq_len : i * seq_len + seq_len + 1]) for i in range(n)])
     with torch.no_grad():
-        for i in range(n):
-            w = torch.from_numpy(tokens[i * seq_len : i * seq_len + seq_len + 1])[None]
-            logits = model(w[:, :-1], use_cache=False).logits
-            total += F.cross_entropy(logits[0], w[0, 1:], reduction="sum").item()
-            count += seq_len
-    return total / count, count
+        logits = model(w[:, :-1], use_cache=False).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), w[:, 1:].reshape(-1))
+    return loss.item(), n * seq_len
 
 
 def test_loss_matches_reference_and_ignores_batching(tmp_path):
@@ -59,9 +56,10 @@ def test_ddl_eval_loss_cli(tmp_path, capsys):
     data = make_byte_data(tmp_path / "data")
     run, model = make_run(tmp_path / "run")
     assert main(["eval", "loss", "--model", str(run), "--data", str(data), "--batch-size", "4", "--seq-len", "32",
-                 "--json"]) == 0
+                 "--max-batches", "2", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["loss"] == pytest.approx(_reference_loss(model, data, 32)[0], rel=1e-5)
+    assert got["tokens"] == 8 * 32
+    assert got["loss"] == pytest.approx(_reference_loss(model, data, 32, max_windows=8)[0], rel=1e-5)
     assert got["perplexity"] == pytest.approx(math.exp(got["loss"]), rel=1e-9)
     assert main(["eval", "loss", "--model", str(run), "--data", str(data), "--max-batches", "1"]) == 0
     out = capsys.readouterr().out

@@ -89,21 +89,21 @@ def test_left_padded_batch_matches_each_prompt_alone(variant):
     model = tiny_model(variant)
     tok = byte_tokenizer()
     prompts = ["The delta rule", "A", "Householder reflections"]
-    opts = SamplingOptions(max_new_tokens=8, greedy=True)
-    batch, _ = generate_text(model, tok, prompts, opts)
-    for p, g in zip(prompts, batch):
-        alone, _ = generate_text(model, tok, [p], opts)
-        assert g.text == alone[0].text, p
-    # the scores too, not only the argmax
+    kw = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True,
+              pad_token_id=256, eos_token_id=None)
     enc = tok(prompts, padding=True, return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
-                         pad_token_id=256, eos_token_id=None)
+    assert enc.attention_mask[1, 0] == 0  # left padding
+    batch = model.generate(**enc, **kw)
+    texts, _ = generate_text(model, tok, prompts, SamplingOptions(max_new_tokens=6, greedy=True))
     for row, p in enumerate(prompts):
         ids = torch.tensor([tok.encode(p, add_special_tokens=False)])
-        one = model.generate(ids, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
-                             pad_token_id=256, eos_token_id=None)
-        for s_batch, s_one in zip(out.scores, one.scores):
-            torch.testing.assert_close(s_batch[row], s_one[0], atol=ATOL, rtol=RTOL)
+        alone = model.generate(ids, **kw)
+        assert torch.equal(batch.sequences[row, enc.input_ids.shape[1]:], alone.sequences[0, ids.shape[1]:]), p
+        for s_batch, s_alone in zip(batch.scores, alone.scores):
+            torch.testing.assert_close(s_batch[row], s_alone[0], atol=ATOL, rtol=RTOL)
+        new = alone.sequences[0, ids.shape[1]:].tolist()
+        new = new[: new.index(256)] if 256 in new else new
+        assert texts[row].text == tok.decode(new)  # ddl generate's batch path gives the same text
 
 
 def test_sampling_options():
