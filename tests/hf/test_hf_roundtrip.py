@@ -164,3 +164,16 @@ def test_export_of_a_real_training_run(tmp_path):
     export_model(tmp_path / "run", tmp_path / "hf")
     loaded = load_model(tmp_path / "hf")
     assert loaded.tokenizer.eos_token_id == 256 and loaded.model.config.vocab_size >= 257
+
+
+def test_gpt2_checkpoint_offline_without_bpe_is_a_clear_cli_error(tmp_path, monkeypatch, capsys):
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("network unreachable")
+
+    monkeypatch.delenv("DDL_GPT2_BPE", raising=False)
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    run, _ = make_run(tmp_path / "run", tokenizer="gpt2")
+    assert main(["generate", "--model", str(run), "--prompt", "x"]) == 2
+    assert "tokenizer 'gpt2'" in capsys.readouterr().err

@@ -121,10 +121,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def load_tokenizer(source: ModelSource, name: str | None = None, model_max_length: int | None = None):
     """The tokenizer for ``source``: ``name`` if given, else the saved tokenizer.json, else the training
     tokenizer named in train_meta.json. Returns (tokenizer or None, name or None)."""
-    from deep_delta.hf.tokenizer import build_tokenizer
-
     if name is not None:
-        return build_tokenizer(name, model_max_length), name
+        return _build(name, model_max_length), name
     if (source.model_dir / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
 
@@ -132,8 +130,18 @@ def load_tokenizer(source: ModelSource, name: str | None = None, model_max_lengt
         return tok, source.train_meta.get("tokenizer")
     meta_name = source.train_meta.get("tokenizer")
     if meta_name is not None:
-        return build_tokenizer(meta_name, model_max_length), meta_name
+        return _build(meta_name, model_max_length), meta_name
     return None, None
+
+
+def _build(name: str, model_max_length: int | None):
+    from deep_delta.data import DataUnavailableError
+    from deep_delta.hf.tokenizer import build_tokenizer
+
+    try:
+        return build_tokenizer(name, model_max_length)
+    except DataUnavailableError as e:  # a missing local BPE file is the user's to provide: a clear error
+        raise ValueError(f"tokenizer {name!r}: {e}") from e
 
 
 def load_model(
