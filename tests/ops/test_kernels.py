@@ -20,7 +20,7 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # also set in tests/conftest.py, before deep_delta (and triton) is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import subprocess  # noqa: E402

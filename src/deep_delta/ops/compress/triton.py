@@ -34,8 +34,8 @@ def _cc_fwd_kernel(X, C, XIN, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexp
     c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
     for r in range(ROWS):
         n = pid * ROWS + r
-        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
-        ok_v = mv & ((tl.zeros_like(offs_v) + n) < N)
+        ok_d = md & (((offs_d * 0) + n) < N)
+        ok_v = mv & (((offs_v * 0) + n) < N)
         x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0).to(tl.float32)
         tl.store(XIN + n * D + offs_d, tl.sum(x * c, axis=1).to(XIN.dtype.element_ty), mask=ok_d)
 
@@ -54,8 +54,8 @@ def _cc_bwd_kernel(
     gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     for r in range(ROWS):
         n = pid * ROWS + r
-        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
-        ok_v = mv & ((tl.zeros_like(offs_v) + n) < N)
+        ok_d = md & (((offs_d * 0) + n) < N)
+        ok_v = mv & (((offs_v * 0) + n) < N)
         mt = ok_d[:, None] & ok_v[None, :]
         g = tl.load(G + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
         x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
@@ -84,11 +84,11 @@ def _tc_fwd_kernel(
         acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
         for s in tl.static_range(KS):
             src = t + p - s
-            ok_d = md & ((tl.zeros_like(offs_d) + n) < N) & ((tl.zeros_like(offs_d) + src) >= 0)
+            ok_d = md & (((offs_d * 0) + n) < N) & (((offs_d * 0) + src) >= 0)
             w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
             x = tl.load(XP + (b * L + src) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
             acc += w * x.to(tl.float32)
-        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
+        ok_d = md & (((offs_d * 0) + n) < N)
         tl.store(XIN + n * D + offs_d, tl.sum(acc, axis=1).to(XIN.dtype.element_ty), mask=ok_d)
 
 
@@ -112,12 +112,12 @@ def _tc_bwd_x_kernel(
         acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
         for s in tl.static_range(KS):
             t = q - p + s
-            tv = tl.zeros_like(offs_d) + t
-            ok_d = md & ((tl.zeros_like(offs_d) + m) < M) & (tv >= 0) & (tv < T)
+            tv = (offs_d * 0) + t
+            ok_d = md & (((offs_d * 0) + m) < M) & (tv >= 0) & (tv < T)
             w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
             g = tl.load(G + (b * T + t) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
             acc += w * g[:, None]
-        ok_d = md & ((tl.zeros_like(offs_d) + m) < M)
+        ok_d = md & (((offs_d * 0) + m) < M)
         tl.store(GXP + m * D * DV + tile, acc.to(GXP.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
 
 
@@ -145,7 +145,7 @@ def _conv_bwd_w_kernel(
         b = n // T
         t = n % T
         src = t + p - s
-        ok_d = md & ((tl.zeros_like(offs_d) + n) < N) & ((tl.zeros_like(offs_d) + src) >= 0)
+        ok_d = md & (((offs_d * 0) + n) < N) & (((offs_d * 0) + src) >= 0)
         mt = ok_d[:, None] & mv[None, :]
         if A_IS_STATE:
             a = tl.load(A + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
@@ -177,11 +177,11 @@ def _ec_fwd_kernel(
         acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
         for s in tl.static_range(KS):
             src = t + p - s
-            ok_d = md & ((tl.zeros_like(offs_d) + n) < N) & ((tl.zeros_like(offs_d) + src) >= 0)
+            ok_d = md & (((offs_d * 0) + n) < N) & (((offs_d * 0) + src) >= 0)
             w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
             e = tl.load(EP + (b * L + src) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
             acc += w * e[:, None]
-        ok_d = md & ((tl.zeros_like(offs_d) + n) < N)
+        ok_d = md & (((offs_d * 0) + n) < N)
         tl.store(X + n * D * DV + tile, acc.to(X.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
 
 
@@ -204,12 +204,12 @@ def _ec_bwd_e_kernel(
         acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
         for s in tl.static_range(KS):
             t = q - p + s
-            tv = tl.zeros_like(offs_d) + t
-            ok_d = md & ((tl.zeros_like(offs_d) + m) < M) & (tv >= 0) & (tv < T)
+            tv = (offs_d * 0) + t
+            ok_d = md & (((offs_d * 0) + m) < M) & (tv >= 0) & (tv < T)
             w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
             g = tl.load(G + (b * T + t) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
             acc += w * g.to(tl.float32)
-        ok_d = md & ((tl.zeros_like(offs_d) + m) < M)
+        ok_d = md & (((offs_d * 0) + m) < M)
         tl.store(GEP + m * D + offs_d, tl.sum(acc, axis=1).to(GEP.dtype.element_ty), mask=ok_d)
 
 

@@ -59,8 +59,8 @@ def _delta_fwd_kernel(
         c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
     for r in range(ROWS):
         n = pid * ROWS + r
-        n_d = tl.zeros_like(offs_d) + n  # the row index as a vector: masks must be tensors
-        n_v = tl.zeros_like(offs_v) + n
+        n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
+        n_v = (offs_v * 0) + n
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
@@ -99,8 +99,8 @@ def _delta_bwd_kernel(
         gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     for r in range(ROWS):
         n = pid * ROWS + r
-        n_d = tl.zeros_like(offs_d) + n  # the row index as a vector: masks must be tensors
-        n_v = tl.zeros_like(offs_v) + n
+        n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
+        n_v = (offs_v * 0) + n
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
@@ -128,7 +128,7 @@ def _delta_bwd_kernel(
         tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=ok_d)
         tl.store(GV + n * DV + offs_v, (beta * a).to(GV.dtype.element_ty), mask=ok_v)
         gb = tl.sum(a * (v - p), axis=0)
-        gb_v = tl.zeros_like(a) + gb
+        gb_v = tl.full((BLOCK_V,), 0.0, tl.float32) + gb
         tl.store(GBETA + n_v, gb_v.to(GBETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
     if HAS_READ:
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
