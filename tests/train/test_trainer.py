@@ -180,3 +180,13 @@ def test_seq_len_beyond_the_model_refused(tmp_path, make_config):
     with pytest.raises(ValueError, match=r"`seq_len` got 128; allowed: at most .*max_position_embeddings=64"):
         train(make_config(tmp_path / "out", seq_len=128), progress=False, quiet=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_bf16_autocast_and_tensorboard_on_cpu(tmp_path, make_config):
+    cfg = make_config(tmp_path / "run", steps=2, dtype="bfloat16", tensorboard=True, eval_every=0)
+    res = train(cfg, progress=False, quiet=True)
+    assert all(math.isfinite(x[1]) for x in _losses(cfg.out)) and math.isfinite(res.val_loss)
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    # weights stay fp32 (autocast computes in bf16, the master weights do not change dtype)
+    model = DDLForCausalLM.from_pretrained(latest_checkpoint(cfg.out))
+    assert all(p.dtype == torch.float32 for p in model.parameters())

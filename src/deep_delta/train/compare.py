@@ -206,7 +206,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{s.get('eval_every')} steps.",
         "",
         f"Machine: {m['device']}, {m['cpu_count']} CPU cores ({m['processor']}), torch {m['torch']} with "
-        f"{m['torch_threads']} threads. Wall time {summary.get('wall_s', 0):.0f} s.",
+        f"{m['torch_threads']} thread(s). Wall time {summary.get('wall_s', 0):.0f} s.",
         "",
         "![training and validation loss](curves.png)",
         "",

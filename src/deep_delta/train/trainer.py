@@ -231,7 +231,8 @@ def _train(cfg: TrainConfig, info: distr.DistInfo, *, resume: bool, overwrite: b
             group["lr"] = lr * scheduler.lr_lambdas[0](step)
         ckpt.set_rng_state(state["rng"])
 
-    # ---- from here on OUT is ours
+    # ---- from here on OUT is ours; no rank writes before every rank has finished its checks above
+    distr.barrier(info)
     if info.is_main:
         if overwrite:
             _clear_run(out)
