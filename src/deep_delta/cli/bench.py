@@ -26,8 +26,10 @@ def add_parser(sub) -> None:
                    help="float32, or bfloat16/float16 autocast over fp32 weights as in training (default float32)")
     p.add_argument("--batch-size", type=int, default=None, metavar="B", help=f"sequences per batch (default: {shapes})")
     p.add_argument("--seq-len", type=int, default=None, metavar="T", help="tokens per sequence (default: see --batch-size)")
-    p.add_argument("--steps", type=int, default=3, metavar="N", help="timed train steps per repeat (default 3)")
-    p.add_argument("--repeats", type=int, default=3, metavar="R", help="interleaved repeats; the median is reported (default 3)")
+    p.add_argument("--steps", type=int, default=2, metavar="N", help="timed train steps per repeat (default 2)")
+    p.add_argument("--repeats", type=int, default=5, metavar="R", help="interleaved repeats; the median is reported (default 5)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's choice); 1 is steadier on a shared machine")
     p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
     p.add_argument("--decode-tokens", type=int, default=32, metavar="N", help="decode steps timed per repeat (default 32)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -71,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
         decode_tokens=args.decode_tokens,
         overrides=parse_overrides(args.override),
     ).resolved()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads: got {args.threads}; allowed: an integer >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     print(bench_table(rows, settings))

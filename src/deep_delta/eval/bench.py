@@ -42,8 +42,8 @@ class BenchSettings:
     dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
     batch_size: int | None = None
     seq_len: int | None = None
-    steps: int = 3  # timed optimizer steps per repeat
-    repeats: int = 3
+    steps: int = 2  # timed optimizer steps per repeat
+    repeats: int = 5
     warmup: int = 1
     decode_tokens: int = 32
     seed: int = 0
