@@ -124,3 +124,35 @@ def test_non_finite_loss_exits_1_naming_the_step(tmp_path, data_dir, capsys, mon
     assert main(_train_args(data_dir, tmp_path / "run")) == 1
     err = capsys.readouterr().err
     assert "ddl train: error: non-finite loss" in err and "at step 1" in err and "none (no checkpoint" in err
+
+
+def test_compare_reports_a_diverging_variant_and_trains_the_others(tmp_path, data_dir, capsys, monkeypatch):
+    from deep_delta.train import trainer as trainer_mod
+
+    real_build = trainer_mod.build_model
+
+    def build(model_config):
+        model = real_build(model_config)
+        if model_config.variant == "ddl-dv1":  # this variant's loss is NaN from its second step on
+            forward, calls = model.forward, [0]
+
+            def fwd(*args, **kwargs):
+                out = forward(*args, **kwargs)
+                calls[0] += model.training
+                if calls[0] >= 2:
+                    out.loss = out.loss * float("nan")
+                return out
+
+            model.forward = fwd
+        return model
+
+    monkeypatch.setattr(trainer_mod, "build_model", build)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--variants", "baseline", "ddl-dv1", "--out", str(out), "--data", str(data_dir),
+                 "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--device", "cpu",
+                 "--no-progress", *MODEL]) == 1
+    captured = capsys.readouterr()
+    assert "| DDL (d_v=1) | ddl-dv1 |" in captured.out and "diverged" in captured.out
+    assert "ddl-dv1 diverged: non-finite loss" in captured.err and "at step 2" in captured.err
+    rows = {r["variant"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    assert rows["ddl-dv1"]["val_loss"] is None and rows["baseline"]["val_loss"] is not None

@@ -55,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.train.compare import COMPARE_DEFAULTS, format_table, run_compare
     from deep_delta.train.config import load_config
     from deep_delta.train.distributed import cpu_threads
-    from deep_delta.train.trainer import NonFiniteLossError
 
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
              "eval_batches", "seed", "device")
@@ -73,13 +72,13 @@ def run(args: argparse.Namespace) -> int:
                               progress=not args.no_progress)
     except (FileExistsError, DataUnavailableError) as e:
         raise UsageError(str(e)) from e
-    except NonFiniteLossError as e:
-        print(f"ddl compare: error: {e}", file=sys.stderr)
-        return 1
     rows = summary["rows"]
     print()
-    print(f"{rows[0]['tokens']:,} training tokens per variant; differences against {summary['reference']}; "
+    print(f"{max(r['tokens'] for r in rows):,} training tokens per variant; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
     print(format_table(summary))
+    failed = [r for r in rows if r.get("diverged")]
+    for r in failed:
+        print(f"ddl compare: {r['variant']} diverged: {r['diverged']}", file=sys.stderr)
     print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png")
-    return 0
+    return 1 if failed else 0

@@ -34,7 +34,7 @@ COMPARE_DEFAULTS: dict[str, Any] = dict(
     warmup_steps=16,
     eval_every=40,
     eval_batches=16,
-    save_every=0,
+    save_every=40,  # an interrupted `ddl compare` continues from here
     keep=1,
     log_every=5,
     seed=0,
@@ -71,7 +71,7 @@ def run_compare(
     """Train every variant (``base`` with the variant swapped in, run directory ``out/<variant>``) and
     write the comparison. A finished identical run in ``out`` is reused and an interrupted one continued;
     a run with other settings is refused unless ``overwrite``. Returns the summary (also ``compare.json``)."""
-    from deep_delta.train.trainer import train
+    from deep_delta.train.trainer import NonFiniteLossError, train
 
     out = Path(out)
     variants = list(dict.fromkeys(variants))
@@ -82,14 +82,20 @@ def run_compare(
         _check_same_budget(cfg, overwrite=overwrite)
     t0 = time.perf_counter()
     walls: dict[str, float] = {}
+    diverged: dict[str, str] = {}
     for i, cfg in enumerate(configs, 1):
         if not quiet:
             print(f"[{i}/{len(configs)}] {cfg.variant}", flush=True)
         t = time.perf_counter()
-        train(cfg, resume=True, overwrite=overwrite, progress=progress, desc=f"[{i}/{len(configs)}] {cfg.variant}",
-              quiet=quiet)
+        try:
+            train(cfg, resume=True, overwrite=overwrite, progress=progress,
+                  desc=f"[{i}/{len(configs)}] {cfg.variant}", quiet=quiet)
+        except NonFiniteLossError as e:  # a diverging variant is a result too: report it, train the others
+            diverged[cfg.variant] = str(e)
+            if not quiet:
+                print(f"[{i}/{len(configs)}] {cfg.variant}: {e}", flush=True)
         walls[cfg.variant] = time.perf_counter() - t
-    summary = summarize(out, variants, base)
+    summary = summarize(out, variants, base, diverged=diverged)
     summary["wall_s"] = time.perf_counter() - t0
     summary["train_wall_s"] = walls
     write_outputs(out, summary)
@@ -103,8 +109,10 @@ def _median_tokens_per_s(records: list[dict]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | None = None) -> dict[str, Any]:
-    """Rows of the comparison from the run directories ``out/<variant>`` (their metrics.jsonl and run.json)."""
+def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | None = None,
+              diverged: dict[str, str] | None = None) -> dict[str, Any]:
+    """Rows of the comparison from the run directories ``out/<variant>`` (their metrics.jsonl and run.json).
+    ``diverged`` maps variants whose loss became non-finite to the trainer's message: they get no val loss."""
     import torch
 
     from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
@@ -127,7 +135,10 @@ def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | N
             "val_loss": vals[-1]["val_loss"] if vals else None,
             "val_ppl": vals[-1]["val_ppl"] if vals else None,
             "tokens_per_s": _median_tokens_per_s(records),
+            "diverged": (diverged or {}).get(v),
         })
+        if rows[-1]["diverged"]:
+            rows[-1]["val_loss"] = rows[-1]["val_ppl"] = None
     ref = next((r for r in rows if r["variant"] == "baseline"), rows[0])
     for r in rows:
         r["reference"] = ref["variant"]
@@ -176,8 +187,9 @@ def format_table(summary: dict[str, Any]) -> str:
         if r["variant"] != ref and r["d_parameters_pct"] is not None:
             params += f" ({r['d_parameters_pct']:+.2f}%)"
         is_ref = r["variant"] == ref
+        val = "diverged" if r.get("diverged") else _fmt(r["val_loss"], ".4f")
         lines.append(
-            f"| {r['name']} | {r['variant']} | {params} | {_fmt(r['val_loss'], '.4f')} | {_fmt(r['val_ppl'], '.3f')} "
+            f"| {r['name']} | {r['variant']} | {params} | {val} | {_fmt(r['val_ppl'], '.3f')} "
             f"| {'-' if is_ref else _fmt(r['d_val_loss'], '.4f', True)} "
             f"| {'-' if is_ref else _fmt(r['d_val_ppl'], '.3f', True)} "
             f"| {_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r['speed_ratio'], '.2f')}x |"
@@ -191,11 +203,13 @@ def format_report(summary: dict[str, Any]) -> str:
     m = summary["machine"]
     rows = summary["rows"]
     tokens = rows[0]["tokens"] if rows else 0
+    notes = [f"- {r['variant']}: {r['diverged']}" for r in rows if r.get("diverged")]
     lines = [
         "# Variant comparison",
         "",
         format_table(summary),
         "",
+        *([*notes, ""] if notes else []),
         f"d loss / d ppl: difference to `{summary['reference']}` (negative is better). train tok/s: median over "
         "the optimizer steps after the first (training only; validation excluded); speed: ratio to the reference.",
         "",
@@ -205,7 +219,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} batches every "
         f"{s.get('eval_every')} steps.",
         "",
-        f"Machine: {m['device']}, {m['cpu_count']} CPU cores ({m['processor']}), torch {m['torch']} with "
+        f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores ({m['processor']}), torch {m['torch']} with "
         f"{m['torch_threads']} thread(s). Wall time {summary.get('wall_s', 0):.0f} s.",
         "",
         "![training and validation loss](curves.png)",
