@@ -9,7 +9,6 @@ batch, and every rank starts from the same seed.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -26,10 +25,10 @@ MODEL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=2", 
 
 
 def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    # torchrun of this interpreter (python -m torch.distributed.run), whatever is first on PATH
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "deep_delta.cli.main", *args],
-                          capture_output=True, text=True, env=env, timeout=240)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "deep_delta.cli.main", *args], capture_output=True, text=True, env=env, timeout=240)
 
 
 def _losses(out):

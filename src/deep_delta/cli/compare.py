@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     rows = summary["rows"]
     print()
-    print(f"{max(r['tokens'] for r in rows):,} training tokens per variant; differences against {summary['reference']}; "
+    tokens = max(r["tokens"] for r in rows)
+    print(f"{tokens:,} training tokens per variant; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
     print(format_table(summary))
     failed = [r for r in rows if r.get("diverged")]
