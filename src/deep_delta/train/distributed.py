@@ -141,6 +141,11 @@ def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16
     if info.mode == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # Fused channel reads let block i read block i+1's compressor weight: a parameter of another FSDP unit,
+        # still sharded then (and its gradient would miss that unit's reduce-scatter). Read inside each block.
+        if hasattr(model.model, "fuse_reads"):
+            model.model.fuse_reads = False
+
         # A block hands its output, a reshaped view for d_v > 1, to the next block; nothing modifies it in place,
         # so FSDP's warning about views is moot here.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
