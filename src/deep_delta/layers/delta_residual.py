@@ -7,6 +7,11 @@
 
 ``disable=True`` swaps in the plain additive residual ``x + branch(RMSNorm(x))`` with the same
 interface, so an A/B comparison needs no code change.
+
+``forward(..., read=compressor)`` (d_v > 1, a :class:`ChannelCompressor`) also returns the next
+sublayer's compressed read of the new state, ``(x_new, compressor(x_new))``, from one fused op
+(:func:`deep_delta.ops.compress.update_and_channel_read`): the Triton kernel reads the new state from
+the tile it has just written instead of making another pass over it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torch import nn
 
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
+from deep_delta.ops.compress import update_and_channel_read
 
 RESIDUAL_MAPS = ("k", "v")
 
@@ -113,9 +119,23 @@ class DeltaResidual(nn.Module):
                 f"got {tuple(x_in.shape)}"
             )
 
-    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, **branch_kwargs):
-        """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns x's shape."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        *branch_args,
+        x_in: torch.Tensor | None = None,
+        read: nn.Module | None = None,
+        **branch_kwargs,
+    ):
+        """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns x's shape.
+
+        read: optional :class:`~deep_delta.layers.compressors.ChannelCompressor` of the *next* sublayer
+        (d_v > 1 only). When given, returns ``(x_new, x_in_next)`` with ``x_in_next = read(x_new)[0]``,
+        (..., d), computed by the fused update-and-read op (same values as calling ``read`` afterwards).
+        """
         self._check(x, x_in)
+        if read is not None:
+            self._check_read(read)
         if self.value_channels == 1:
             src = x
         else:
@@ -136,4 +156,25 @@ class DeltaResidual(nn.Module):
                 v = self.value_proj(h)
         if self.value_channels == 1:
             return delta_update(x.unsqueeze(-1), k, v, beta, k_eps=self.k_eps, backend=self.backend).squeeze(-1)
+        if read is not None:
+            return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
         return delta_update(x, k, v, beta, k_eps=self.k_eps, backend=self.backend)
+
+    def _check_read(self, read: nn.Module) -> None:
+        from deep_delta.layers.compressors import ChannelCompressor
+
+        if self.disable or self.value_channels == 1:
+            raise ValueError(
+                "DeltaResidual: `read` (a fused next-sublayer read) needs a delta residual with value_channels > 1, "
+                f"got value_channels={self.value_channels}, disable={self.disable}"
+            )
+        if not isinstance(read, ChannelCompressor):
+            raise ValueError(
+                f"DeltaResidual: `read` must be a ChannelCompressor (the only read that can be fused with the "
+                f"update: it needs no other token's state), got {type(read).__name__}"
+            )
+        if (read.dim, read.value_channels) != (self.dim, self.value_channels):
+            raise ValueError(
+                f"DeltaResidual: `read` must read a ({self.dim}, {self.value_channels}) state, got a "
+                f"ChannelCompressor for ({read.dim}, {read.value_channels})"
+            )

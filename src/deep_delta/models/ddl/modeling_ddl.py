@@ -157,17 +157,40 @@ class DDLBlock(nn.Module):
             else None
         )
 
-    def forward(self, x, rope, cache=None, mask=None, pad_mask=None):
-        """x: (B, T, d) for d_v = 1, (B, T, d, d_v) otherwise."""
+    def forward(self, x, rope, cache=None, mask=None, pad_mask=None, x_in=None, next_read=None):
+        """x: (B, T, d) for d_v = 1, (B, T, d, d_v) otherwise.
+
+        x_in: the attention sublayer's read of x, (B, T, d), when the previous block already computed it
+        (fused); None reads it here. next_read: the next block's (or the final) ChannelCompressor: the MLP
+        update then also returns its read of the new state, and the block returns ``(x, x_in_next)``.
+        With a channel compressor the attention update is fused with the MLP sublayer's read.
+        """
         if self.compressor is None:
             x = self.attn(x, rope, cache, mask)
             return self.mlp(x)
         if pad_mask is not None:  # padded positions carry no state into token convolutions
             x = x * pad_mask[..., None, None]
-        x = self.attn(x, rope, cache, mask, x_in=_read(self.compressor, x, cache, f"{self.layer_idx}.attn"))
-        if pad_mask is not None:
-            x = x * pad_mask[..., None, None]
-        return self.mlp(x, x_in=_read(self.compressor, x, cache, f"{self.layer_idx}.mlp"))
+            if x_in is not None:
+                x_in = x_in * pad_mask[..., None]  # the read of the masked state (pad is 0 or 1: exact)
+        if x_in is None:
+            x_in = _read(self.compressor, x, cache, f"{self.layer_idx}.attn")
+        if fusable_read(self.compressor):
+            x, x_in = self.attn(x, rope, cache, mask, x_in=x_in, read=self.compressor)
+            if pad_mask is not None:
+                x, x_in = x * pad_mask[..., None, None], x_in * pad_mask[..., None]
+        else:
+            x = self.attn(x, rope, cache, mask, x_in=x_in)
+            if pad_mask is not None:
+                x = x * pad_mask[..., None, None]
+            x_in = _read(self.compressor, x, cache, f"{self.layer_idx}.mlp")
+        if next_read is not None:
+            return self.mlp(x, x_in=x_in, read=next_read)
+        return self.mlp(x, x_in=x_in)
+
+
+def fusable_read(compressor: nn.Module | None) -> bool:
+    """A read that can be computed inside the previous sublayer's update: CC (it needs no other token)."""
+    return isinstance(compressor, ChannelCompressor)
 
 
 class DDLPreTrainedModel(PreTrainedModel):
@@ -232,7 +255,15 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
 
 
 class DDLModel(DDLPreTrainedModel):
-    """The backbone: embeddings -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm."""
+    """The backbone: embeddings -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm.
+
+    With channel compressors every delta update is fused with the next read (the MLP sublayer's, the
+    next block's attention read, or the final readout): one op returns the new state and its read.
+    ``fuse_reads = False`` (an attribute, default True) calls the update and the read separately: same
+    values, for tests and benchmarks.
+    """
+
+    fuse_reads: bool = True
 
     def __init__(self, config: DDLConfig):
         super().__init__(config)
@@ -320,12 +351,18 @@ class DDLModel(DDLPreTrainedModel):
             x, nxt = self.expander(x, past_e)
             if cache is not None and nxt is not None:
                 cache.token_history["embed"] = nxt
-        for block in self.layers:
-            x = block(x, rope, cache, mask, pad_mask)
+        x_in = None  # a read already computed by the previous fused update (channel compressors)
+        for i, block in enumerate(self.layers):
+            nxt = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
+            if self.fuse_reads and fusable_read(nxt) and block.compressor is not None:
+                x, x_in = block(x, rope, cache, mask, pad_mask, x_in=x_in, next_read=nxt)
+            else:
+                x, x_in = block(x, rope, cache, mask, pad_mask, x_in=x_in), None
         if self.final_compressor is not None:
             if pad_mask is not None:
                 x = x * pad_mask[..., None, None]
-            x = _read(self.final_compressor, x, cache, "final")
+                x_in = None if x_in is None else x_in * pad_mask[..., None]
+            x = _read(self.final_compressor, x, cache, "final") if x_in is None else x_in
         return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=cache if use_cache else None)
 
 
