@@ -54,9 +54,11 @@ def test_ddl_bench_cli_writes_markdown_and_json(tmp_path, capsys):
             "--repeats", "1", "--warmup", "0", "--decode-tokens", "3", "--device", "cpu", "--out", str(out)]
     for kv in ("hidden_size=32", "num_hidden_layers=1", "num_attention_heads=2", "vocab_size=64"):
         args += ["--override", kv]
+    threads = torch.get_num_threads()
     assert main(args) == 0
+    assert torch.get_num_threads() == threads  # --threads 1 (the default) is undone for in-process callers
     printed = capsys.readouterr().out
-    assert "| DDL-TC |" in printed and "Peak train memory" in printed
+    assert "| DDL-TC |" in printed and "Peak train memory" in printed and "1 torch thread)" in printed
     assert "| DDL-TC |" in out.read_text()
     data = json.loads(out.with_suffix(".json").read_text())
     assert [r["variant"] for r in data["rows"]] == ["baseline", "ddl-tc"]

@@ -28,8 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, default=None, metavar="T", help="tokens per sequence (default: see --batch-size)")
     p.add_argument("--steps", type=int, default=2, metavar="N", help="timed train steps per repeat (default 2)")
     p.add_argument("--repeats", type=int, default=5, metavar="R", help="interleaved repeats; the median is reported (default 5)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: torch's choice); 1 is steadier on a shared machine")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch CPU threads for a CPU run (default 1: steady on a shared machine, where several "
+                   "OpenMP threads spin against other jobs; 0 = torch's own choice)")
     p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
     p.add_argument("--decode-tokens", type=int, default=32, metavar="N", help="decode steps timed per repeat (default 32)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -73,15 +74,19 @@ def run(args: argparse.Namespace) -> int:
         decode_tokens=args.decode_tokens,
         overrides=parse_overrides(args.override),
     ).resolved()
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads: got {args.threads}; allowed: an integer >= 1")
-        import torch
+    if args.threads < 0:
+        raise ValueError(f"--threads: got {args.threads}; allowed: an integer >= 1, or 0 for torch's choice")
+    import torch
 
+    threads = torch.get_num_threads()
+    if args.threads > 0 and settings.device == "cpu":
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    print(bench_table(rows, settings))
-    out = write_bench(args.out, rows, settings)
+    try:
+        rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+        print(bench_table(rows, settings))  # the header names the thread count used
+        out = write_bench(args.out, rows, settings)
+    finally:
+        torch.set_num_threads(threads)  # in-process callers keep their setting
     print(f"\nwrote {out} and {out.with_suffix('.json')} ({time.perf_counter() - t0:.0f} s)")
     return 0

@@ -249,7 +249,8 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
 def _device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    n = torch.get_num_threads()
+    return f"CPU ({os.cpu_count()} cores, {n} torch thread{'s' if n != 1 else ''})"
 
 
 def _fmt_rate(x: float) -> str:
