@@ -166,6 +166,30 @@ def _bench_ops(args, cfg, dtype, device, timed) -> list[str]:
     return lines + [""] + [f"- {n}" for n in notes]
 
 
+def saved_activation_bytes(model, ids, tgt) -> int:
+    """Bytes of the tensors autograd keeps for backward in one training forward (storage-deduplicated,
+    parameters excluded), measured with saved-tensor hooks; with ``model.model.recompute_states`` the
+    handles of the state tape count their frontier state and small rebuild tensors. Runs the backward.
+    """
+    import torch
+
+    from deep_delta.ops.delta.recompute import kept_tensors, observe
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: list = []
+    with observe(kept), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        loss = model(ids, shift_labels=tgt).loss
+    storages = {}
+    for obj in kept:
+        for t in kept_tensors(obj):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                storages[st.data_ptr()] = st.nbytes()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
+
+
 def _bench_steps(args, dtype, device, timed) -> list[str]:
     import torch
 
@@ -203,13 +227,26 @@ def _bench_steps(args, dtype, device, timed) -> list[str]:
         f"### Training step (fwd + bwd + AdamW), preset {args.preset}, {args.batch} x {args.seq} tokens, "
         f"{args.dtype}, {device.type}, delta_backend auto: median of {args.repeats} interleaved rounds",
         "",
-        "| variant | ms / step | tokens/s | step time vs baseline | throughput vs baseline |",
-        "| --- | --- | --- | --- | --- |",
+        "| variant | ms / step | tokens/s | step time vs baseline | throughput vs baseline "
+        "| saved activations MiB, x baseline | with recompute_states |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    saved = {}
+    for name, (model, _) in models.items():
+        for rec in (False, True):
+            model.model.recompute_states = rec
+            saved[name, rec] = saved_activation_bytes(model, ids, tgt)
+        model.model.recompute_states = False
+    sb = saved["baseline", False]
     for name in variants:
+        mem = " | ".join(f"{saved[name, r] / 2**20:.1f} ({saved[name, r] / sb:.3f}x)" for r in (False, True))
         lines.append(
-            f"| {name} | {t[name] * 1e3:.1f} | {tokens / t[name]:,.0f} | {t[name] / base:.3f}x | {base / t[name]:.3f}x |"
+            f"| {name} | {t[name] * 1e3:.1f} | {tokens / t[name]:,.0f} | {t[name] / base:.3f}x | {base / t[name]:.3f}x "
+            f"| {mem} |"
         )
+    lines += ["", "Saved activations: bytes autograd keeps for backward after one forward (saved-tensor hooks, "
+              "storages deduplicated, parameters excluded); recompute_states keeps only the last DDL state and "
+              "rebuilds the others in backward (ops/delta/recompute.py)."]
     if device.type == "cuda":
         lines.append("")
         for name in models:

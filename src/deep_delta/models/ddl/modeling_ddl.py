@@ -8,6 +8,7 @@ embedding, one compressor per block (shared by its attention and MLP) and a fina
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -26,6 +27,7 @@ from deep_delta.layers.compressors import (
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.models.ddl.configuration_ddl import DDLConfig
+from deep_delta.ops.delta.recompute import StateTape
 
 
 class DDLCache(DynamicCache):
@@ -260,10 +262,15 @@ class DDLModel(DDLPreTrainedModel):
     With channel compressors every delta update is fused with the next read (the MLP sublayer's, the
     next block's attention read, or the final readout): one op returns the new state and its read.
     ``fuse_reads = False`` (an attribute, default True) calls the update and the read separately: same
-    values, for tests and benchmarks.
+    values, for tests and benchmarks. ``recompute_states = True`` (default False) saves only the last
+    state of the delta chain for backward and rebuilds the earlier ones from it
+    (:class:`deep_delta.ops.delta.recompute.StateTape`).
     """
 
     fuse_reads: bool = True
+    # True: keep only the last state for backward and rebuild the others from it (ops/delta/recompute.py):
+    # far less activation memory, gradients differ by the rebuild's rounding. Off under torch.compile.
+    recompute_states: bool = False
 
     def __init__(self, config: DDLConfig):
         super().__init__(config)
@@ -343,26 +350,32 @@ class DDLModel(DDLPreTrainedModel):
         if attention_mask is not None and not bool(attention_mask.all()):
             pad_mask = attention_mask[:, -t:].to(inputs_embeds.dtype)
 
-        x = inputs_embeds
-        if self.expander is not None:
-            if pad_mask is not None:
-                x = x * pad_mask[..., None]
-            past_e = cache.token_history.get("embed") if cache is not None else None
-            x, nxt = self.expander(x, past_e)
-            if cache is not None and nxt is not None:
-                cache.token_history["embed"] = nxt
-        x_in = None  # a read already computed by the previous fused update (channel compressors)
-        for i, block in enumerate(self.layers):
-            nxt = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
-            if self.fuse_reads and fusable_read(nxt) and block.compressor is not None:
-                x, x_in = block(x, rope, cache, mask, pad_mask, x_in=x_in, next_read=nxt)
-            else:
-                x, x_in = block(x, rope, cache, mask, pad_mask, x_in=x_in), None
-        if self.final_compressor is not None:
-            if pad_mask is not None:
-                x = x * pad_mask[..., None, None]
-                x_in = None if x_in is None else x_in * pad_mask[..., None]
-            x = _read(self.final_compressor, x, cache, "final") if x_in is None else x_in
+        use_tape = (
+            self.recompute_states and cfg.is_delta and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        )
+        with StateTape() if use_tape else contextlib.nullcontext() as tape:
+            x = inputs_embeds
+            if self.expander is not None:
+                if pad_mask is not None:
+                    x = x * pad_mask[..., None]
+                past_e = cache.token_history.get("embed") if cache is not None else None
+                x, nxt = self.expander(x, past_e)
+                if cache is not None and nxt is not None:
+                    cache.token_history["embed"] = nxt
+            if tape is not None:
+                tape.register(x)
+            x_in = None  # a read already computed by the previous fused update (channel compressors)
+            for i, block in enumerate(self.layers):
+                nxt = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
+                if self.fuse_reads and fusable_read(nxt) and block.compressor is not None:
+                    x, x_in = block(x, rope, cache, mask, pad_mask, x_in=x_in, next_read=nxt)
+                else:
+                    x, x_in = block(x, rope, cache, mask, pad_mask, x_in=x_in), None
+            if self.final_compressor is not None:
+                if pad_mask is not None:
+                    x = x * pad_mask[..., None, None]
+                    x_in = None if x_in is None else x_in * pad_mask[..., None]
+                x = _read(self.final_compressor, x, cache, "final") if x_in is None else x_in
         return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=cache if use_cache else None)
 
 

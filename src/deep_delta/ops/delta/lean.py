@@ -24,6 +24,7 @@ import math
 import torch
 
 from deep_delta.ops.delta.naive import compute_dtype
+from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 
 
 def _unit_direction(k: torch.Tensor, k_eps: float, ct: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,6 +62,9 @@ class DeltaUpdateFunction(torch.autograd.Function):
         p = _read(u, x, ct)  # (N, d_v)
         delta = beta.to(ct) * (v.to(ct) - p)  # (N, d_v)
         out = torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1))
+        tape = active_tape()
+        if tape is not None:  # x is saved as a handle that rebuilds it from out (see recompute.py)
+            tape.record(x, out, delta_rebuild(k, delta, k_eps))
         ctx.save_for_backward(x, k, v, beta)
         ctx.k_eps = k_eps
         return out

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
+
 MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
 
 
@@ -45,9 +47,9 @@ def _num_warps(block: int) -> int:
 
 @triton.jit
 def _delta_fwd_kernel(
-    X, K, V, BETA, OUT, C, XIN,
+    X, K, V, BETA, OUT, C, XIN, DELTA,
     N, D, DV, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_READ: tl.constexpr, HAS_DELTA: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -72,6 +74,8 @@ def _delta_fwd_kernel(
         v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
         beta = tl.sum(tl.load(BETA + n_v, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
         delta = beta * (v - p)
+        if HAS_DELTA:  # kept (fp32) to rebuild x from x' in backward (ops/delta/recompute.py)
+            tl.store(DELTA + n * DV + offs_v, delta, mask=ok_v)
         out = x + u[:, None] * delta[None, :]
         out_st = out.to(OUT.dtype.element_ty)
         tl.store(OUT + n * D * DV + tile, out_st, mask=mt)
@@ -176,10 +180,14 @@ class DeltaUpdateTriton(torch.autograd.Function):
         xin = torch.empty(n, d, dtype=x.dtype, device=x.device) if has_read else out
         c_arg = c.contiguous() if has_read else x
         grid = (triton.cdiv(n, rows),)
+        tape = active_tape()
+        delta = torch.empty(n, dv, dtype=torch.float32, device=x.device) if tape is not None else out
         _delta_fwd_kernel[grid](
-            x, k, v, beta, out, c_arg, xin, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d),
-            HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+            x, k, v, beta, out, c_arg, xin, delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d),
+            HAS_READ=has_read, HAS_DELTA=tape is not None, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
         )
+        if tape is not None:  # x is saved as a handle that rebuilds it from out
+            tape.record(x, out, delta_rebuild(k, delta, k_eps))
         ctx.save_for_backward(x, k, v, beta, c_arg if has_read else None)
         ctx.k_eps, ctx.has_read = k_eps, has_read
         return (out, xin) if has_read else out

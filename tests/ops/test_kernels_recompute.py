@@ -1,0 +1,123 @@
+"""Rebuilding saved states in backward (``StateTape``, ``DDLModel.recompute_states``) against saving them.
+
+The forward is unchanged (bit-identical loss); the gradients differ only by the rounding of the rebuild
+``x = x' - u delta^T`` along the chain. Tolerances (relative error over each gradient tensor):
+    fp64 chain of updates vs the plain reference: 1e-12;
+    fp32 model (2 blocks = 4 rebuilt states): 1e-3 (observed up to 1.05e-4 on ddl-tc: the backward
+    recomputes p = u^T x from the rebuilt x, and v - p can cancel);
+    bf16 chain of 4 updates vs the plain fp32 reference on the same rounded inputs: 3e-2 (each rebuild
+    adds one bf16 rounding of the state, unit roundoff 2^-8, on top of the update's own).
+Memory: with the tape the saved activations drop by at least the 2L states a model would keep.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # also set in tests/conftest.py, before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from deep_delta.cli.bench_kernels import saved_activation_bytes  # noqa: E402
+from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
+from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
+from deep_delta.ops import delta_update  # noqa: E402
+from deep_delta.ops.delta.naive import delta_update_torch  # noqa: E402
+from deep_delta.ops.delta.recompute import StateTape  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()
+
+
+def _chain(x0, ks, vs, betas, fn):
+    x = x0
+    for k, v, b in zip(ks, vs, betas):
+        x = fn(x, k, v, b)
+    return x
+
+
+@pytest.mark.parametrize(
+    "backend,dtype,tol",
+    [("torch", torch.float64, 1e-12), ("torch", torch.float32, 1e-5), ("torch", torch.bfloat16, 3e-2),
+     ("triton", torch.float32, 1e-5), ("triton", torch.bfloat16, 3e-2)],
+)
+def test_chain_with_tape_matches_reference(backend, dtype, tol):
+    n_steps, shape, d, dv = 4, (2, 5), 12, 3
+    x0 = torch.randn(*shape, d, dv, device=DEVICE).to(dtype).requires_grad_()
+    ks = [torch.randn(*shape, d, device=DEVICE).to(dtype).requires_grad_() for _ in range(n_steps)]
+    vs = [torch.randn(*shape, dv, device=DEVICE).to(dtype).requires_grad_() for _ in range(n_steps)]
+    bs = [(2 * torch.rand(*shape, 1, device=DEVICE)).to(dtype).requires_grad_() for _ in range(n_steps)]
+    gout = torch.randn(*shape, d, dv, device=DEVICE).to(dtype)
+    inputs = [x0, *ks, *vs, *bs]
+
+    with StateTape():
+        out = _chain(x0, ks, vs, bs, lambda x, k, v, b: delta_update(x, k, v, b, backend=backend))
+    grads = torch.autograd.grad(out, inputs, gout)
+
+    ref_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    ref_in = [t.detach().to(ref_dtype).requires_grad_() for t in inputs]
+    r0, rk, rv, rb = ref_in[0], ref_in[1:1 + n_steps], ref_in[1 + n_steps:1 + 2 * n_steps], ref_in[1 + 2 * n_steps:]
+    ref = _chain(r0, rk, rv, rb, delta_update_torch)
+    ref_grads = torch.autograd.grad(ref, ref_in, gout.to(ref_dtype))
+    assert _rel(out, ref) <= (1e-12 if dtype == torch.float64 else 2e-2 if dtype == torch.bfloat16 else 1e-6)
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        assert _rel(g, r) <= tol, (i, _rel(g, r))
+
+
+def test_tape_survives_a_second_backward():
+    x0 = torch.randn(3, 8, 2, dtype=torch.float64, requires_grad=True)
+    ks = [torch.randn(3, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    vs = [torch.randn(3, 2, dtype=torch.float64) for _ in range(3)]
+    bs = [torch.rand(3, 1, dtype=torch.float64) for _ in range(3)]
+    with StateTape():
+        out = _chain(x0, ks, vs, bs, lambda x, k, v, b: delta_update(x, k, v, b, backend="torch"))
+    g1 = torch.autograd.grad(out.square().sum(), [x0, *ks], retain_graph=True)
+    g2 = torch.autograd.grad(out.square().sum(), [x0, *ks])
+    ref = _chain(x0, ks, vs, bs, delta_update_torch)
+    g3 = torch.autograd.grad(ref.square().sum(), [x0, *ks])
+    for a, b, c in zip(g1, g2, g3):
+        assert _rel(a, c) <= 1e-12 and _rel(b, c) <= 1e-12
+
+
+def test_tapes_do_not_nest():
+    with StateTape(), pytest.raises(RuntimeError, match="already active"):
+        with StateTape():
+            pass
+
+
+@pytest.mark.parametrize(
+    "variant,backend",
+    [("ddl-dv1", "torch"), ("ddl-cc", "torch"), ("ddl-cc-noec", "torch"), ("ddl-tc", "torch"),
+     ("ddl-cc", "triton"), ("ddl-tc", "triton")],
+)
+def test_model_recompute_states_matches_and_saves_memory(variant, backend):
+    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **SMALL)
+    model = DDLForCausalLM(cfg).to(DEVICE).train()
+    ids = torch.randint(0, 64, (2, 9), device=DEVICE)
+    tgt = torch.randint(0, 64, (2, 9), device=DEVICE)
+    res = {}
+    for rec in (False, True):
+        model.model.recompute_states = rec
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, shift_labels=tgt).loss
+        loss.backward()
+        res[rec] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert torch.equal(res[True][0], res[False][0])  # the forward is unchanged
+    assert res[True][1].keys() == res[False][1].keys()
+    for name, g in res[False][1].items():
+        assert _rel(res[True][1][name], g) <= 1e-3, (name, _rel(res[True][1][name], g))
+
+    saved = {}
+    for rec in (False, True):
+        model.model.recompute_states = rec
+        saved[rec] = saved_activation_bytes(model, ids, tgt)
+    state_bytes = ids.numel() * cfg.hidden_size * cfg.value_channels * 4
+    n_dropped = 2 * cfg.num_hidden_layers  # all states but the last
+    assert saved[True] <= saved[False] - n_dropped * state_bytes + n_dropped * ids.numel() * 4 * cfg.value_channels
