@@ -121,3 +121,14 @@ def test_model_recompute_states_matches_and_saves_memory(variant, backend):
     state_bytes = ids.numel() * cfg.hidden_size * cfg.value_channels * 4
     n_dropped = 2 * cfg.num_hidden_layers  # all states but the last
     assert saved[True] <= saved[False] - n_dropped * state_bytes + n_dropped * ids.numel() * 4 * cfg.value_channels
+
+
+def test_config_field_turns_recompute_on():
+    cfg = DDLConfig.from_variant("ddl-cc", "tiny", recompute_states=True, **SMALL)
+    model = DDLForCausalLM(cfg).train()
+    assert model.model.recompute_states is True
+    ids = torch.randint(0, 64, (2, 9))
+    on = saved_activation_bytes(model, ids, ids)
+    model.model.recompute_states = False
+    assert on < saved_activation_bytes(model, ids, ids)
+    assert DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **SMALL)).model.recompute_states is False

@@ -69,6 +69,9 @@ class DDLConfig(PreTrainedConfig):
     (TC: taps over tokens, default 4; CC: must equal d_v), state_init ("repeat" | "conv" = EC),
     embed_conv_kernel_size, gate ("linear" | "mlp"), gate_hidden_size, beta_init, value_scale,
     k_eps, vmap_rank, delta_backend ("auto" | "torch" | "triton").
+
+    Memory: recompute_states=True keeps only the last DDL state for backward and rebuilds the earlier
+    ones from it (less activation memory; gradients differ by the rebuild's rounding).
     """
 
     model_type = "deep_delta"
@@ -106,6 +109,7 @@ class DDLConfig(PreTrainedConfig):
     k_eps: float = 1e-5
     vmap_rank: int | None = None
     delta_backend: str = "auto"
+    recompute_states: bool = False
 
     def __post_init__(self, **kwargs):
         self._check_types()

@@ -262,18 +262,18 @@ class DDLModel(DDLPreTrainedModel):
     With channel compressors every delta update is fused with the next read (the MLP sublayer's, the
     next block's attention read, or the final readout): one op returns the new state and its read.
     ``fuse_reads = False`` (an attribute, default True) calls the update and the read separately: same
-    values, for tests and benchmarks. ``recompute_states = True`` (default False) saves only the last
+    values, for tests and benchmarks. ``recompute_states`` (from the config, default False) saves only the last
     state of the delta chain for backward and rebuilds the earlier ones from it
     (:class:`deep_delta.ops.delta.recompute.StateTape`).
     """
 
     fuse_reads: bool = True
-    # True: keep only the last state for backward and rebuild the others from it (ops/delta/recompute.py):
-    # far less activation memory, gradients differ by the rebuild's rounding. Off under torch.compile.
-    recompute_states: bool = False
 
     def __init__(self, config: DDLConfig):
         super().__init__(config)
+        # True: keep only the last state for backward and rebuild the others from it (ops/delta/recompute.py):
+        # far less activation memory, gradients differ by the rebuild's rounding. Off under torch.compile.
+        self.recompute_states = config.recompute_states
         d = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
