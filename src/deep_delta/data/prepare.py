@@ -33,6 +33,7 @@ from deep_delta.data.loader import split_shards
 from deep_delta.data.shards import MAX_TOKEN_ID, MAX_TOKENS, ShardError, read_header, write_shard
 from deep_delta.data.sources import resolve_source
 from deep_delta.data.tokenizers import Tokenizer, get_tokenizer
+from deep_delta.fsutil import atomic_write
 
 META_FILE = "meta.json"
 META_FORMAT = "deep_delta.tokens/2"  # /2: validation documents chosen by the closest-share rule
@@ -180,9 +181,7 @@ def write_dataset(
         "max_tokens": max_tokens,
         "splits": splits,
     }
-    tmp = directory / f".{META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / META_FILE)
+    atomic_write(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
     return meta
 
 

@@ -14,11 +14,12 @@ Shards written here are byte-compatible with those tools, so either can read the
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from deep_delta.fsutil import atomic_write
 
 MAGIC = 20240520
 VERSION = 1
@@ -66,37 +67,10 @@ def write_shard(path: str | os.PathLike, tokens) -> ShardHeader:
             )
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = MAGIC, VERSION, arr.size
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.tobytes())
-            f.write(arr.astype(TOKEN_DTYPE, copy=False).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
+    atomic_write(path, header.tobytes(), arr.astype(TOKEN_DTYPE, copy=False).tobytes())
     return ShardHeader(path=path, num_tokens=int(arr.size))
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_header(path: str | os.PathLike) -> ShardHeader:

@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from deep_delta.fsutil import atomic_write as write_text_atomic
+from deep_delta.fsutil import fsync_dir, fsync_file
+
 CHECKPOINTS = "checkpoints"
 LATEST = "LATEST"
 STATE_FILE = "train_state.pt"
@@ -39,33 +42,6 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # directories cannot be opened on some platforms
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (temporary file in the same directory, fsync, os.replace)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 # ---------------------------------------------------------------------- RNG states (weights_only-safe)
@@ -154,8 +130,8 @@ def save_checkpoint(
         torch.save(train_state, tmp / STATE_FILE)
         (tmp / META_FILE).write_text(json.dumps({**meta, "step": step}, indent=2, sort_keys=True))
         for f in tmp.iterdir():
-            _fsync_file(f)
-        _fsync_dir(tmp)
+            fsync_file(f)
+        fsync_dir(tmp)
         old = None
         if final.exists():  # an older copy of the same step: set it aside, swap in the new one, then delete it
             old = root / f".tmp-old-{name}-{os.getpid()}"
@@ -163,7 +139,7 @@ def save_checkpoint(
         os.rename(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from deep_delta.fsutil import atomic_write
+
 METRICS_FILE = "metrics.jsonl"
 
 # Dense bf16 tensor-core peak of one device, FLOP/s (vendor datasheets; SXM parts where there are two).
@@ -112,6 +114,4 @@ def truncate_metrics(path: str | os.PathLike, step: int) -> None:
     if not path.is_file():
         return
     kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
