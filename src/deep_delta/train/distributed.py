@@ -11,6 +11,7 @@ dicts, so a checkpoint written by one mode (single process, DDP, FSDP) resumes i
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -61,19 +62,42 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     return torch.device(device)
 
 
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat; None where it does not exist."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(interval: float = 0.3) -> float:
+    """How many cores other work keeps busy now: /proc/stat sampled over ``interval`` seconds (the 1-minute
+    load average where /proc/stat is missing, which lags a job that just ended by a minute or more)."""
+    cores = os.cpu_count() or 1
+    first = _cpu_times()
+    if first is not None:
+        time.sleep(interval)
+        second = _cpu_times()
+        if second is not None and second[1] > first[1]:
+            return cores * (second[0] - first[0]) / (second[1] - first[1])
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
 def cpu_threads(spec: str | int | None) -> int | None:
     """Intra-op CPU threads for ``--threads``: an integer, None (keep PyTorch's default), or "auto": the cores
-    not already busy (cores minus the 1-minute load average, at least 1). On a shared machine, more OpenMP
-    threads than free cores makes every step wait for a descheduled thread (measured here: 3-4x slower)."""
+    not already busy (cores minus :func:`busy_cores`, at least 1). On a shared machine, more OpenMP threads
+    than free cores makes every step wait for a descheduled thread (measured here: 3-4x slower)."""
     if spec is None:
         return None
     if spec == "auto":
         cores = os.cpu_count() or 1
-        try:
-            busy = os.getloadavg()[0]
-        except OSError:
-            busy = 0.0
-        return max(1, min(cores, int(cores - busy + 0.5)))
+        return max(1, min(cores, int(cores - busy_cores() + 0.5)))
     try:
         n = int(spec)
     except (TypeError, ValueError):

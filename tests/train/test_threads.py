@@ -1,0 +1,30 @@
+import pytest
+
+from deep_delta.train import distributed
+
+
+def test_auto_threads_counts_the_cores_other_work_keeps_busy(monkeypatch):
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(distributed.time, "sleep", lambda s: None)
+    samples = iter([(100, 1000), (100 + 150, 1000 + 400)])  # 150 of 400 jiffies busy: 1.5 of 4 cores
+    monkeypatch.setattr(distributed, "_cpu_times", lambda: next(samples))
+    assert distributed.busy_cores() == pytest.approx(1.5)
+    samples = iter([(0, 0), (0, 400)])  # idle machine: every core
+    assert distributed.cpu_threads("auto") == 4
+    samples = iter([(0, 0), (400, 400)])  # every core busy: still one thread
+    assert distributed.cpu_threads("auto") == 1
+
+
+def test_auto_threads_falls_back_to_load_average(monkeypatch):
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(distributed, "_cpu_times", lambda: None)
+    monkeypatch.setattr(distributed.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert distributed.busy_cores() == pytest.approx(1.2)
+    assert distributed.cpu_threads("auto") == 1
+
+
+def test_threads_spec_errors():
+    assert distributed.cpu_threads(None) is None
+    assert distributed.cpu_threads("3") == 3
+    with pytest.raises(ValueError, match="--threads got 'x'"):
+        distributed.cpu_threads("x")
