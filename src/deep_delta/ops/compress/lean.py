@@ -37,6 +37,24 @@ def _tap_range(s: int, t: int, p: int) -> tuple[int, int]:
     return max(0, s - p), t
 
 
+def _tap_weight_grad(g: torch.Tensor, src: torch.Tensor, kk: int, t: int, p: int) -> torch.Tensor:
+    """Weight gradient of a causal tap conv: row s = sum over (b, t') of g[:, t'] * src[:, t' + p - s].
+
+    g: (B, T, C) upstream gradient; src: (B, P+T, C) the conv input (P history rows first) -> (K, C) in the
+    accumulation dtype.
+    """
+    c = g.shape[-1]
+    rows = []
+    for s in range(kk):
+        lo, hi = _tap_range(s, t, p)
+        if lo < hi:
+            prod = g[:, lo:hi] * src[:, lo + p - s : hi + p - s]
+            rows.append(prod.reshape(-1, c).sum(0, dtype=_acc(src.dtype)))
+        else:
+            rows.append(torch.zeros(c, dtype=_acc(src.dtype), device=src.device))
+    return torch.stack(rows)
+
+
 class ChannelCompressFunction(torch.autograd.Function):
     """x: (N, d, d_v), w: (d, d_v) -> (N, d)."""
 
@@ -97,15 +115,7 @@ class TokenCompressFunction(torch.autograd.Function):
                     gxp[:, lo + p - s : hi + p - s].addcmul_(ge[:, lo:hi], wf[s])
             grad_x = gxp.view(xp.shape)
         if ctx.needs_input_grad[1]:
-            rows = []
-            for s in range(kk):
-                lo, hi = _tap_range(s, t, p)
-                if lo < hi:
-                    prod = ge[:, lo:hi] * xf[:, lo + p - s : hi + p - s]
-                    rows.append(prod.reshape(-1, d * dv).sum(0, dtype=_acc(xp.dtype)))
-                else:
-                    rows.append(torch.zeros(d * dv, dtype=_acc(xp.dtype), device=xp.device))
-            grad_w = torch.stack(rows).view(kk, d, dv).to(w.dtype)
+            grad_w = _tap_weight_grad(ge, xf, kk, t, p).view(kk, d, dv).to(w.dtype)
         return grad_x, grad_w, None
 
 
@@ -150,15 +160,7 @@ class EmbedConvFunction(torch.autograd.Function):
             grad_e = _sum_value_channels(h, dv)
         if ctx.needs_input_grad[1]:
             ef = _broadcast_channels(ep, dv)
-            rows = []
-            for s in range(kk):
-                lo, hi = _tap_range(s, t, p)
-                if lo < hi:
-                    prod = gf[:, lo:hi] * ef[:, lo + p - s : hi + p - s]
-                    rows.append(prod.reshape(-1, d * dv).sum(0, dtype=_acc(ep.dtype)))
-                else:
-                    rows.append(torch.zeros(d * dv, dtype=_acc(ep.dtype), device=ep.device))
-            grad_w = torch.stack(rows).view(kk, d, dv).to(w.dtype)
+            grad_w = _tap_weight_grad(gf, ef, kk, t, p).view(kk, d, dv).to(w.dtype)
         return grad_e, grad_w, None
 
 
