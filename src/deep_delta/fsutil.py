@@ -49,3 +49,61 @@ def atomic_write(path: str | os.PathLike, *chunks: bytes | str) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------- integrity of weight files
+CHECKSUMS = "checksums.json"
+
+
+class IntegrityError(ValueError):
+    """A file does not match the checksum recorded beside it (bit rot, a partial copy, tampering)."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_checksums(directory: str | os.PathLike, patterns: tuple[str, ...] = ("*.safetensors",)) -> dict:
+    """Record the SHA-256 and size of the files matching ``patterns`` in ``directory/checksums.json``."""
+    import json
+
+    directory = Path(directory)
+    files = sorted({p for pat in patterns for p in directory.glob(pat) if p.is_file()})
+    record = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}
+    atomic_write(directory / CHECKSUMS, json.dumps({"algorithm": "sha256", "files": record}, indent=2) + "\n")
+    return record
+
+
+def verify_checksums(directory: str | os.PathLike) -> int:
+    """Check every file listed in ``directory/checksums.json``; return how many were checked (0 when the
+    directory has no checksums.json, e.g. a model saved by plain transformers). Raises
+    :class:`IntegrityError` naming the first file that is missing, has another size or another digest."""
+    import json
+
+    directory = Path(directory)
+    listing = directory / CHECKSUMS
+    if not listing.is_file():
+        return 0
+    try:
+        files = json.loads(listing.read_text())["files"]
+        items = [(str(name), str(rec["sha256"]), int(rec["bytes"])) for name, rec in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise IntegrityError(f"{listing} is not a valid checksum list ({e})") from None
+    for name, digest, size in items:
+        path = directory / name
+        if not path.is_file():
+            raise IntegrityError(f"{path} is listed in {listing} but missing")
+        if path.stat().st_size != size:
+            raise IntegrityError(
+                f"{path} has {path.stat().st_size} bytes but {listing} records {size}: the file is truncated or "
+                "was changed after it was written"
+            )
+        if sha256_file(path) != digest:
+            raise IntegrityError(
+                f"{path} does not match its SHA-256 in {listing}: the file is corrupt or was changed after it "
+                "was written"
+            )
+    return len(items)
