@@ -107,3 +107,24 @@ def verify_checksums(directory: str | os.PathLike) -> int:
                 "was written"
             )
     return len(items)
+
+
+def as_os_error(error: BaseException, path: str | os.PathLike) -> BaseException:
+    """``error`` as an ``OSError`` naming ``path`` when it is a full disk in disguise (safetensors and
+    torch's zip writer report ENOSPC as their own errors: "StorageFull", "unexpected pos ..."); otherwise
+    ``error`` itself."""
+    import errno
+    import shutil
+
+    if isinstance(error, OSError):
+        return error
+    text = str(error)
+    full = "StorageFull" in text or "No space left" in text or "os error 28" in text
+    if not full and "unexpected pos" in text:  # torch.save's zip writer on a short write
+        try:
+            full = shutil.disk_usage(Path(path).parent).free < (64 << 20)
+        except OSError:
+            full = False
+    if not full:
+        return error
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

@@ -1,6 +1,10 @@
-"""Atomic checkpoints: layout, weights_only loading, pruning, and crashes mid-write."""
+"""Atomic checkpoints: layout, pickle-free state, integrity, the run lock, pruning, and crashes mid-write."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,7 +33,10 @@ def test_layout_loads_without_pickle_and_from_pretrained(tmp_path, model):
     loaded = load_checkpoint(path)
     assert loaded["meta"]["step"] == 5 and loaded["meta"]["tokenizer"] == "byte"
     assert loaded["state"]["data"] == {"epoch": 0, "position": 5}
-    torch.load(path / "train_state.pt", weights_only=True)  # no pickle of code objects
+    assert sorted(p.name for p in path.iterdir()) == [
+        "checksums.json", "config.json", "generation_config.json", "model.safetensors", "train_meta.json",
+        "train_state.json",
+        "train_state.safetensors"]
     again = DDLForCausalLM.from_pretrained(path)
     for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), n
@@ -76,8 +83,8 @@ def test_crash_before_latest_is_replaced_keeps_the_previous_checkpoint(tmp_path,
 
 def test_latest_naming_a_broken_directory_is_an_error(tmp_path, model):
     path = _save(tmp_path, model, 3)
-    (path / "train_state.pt").unlink()
-    with pytest.raises(FileNotFoundError, match="lacks train_state.pt"):
+    (path / "train_state.json").unlink()
+    with pytest.raises(FileNotFoundError, match="lacks train_state.json"):
         latest_checkpoint(tmp_path)
 
 
@@ -91,3 +98,92 @@ def test_rng_state_round_trip():
     ckpt.set_rng_state(state)
     b = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_optimizer_state_round_trips_without_pickle(tmp_path, monkeypatch):
+    """An AdamW state (int keys, tuples, 0-dim and bf16 tensors, None) survives safetensors + JSON exactly."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, bias=False).to(torch.bfloat16))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    for _ in range(2):
+        sum(p.float().pow(2).sum() for p in net.parameters()).backward()
+        opt.step()
+    state = {"optimizer": opt.state_dict(), "rng": ckpt.rng_state(), "extra": {"none": None, 3: (1, 2.5)}}
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load must not be called"))
+    ckpt.save_state(tmp_path, state)
+    back = ckpt.load_state(tmp_path)
+    assert back["extra"] == {"none": None, 3: (1, 2.5)}
+    a, b = state["optimizer"], back["optimizer"]
+    assert a["param_groups"] == b["param_groups"] and isinstance(b["param_groups"][0]["betas"], tuple)
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        for name, t in a["state"][k].items():
+            assert t.dtype == b["state"][k][name].dtype and torch.equal(t, b["state"][k][name]), (k, name)
+    opt.load_state_dict(b)  # the optimizer takes it back
+
+
+def test_a_planted_pickle_is_refused_and_never_opened(tmp_path, model, monkeypatch):
+    path = _save(tmp_path, model, 3)
+    for f in ("train_state.json", "train_state.safetensors"):
+        (path / f).unlink()
+    torch.save({"step": 3}, path / "train_state.pt")
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load must not be called"))
+    with pytest.raises(ckpt.CheckpointError, match="train_state.pt.*pickles are never opened"):
+        latest_checkpoint(tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="train_state.pt"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "train_state.safetensors"])
+def test_a_bit_flip_in_a_weight_file_is_refused_naming_it(tmp_path, model, name):
+    path = _save(tmp_path, model, 3)
+    data = bytearray((path / name).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (path / name).write_bytes(bytes(data))
+    with pytest.raises(ckpt.IntegrityError, match=f"{name} does not match its SHA-256"):
+        load_checkpoint(path)
+
+
+def test_a_truncated_weight_file_is_refused_naming_it(tmp_path, model):
+    path = _save(tmp_path, model, 3)
+    (path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ckpt.IntegrityError, match="model.safetensors has 100 bytes"):
+        load_checkpoint(path)
+
+
+def test_run_lock_refuses_a_second_holder_and_leaves_nothing(tmp_path):
+    out = tmp_path / "run"
+    with ckpt.run_lock(out, "first"):
+        with pytest.raises(ckpt.RunLockedError, match=f"pid {os.getpid()}, first"):
+            with ckpt.run_lock(out, "second"):
+                pass
+    assert not out.exists()  # created by the lock, empty again: removed
+    with ckpt.run_lock(out):  # free again
+        pass
+
+
+def test_run_lock_is_released_by_kill_9(tmp_path):
+    out = tmp_path / "run"
+    code = ("import sys, time; from deep_delta.train.checkpoint import run_lock\n"
+            "with run_lock(sys.argv[1], 'child'):\n    print('locked', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        with pytest.raises(ckpt.RunLockedError, match=f"pid {child.pid}, child"):
+            with ckpt.run_lock(out):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    with ckpt.run_lock(out, "after"):  # the kernel dropped the dead process's lock; its stale file is reused
+        assert (out / ".lock").read_text() == f"pid {os.getpid()}, after"
+
+
+def test_clean_stale_removes_what_a_killed_writer_left(tmp_path, model):
+    _save(tmp_path, model, 2)
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-step_0000004-999").mkdir()
+    (root / ".tmp-step_0000004-999" / "model.safetensors").write_bytes(b"partial")
+    (root / ".LATEST.abc123.tmp").write_text("step_0000004")
+    removed = ckpt.clean_stale(tmp_path)
+    assert sorted(p.name for p in removed) == [".LATEST.abc123.tmp", ".tmp-step_0000004-999"]
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step_0000002"]

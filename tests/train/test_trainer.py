@@ -84,7 +84,7 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path, make_config, files_of)
     cfg = make_config(tmp_path / "run", steps=2)
     train(cfg, progress=False, quiet=True)
     before = files_of(tmp_path / "run")
-    with pytest.raises(FileExistsError, match="already holds a training run; pass --resume .* or --overwrite"):
+    with pytest.raises(FileExistsError, match="already holds a training run; resume it .* or replace it"):
         train(make_config(tmp_path / "run", steps=2, variant="baseline"), progress=False, quiet=True)
     assert files_of(tmp_path / "run") == before
     train(make_config(tmp_path / "run", steps=2, variant="baseline"), overwrite=True, progress=False, quiet=True)

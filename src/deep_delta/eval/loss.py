@@ -22,6 +22,37 @@ class LossResult:
         return asdict(self)
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss), or inf where that overflows a float (loss >= 700 nats)."""
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
+@torch.no_grad()
+def summed_loss(model, batches, *, device: torch.device, autocast=None) -> torch.Tensor:
+    """``[sum of token losses, token count]`` (float64, on ``device``) of ``model`` over ``(x, y)`` batches.
+
+    The one validation pass of the library (``ddl eval loss`` and the trainer's evaluation): eval mode for
+    the pass, the loss of each batch weighted by its tokens and accumulated on the device, so the mean does
+    not depend on how the pass is cut into batches (up to float rounding) and the host waits only once.
+    """
+    import contextlib
+
+    autocast = autocast if autocast is not None else contextlib.nullcontext()
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    try:
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            with autocast:
+                loss = model(x, shift_labels=y, use_cache=False).loss
+            total[0] += loss.double() * y.numel()
+            total[1] += y.numel()
+    finally:
+        model.train(was_training)
+    return total
+
+
 @torch.no_grad()
 def evaluate_loss(
     model,
@@ -44,25 +75,15 @@ def evaluate_loss(
     context = model.config.max_position_embeddings
     seq_len = context if seq_len is None else seq_len
     if not 1 <= seq_len <= context:
-        raise ValueError(f"--seq-len: got {seq_len}; allowed: 1..{context} (the model's context)")
+        raise ValueError(f"seq_len: got {seq_len}; allowed: 1..{context} (the model's context)")
     loader = TokenLoader(data_dir, split, batch_size, seq_len, vocab_size=model.config.vocab_size)
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    total, tokens, batches = 0.0, 0, 0
-    it = loader.eval_batches(max_batches)
+    batches = loader.eval_batches(max_batches)
+    n = loader.num_eval_batches(max_batches)
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(it, total=loader.num_eval_batches(max_batches), desc=f"eval {split}", unit="batch")
-    try:
-        for x, y in it:
-            x, y = x.to(device), y.to(device)
-            loss = model(input_ids=x, shift_labels=y, use_cache=False).loss
-            total += float(loss) * y.numel()
-            tokens += y.numel()
-            batches += 1
-    finally:
-        model.train(was_training)
-    mean = total / tokens
-    return LossResult(mean, math.exp(mean) if mean < 700 else float("inf"), tokens, batches, split, seq_len)
+        batches = tqdm(batches, total=n, desc=f"eval {split}", unit="batch")
+    total = summed_loss(model, batches, device=device)
+    mean = float(total[0] / total[1])
+    return LossResult(mean, perplexity(mean), int(total[1]), n, split, seq_len)

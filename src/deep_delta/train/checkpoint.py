@@ -3,44 +3,184 @@
 Layout of ``OUT/checkpoints/``::
 
     step_0001000/            one complete checkpoint
-        config.json          \\ model.save_pretrained(..., safe_serialization=True):
-        model.safetensors    /  DDLForCausalLM.from_pretrained(step_dir) loads it directly
-        train_state.pt       optimizer, scheduler, step, data position, RNG states (torch.load(weights_only=True))
-        train_meta.json      step, variant, preset, tokenizer, data dir, train config
-    LATEST                   the name of the newest complete checkpoint
+        config.json              \\ model.save_pretrained(..., safe_serialization=True):
+        model.safetensors        /  DDLForCausalLM.from_pretrained(step_dir) loads it directly
+        train_state.safetensors  \\ optimizer, scheduler, step, data position, RNG states: the tensors, and
+        train_state.json         /  the structure around them (no pickle anywhere)
+        train_meta.json          step, variant, preset, tokenizer, data dir, train config
+        checksums.json           SHA-256 and size of both .safetensors files, verified at load
+    LATEST                       the name of the newest complete checkpoint
 
 A checkpoint is built in ``checkpoints/.tmp-step_...``, every file fsynced, then renamed to its final name;
 only then is ``LATEST`` replaced (temporary file + ``os.replace``). A crash at any point leaves ``LATEST``
-naming the previous complete checkpoint.
+naming the previous complete checkpoint; the temporary files it may leave are removed by
+:func:`clean_stale` when the next process takes the run's lock (:func:`run_lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from deep_delta.fsutil import CHECKSUMS, IntegrityError, as_os_error, verify_checksums, write_checksums
 from deep_delta.fsutil import atomic_write as write_text_atomic
 from deep_delta.fsutil import fsync_dir, fsync_file
 
 CHECKPOINTS = "checkpoints"
 LATEST = "LATEST"
-STATE_FILE = "train_state.pt"
+STATE_TENSORS = "train_state.safetensors"
+STATE_TREE = "train_state.json"
 META_FILE = "train_meta.json"
+PICKLED_STATE = "train_state.pt"  # written by versions before 0.2; never opened
+REQUIRED = ("config.json", "model.safetensors", STATE_TENSORS, STATE_TREE, META_FILE, CHECKSUMS)
+LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d{7,})")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: incomplete, corrupt, pickled, or of another run."""
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
 
+
+# ---------------------------------------------------------------------- training state without pickle
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """``obj`` as JSON, each tensor replaced by a reference into ``tensors``."""
+    if isinstance(obj, torch.Tensor):
+        key = str(len(tensors))
+        tensors[key] = obj.detach().to("cpu", copy=True).contiguous()  # own storage: safetensors refuses sharing
+        return {"__tensor__": key}
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, float, str)):
+        return obj
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
+        return {"__items__": [[_encode(k, tensors, where), _encode(v, tensors, f"{where}[{k!r}]")]
+                              for k, v in obj.items()]}
+    raise TypeError(f"training state: {where} is a {type(obj).__name__}; allowed: tensors, dicts, lists, tuples, "
+                    "numbers, strings, None")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__items__"]}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def save_state(directory: str | os.PathLike, state: dict[str, Any]) -> None:
+    """Write ``state`` as ``train_state.safetensors`` (its tensors) + ``train_state.json`` (the rest)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _encode(state, tensors, "state")
+    save_file(tensors, str(directory / STATE_TENSORS))
+    (directory / STATE_TREE).write_text(json.dumps(tree))
+
+
+def load_state(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read what :func:`save_state` wrote; nothing is unpickled."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    try:
+        tensors = load_file(str(directory / STATE_TENSORS), device=str(map_location))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{directory / STATE_TENSORS} is not a readable safetensors file ({e})") from None
+    try:
+        return _decode(json.loads((directory / STATE_TREE).read_text()), tensors)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{directory / STATE_TREE} is not a valid training-state file ({e!r})") from None
+
+
+# ---------------------------------------------------------------------- one process per run directory
+class RunLockedError(FileExistsError):
+    """Another process holds the run directory's lock."""
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: str | os.PathLike, what: str = "ddl train") -> Iterator[Path]:
+    """Hold an exclusive OS lock on ``OUT/.lock`` for the duration (``fcntl.flock``: the kernel releases it
+    when the process ends in any way, kill -9 included). A second holder is refused with a message naming
+    the first one's pid. On release the lock file is removed, and ``OUT`` too if this call created it and
+    it is empty (a refused run leaves nothing behind). Where ``fcntl`` does not exist this is a no-op."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output directory {out} exists and is not a directory")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield path
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
+            os.close(fd)
+            raise RunLockedError(
+                f"{out} is in use by another process ({holder}); two processes writing one run directory would "
+                "lose each other's steps. Wait for it to finish (or stop it), or choose another output directory"
+            ) from None
+        try:  # the holder before us may have removed the file while we waited: then lock the new one
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, {what}".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # still holding the lock: a waiter that opened this file sees it is gone and retries
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty
+
+
+def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files a killed writer can leave in ``OUT/checkpoints`` (``.tmp-*`` builds,
+    ``.LATEST.*.tmp``). Call only while holding :func:`run_lock`: then no other writer is alive."""
+    root = Path(out_dir) / CHECKPOINTS
+    removed = [p for p in (*root.glob(".tmp-*"), *root.glob(f".{LATEST}.*.tmp"))] if root.is_dir() else []
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return removed
 
 
 
@@ -95,10 +235,20 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     if not _STEP_DIR.fullmatch(name):
         raise ValueError(f"{latest}: expected a checkpoint name like step_0001000, got {name!r}")
     path = root / name
-    missing = [f for f in ("config.json", "model.safetensors", STATE_FILE, META_FILE) if not (path / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{latest} names {path}, which lacks {', '.join(missing)}")
+    _check_complete(path, f"{latest} names {path}, which")
     return path
+
+
+def _check_complete(path: Path, subject: str) -> None:
+    missing = [f for f in REQUIRED if not (path / f).is_file()]
+    if missing and (path / PICKLED_STATE).is_file():
+        raise CheckpointError(
+            f"{path / PICKLED_STATE}: this checkpoint keeps its training state as a pickle (written by an older "
+            f"version, or planted); pickles are never opened, only {STATE_TENSORS} + {STATE_TREE}. Start a new run "
+            "(or --overwrite), or resume it with the version that wrote it"
+        )
+    if missing:
+        raise FileNotFoundError(f"{subject} lacks {', '.join(missing)}")
 
 
 # ---------------------------------------------------------------------- writing
@@ -114,8 +264,9 @@ def save_checkpoint(
     """Write checkpoint ``step`` atomically and return its directory.
 
     ``save_model(dir)`` writes the HF model files (``model.save_pretrained(dir, safe_serialization=True)``);
-    ``train_state`` goes to ``train_state.pt`` (tensors, dicts, lists, numbers, strings only) and ``meta`` to
-    ``train_meta.json``. Afterwards only the newest ``keep`` checkpoints are kept.
+    ``train_state`` (tensors, dicts, lists, tuples, numbers, strings only) goes to ``train_state.safetensors`` +
+    ``train_state.json`` (:func:`save_state`) and ``meta`` to ``train_meta.json``; ``checksums.json`` records
+    the digests of the weight files. Afterwards only the newest ``keep`` checkpoints are kept.
     """
     root = Path(out_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -127,8 +278,9 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         save_model(tmp)
-        torch.save(train_state, tmp / STATE_FILE)
+        save_state(tmp, train_state)
         (tmp / META_FILE).write_text(json.dumps({**meta, "step": step}, indent=2, sort_keys=True))
+        write_checksums(tmp)
         for f in tmp.iterdir():
             fsync_file(f)
         fsync_dir(tmp)
@@ -140,9 +292,12 @@ def save_checkpoint(
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         fsync_dir(root)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        disk = as_os_error(e, tmp)
+        if disk is e:
+            raise
+        raise disk from e
     write_text_atomic(root / LATEST, name + "\n")
     prune_checkpoints(out_dir, keep)
     return final
@@ -165,13 +320,19 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> None:
 # ---------------------------------------------------------------------- reading
 def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint directory: ``{"path", "meta", "state"}`` (the model loads with
-    ``DDLForCausalLM.from_pretrained(path)``). ``state`` is loaded with ``torch.load(weights_only=True)``."""
+    ``DDLForCausalLM.from_pretrained(path)``). The weight files are verified against ``checksums.json``
+    first; the state is read from safetensors + JSON (nothing is unpickled)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    for f in ("config.json", "model.safetensors", STATE_FILE, META_FILE):
-        if not (path / f).is_file():
-            raise FileNotFoundError(f"checkpoint {path} is incomplete: {f} is missing")
-    meta = json.loads((path / META_FILE).read_text())
-    state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
-    return {"path": path, "meta": meta, "state": state}
+    _check_complete(path, f"checkpoint {path} is incomplete: it")
+    verify_checksums(path)
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path / META_FILE} is not valid JSON ({e})") from None
+    return {"path": path, "meta": meta, "state": load_state(path, map_location)}
+
+
+__all__ = ["CheckpointError", "IntegrityError", "RunLockedError", "clean_stale", "load_checkpoint", "run_lock",
+           "save_checkpoint", "latest_checkpoint"]

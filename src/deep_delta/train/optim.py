@@ -23,7 +23,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
                     fused: bool | None = None) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=fused)
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=fused)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = lr  # the base rate the schedule scales (set_learning_rate)
+    return optimizer
 
 
 class WarmupCosine:
@@ -45,6 +48,11 @@ class WarmupCosine:
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int, total: int,
-                    min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, min_ratio))
+def set_learning_rate(optimizer: torch.optim.Optimizer, factor: float) -> float:
+    """Set every group's learning rate to its base rate (``initial_lr``, recorded on first use) times
+    ``factor``; returns the first group's new rate. The schedule is a pure function of the step, so a resumed
+    run needs nothing but the step to continue it."""
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+        group["lr"] = group["initial_lr"] * factor
+    return optimizer.param_groups[0]["lr"]
