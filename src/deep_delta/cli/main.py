@@ -3,13 +3,21 @@
 A subcommand module defines ``add_parser(subparsers)`` which adds its parser and sets ``func`` (a callable
 taking the parsed namespace and returning an exit code). Modules import heavy dependencies lazily so
 ``ddl --help`` stays fast.
+
+Errors: :func:`main` is the one place where exceptions become what the user sees. Known failure classes
+(bad input or config, missing or corrupt files, permissions, a full disk, undecodable text, an interrupt)
+print one line, ``ddl <command>: error: <message>``, naming the file and the cause, and exit non-zero;
+anything else is a bug and keeps its traceback. ``--debug`` (or ``DDL_DEBUG=1``) shows every traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import pkgutil
+import shlex
 import sys
 
 import deep_delta.cli as cli_pkg
@@ -27,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deep Delta Learning: train, compare, evaluate and benchmark DDL language models.",
     )
     parser.add_argument("--version", action="version", version=f"deep-delta-learning {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show Python tracebacks of errors (also with the environment variable DDL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(cli_pkg.__path__), key=lambda m: m.name):
         if info.name in ("main",) or info.name.startswith("_"):
@@ -37,20 +47,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_error(error: BaseException) -> tuple[str, int] | None:
+    """(one-line message, exit code) for a known failure class, None for anything else (a bug)."""
+    from deep_delta.fsutil import as_os_error
+
+    data_errors = sys.modules.get("deep_delta.data.errors")
+    if isinstance(error, UsageError) or (data_errors and isinstance(error, data_errors.DataUnavailableError)):
+        return str(error), 2
+    if isinstance(error, UnicodeError):  # before ValueError: the codec's text alone does not say what was read
+        return f"text that is not valid UTF-8 ({error})", 2
+    if isinstance(error, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)):
+        return _os_message(error), 2
+    if isinstance(error, ValueError):
+        return str(error), 2
+    error = as_os_error(error, getattr(error, "filename", None) or "")
+    if isinstance(error, PermissionError):
+        return f"permission denied: {error.filename or error} (choose a directory you can write to)", 1
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        where = f" while writing {error.filename}" if error.filename else ""
+        return f"no space left on device{where}; free some space (or choose another output directory) and run " \
+               "the command again: nothing half-written is kept", 1
+    if isinstance(error, OSError) and (error.filename or error.strerror):
+        return _os_message(error), 1
+    if isinstance(error, MemoryError):
+        return "out of memory (a smaller batch size, sequence length or model fits in less)", 1
+    return None
+
+
+def _os_message(error: OSError) -> str:
+    if error.filename and error.strerror:
+        return f"{error.strerror}: {error.filename}"
+    return str(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    debug = args.debug or os.environ.get("DDL_DEBUG", "") not in ("", "0")
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as e:
-        print(f"ddl {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
+        if debug:
+            raise
         print(f"ddl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        trainer = sys.modules.get("deep_delta.train.trainer")
+        if trainer is not None and isinstance(e, trainer.TrainingInterrupted) and not debug:
+            again = list(sys.argv[1:] if argv is None else argv)
+            if args.command == "train" and "--resume" not in again:
+                again.append("--resume")
+            print(f"ddl {args.command}: {e}. Continue with: ddl {shlex.join(again)}", file=sys.stderr)
+            return e.exit_code
+        known = describe_error(e)
+        if debug or known is None:
+            raise
+        message, code = known
+        print(f"ddl {args.command}: error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

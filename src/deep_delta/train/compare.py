@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from deep_delta.train.checkpoint import run_lock
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
 
@@ -70,9 +71,8 @@ def run_compare(
 ) -> dict[str, Any]:
     """Train every variant (``base`` with the variant swapped in, run directory ``out/<variant>``) and
     write the comparison. A finished identical run in ``out`` is reused and an interrupted one continued;
-    a run with other settings is refused unless ``overwrite``. Returns the summary (also ``compare.json``)."""
-    from deep_delta.train.trainer import NonFiniteLossError, train
-
+    a run with other settings is refused unless ``overwrite``. Returns the summary (also ``compare.json``).
+    ``out`` is locked while the comparison runs (a second compare on it is refused)."""
     out = Path(out)
     variants = list(dict.fromkeys(variants))
     if not variants:
@@ -80,6 +80,15 @@ def run_compare(
     configs = [compare_config(base, v, out) for v in variants]  # validated before anything runs
     for cfg in configs:
         _check_same_budget(cfg, overwrite=overwrite)
+    with run_lock(out, "ddl compare"):
+        return _train_and_summarize(base, configs, variants, out, overwrite=overwrite, progress=progress,
+                                    quiet=quiet)
+
+
+def _train_and_summarize(base: TrainConfig, configs: list[TrainConfig], variants: list[str], out: Path, *,
+                         overwrite: bool, progress: bool, quiet: bool) -> dict[str, Any]:
+    from deep_delta.train.trainer import NonFiniteLossError, train
+
     t0 = time.perf_counter()
     walls: dict[str, float] = {}
     diverged: dict[str, str] = {}
