@@ -188,6 +188,42 @@ def _param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches, *, accum: int = 1,
+                   train_model: torch.nn.Module | None = None, autocast=None, grad_clip: float = 1.0,
+                   info: distr.DistInfo | None = None, before_update=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step: forward + backward of ``accum`` ``(x, y)`` micro-batches (gradients averaged, synced
+    on the last one under DDP/FSDP), gradient clipping at ``grad_clip`` (0: only measure the norm), then
+    ``before_update(loss, grad_norm)`` (may raise to skip the update), AdamW, zero_grad. Returns the mean
+    loss (all-reduced over ranks) and the gradient norm as tensors: nothing here waits on the device.
+
+    The trainer, ``ddl compare`` (through it) and the step benchmarks all run this function.
+    """
+    info = info or distr.DistInfo()
+    train_model = train_model if train_model is not None else model
+    autocast = autocast if autocast is not None else contextlib.nullcontext()
+    loss_sum = torch.zeros((), device=info.device)
+    for micro, (x, y) in enumerate(batches):
+        x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+        distr.set_gradient_sync(train_model, info, micro == accum - 1)
+        with autocast:
+            loss = train_model(x, shift_labels=y).loss
+        (loss / accum).backward()
+        loss_sum += loss.detach()
+    loss_t = distr.all_reduce_sum(loss_sum, info) / (accum * info.world_size)
+    params = [p for p in model.parameters() if p.grad is not None]
+    if grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    if before_update is not None:
+        before_update(loss_t, grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_t, grad_norm
+
+
 class _StopSignals:
     """While active (main thread only), the first SIGINT/SIGTERM is recorded in ``requested`` so the loop can
     stop after its current step; a second one raises ``KeyboardInterrupt`` at once."""
@@ -351,36 +387,24 @@ class Trainer:
     # ------------------------------------------------------------------ one optimizer step
     def train_step(self) -> dict[str, Any]:
         """Forward, backward over ``accum`` micro-batches, clip, AdamW; returns the step's metrics record."""
-        cfg, info = self.cfg, self.info
+        info = self.info
         t0 = time.perf_counter()
-        loss_sum = torch.zeros((), device=info.device)
-        for micro in range(self.accum):
-            x, y = self.train_loader.next_batch()
-            x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
-            distr.set_gradient_sync(self.train_model, info, micro == self.accum - 1)
-            with self.autocast:
-                loss = self.train_model(x, shift_labels=y).loss
-            (loss / self.accum).backward()
-            loss_sum += loss.detach()
-        loss_t = distr.all_reduce_sum(loss_sum, info) / (self.accum * info.world_size)
-        params = self.model.parameters()
-        if cfg.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        loss_val, norm_val = float(loss_t), float(grad_norm)
-        self._check_finite(loss_val, norm_val)
-        lr = set_learning_rate(self.optimizer, self.schedule(self.step))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        seen: dict[str, float] = {}
+
+        def before_update(loss_t: torch.Tensor, grad_norm: torch.Tensor) -> None:
+            seen["loss"], seen["grad_norm"] = float(loss_t), float(grad_norm)
+            self._check_finite(seen["loss"], seen["grad_norm"])
+            seen["lr"] = set_learning_rate(self.optimizer, self.schedule(self.step))
+
+        batches = (self.train_loader.next_batch() for _ in range(self.accum))
+        optimizer_step(self.model, self.optimizer, batches, accum=self.accum, train_model=self.train_model,
+                       autocast=self.autocast, grad_clip=self.cfg.grad_clip, info=info, before_update=before_update)
         self.step += 1
         if info.device.type == "cuda":
             torch.cuda.synchronize(info.device)
         dt = time.perf_counter() - t0
         tok_s = self.tokens_per_step / dt
-        record = {"step": self.step, "loss": loss_val, "lr": lr, "grad_norm": norm_val,
+        record = {"step": self.step, "loss": seen["loss"], "lr": seen["lr"], "grad_norm": seen["grad_norm"],
                   "tokens": self.step * self.tokens_per_step, "tokens_per_s": tok_s, "step_time_s": dt,
                   "flops_per_s": self.flops_per_token * tok_s}
         if self.peak:
@@ -588,5 +612,6 @@ __all__ = [
     "build_model_config",
     "check_out_dir",
     "model_vocab_size",
+    "optimizer_step",
     "train",
 ]
