@@ -67,10 +67,26 @@ def test_every_shipped_config_loads_and_names_resolve():
     for n in names:
         c = load_config(n)
         assert c.preset == n.split("/")[0] and c.variant == n.split("/")[1]
-    assert resolve_config("small/ddl-cc") == config_root() / "small" / "ddl-cc.yaml"
+        assert c.out == f"runs/{n}"
+    assert len(names) == 3 * len(VARIANTS)
+    assert resolve_config("small/ddl-cc") == config_root() / "small.yaml"
     assert resolve_config("small/ddl-cc.yaml") == resolve_config("small/ddl-cc")
-    with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: medium/baseline"):
-        resolve_config("large/ddl-cc")
+    assert load_config("small").variant == "baseline"  # a recipe alone: the variant is the default or a flag
+    for bad in ("large/ddl-cc", "small/ddl-xx"):
+        with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: RECIPE or RECIPE/VARIANT"):
+            resolve_config(bad)
+
+
+def test_recipes_are_the_one_source_of_the_shipped_settings():
+    """A shipped name differs from its recipe in variant and out only."""
+    import yaml
+
+    for n in available_configs():
+        recipe, variant = n.split("/")
+        plain = TrainConfig.from_yaml(config_root() / f"{recipe}.yaml").to_dict()
+        named = load_config(n).to_dict()
+        assert {k for k in named if named[k] != plain[k]} <= {"variant", "out"}
+        assert "variant" not in yaml.safe_load((config_root() / f"{recipe}.yaml").read_text())
 
 
 @pytest.mark.parametrize("preset", ["small", "medium"])

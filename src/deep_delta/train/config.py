@@ -155,12 +155,7 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, *, base: TrainConfig | None = None) -> TrainConfig:
-        path = Path(path)
-        try:
-            values = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"config file {path}: not valid YAML: {e}") from e
-        return cls.from_dict(values or {}, base=base, origin=f" (from {path})")
+        return cls.from_dict(_read_yaml(Path(path)), base=base, origin=f" (from {path})")
 
     def with_overrides(self, assignments: list[str]) -> TrainConfig:
         """Apply ``key=value`` strings (values parsed as YAML; ``model.FIELD=value`` sets a model field)."""
@@ -186,35 +181,72 @@ class TrainConfig:
 
 # ---------------------------------------------------------------------- named configs shipped with the package
 def config_root() -> Path:
-    """Directory of the YAML configs shipped in ``deep_delta/configs``."""
+    """Directory of the recipes shipped in ``deep_delta/configs`` (one YAML file per preset)."""
     return Path(str(resources.files("deep_delta") / "configs"))
 
 
+def recipes() -> list[str]:
+    """Names of the shipped recipes: ``tiny``, ``small``, ``medium``."""
+    return sorted(p.stem for p in config_root().glob("*.yaml"))
+
+
 def available_configs() -> list[str]:
-    """Names of the shipped configs, e.g. ``small/ddl-cc`` (usable as ``--config small/ddl-cc``)."""
-    root = config_root()
-    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+    """Names of the shipped configs, ``RECIPE/VARIANT`` (e.g. ``small/ddl-cc``, usable as ``--config``): every
+    recipe with every variant."""
+    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+
+    return [f"{r}/{v}" for r in recipes() for v in sorted(VARIANTS)]
 
 
 def resolve_config(spec: str | os.PathLike) -> Path:
-    """A config file from a path, or from a shipped name like ``small/ddl-cc`` (``.yaml`` optional)."""
+    """The YAML file behind ``spec``: a path, or the recipe of a shipped name (``small/ddl-cc`` -> small.yaml)."""
     path = Path(spec)
     if path.is_file():
         return path
+    recipe, _ = _split_name(spec)
+    return config_root() / f"{recipe}.yaml"
+
+
+def _split_name(spec: str | os.PathLike) -> tuple[str, str | None]:
+    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+
     name = str(spec).removesuffix(".yaml")
-    shipped = config_root() / f"{name}.yaml"
-    if shipped.is_file():
-        return shipped
+    recipe, _, variant = name.partition("/")
+    if recipe in recipes() and (not variant or variant in VARIANTS):
+        return recipe, variant or None
     raise FileNotFoundError(
-        f"--config {str(spec)!r}: no such file, and not a shipped config name; shipped: "
-        f"{', '.join(available_configs())}"
+        f"config {str(spec)!r}: no such file, and not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
+        f"with RECIPE one of {', '.join(recipes())} and VARIANT one of {', '.join(sorted(VARIANTS))} "
+        f"(e.g. {available_configs()[0]})"
     )
+
+
+def config_values(spec: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """The settings of ``spec`` (a YAML path, a recipe ``small`` or a name ``small/ddl-cc``) and their origin."""
+    path = Path(spec)
+    values = _read_yaml(path if path.is_file() else resolve_config(spec))
+    if not path.is_file():
+        recipe, variant = _split_name(spec)
+        if variant is not None:
+            values = {**values, "variant": variant, "out": f"runs/{recipe}/{variant}"}
+    return values, f" (from {spec})"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {path}: not valid YAML: {e}") from e
+    return values or {}
 
 
 def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None,
                 assignments: list[str] | None = None) -> TrainConfig:
-    """Defaults < YAML ``spec`` (path or shipped name) < ``overrides`` (field -> value) < ``assignments``."""
-    cfg = TrainConfig.from_yaml(resolve_config(spec)) if spec else TrainConfig()
+    """Defaults < ``spec`` (YAML path, recipe or shipped name) < ``overrides`` (field -> value) < ``assignments``."""
+    cfg = TrainConfig()
+    if spec:
+        values, origin = config_values(spec)
+        cfg = TrainConfig.from_dict(values, origin=origin)
     if overrides:
         cfg = TrainConfig.from_dict(overrides, base=cfg, origin=" (from the command line)")
     if assignments:
