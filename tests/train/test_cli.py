@@ -48,7 +48,7 @@ def test_train_from_a_config_file_with_overrides(tmp_path, data_dir):
         (["--set", "bogus=1"], "unknown key(s) ['bogus']"),
         (["--set", "model.bogus=1"], "unknown model field(s) ['bogus']"),
         (["--config", "tiny/nope"], "not a shipped config name"),
-        (["--set", "steps=-1"], "`steps` got -1"),
+        (["--set", "steps=-1"], "--steps got -1"),  # the library names `steps`; the CLI the flag
     ],
 )
 def test_bad_settings_exit_2_and_write_nothing(tmp_path, data_dir, capsys, extra, message):

@@ -221,7 +221,7 @@ def test_training_without_a_validation_split(tmp_path, data_dir, make_config):
     docs = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]
     d = tmp_path / "noval"
     write_dataset(docs, ByteTokenizer(), d, val_fraction=0.0)
-    with pytest.raises(ValueError, match="no validation split .* eval_every 0"):
+    with pytest.raises(ValueError, match="no validation split .*`eval_every` 0"):
         train(make_config(tmp_path / "a", data=d, eval_every=3), progress=False, quiet=True)
     result = train(make_config(tmp_path / "b", data=d, eval_every=0), progress=False, quiet=True)
     assert result.step == 6 and result.val_loss is None

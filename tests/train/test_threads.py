@@ -26,5 +26,5 @@ def test_auto_threads_falls_back_to_load_average(monkeypatch):
 def test_threads_spec_errors():
     assert distributed.cpu_threads(None) is None
     assert distributed.cpu_threads("3") == 3
-    with pytest.raises(ValueError, match="--threads got 'x'"):
+    with pytest.raises(ValueError, match="`threads` got 'x'"):
         distributed.cpu_threads("x")

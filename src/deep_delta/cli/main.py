@@ -17,6 +17,7 @@ import errno
 import importlib
 import os
 import pkgutil
+import re
 import shlex
 import sys
 
@@ -74,6 +75,22 @@ def describe_error(error: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def as_flags(message: str, parser: argparse.ArgumentParser, command: str) -> str:
+    """Library errors name Python parameters in backticks (`eval_every`); on the command line, name the flag
+    instead (--eval-every) wherever the subcommand has one."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    cmd = sub.choices.get(command) if sub is not None else None
+    if cmd is None:
+        return message
+    flags = {s for a in cmd._actions for s in a.option_strings}
+
+    def flag(m: re.Match) -> str:
+        name = "--" + m.group(1).replace("_", "-")
+        return name if name in flags else m.group(0)
+
+    return re.sub(r"`([a-z][a-z0-9_]*)`", flag, message)
+
+
 def _os_message(error: OSError) -> str:
     if error.filename and error.strerror:
         return f"{error.strerror}: {error.filename}"
@@ -110,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug or known is None:
             raise
         message, code = known
-        print(f"ddl {args.command}: error: {message}", file=sys.stderr)
+        print(f"ddl {args.command}: error: {as_flags(message, parser, args.command)}", file=sys.stderr)
         return code
 
 

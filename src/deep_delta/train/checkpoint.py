@@ -245,7 +245,7 @@ def _check_complete(path: Path, subject: str) -> None:
         raise CheckpointError(
             f"{path / PICKLED_STATE}: this checkpoint keeps its training state as a pickle (written by an older "
             f"version, or planted); pickles are never opened, only {STATE_TENSORS} + {STATE_TREE}. Start a new run "
-            "(or --overwrite), or resume it with the version that wrote it"
+            "(or `overwrite`), or resume it with the version that wrote it"
         )
     if missing:
         raise FileNotFoundError(f"{subject} lacks {', '.join(missing)}")

@@ -56,7 +56,7 @@ def _check_same_budget(cfg: TrainConfig, *, overwrite: bool) -> None:
     if saved.get("steps") != cfg.steps:
         raise FileExistsError(
             f"{cfg.out} holds a run of {saved.get('steps')} steps, this comparison asks for {cfg.steps}; pass "
-            "--overwrite to retrain it, or another --out"
+            "`overwrite` to retrain it, or another `out`"
         )
 
 

@@ -103,7 +103,7 @@ def cpu_threads(spec: str | int | None) -> int | None:
     except (TypeError, ValueError):
         n = 0
     if n < 1:
-        raise ValueError(f"--threads got {spec!r}; allowed: an integer >= 1 or 'auto'")
+        raise ValueError(f"`threads` got {spec!r}; allowed: an integer >= 1 or 'auto'")
     return n
 
 

@@ -138,15 +138,15 @@ def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: 
         return
     if not resume:
         raise FileExistsError(
-            f"output directory {out} already holds a training run; resume it (`resume`, --resume) or replace it "
-            "(`overwrite`, --overwrite)"
+            f"output directory {out} already holds a training run; resume it (`resume`) or replace it "
+            "(`overwrite`)"
         )
     run_file = out / RUN_FILE
     if run_file.is_file():
         try:
             saved = json.loads(run_file.read_text()).get("identity", {})
         except ValueError as e:
-            raise ValueError(f"{run_file} is not valid JSON ({e}); replace the run with --overwrite") from None
+            raise ValueError(f"{run_file} is not valid JSON ({e}); replace the run with `overwrite`") from None
         _refuse_other_run(out, _differences(saved, _run_identity(cfg, data_dir)))
 
 
@@ -154,7 +154,7 @@ def _refuse_other_run(out: Path, diff: list[str], what: str = "a different run")
     if diff:
         raise FileExistsError(
             f"output directory {out} holds {what} ({'; '.join(diff)}); a resumed run may only change "
-            f"{', '.join(sorted(RESUMABLE_CHANGES))}. Use another output directory, or --overwrite to replace it"
+            f"{', '.join(sorted(RESUMABLE_CHANGES))}. Use another output directory, or `overwrite` to replace it"
         )
 
 
@@ -285,7 +285,7 @@ class Trainer:
         elif cfg.eval_every:
             raise ValueError(
                 f"{self.data_dir} has no validation split (no val_*.bin shards) but `eval_every` is {cfg.eval_every}; "
-                "allowed: eval_every 0 (--eval-every 0) to train without validation, or prepare the data with a "
+                "allowed: `eval_every` 0 to train without validation, or prepare the data with a "
                 "validation fraction > 0"
             )
         self.tokens_per_step = cfg.batch_size * self.accum * self.info.world_size * cfg.seq_len
@@ -419,7 +419,7 @@ class Trainer:
         raise NonFiniteLossError(
             f"non-finite {what} (loss {loss_val}, grad norm {norm_val}) at step {self.step + 1}; training "
             f"stopped. The last good checkpoint is {kept if kept else 'none (no checkpoint was written)'}"
-            "; lower --lr or raise --warmup-steps, then --resume"
+            "; lower `lr` or raise `warmup_steps`, then `resume`"
         )
 
     def _agree_to_stop(self, stop: _StopSignals) -> bool:
