@@ -1,4 +1,5 @@
-"""`ddl bench`: the cost table (parameters, throughput, peak memory) in one process."""
+"""`ddl bench` and `ddl bench-kernels`: the shared timer and interleaving, the trainer's step as the measured
+step, the cost table and the kernel tables (no test asserts timings)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.cli.main import main
+from deep_delta.eval import timing
 from deep_delta.eval.bench import BenchSettings, bench_table, cpu_transient_peak, run_bench
+from deep_delta.eval.kernel_bench import (
+    KernelBenchSettings,
+    op_inputs,
+    op_table,
+    run_op_bench,
+    run_step_bench,
+    step_table,
+)
+from deep_delta.eval.step_bench import StepSubject
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 
@@ -68,10 +79,10 @@ def test_ddl_bench_cli_writes_markdown_and_json(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "msg"),
     [
-        (["--variants", "baseline,ddl-xx"], "--variants: got 'ddl-xx'; allowed: baseline"),
-        (["--preset", "huge"], "--preset: got 'huge'; allowed: tiny | small | medium"),
-        (["--seq-len", "999"], r"--seq-len: got 999; allowed: 2..256"),
-        (["--decode-tokens", "300"], "--decode-tokens: got 300"),
+        (["--variants", "baseline,ddl-xx"], "variants.? got 'ddl-xx'; allowed: baseline"),
+        (["--preset", "huge"], "preset.? got 'huge'; allowed: tiny | small | medium"),
+        (["--seq-len", "999"], r"seq.len.? got 999; allowed: 2..256"),
+        (["--decode-tokens", "300"], "decode.tokens.? got 300"),
         (["--override", "hidden_sise=3"], r"unknown field\(s\) \['hidden_sise'\]"),
         (["--override", "oops"], "--override: got 'oops'; allowed: KEY=VALUE"),
     ],
@@ -79,3 +90,91 @@ def test_ddl_bench_cli_writes_markdown_and_json(tmp_path, capsys):
 def test_bench_bad_arguments(args, msg, capsys):
     assert main(["bench", "--device", "cpu", *args]) == 2
     assert re.search(msg, capsys.readouterr().err)
+
+
+def test_interleaved_rotates_the_first_case_and_drops_warmup():
+    calls = []
+    cases = {name: (lambda name=name: calls.append(name) or len(calls)) for name in "abc"}
+    samples = timing.interleaved(cases, repeats=3, warmup=1)
+    assert calls == list("abc" "bca" "cab" "abc")  # round r starts at case r mod 3; round 0 is the warm-up
+    assert samples == {"a": [6, 8, 10], "b": [4, 9, 11], "c": [5, 7, 12]}  # each case's results, warm-up dropped
+    medians = timing.interleaved_medians({"x": lambda: None}, torch.device("cpu"), repeats=3)
+    assert medians["x"] >= 0
+
+
+def test_library_errors_name_parameters_not_flags():
+    with pytest.raises(ValueError, match=r"^`repeats` got 0; allowed: an integer >= 1$"):
+        timing.interleaved({}, repeats=0)
+    with pytest.raises(ValueError, match=r"^`batch_size` got 0; allowed: an integer >= 1$"):
+        BenchSettings(batch_size=0, device="cpu").resolved()
+    with pytest.raises(ValueError, match=r"^`seq_len` got 0"):
+        KernelBenchSettings(seq_len=0).resolved()
+    with pytest.raises(ValueError, match=r"^`dtype` got 'half'"):
+        KernelBenchSettings(dtype="half").resolved()
+    with pytest.raises(ValueError, match=r"^`device` got 'tpu'"):
+        KernelBenchSettings(device="tpu").resolved()
+
+
+def test_step_subject_runs_the_trainers_optimizer_step(monkeypatch):
+    import deep_delta.train.trainer as trainer
+
+    seen = []
+    real = trainer.optimizer_step
+
+    def spy(model, optimizer, batches, **kw):
+        seen.append(kw)
+        return real(model, optimizer, batches, **kw)
+
+    monkeypatch.setattr(trainer, "optimizer_step", spy)
+    sub = StepSubject("ddl-cc", batch_size=2, seq_len=8, overrides=SMALL, dtype="bfloat16")
+    before = [p.detach().clone() for p in sub.model.parameters()]
+    sub.train_step()
+    assert len(seen) == 1 and seen[0]["grad_clip"] == 1.0  # the training default
+    assert isinstance(seen[0]["autocast"], torch.autocast)  # bfloat16 = autocast; the weights stay fp32
+    assert all(p.dtype == torch.float32 for p in sub.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, sub.model.parameters()))
+    assert all(p.grad is None for p in sub.model.parameters())  # zero_grad(set_to_none) as in training
+    # weights + 2 AdamW moments between steps (zero_grad drops the gradients); the peak adds grads and activations
+    assert sub.peak_train_memory() > 4 * 4 * sub.params and sub.persistent_bytes() >= 3 * 4 * sub.params
+    assert sub.saved_activation_bytes(True) < sub.saved_activation_bytes(False)
+
+
+def test_op_inputs_follow_autocast():
+    ops = op_inputs(16, 1, 4, "bfloat16", torch.device("cpu"))
+    (x, k, v, beta), *_ = ops["delta update"]
+    assert (x.dtype, k.dtype, v.dtype, beta.dtype) == (torch.float32, torch.bfloat16, torch.float32, torch.float32)
+    assert all(t.dtype == torch.float32 for name in ("CC read", "TC read", "EC expand") for t in ops[name][0])
+
+
+def test_kernel_bench_tables():
+    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, overrides=SMALL)
+    rows = run_step_bench(s)
+    assert [r.variant for r in rows] == ["baseline", "ddl-cc"]  # the baseline is added first
+    cc = rows[1]
+    assert cc.step_seconds > 0 and cc.saved_bytes_recompute < cc.saved_bytes and cc.peak_memory_bytes > 0
+    table = step_table(rows, s)
+    assert "| baseline | " in table and "1.000x | 1.000x |" in table and "- peak memory ddl-cc:" in table
+    timings, notes = run_op_bench(s)
+    assert [t.op for t in timings] == ["delta update", "CC read", "TC read", "EC expand"]
+    assert all(set(t.seconds) == {"ref", "lean"} for t in timings)  # CPU: no triton, no compile by default
+    table = op_table(timings, notes, s)
+    assert table.count("| n/a | n/a |") == 4 and "Triton kernels: skipped" in table
+
+
+def test_ddl_bench_kernels_cli(tmp_path, capsys):
+    out = tmp_path / "k.md"
+    threads = torch.get_num_threads()
+    assert main(["bench-kernels", "--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--repeats", "1",
+                 "--warmup", "0", "--skip-ops", "--variants", "baseline", "--threads", "1", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads
+    printed = capsys.readouterr().out
+    assert "### Training step" in printed and "1 x 8 tokens, float32" in printed
+    assert out.read_text().strip() == printed.strip()
+    # the old spellings still work, with a note; the header says what bfloat16 means
+    assert main(["bench-kernels", "--device", "cpu", "--batch", "1", "--seq", "4", "--repeats", "1", "--warmup", "0",
+                 "--skip-steps", "--dtype", "bfloat16"]) == 0
+    cap = capsys.readouterr()
+    assert "--batch is deprecated; use --batch-size" in cap.err and "--seq is deprecated; use --seq-len" in cap.err
+    assert "(1 x 4 tokens, d=256, d_v=4, bfloat16 autocast" in cap.out
+    assert main(["bench-kernels", "--device", "cpu", "--batch-size", "0"]) == 2
+    assert re.search(r"batch.size.? got 0; allowed: an integer >= 1", capsys.readouterr().err)

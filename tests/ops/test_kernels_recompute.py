@@ -21,7 +21,7 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before trito
 
 import pytest  # noqa: E402
 
-from deep_delta.cli.bench_kernels import saved_activation_bytes  # noqa: E402
+from deep_delta.eval.step_bench import saved_activation_bytes  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
 from deep_delta.ops import delta_update  # noqa: E402

@@ -7,14 +7,16 @@ import sys
 
 
 def add_parser(sub) -> None:
-    from deep_delta.eval.bench import BENCH_DTYPES, DEFAULT_SHAPES, DEFAULT_VARIANTS
+    from deep_delta.eval.bench import DEFAULT_SHAPES, DEFAULT_VARIANTS
+    from deep_delta.eval.timing import BENCH_DTYPES, DTYPE_HELP
 
     shapes = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
     p = sub.add_parser(
         "bench",
         help="cost table: parameters, throughput and peak memory per variant",
         description="Build every variant in one process and measure them interleaved (round-robin over "
-        "repeats, median): parameters, train tokens/s (forward + backward + AdamW step), inference tokens/s "
+        "repeats, median): parameters, train tokens/s (the trainer's own step: forward + backward, gradient "
+        "clipping at 1.0, AdamW), inference tokens/s "
         "(prefill; decode with the cache) and peak training memory, each with its factor over the baseline. "
         "Prints a markdown table and writes it to --out (samples beside it as JSON).",
     )
@@ -23,7 +25,7 @@ def add_parser(sub) -> None:
                    help=f"comma-separated variants (default {','.join(DEFAULT_VARIANTS)})")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--dtype", default="float32", choices=list(BENCH_DTYPES),
-                   help="float32, or bfloat16/float16 autocast over fp32 weights as in training (default float32)")
+                   help=f"{DTYPE_HELP} (default float32)")
     p.add_argument("--batch-size", type=int, default=None, metavar="B", help=f"sequences per batch (default: {shapes})")
     p.add_argument("--seq-len", type=int, default=None, metavar="T", help="tokens per sequence (default: see --batch-size)")
     p.add_argument("--steps", type=int, default=2, metavar="N", help="timed train steps per repeat (default 2)")

@@ -1,0 +1,286 @@
+"""The kernel benchmark (``ddl bench-kernels``): the DDL ops and whole training steps, as ratios, in one run.
+
+Two tables:
+
+1. ops, forward + backward, at the preset's width (d_v = 4, 4 taps): the plain reference (naive), the lean
+   PyTorch path, ``torch.compile`` of the reference and the Triton kernel (CUDA only: on CPU the kernels
+   run only in the interpreter, which is not a speed measurement). Ratios are against the reference.
+2. the training step of each variant against the baseline (:meth:`StepSubject.train_step`, the trainer's
+   own ``optimizer_step``: forward + backward, gradient clipping at 1.0, AdamW), with the activation bytes
+   autograd saves (with and without ``recompute_states``) and the peak training memory of each variant.
+
+Every figure is a median over ``repeats`` interleaved rounds (:func:`deep_delta.eval.timing.interleaved`,
+after ``warmup`` untimed rounds). ``dtype`` "bfloat16" / "float16" is autocast over fp32 weights, as in
+training: the ops then get what the model hands them under autocast (fp32 states and weights, the branch
+output k in the low precision) and run under the same autocast.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from deep_delta.eval.step_bench import StepSubject, check_variants
+from deep_delta.eval.timing import (
+    BENCH_DTYPES,
+    autocast_for,
+    bench_device,
+    check_dtype,
+    check_int,
+    dtype_label,
+    interleaved,
+    interleaved_medians,
+    timed,
+)
+
+DEFAULT_VARIANTS = ("baseline", "ddl-dv1", "ddl-cc", "ddl-tc")
+OPS = ("delta update", "CC read", "TC read", "EC expand")
+IMPLS = ("ref", "lean", "compiled", "triton")
+VALUE_CHANNELS, TAPS = 4, 4  # d_v and kernel size of the op shapes
+
+
+@dataclass
+class KernelBenchSettings:
+    preset: str = "tiny"
+    variants: Sequence[str] = DEFAULT_VARIANTS  # the baseline is added first when missing
+    device: str = "cpu"
+    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
+    batch_size: int = 4
+    seq_len: int = 256
+    repeats: int = 7
+    warmup: int = 2
+    compile: bool | None = None  # torch.compile of the reference ops; None: on CUDA only
+    ops: bool = True  # the op table
+    steps: bool = True  # the training-step table
+    seed: int = 0
+    overrides: dict = field(default_factory=dict)  # extra DDLConfig fields for the step table's models
+
+    def resolved(self) -> KernelBenchSettings:
+        """A copy with the device resolved, ``compile`` decided and the baseline among the variants;
+        ``ValueError`` naming the field for anything out of range."""
+        variants = list(self.variants)
+        if "baseline" not in variants:
+            variants.insert(0, "baseline")
+        overrides = {"max_position_embeddings": self.seq_len, **self.overrides}
+        check_int("batch_size", self.batch_size, 1)
+        check_int("seq_len", self.seq_len, 1)
+        check_int("repeats", self.repeats, 1)
+        check_int("warmup", self.warmup, 0)
+        variants = check_variants(variants, self.preset, overrides)
+        check_dtype(self.dtype)
+        device = bench_device(self.device)
+        compile_ = self.compile if self.compile is not None else device.type == "cuda"
+        return replace(self, variants=variants, device=str(device), compile=bool(compile_),
+                       overrides=dict(self.overrides))
+
+
+# ----------------------------------------------------------------------------------------------- ops
+
+
+@dataclass
+class OpTiming:
+    op: str
+    seconds: dict[str, float]  # impl (IMPLS) -> median seconds; an impl not timed is missing
+
+
+def _fwd_bwd(fn, args: tuple, autocast) -> Callable[[], None]:
+    """fn(*args) under ``autocast`` and its backward with a fixed random output gradient (made on the first
+    call, which runs here: it also compiles what needs compiling)."""
+    grad = None
+
+    def call() -> None:
+        nonlocal grad
+        with autocast:
+            out = fn(*args)
+        if grad is None:
+            g = torch.Generator().manual_seed(1)
+            grad = torch.randn(out.shape, generator=g).to(device=out.device, dtype=out.dtype)
+        torch.autograd.backward(out, grad)
+
+    call()
+    return call
+
+
+def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, device: torch.device) -> dict:
+    """The inputs of each op as the model gives them: ``{op: (inputs, reference fn, lean fn, triton name)}``.
+
+    Under autocast (``dtype`` not float32) only the branch output k is in the low precision: states,
+    embeddings, gate values and compressor weights are fp32, as the model's fp32 weights make them.
+    """
+    from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
+    from deep_delta.ops.compress.naive import channel_compress_naive, embed_conv_naive, token_compress_naive
+    from deep_delta.ops.delta.lean import delta_update_lean
+    from deep_delta.ops.delta.naive import delta_update_torch
+
+    low = BENCH_DTYPES[dtype] or torch.float32
+    d, dv, kk = hidden_size, VALUE_CHANNELS, TAPS
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, dt=torch.float32):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dt).requires_grad_()
+
+    x, k = rnd(batch_size, seq_len, d, dv), rnd(batch_size, seq_len, d, dt=low)
+    v, beta = rnd(batch_size, seq_len, dv), rnd(batch_size, seq_len, 1)
+    e, c, w = rnd(batch_size, seq_len, d), rnd(d, dv), rnd(kk, d, dv)
+    return {
+        "delta update": ((x, k, v, beta), delta_update_torch, delta_update_lean, "delta_update"),
+        "CC read": ((x, c), channel_compress_naive, channel_compress_lean, "channel_compress"),
+        "TC read": ((x, w), token_compress_naive, token_compress_lean, "token_compress"),
+        "EC expand": ((e, w), embed_conv_naive, embed_conv_lean, "embed_conv"),
+    }
+
+
+def _triton_fn(name: str):
+    if name == "delta_update":
+        from deep_delta.ops.delta.triton import delta_update_triton
+
+        return lambda x, k, v, b: delta_update_triton(x, k, v, b)
+    from deep_delta.ops.compress import triton as ct
+
+    return getattr(ct, f"{name}_triton")
+
+
+def run_op_bench(settings: KernelBenchSettings) -> tuple[list[OpTiming], list[str]]:
+    """Time every op's implementations interleaved; returns the timings and notes on what was skipped."""
+    s = settings.resolved()
+    device = torch.device(s.device)
+    hidden = _hidden_size(s.preset)
+    autocast = autocast_for(s.dtype, device)
+    results, notes = [], []
+    for op, (inputs, naive, lean, tname) in op_inputs(hidden, s.batch_size, s.seq_len, s.dtype, device).items():
+        cases = {"ref": _fwd_bwd(naive, inputs, autocast), "lean": _fwd_bwd(lean, inputs, autocast)}
+        if s.compile:
+            try:
+                cases["compiled"] = _fwd_bwd(torch.compile(naive), inputs, autocast)
+            except Exception as err:  # pragma: no cover - depends on the toolchain
+                notes.append(f"torch.compile of {op} failed: {type(err).__name__}: {err}")
+        if device.type == "cuda":
+            cases["triton"] = _fwd_bwd(_triton_fn(tname), inputs, autocast)
+        results.append(OpTiming(op, interleaved_medians(cases, device, s.repeats, s.warmup)))
+    if device.type != "cuda":
+        notes.append("Triton kernels: skipped, no GPU (on CPU they only run in the Triton interpreter, which is "
+                     "a correctness check, not a speed measurement).")
+    if not s.compile:
+        notes.append("torch.compile: skipped (default off on CPU: the inductor C++ build takes minutes; --compile).")
+    return results, notes
+
+
+def _op_dtype_label(dtype: str) -> str:
+    return dtype if BENCH_DTYPES[dtype] is None else f"{dtype} autocast (fp32 states, {dtype} k, as in the model)"
+
+
+def op_table(timings: Sequence[OpTiming], notes: Sequence[str], settings: KernelBenchSettings) -> str:
+    s = settings.resolved()
+    hidden_size = _hidden_size(s.preset)
+    lines = [
+        f"### Ops, forward + backward ({s.batch_size} x {s.seq_len} tokens, d={hidden_size}, d_v={VALUE_CHANNELS}, "
+        f"{_op_dtype_label(s.dtype)}, {torch.device(s.device).type}): median ms, ratio vs the plain reference",
+        "",
+        "| op | reference ms | lean torch ms (speed-up) | compiled ref ms (speed-up) | triton ms (speed-up) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for t in timings:
+        ref = t.seconds["ref"]
+
+        def cell(key: str, t=t, ref=ref) -> str:
+            return f"{t.seconds[key] * 1e3:.2f} ({ref / t.seconds[key]:.2f}x)" if key in t.seconds else "n/a"
+
+        lines.append(f"| {t.op} | {ref * 1e3:.2f} | {cell('lean')} | {cell('compiled')} | {cell('triton')} |")
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+
+
+def _hidden_size(preset: str) -> int:
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    return DDLConfig.from_variant("ddl-cc", preset).hidden_size
+
+
+# --------------------------------------------------------------------------------------- training step
+
+
+@dataclass
+class StepRow:
+    variant: str
+    step_seconds: float  # median
+    saved_bytes: int  # activations autograd keeps after one forward
+    saved_bytes_recompute: int  # the same with recompute_states
+    peak_memory_bytes: int  # weights + AdamW state + peak transient (activations, grads) of a step
+    samples: list[float] = field(default_factory=list)  # seconds per round
+
+
+def run_step_bench(settings: KernelBenchSettings, progress: Callable[[str], None] | None = None) -> list[StepRow]:
+    """Build every variant, time their training steps interleaved, then measure their memory."""
+    s = settings.resolved()
+    device = torch.device(s.device)
+    say = progress or (lambda msg: None)
+    overrides = {"max_position_embeddings": s.seq_len, **s.overrides}
+    subjects = {}
+    for v in s.variants:
+        say(f"building {v}")
+        subjects[v] = StepSubject(v, s.preset, batch_size=s.batch_size, seq_len=s.seq_len, device=device,
+                                  dtype=s.dtype, overrides=overrides, seed=s.seed)
+    samples = interleaved({v: (lambda sub=sub: timed(sub.train_step, device)) for v, sub in subjects.items()},
+                          s.repeats, s.warmup, progress=say)
+    rows = []
+    for v, sub in subjects.items():
+        say(f"memory {v}")
+        rows.append(StepRow(v, statistics.median(samples[v]), sub.saved_activation_bytes(False),
+                            sub.saved_activation_bytes(True), sub.peak_train_memory(), samples[v]))
+    return rows
+
+
+def step_table(rows: Sequence[StepRow], settings: KernelBenchSettings) -> str:
+    s = settings.resolved()
+    dev = torch.device(s.device)
+    tokens = s.batch_size * s.seq_len
+    base = next(r for r in rows if r.variant == "baseline")
+    sb = base.saved_bytes
+    lines = [
+        f"### Training step (the trainer's: fwd + bwd, clip 1.0, AdamW), preset {s.preset}, {s.batch_size} x "
+        f"{s.seq_len} tokens, {dtype_label(s.dtype)}, {dev.type}, delta_backend auto: median of {s.repeats} "
+        "interleaved rounds",
+        "",
+        "| variant | ms / step | tokens/s | step time vs baseline | throughput vs baseline "
+        "| saved activations MiB, x baseline | with recompute_states |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        t, bt = r.step_seconds, base.step_seconds
+        mem = " | ".join(f"{b / 2**20:.1f} ({b / sb:.3f}x)" for b in (r.saved_bytes, r.saved_bytes_recompute))
+        lines.append(f"| {r.variant} | {t * 1e3:.1f} | {tokens / t:,.0f} | {t / bt:.3f}x | {bt / t:.3f}x | {mem} |")
+    method = "torch.cuda.max_memory_allocated" if dev.type == "cuda" else "torch profiler CPU allocation events"
+    lines += ["", "Saved activations: bytes autograd keeps for backward after one forward (saved-tensor hooks, "
+              "storages deduplicated, parameters excluded); recompute_states keeps only the last DDL state and "
+              "rebuilds the others in backward (ops/delta/recompute.py).", "",
+              f"Peak memory of a training step: the variant's weights + AdamW state + the step's peak transient "
+              f"allocation (activations, gradients; {method}); the other models in the process do not count.", ""]
+    for r in rows:
+        lines.append(f"- peak memory {r.variant}: {r.peak_memory_bytes / 2**30:.3f} GiB "
+                     f"({r.peak_memory_bytes / base.peak_memory_bytes:.3f}x baseline)")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def device_description(device: str) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU ({platform.processor() or platform.machine()}), {torch.get_num_threads()} threads"
+
+
+def kernel_bench_report(settings: KernelBenchSettings, progress: Callable[[str], None] | None = None) -> str:
+    """Run the tables ``settings`` asks for; returns the markdown report."""
+    s = settings.resolved()
+    out = [f"## ddl bench-kernels on {device_description(s.device)}, torch {torch.__version__}", ""]
+    if s.ops:
+        timings, notes = run_op_bench(s)
+        out += [op_table(timings, notes, s), ""]
+    if s.steps:
+        out += [step_table(run_step_bench(s, progress), s), ""]
+    return "\n".join(out)

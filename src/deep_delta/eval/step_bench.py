@@ -1,0 +1,177 @@
+"""The measured training step of the benchmarks, and the memory it needs.
+
+:class:`StepSubject` holds one variant's model (fp32 weights), its AdamW (built as ``ddl train`` builds
+it: :func:`deep_delta.train.optim.build_optimizer` with the :class:`~deep_delta.train.config.TrainConfig`
+defaults, fused on CUDA) and a fixed random batch; :meth:`StepSubject.train_step` is
+:func:`deep_delta.train.trainer.optimizer_step`, the step the trainer runs (forward + backward under the
+training autocast, gradient clipping at the training default 1.0, AdamW, zero_grad). ``ddl bench`` and
+``ddl bench-kernels`` both time that method.
+
+Memory:
+
+- :meth:`StepSubject.peak_train_memory`: the variant's own persistent tensors (weights, AdamW state) plus
+  the highest transient allocation during one step (activations, gradients: the step ends with
+  ``zero_grad(set_to_none=True)``, as in training): on CUDA from
+  ``torch.cuda.max_memory_allocated`` relative to the allocation before the step; on CPU from torch's
+  profiler (``profile_memory=True``): the running sum of its allocation and free events
+  (:func:`cpu_transient_peak`). Other models in the process do not count.
+- :func:`saved_activation_bytes`: what autograd keeps for backward after one forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from deep_delta.eval.timing import autocast_for, check_dtype, check_int
+
+
+def _train_defaults() -> dict:
+    from deep_delta.train.config import TrainConfig
+
+    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+
+class StepSubject:
+    """One variant ready to train: model, optimizer, a (batch_size, seq_len) batch and the autocast context."""
+
+    def __init__(self, variant: str, preset: str = "tiny", *, batch_size: int, seq_len: int,
+                 device: torch.device | str = "cpu", dtype: str = "float32", overrides: dict | None = None,
+                 seed: int = 0):
+        from deep_delta.models import DDLConfig, DDLForCausalLM
+        from deep_delta.train.distributed import DistInfo
+        from deep_delta.train.optim import build_optimizer
+
+        check_int("batch_size", batch_size, 1)
+        check_int("seq_len", seq_len, 1)
+        check_dtype(dtype)
+        device = torch.device(device)
+        self.variant, self.device, self.dtype = variant, device, dtype
+        self.batch_size, self.seq_len = batch_size, seq_len
+        torch.manual_seed(seed)
+        cfg = DDLConfig.from_variant(variant, preset, **(overrides or {}))
+        self.model = DDLForCausalLM(cfg).to(device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        train = _train_defaults()
+        self.grad_clip = train["grad_clip"]
+        self.opt = build_optimizer(self.model, train["lr"], train["weight_decay"], train["betas"],
+                                   fused=True if device.type == "cuda" else None)  # as the trainer (no FSDP)
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
+        self.x, self.y = tokens[:, :-1], tokens[:, 1:]
+        self.autocast = autocast_for(dtype, device)
+        self.info = DistInfo(device=device)
+
+    def train_step(self) -> None:
+        """One optimizer step on the batch: :func:`deep_delta.train.trainer.optimizer_step`."""
+        from deep_delta.train.trainer import optimizer_step
+
+        self.model.train()
+        optimizer_step(self.model, self.opt, [(self.x, self.y)], autocast=self.autocast, grad_clip=self.grad_clip,
+                       info=self.info)
+
+    def persistent_bytes(self) -> int:
+        """Bytes of the weights, the gradients held (none between steps) and the optimizer state (each storage
+        once)."""
+        params = list(self.model.parameters())
+        tensors = params + [p.grad for p in params if p.grad is not None]
+        for state in self.opt.state.values():
+            tensors += [t for t in state.values() if torch.is_tensor(t)]
+        return _storage_bytes(tensors)
+
+    def peak_train_memory(self) -> int:
+        """Peak bytes of one training step (see the module docstring for the method per device)."""
+        self.train_step()  # optimizer state exists from here on
+        base = self.persistent_bytes()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.train_step()
+            torch.cuda.synchronize(self.device)
+            return base + torch.cuda.max_memory_allocated(self.device) - before
+        return base + cpu_transient_peak(self.train_step)
+
+    def saved_activation_bytes(self, recompute_states: bool = False) -> int:
+        """:func:`saved_activation_bytes` of the batch under the training autocast, with ``recompute_states``
+        set for the measurement (restored afterwards)."""
+        inner = self.model.model
+        old = inner.recompute_states
+        inner.recompute_states = recompute_states
+        try:
+            return saved_activation_bytes(self.model, self.x, self.y, autocast=self.autocast)
+        finally:
+            inner.recompute_states = old
+
+
+def _storage_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
+def cpu_transient_peak(fn: Callable[[], None]) -> int:
+    """Highest net CPU tensor allocation (bytes) while ``fn`` runs, from torch's profiler memory events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    cur = best = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        # "[memory]" events are allocations/frees outside any op; an op's own (self) net allocation otherwise
+        cur += e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+        best = max(best, cur)
+    return best
+
+
+def saved_activation_bytes(model, ids, tgt, *, autocast=None) -> int:
+    """Bytes of the tensors autograd keeps for backward in one training forward (storage-deduplicated,
+    parameters excluded), measured with saved-tensor hooks; with ``model.model.recompute_states`` the
+    handles of the state tape count their frontier state and small rebuild tensors. Runs the backward,
+    then drops the gradients. ``autocast``: the context the forward runs in (none: plain fp32); the
+    weights' low-precision copies autocast keeps for backward count as saved tensors.
+    """
+    import contextlib
+
+    from deep_delta.ops.delta.recompute import kept_tensors, observe
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: list = []
+    with observe(kept), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        with autocast if autocast is not None else contextlib.nullcontext():
+            loss = model(ids, shift_labels=tgt).loss
+    storages = {}
+    for obj in kept:
+        for t in kept_tensors(obj):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                storages[st.data_ptr()] = st.nbytes()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
+
+
+def check_variants(variants, preset: str, overrides: dict | None = None) -> list[str]:
+    """The variant names as a list, checked (known, no repeats) with ``preset`` and ``overrides``: a bad
+    preset or override fails here, before any model is built."""
+    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS, DDLConfig
+
+    if preset not in PRESETS:
+        raise ValueError(f"`preset` got {preset!r}; allowed: {' | '.join(PRESETS)}")
+    names = list(variants)
+    if not names:
+        raise ValueError("`variants` got no variant names")
+    for v in names:
+        if v not in VARIANTS:
+            raise ValueError(f"`variants` got {v!r}; allowed: {' | '.join(VARIANTS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"`variants` got a variant twice in {','.join(names)}")
+    for v in names:
+        DDLConfig.from_variant(v, preset, **(overrides or {}))
+    return names

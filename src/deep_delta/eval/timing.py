@@ -1,0 +1,110 @@
+"""What every benchmark here measures with: one timer, one interleaving, the device and the dtype.
+
+- :func:`timed`: wall seconds of one call, the device synchronised before and after (CUDA runs
+  asynchronously: without the syncs a timer measures the launches, not the work).
+- :func:`interleaved`: round-robin over the cases, the starting case rotating each round so that none
+  always runs first (after the others have warmed caches, or heated the chip); ``warmup`` untimed rounds
+  first. :func:`interleaved_medians` times plain callables that way and keeps the median of each.
+- :func:`bench_device` and :data:`BENCH_DTYPES`: ``dtype`` "bfloat16"/"float16" means autocast over fp32
+  weights, as training runs (``ddl train``), in ``ddl bench`` and ``ddl bench-kernels`` alike.
+
+Errors name the Python parameters in backticks (```batch_size` got 0``); the CLI shows its flags instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# dtype name -> autocast dtype over fp32 weights (None: plain fp32)
+BENCH_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_HELP = "float32, or bfloat16 / float16 autocast over fp32 weights, as in training"
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes, ``device`` synchronised before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def interleaved(cases: Mapping[str, Callable[[], T]], repeats: int, warmup: int = 0, *,
+                progress: Callable[[str], None] | None = None) -> dict[str, list[T]]:
+    """Call every case once per round for ``warmup`` untimed rounds, then ``repeats`` rounds whose results
+    are returned (``{name: [result per round]}``). Round ``r`` starts at case ``r mod len(cases)``.
+
+    A case is a measurement: it returns what it measured (seconds from :func:`timed`, or several figures).
+    """
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    names = list(cases)
+    samples: dict[str, list[T]] = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            if progress is not None:
+                what = f"warm-up {r + 1}/{warmup}" if r < warmup else f"repeat {r - warmup + 1}/{repeats}"
+                progress(f"{what}: {name}")
+            result = cases[name]()
+            if r >= warmup:
+                samples[name].append(result)
+    return samples
+
+
+def interleaved_medians(cases: Mapping[str, Callable[[], object]], device: torch.device, repeats: int,
+                        warmup: int = 0) -> dict[str, float]:
+    """Median seconds of each callable, timed with :func:`timed` in :func:`interleaved` rounds."""
+    samples = interleaved({name: (lambda fn=fn: timed(fn, device)) for name, fn in cases.items()}, repeats, warmup)
+    return {name: statistics.median(ts) for name, ts in samples.items()}
+
+
+def check_int(name: str, value: int, lo: int) -> None:
+    """Refuse ``value`` below ``lo`` (or a non-integer), naming the parameter ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"`{name}` got {value!r}; allowed: an integer >= {lo}")
+
+
+def bench_device(device: str) -> torch.device:
+    """"auto" -> cuda when available, else cpu; "cpu", "cuda", "cuda:N" as given (cuda must be there)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"`device` got {device!r}; allowed: auto | cpu | cuda | cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`device` got {device!r} but CUDA is not available on this machine; allowed: cpu")
+    return dev
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in BENCH_DTYPES:
+        raise ValueError(f"`dtype` got {dtype!r}; allowed: {' | '.join(BENCH_DTYPES)}")
+
+
+def autocast_for(dtype: str, device: torch.device):
+    """The autocast context training would run under for ``dtype`` (a null context for float32)."""
+    amp = BENCH_DTYPES[dtype]
+    return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+
+
+def dtype_label(dtype: str) -> str:
+    """How a table header names the precision: "float32", or "bfloat16 autocast (fp32 weights)"."""
+    return dtype if BENCH_DTYPES[dtype] is None else f"{dtype} autocast (fp32 weights)"
