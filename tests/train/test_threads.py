@@ -1,6 +1,6 @@
 import pytest
 
-from deep_delta.train import distributed
+from deep_delta import runtime as distributed  # moved from deep_delta.train.distributed
 
 
 def test_auto_threads_counts_the_cores_other_work_keeps_busy(monkeypatch):
@@ -28,3 +28,25 @@ def test_threads_spec_errors():
     assert distributed.cpu_threads("3") == 3
     with pytest.raises(ValueError, match="`threads` got 'x'"):
         distributed.cpu_threads("x")
+
+
+def test_old_import_path_still_works():
+    from deep_delta.train.distributed import cpu_threads
+
+    assert cpu_threads("2") == 2
+
+
+@pytest.mark.parametrize("spec", ["cuda:x", "gpu", "", "cuda:-1", 3])
+def test_device_spec_errors(spec):
+    with pytest.raises(ValueError, match="`device` got .*; allowed: auto \\| cpu \\| cuda \\| cuda:N"):
+        distributed.resolve_device(spec)
+
+
+def test_device_resolution_on_this_machine():
+    import torch
+
+    assert distributed.resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert distributed.resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            distributed.resolve_device("cuda:0")

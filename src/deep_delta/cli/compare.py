@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from deep_delta.cli import options
+
 
 def add_parser(sub) -> None:
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
+    from deep_delta.models.ddl.configuration_ddl import PRESETS
     from deep_delta.train.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
 
     d = COMPARE_DEFAULTS
@@ -20,28 +22,25 @@ def add_parser(sub) -> None:
         "the tiny preset on the embedded text, about ten minutes on 2 CPU cores. Finished runs in OUT with "
         "the same settings are reused and interrupted ones continued; other settings need --overwrite.",
     )
-    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS),
-                   metavar="VARIANT", help=f"variants to train, in table order (default: {' '.join(DEFAULT_VARIANTS)})")
+    options.add_variants(p, DEFAULT_VARIANTS)
     p.add_argument("--preset", default=None, choices=list(PRESETS), help=f"(default {d['preset']}) model size")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     p.add_argument("--data", default=None, help="prepared data directory (default: the embedded text)")
     p.add_argument("--steps", type=int, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
-    p.add_argument("--batch-size", type=int, default=None, help=f"(default {d['batch_size']}) sequences per step")
-    p.add_argument("--seq-len", type=int, default=None, help=f"(default {d['seq_len']}) tokens per sequence")
+    options.add_batch(p, f"(default {d['batch_size']}) sequences per step", f"(default {d['seq_len']}) tokens per "
+                      "sequence")
     p.add_argument("--lr", type=float, default=None, help=f"(default {d['lr']}) peak learning rate")
     p.add_argument("--warmup-steps", type=int, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
     p.add_argument("--eval-every", type=int, default=None, help=f"(default {d['eval_every']}) validate every N steps")
     p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
     p.add_argument("--seed", type=int, default=None, help=f"(default {d['seed']}) seed of initialisation and data order")
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="(default auto) device")
-    p.add_argument("--threads", default="auto", metavar="N|auto",
-                   help="CPU threads for PyTorch (default auto: the cores not already busy, at least 1)")
+    options.add_device(p, default=None)
+    options.add_threads(p)
     p.add_argument("--config", metavar="FILE|NAME",
                    help="start from this YAML config instead of the compare defaults (flags above still apply)")
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other training setting, e.g. --set model.hidden_size=64 (repeatable)")
+    options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    options.add_progress(p)
     p.set_defaults(func=run)
 
 
@@ -50,28 +49,20 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.cli.main import UsageError
-    from deep_delta.data import DataUnavailableError
     from deep_delta.train.compare import COMPARE_DEFAULTS, format_table, run_compare
     from deep_delta.train.config import load_config
-    from deep_delta.train.distributed import cpu_threads
 
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
              "eval_batches", "seed", "device")
     given = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     settings = given if args.config else {**COMPARE_DEFAULTS, **given}
     base = load_config(args.config, settings, args.assignments)
-    threads = cpu_threads(args.threads)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    print(f"ddl compare: {', '.join(args.variants)} at preset {base.preset}, {base.steps} steps x "
+    variants = options.variant_list(args.variants)
+    options.apply_threads(args.threads)
+    print(f"ddl compare: {', '.join(variants)} at preset {base.preset}, {base.steps} steps x "
           f"{base.batch_size} x {base.seq_len} tokens each, same seed ({base.seed}) and data; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
-    try:
-        summary = run_compare(base, args.variants, args.out, overwrite=args.overwrite,
-                              progress=not args.no_progress)
-    except (FileExistsError, DataUnavailableError) as e:
-        raise UsageError(str(e)) from e
+    summary = run_compare(base, variants, args.out, overwrite=args.overwrite, progress=not args.no_progress)
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)

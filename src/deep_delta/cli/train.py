@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from deep_delta.cli import options
+
 # help of every TrainConfig field; the flag is --field-name
 FIELD_HELP = {
     "variant": "model variant",
@@ -27,8 +29,8 @@ FIELD_HELP = {
     "keep": "keep the newest K checkpoints (default 2)",
     "log_every": "print / update the progress bar every N steps (0: never)",
     "seed": "seed of the initialisation and the data order",
-    "device": "auto (CUDA if available), cpu or cuda",
-    "dtype": "auto (bf16 autocast on CUDA, fp32 on CPU), float32 or bfloat16",
+    "device": options.DEVICE_HELP + "; under torchrun, cuda is each process's LOCAL_RANK GPU",
+    "dtype": "compute dtype: autocast over float32 weights; auto = bfloat16 on CUDA, float32 on CPU",
     "compile": "torch.compile each block",
     "distributed": "under torchrun: auto (DDP when several processes), none, ddp or fsdp (FSDP2)",
     "tensorboard": "also write TensorBoard scalars to OUT/tensorboard",
@@ -50,29 +52,28 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE|NAME", help="YAML config: a path, or a shipped name (tiny/ddl-cc)")
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any setting (value parsed as YAML); model.FIELD=VALUE overrides a model field, "
-                   "e.g. --set model.hidden_size=64. Repeatable")
+    options.add_set(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its latest checkpoint up to --steps (fresh if none)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
     p.add_argument("--stop-at", type=int, metavar="N",
                    help="end this session after step N (checkpointed) without shortening the schedule")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (print a line every --log-every)")
-    p.add_argument("--threads", metavar="N|auto",
-                   help="CPU threads for PyTorch (default: PyTorch's choice; auto: the cores not already busy)")
+    options.add_threads(p, default=None)
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--list-configs", action="store_true", help="list the shipped config names and exit")
     g = p.add_argument_group("settings (override the config file)")
-    choices = {"variant": list(VARIANTS), "preset": list(PRESETS), "device": ["auto", "cpu", "cuda"],
-               "dtype": ["auto", "float32", "bfloat16"], "distributed": ["auto", "none", "ddp", "fsdp"]}
+    choices = {"variant": list(VARIANTS), "preset": list(PRESETS), "dtype": ["auto", "float32", "bfloat16"],
+               "distributed": ["auto", "none", "ddp", "fsdp"]}
     kinds = {"steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": int, "seq_len": int,
              "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "grad_clip": float,
              "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int, "seed": int,
              "peak_flops": float}
     for name, text in FIELD_HELP.items():
         flag = "--" + name.replace("_", "-")
-        if name in ("compile", "tensorboard"):
+        if name == "device":
+            g.add_argument(flag, default=argparse.SUPPRESS, metavar="auto|cpu|cuda|cuda:N", help=text)
+        elif name in ("compile", "tensorboard"):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         elif name == "betas":
             g.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=text)
@@ -93,7 +94,6 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from deep_delta.cli.main import UsageError
     from deep_delta.train.config import available_configs
 
     if args.list_configs:
@@ -104,21 +104,12 @@ def run(args: argparse.Namespace) -> int:
         print(cfg.to_yaml(), end="")
         return 0
 
-    import torch
-
-    from deep_delta.data import DataUnavailableError
-    from deep_delta.train.distributed import cpu_threads
     from deep_delta.train.trainer import NonFiniteLossError, train
 
-    threads = cpu_threads(args.threads)
-    if threads is not None:
-        torch.set_num_threads(threads)
-
+    options.apply_threads(args.threads)
     try:
         train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
               progress=not args.no_progress)
-    except (FileExistsError, DataUnavailableError) as e:
-        raise UsageError(str(e)) from e
     except NonFiniteLossError as e:
         print(f"ddl train: error: {e}", file=sys.stderr)
         return 1

@@ -32,9 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from deep_delta.fsutil import CHECKSUMS, IntegrityError, as_os_error, verify_checksums, write_checksums
+from deep_delta.fsutil import (
+    CHECKSUMS,
+    IntegrityError,
+    as_os_error,
+    fsync_dir,
+    fsync_file,
+    verify_checksums,
+    write_checksums,
+)
 from deep_delta.fsutil import atomic_write as write_text_atomic
-from deep_delta.fsutil import fsync_dir, fsync_file
 
 CHECKPOINTS = "checkpoints"
 LATEST = "LATEST"

@@ -15,7 +15,6 @@ from typing import Any
 
 import yaml
 
-DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
 
@@ -78,7 +77,9 @@ class TrainConfig:
 
         _choice("variant", self.variant, tuple(VARIANTS))
         _choice("preset", self.preset, tuple(PRESETS))
-        _choice("device", self.device, DEVICES)
+        from deep_delta.runtime import check_device
+
+        check_device(self.device)
         _choice("dtype", self.dtype, DTYPES)
         _choice("distributed", self.distributed, DISTRIBUTED)
         known = DDLConfig.field_names() - {"variant", "preset"}

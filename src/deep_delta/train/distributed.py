@@ -11,13 +11,15 @@ dicts, so a checkpoint written by one mode (single process, DDP, FSDP) resumes i
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from deep_delta import runtime
+from deep_delta.runtime import busy_cores, cpu_threads  # noqa: F401  (moved; kept importable from here)
 
 
 @dataclass
@@ -51,60 +53,9 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> CUDA if available else CPU; "cuda" -> this process's GPU (``LOCAL_RANK``)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("TrainConfig: `device` got 'cuda' but no CUDA device is available; allowed here: cpu, auto")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device(device)
-
-
-def _cpu_times() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs from /proc/stat; None where it does not exist."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_cores(interval: float = 0.3) -> float:
-    """How many cores other work keeps busy now: /proc/stat sampled over ``interval`` seconds (the 1-minute
-    load average where /proc/stat is missing, which lags a job that just ended by a minute or more)."""
-    cores = os.cpu_count() or 1
-    first = _cpu_times()
-    if first is not None:
-        time.sleep(interval)
-        second = _cpu_times()
-        if second is not None and second[1] > first[1]:
-            return cores * (second[0] - first[0]) / (second[1] - first[1])
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return 0.0
-
-
-def cpu_threads(spec: str | int | None) -> int | None:
-    """Intra-op CPU threads for ``--threads``: an integer, None (keep PyTorch's default), or "auto": the cores
-    not already busy (cores minus :func:`busy_cores`, at least 1). On a shared machine, more OpenMP threads
-    than free cores makes every step wait for a descheduled thread (measured here: 3-4x slower)."""
-    if spec is None:
-        return None
-    if spec == "auto":
-        cores = os.cpu_count() or 1
-        return max(1, min(cores, int(cores - busy_cores() + 0.5)))
-    try:
-        n = int(spec)
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1:
-        raise ValueError(f"`threads` got {spec!r}; allowed: an integer >= 1 or 'auto'")
-    return n
+    """The device of this process: :func:`deep_delta.runtime.resolve_device` with "cuda" meaning the GPU of
+    ``LOCAL_RANK``."""
+    return runtime.resolve_device(device, local_rank)
 
 
 def setup(distributed: str = "auto", device: str = "auto") -> DistInfo:

@@ -299,6 +299,7 @@ class Trainer:
         """Train to ``cfg.steps`` (or ``stop_at``); returns the final step and validation loss."""
         t_start = time.perf_counter()
         with contextlib.ExitStack() as stack:
+            stack.callback(self._release)
             self._own_out_dir(stack)
             self.setup()
             self._announce()
@@ -311,6 +312,13 @@ class Trainer:
                     self.save(self.step)
                     raise TrainingInterrupted(stop.requested, self.step, ckpt.latest_checkpoint(self.out))
         return self._result(time.perf_counter() - t_start)
+
+    def _release(self) -> None:
+        """Drop the wrapped model and optimizer when the run ends, before the process group is torn down: a
+        DDP module destroyed after ``destroy_process_group`` (say, kept alive by an exception's traceback)
+        can block its process for ever."""
+        for name in ("train_model", "optimizer"):
+            self.__dict__.pop(name, None)
 
     def _own_out_dir(self, stack: contextlib.ExitStack) -> None:
         """Lock OUT (rank 0), clean what a killed writer left, then check the run it holds (every rank)."""
@@ -576,9 +584,8 @@ def train(
     """
     info = distr.setup(cfg.distributed, cfg.device)
     try:
-        trainer = Trainer(cfg, info, resume=resume, overwrite=overwrite, progress=progress, desc=desc, quiet=quiet,
-                          stop_at=stop_at)
-        return trainer.run()
+        return Trainer(cfg, info, resume=resume, overwrite=overwrite, progress=progress, desc=desc, quiet=quiet,
+                       stop_at=stop_at).run()
     finally:
         distr.teardown(info)
 
