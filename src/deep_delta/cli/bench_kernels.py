@@ -23,6 +23,7 @@ class _DeprecatedAlias(argparse.Action):
 
 
 def add_parser(sub) -> None:
+    from deep_delta.cli.options import add_batch, add_threads
     from deep_delta.eval.kernel_bench import DEFAULT_VARIANTS
     from deep_delta.eval.timing import BENCH_DTYPES, DTYPE_HELP
 
@@ -40,8 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N (default: cpu)")
     p.add_argument("--dtype", default="float32", choices=list(BENCH_DTYPES), help=f"{DTYPE_HELP} (default: float32)")
     p.add_argument("--preset", default="tiny", help="model preset: tiny | small | medium (default: tiny)")
-    p.add_argument("--batch-size", type=int, default=4, metavar="B", help="sequences per step (default: 4)")
-    p.add_argument("--seq-len", type=int, default=256, metavar="T", help="tokens per sequence (default: 256)")
+    add_batch(p, "sequences per step (default: 4)", "tokens per sequence (default: 256)", batch_default=4,
+              seq_default=256)
     # the old spellings, kept working (hidden)
     p.add_argument("--batch", dest="batch_size", type=int, action=_DeprecatedAlias, replacement="--batch-size",
                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -50,8 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--variants", default=default_variants, help=f"comma list (default: {default_variants})")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (default: 7)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default: 2)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for this run (default: torch's)")
+    add_threads(p, default=None)  # set for this run only
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="also time torch.compile of the reference ops (default: on CUDA only)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from deep_delta.cli.main import UsageError
+    from deep_delta.cli.options import apply_threads
     from deep_delta.eval.kernel_bench import KernelBenchSettings, kernel_bench_report
 
     settings = KernelBenchSettings(
@@ -80,14 +80,11 @@ def run(args: argparse.Namespace) -> int:
         ops=not args.skip_ops,
         steps=not args.skip_steps,
     ).resolved()
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads got {args.threads}; allowed: an integer >= 1")
     import torch
 
     threads = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     try:
+        apply_threads(args.threads)
         text = kernel_bench_report(settings, progress=lambda m: print(f"[bench-kernels] {m}", file=sys.stderr,
                                                                       flush=True))
     finally:

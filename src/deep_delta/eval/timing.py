@@ -79,19 +79,11 @@ def check_int(name: str, value: int, lo: int) -> None:
         raise ValueError(f"`{name}` got {value!r}; allowed: an integer >= {lo}")
 
 
-def bench_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; "cpu", "cuda", "cuda:N" as given (cuda must be there)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"`device` got {device!r}; allowed: auto | cpu | cuda | cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` got {device!r} but CUDA is not available on this machine; allowed: cpu")
-    return dev
+def bench_device(device: str | torch.device) -> torch.device:
+    """The device to measure on: :func:`deep_delta.runtime.resolve_device` (auto | cpu | cuda | cuda:N)."""
+    from deep_delta.runtime import resolve_device
+
+    return resolve_device(device)
 
 
 def check_dtype(dtype: str) -> None:
