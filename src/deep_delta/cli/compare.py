@@ -34,6 +34,14 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, default=None, help=f"(default {d['eval_every']}) validate every N steps")
     p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
     p.add_argument("--seed", type=int, default=None, help=f"(default {d['seed']}) seed of initialisation and data order")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+                   help="several paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 "
+                   "(--seeds 3); every variant trains with every seed, and the table shows mean +- sd, the paired "
+                   "difference to the baseline with its 95%% t-interval, and the seeds in which it was lower "
+                   "(default: the one --seed)")
+    p.add_argument("--time-repeats", type=int, default=5, metavar="R",
+                   help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
+                   "columns (0: skip; default 5)")
     options.add_device(p, default=None)
     options.add_threads(p)
     p.add_argument("--config", metavar="FILE|NAME",
@@ -49,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.train.compare import COMPARE_DEFAULTS, format_table, run_compare
+    from deep_delta.train.compare import COMPARE_DEFAULTS, format_table, run_compare, verdicts
     from deep_delta.train.config import load_config
 
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
@@ -59,18 +67,31 @@ def run(args: argparse.Namespace) -> int:
     base = load_config(args.config, settings, args.assignments)
     variants = options.variant_list(args.variants)
     options.apply_threads(args.threads)
+    seeds = seed_list(args.seeds, base.seed)
     print(f"ddl compare: {', '.join(variants)} at preset {base.preset}, {base.steps} steps x "
-          f"{base.batch_size} x {base.seq_len} tokens each, same seed ({base.seed}) and data; "
+          f"{base.batch_size} x {base.seq_len} tokens each, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
-    summary = run_compare(base, variants, args.out, overwrite=args.overwrite, progress=not args.no_progress)
+    seeds = seed_list(args.seeds, base.seed)
+    summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
+                          progress=not args.no_progress, time_repeats=args.time_repeats)
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)
     print(f"{tokens:,} training tokens per variant; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
     print(format_table(summary))
+    print("\n".join(verdicts(summary)))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:
         print(f"ddl compare: {r['variant']} diverged: {r['diverged']}", file=sys.stderr)
     print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png")
     return 1 if failed else 0
+
+
+def seed_list(values: list[int] | None, seed: int) -> list[int]:
+    """``--seeds``: None -> [seed]; one number N -> 0..N-1; several -> those seeds."""
+    if not values:
+        return [seed]
+    if any(v < 0 for v in values) or values == [0]:
+        raise ValueError(f"`seeds` got {values}; allowed: a count N >= 1 (seeds 0..N-1) or a list of seeds >= 0")
+    return list(range(values[0])) if len(values) == 1 else list(dict.fromkeys(values))
