@@ -46,7 +46,7 @@ def test_loss_matches_reference_and_ignores_batching(tmp_path):
 def test_loss_errors(tmp_path):
     data = make_byte_data(tmp_path / "data")
     model = tiny_model()
-    with pytest.raises(ValueError, match=r"--seq-len: got 65; allowed: 1..64"):
+    with pytest.raises(ValueError, match=r"`seq_len` got 65; allowed: 1..64"):
         evaluate_loss(model, data, seq_len=65)
     with pytest.raises(FileNotFoundError, match="no 'test' shards"):
         evaluate_loss(model, data, split="test", seq_len=16)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from deep_delta.cli.main import main
-from deep_delta.train import stats
+from deep_delta.experiments import stats
 from deep_delta.train.metrics import read_metrics
 
 MODEL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=1", "--set",

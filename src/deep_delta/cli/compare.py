@@ -8,8 +8,8 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
+    from deep_delta.experiments.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
     from deep_delta.models.ddl.configuration_ddl import PRESETS
-    from deep_delta.train.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
 
     d = COMPARE_DEFAULTS
     p = sub.add_parser(
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.train.compare import COMPARE_DEFAULTS, format_table, run_compare, verdicts
+    from deep_delta.experiments.compare import COMPARE_DEFAULTS, format_table, run_compare, verdicts
     from deep_delta.train.config import load_config
 
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",

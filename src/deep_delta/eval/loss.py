@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass
 
 import torch
+
+from deep_delta.train.validation import perplexity, summed_loss
+
+__all__ = ["LossResult", "evaluate_loss", "perplexity", "summed_loss"]
 
 
 @dataclass
@@ -20,37 +23,6 @@ class LossResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss), or inf where that overflows a float (loss >= 700 nats)."""
-    return math.exp(loss) if loss < 700 else float("inf")
-
-
-@torch.no_grad()
-def summed_loss(model, batches, *, device: torch.device, autocast=None) -> torch.Tensor:
-    """``[sum of token losses, token count]`` (float64, on ``device``) of ``model`` over ``(x, y)`` batches.
-
-    The one validation pass of the library (``ddl eval loss`` and the trainer's evaluation): eval mode for
-    the pass, the loss of each batch weighted by its tokens and accumulated on the device, so the mean does
-    not depend on how the pass is cut into batches (up to float rounding) and the host waits only once.
-    """
-    import contextlib
-
-    autocast = autocast if autocast is not None else contextlib.nullcontext()
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    try:
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            with autocast:
-                loss = model(x, shift_labels=y, use_cache=False).loss
-            total[0] += loss.double() * y.numel()
-            total[1] += y.numel()
-    finally:
-        model.train(was_training)
-    return total
 
 
 @torch.no_grad()
@@ -75,7 +47,7 @@ def evaluate_loss(
     context = model.config.max_position_embeddings
     seq_len = context if seq_len is None else seq_len
     if not 1 <= seq_len <= context:
-        raise ValueError(f"seq_len: got {seq_len}; allowed: 1..{context} (the model's context)")
+        raise ValueError(f"`seq_len` got {seq_len}; allowed: 1..{context} (the model's context)")
     loader = TokenLoader(data_dir, split, batch_size, seq_len, vocab_size=model.config.vocab_size)
     device = next(model.parameters()).device
     batches = loader.eval_batches(max_batches)

@@ -460,7 +460,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate, save, log
     def evaluate(self) -> tuple[float, float]:
         """Validation loss and perplexity over ``cfg.eval_batches`` batches of the val split (all ranks)."""
-        from deep_delta.eval.loss import perplexity, summed_loss
+        from deep_delta.train.validation import perplexity, summed_loss
 
         total = summed_loss(self.train_model, self.val_loader.eval_batches(self.cfg.eval_batches),
                             device=self.info.device, autocast=self.autocast)
