@@ -227,3 +227,13 @@ def test_training_without_a_validation_split(tmp_path, data_dir, make_config):
     assert result.step == 6 and result.val_loss is None
     assert not [r for r in read_metrics(tmp_path / "b") if "val_loss" in r]
     assert json.loads((tmp_path / "b" / "run.json").read_text())["train_config"]["eval_every"] == 0
+
+
+def test_debug_shows_the_traceback(tmp_path, data_dir, monkeypatch):
+    args = _args(data_dir, tmp_path / "run", 1, "--set", "steps=-1")
+    assert main(args) == 2
+    with pytest.raises(ValueError, match="`steps` got -1"):
+        main(["--debug", *args])
+    monkeypatch.setenv("DDL_DEBUG", "1")
+    with pytest.raises(ValueError, match="`steps` got -1"):
+        main(args)
