@@ -7,7 +7,7 @@
 """
 
 from deep_delta.data.default import default_cache_dir, default_data_dir
-from deep_delta.data.errors import DataUnavailableError
+from deep_delta.data.errors import DataError, DataUnavailableError
 from deep_delta.data.loader import TokenLoader
 from deep_delta.data.prepare import check_data_dir, prepare, read_meta, write_dataset
 from deep_delta.data.shards import ShardError, ShardHeader, open_shard, read_header, write_shard
@@ -15,6 +15,7 @@ from deep_delta.data.tokenizers import ByteTokenizer, TiktokenTokenizer, get_tok
 
 __all__ = [
     "ByteTokenizer",
+    "DataError",
     "DataUnavailableError",
     "ShardError",
     "ShardHeader",

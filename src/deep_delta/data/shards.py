@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deep_delta.data.errors import DataError
 from deep_delta.fsutil import atomic_write
 
 MAGIC = 20240520
@@ -30,7 +31,7 @@ MAX_TOKEN_ID = int(np.iinfo(np.uint16).max)  # 65535: ids must fit in uint16
 MAX_TOKENS = int(np.iinfo(np.int32).max)  # the count lives in an int32 header field
 
 
-class ShardError(ValueError):
+class ShardError(DataError):
     """A shard file that exists but cannot be used (bad magic or version, truncated, bad token ids)."""
 
 

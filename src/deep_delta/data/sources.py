@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deep_delta.data.errors import DataUnavailableError
+from deep_delta.data.errors import DataError, DataUnavailableError
 
 FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_DEFAULT_CONFIG = "sample-10BT"
@@ -48,19 +48,38 @@ def texts_sha256(texts: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def iter_texts(records: Iterable, origin: str) -> Iterator[str]:
-    """The ``"text"`` of each record (a mapping), skipping empty ones; ``origin`` names the source in errors."""
-    for i, record in enumerate(records):
+def iter_texts(records: Iterable, origin: str, *, located: bool = False) -> Iterator[str]:
+    """The ``"text"`` of each record (a mapping), skipping empty ones; ``origin`` names the source in errors.
+
+    With ``located=True`` the items are ``(where, record)`` pairs and errors name ``where`` (e.g. "line 3")
+    instead of the record's index.
+    """
+    for i, item in enumerate(records):
+        where, record = item if located else (None, item)
+        prefix = f"{origin}, {where}: record" if located else f"{origin}: record {i}"
         try:
             text = record[TEXT_FIELD]
         except (KeyError, TypeError, IndexError):
             keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise ValueError(f"{origin}: record {i} has no {TEXT_FIELD!r} field (got {keys})") from None
+            raise DataError(f"{prefix} has no {TEXT_FIELD!r} field (got {keys})") from None
         if text is None or text == "":
             continue
         if not isinstance(text, str):
-            raise ValueError(f"{origin}: record {i} field {TEXT_FIELD!r} must be a string, got {type(text).__name__}")
+            raise DataError(
+                f"{prefix} has a {TEXT_FIELD!r} field of type {type(text).__name__}; allowed: a string "
+                f"(null or empty to skip the record)"
+            )
         yield text
+
+
+def utf8_error(path: Path, error: UnicodeDecodeError, offset: int, line: int) -> DataError:
+    """The error for bytes of ``path`` that are not UTF-8: ``error`` is from decoding the bytes that start at
+    byte ``offset`` of the file, on line ``line``."""
+    bad = error.object[error.start : min(error.end, error.start + 4)]
+    return DataError(
+        f"{path}, line {line}: not valid UTF-8 at byte {offset + error.start} (got 0x{bad.hex()}: "
+        f"{error.reason}); allowed: UTF-8 text (convert the file, e.g. `iconv -f latin1 -t utf-8`)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- local files
@@ -92,41 +111,86 @@ def local_files(spec: str | os.PathLike) -> list[Path]:
     )
 
 
-def _jsonl_records(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+def _read_text(path: Path) -> str:
+    """The text of ``path`` with universal newlines (as ``Path.read_text``), decoded from the bytes so that an
+    error can name the byte."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise utf8_error(path, e, 0, data.count(b"\n", 0, e.start) + 1) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """``("line N", record)`` for each non-blank line; read as bytes so a decoding error names its byte."""
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise utf8_error(path, e, start, lineno) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: invalid JSON ({e.msg})") from None
+                raise DataError(f"{path}, line {lineno}: invalid JSON ({e.msg} at column {e.colno}); allowed: "
+                                f"one JSON object per line") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
-            yield record
+                raise DataError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
+            yield f"line {lineno}", record
+
+
+def _parquet_failure(path: Path, error: Exception, what: str) -> Exception:
+    """pyarrow's error for ``path`` as one naming the file: an OS error (it has an errno) stays one; anything
+    else (``ArrowInvalid``, pyarrow's errno-less ``OSError`` "Couldn't deserialize thrift") is corruption."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return type(error)(error.errno, error.strerror, str(path))
+    return DataError(f"{path}: {what} ({str(error).strip()[:200]}); allowed: a parquet file with a "
+                     f"{TEXT_FIELD!r} column of strings")
 
 
 def _parquet_records(path: Path) -> Iterator[dict]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    if TEXT_FIELD not in pf.schema_arrow.names:
-        raise ValueError(f"{path}: parquet file has no {TEXT_FIELD!r} column (columns: {pf.schema_arrow.names})")
-    for batch in pf.iter_batches(batch_size=1024, columns=[TEXT_FIELD]):
-        for text in batch.column(0).to_pylist():
-            yield {TEXT_FIELD: text}
+    broken = (pa.ArrowException, OSError)
+    with open(path, "rb") as f:  # opened here: a missing or unreadable file is an OSError naming it
+        try:
+            pf = pq.ParquetFile(f)
+            names = pf.schema_arrow.names
+        except broken as e:
+            raise _parquet_failure(path, e, "not a readable parquet file") from None
+        if TEXT_FIELD not in names:
+            raise DataError(f"{path}: parquet file has no {TEXT_FIELD!r} column (columns: {names})")
+        batches = pf.iter_batches(batch_size=1024, columns=[TEXT_FIELD])
+        row = 0
+        while True:
+            try:
+                texts = next(batches).column(0).to_pylist()
+            except StopIteration:
+                return
+            except broken as e:
+                raise _parquet_failure(path, e, f"corrupted parquet data after row {row}") from None
+            for text in texts:
+                yield {TEXT_FIELD: text}
+            row += len(texts)
 
 
 def iter_local_documents(files: Iterable[Path]) -> Iterator[str]:
     """Documents of local files in order: a ``.txt`` file is one document; ``.jsonl`` lines and ``.parquet``
-    rows are one document each (their ``"text"``)."""
+    rows are one document each (their ``"text"``). Text that is not UTF-8, invalid JSON and corrupt parquet
+    data raise :class:`DataError` naming the file and the line and byte, or the row."""
     for path in files:
         if path.suffix == ".txt":
-            text = path.read_text(encoding="utf-8")
+            text = _read_text(path)
             if text:
                 yield text
         elif path.suffix == ".jsonl":
-            yield from iter_texts(_jsonl_records(path), str(path))
+            yield from iter_texts(_jsonl_records(path), str(path), located=True)
         elif path.suffix == ".parquet":
             yield from iter_texts(_parquet_records(path), str(path))
         else:
