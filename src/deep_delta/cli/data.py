@@ -132,48 +132,25 @@ def run_info(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from deep_delta.data import ShardError, check_data_dir, read_header
-    from deep_delta.data.loader import available_splits, split_shards
-    from deep_delta.data.prepare import META_FILE
+    from deep_delta.data import inspect_data_dir
 
     d = Path(args.dir)
-    if not d.is_dir():
-        raise FileNotFoundError(f"data directory {d} does not exist")
-    problems: list[str] = []
-    shards = []
-    for split in available_splits(d):
-        for path in split_shards(d, split):
-            try:
-                shards.append({"split": split, "file": path.name, "num_tokens": read_header(path).num_tokens})
-            except (ShardError, FileNotFoundError) as e:
-                shards.append({"split": split, "file": path.name, "error": str(e)})
-                problems.append(str(e))
-    meta = None
-    if (d / META_FILE).exists():
-        try:
-            meta = check_data_dir(d)
-        except (ShardError, ValueError, FileNotFoundError) as e:
-            problems.append(str(e))
-            try:
-                meta = json.loads((d / META_FILE).read_text(encoding="utf-8"))
-            except ValueError:
-                meta = None
-    else:
-        problems.append(f"{d / META_FILE} does not exist (shards alone, e.g. from llm.c / modded-nanogpt)")
+    report = inspect_data_dir(d)
+    problems = list(dict.fromkeys(str(p) for p in report.problems))  # each once, in the order found
     if args.json:
-        print(json.dumps({"meta": meta, "shards": shards, "problems": problems}, indent=2))
-    else:
-        if isinstance(meta, dict) and "splits" in meta:
-            print(f"{d}: {meta.get('num_tokens', 0):,} tokens from {meta.get('source')} "
-                  f"(tokenizer {meta.get('tokenizer')}, vocab_size {meta.get('vocab_size')}, "
-                  f"eot {meta.get('eot_token')})")
-            _print_splits(meta)
-        print("shards:")
-        for s in shards:
-            status = f"{s['num_tokens']:>14,} tokens" if "num_tokens" in s else f"ERROR {s['error']}"
-            print(f"  {s['file']:<22} {status}")
-        for p in problems:
-            print(f"problem: {p}")
-        if not problems:
-            print("ok: meta.json and shard headers agree")
+        print(json.dumps({"meta": report.raw_meta, "shards": report.shards, "problems": problems}, indent=2))
+        return 1 if problems else 0
+    meta = report.meta
+    if meta is not None and isinstance(meta.get("splits"), dict):
+        print(f"{d}: {meta.get('num_tokens', 0):,} tokens from {meta.get('source')} "
+              f"(tokenizer {meta['tokenizer']}, vocab_size {meta['vocab_size']}, eot {meta.get('eot_token')})")
+        _print_splits(meta)
+    print("shards:")
+    for s in report.shards:
+        status = f"{s['num_tokens']:>14,} tokens" if "num_tokens" in s else "unreadable (see the problem below)"
+        print(f"  {s['file']:<22} {status}")
+    for p in problems:
+        print(f"problem: {p}")
+    if not problems:
+        print("ok: meta.json and shard headers agree")
     return 1 if problems else 0

@@ -9,7 +9,8 @@
 from deep_delta.data.default import default_cache_dir, default_data_dir
 from deep_delta.data.errors import DataError, DataUnavailableError
 from deep_delta.data.loader import TokenLoader
-from deep_delta.data.prepare import check_data_dir, prepare, read_meta, write_dataset
+from deep_delta.data.meta import read_meta
+from deep_delta.data.prepare import check_data_dir, inspect_data_dir, prepare, write_dataset
 from deep_delta.data.shards import ShardError, ShardHeader, open_shard, read_header, write_shard
 from deep_delta.data.tokenizers import ByteTokenizer, TiktokenTokenizer, get_tokenizer
 
@@ -25,6 +26,7 @@ __all__ = [
     "default_cache_dir",
     "default_data_dir",
     "get_tokenizer",
+    "inspect_data_dir",
     "open_shard",
     "prepare",
     "read_header",

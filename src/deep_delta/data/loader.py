@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deep_delta.data.meta import META_FILE, SPLIT_NAME, read_meta
 from deep_delta.data.shards import ShardError, max_token_id, open_shard
 
 
@@ -28,6 +29,35 @@ def available_splits(data_dir: str | os.PathLike) -> list[str]:
     """Names of the splits that have at least one shard in ``data_dir``."""
     names = {m.group(1) for p in Path(data_dir).iterdir() if (m := re.fullmatch(r"(.+)_\d+\.bin", p.name))}
     return sorted(names)
+
+
+def missing_split_hint(split: str, meta: dict | None) -> str:
+    """How to get a split that ``meta`` (None: no meta.json) does not have shards for."""
+    if split != "val":
+        return "prepare the data with `ddl data prepare` (it writes the splits train and val)"
+    why = " (it was prepared with --val-fraction 0)" if meta is not None and meta.get("val_fraction") == 0 else ""
+    return (f"this data has no validation split{why}; prepare it again with `ddl data prepare --val-fraction F` "
+            f"(F > 0, e.g. 0.01) to get one, or train without validation")
+
+
+def token_id_error(path: Path, top: int, model_vocab: int | None, meta: dict | None,
+                   meta_path: Path | None) -> ShardError | None:
+    """The error for shard ``path`` whose largest token id is ``top``: beyond the model's vocabulary
+    (``model_vocab``) or beyond the tokenizer's recorded in ``meta`` (``meta_path``); None when it fits both."""
+    if model_vocab is not None and top >= model_vocab:
+        return ShardError(
+            f"token shard {path} holds token id {top}, but the model's vocabulary has {model_vocab} ids "
+            f"(0..{model_vocab - 1}); prepare the data with the model's tokenizer or use a model with "
+            f"vocab_size > {top}"
+        )
+    if meta is not None and top >= meta["vocab_size"]:
+        vocab = meta["vocab_size"]
+        return ShardError(
+            f"token shard {path} holds token id {top}, but the {meta['tokenizer']} tokenizer of {meta_path} has "
+            f"vocab_size {vocab} (ids 0..{vocab - 1}); allowed: ids below {vocab}. The shard is corrupted or "
+            f"was not made with this tokenizer: prepare the data again with `ddl data prepare`"
+        )
+    return None
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -59,7 +89,11 @@ class TokenLoader:
         seq_len: tokens per row (T).
         seed: seed of the window order.
         rank, world_size: this process's rank and the number of data-parallel processes.
-        vocab_size: when given, every shard is scanned and a token id ``>= vocab_size`` is an error.
+        vocab_size: the model's vocabulary: a token id ``>= vocab_size`` is an error.
+
+    When ``data_dir`` has a ``meta.json`` it is read (its values checked) and every shard is scanned: a token id
+    ``>=`` its ``vocab_size`` (the tokenizer's) is an error naming the shard, the id and the vocabulary; so is
+    one ``>= vocab_size`` (the model's) when that is given. The metadata is ``self.meta`` (None without one).
     """
 
     def __init__(
@@ -83,28 +117,27 @@ class TokenLoader:
             raise ValueError(f"TokenLoader: rank must be in [0, world_size={world_size}), got {rank}")
         if vocab_size is not None:
             vocab_size = _check_int("vocab_size", vocab_size, 1)
-        if not isinstance(split, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*", split):
+        if not isinstance(split, str) or not SPLIT_NAME.fullmatch(split):
             raise ValueError(f"TokenLoader: split must be a name like 'train' or 'val', got {split!r}")
         self.data_dir = Path(data_dir)
         self.split = split
         if not self.data_dir.is_dir():
             raise FileNotFoundError(f"data directory {self.data_dir} does not exist (prepare it with `ddl data prepare`)")
+        meta_path = self.data_dir / META_FILE
+        self.meta = read_meta(self.data_dir) if meta_path.exists() else None
         self.files = split_shards(self.data_dir, split)
         if not self.files:
             have = ", ".join(available_splits(self.data_dir)) or "none"
             raise FileNotFoundError(
-                f"no '{split}' shards ({split}_000000.bin, ...) in {self.data_dir}; splits found: {have}"
+                f"no '{split}' shards ({split}_000000.bin, ...) in {self.data_dir}; splits found: {have}; "
+                f"{missing_split_hint(split, self.meta)}"
             )
         self._shards = [open_shard(p) for p in self.files]
-        if vocab_size is not None:
+        if vocab_size is not None or self.meta is not None:
             for path, tokens in zip(self.files, self._shards):
-                top = max_token_id(tokens)
-                if top >= vocab_size:
-                    raise ShardError(
-                        f"token shard {path} holds token id {top}, but the model's vocabulary has {vocab_size} "
-                        f"ids (0..{vocab_size - 1}); prepare the data with the model's tokenizer or use a model "
-                        f"with vocab_size > {top}"
-                    )
+                error = token_id_error(path, max_token_id(tokens), vocab_size, self.meta, meta_path)
+                if error is not None:
+                    raise error
         self._starts = np.cumsum([0] + [len(s) for s in self._shards])
         self.num_tokens = int(self._starts[-1])
         if self.num_tokens < self.seq_len + 1:

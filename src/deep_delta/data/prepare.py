@@ -25,17 +25,29 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from deep_delta.data.loader import split_shards
-from deep_delta.data.shards import MAX_TOKEN_ID, MAX_TOKENS, ShardError, read_header, write_shard
+from deep_delta.data.errors import DataError
+from deep_delta.data.loader import available_splits, split_shards, token_id_error
+from deep_delta.data.meta import META_FILE, read_meta, validate_meta
+from deep_delta.data.shards import (
+    MAX_TOKEN_ID,
+    MAX_TOKENS,
+    ShardError,
+    max_token_id,
+    open_shard,
+    read_header,
+    write_shard,
+)
 from deep_delta.data.sources import resolve_source
-from deep_delta.data.tokenizers import Tokenizer, get_tokenizer
+from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.fsutil import atomic_write
 
-META_FILE = "meta.json"
+__all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "read_meta", "write_dataset"]
+
 META_FORMAT = "deep_delta.tokens/2"  # /2: validation documents chosen by the closest-share rule
 DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
@@ -106,6 +118,9 @@ def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int,
         raise ValueError(f"shard_tokens must be an integer in [1, {MAX_TOKENS}], got {shard_tokens!r}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+    if tokenizer.name not in TOKENIZERS:
+        raise ValueError(f"tokenizer name {tokenizer.name!r}: allowed: one of {', '.join(TOKENIZERS)} (meta.json "
+                         f"records the name, and readers of the data build the tokenizer from it)")
     if tokenizer.vocab_size > MAX_TOKEN_ID + 1:
         raise ValueError(
             f"tokenizer {tokenizer.name!r} has vocab_size {tokenizer.vocab_size}; uint16 shards hold at most "
@@ -181,48 +196,92 @@ def write_dataset(
         "max_tokens": max_tokens,
         "splits": splits,
     }
+    validate_meta(meta, directory / META_FILE)  # never write what read_meta would refuse
     atomic_write(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
     return meta
 
 
-def read_meta(data_dir: str | os.PathLike) -> dict:
-    """``meta.json`` of a prepared data directory."""
-    path = Path(data_dir) / META_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; is {data_dir} a directory made by `ddl data prepare`?")
+@dataclass
+class DataDirReport:
+    """What :func:`inspect_data_dir` found: the metadata (``meta``: checked, or None when ``meta.json`` is
+    missing or unusable; ``raw_meta``: whatever JSON the file holds), one entry per shard file present
+    (``{"split", "file", "num_tokens"}`` or ``{"split", "file", "error"}``) and every problem, each once."""
+
+    meta: dict | None
+    raw_meta: object
+    shards: list[dict] = field(default_factory=list)
+    problems: list[Exception] = field(default_factory=list)
+
+
+def inspect_data_dir(data_dir: str | os.PathLike, *, scan_ids: bool = True) -> DataDirReport:
+    """Check a data directory and report every problem found (not just the first): a shard that is missing,
+    truncated or corrupted, one that ``meta.json`` does not list or lists with another token count, a token
+    id ``>=`` the tokenizer's ``vocab_size`` (``scan_ids``: reads every shard), an unusable ``meta.json``.
+    Raises ``FileNotFoundError`` only when ``data_dir`` is not a directory."""
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"data directory {d} does not exist")
+    report = DataDirReport(meta=None, raw_meta=None)
+    meta_path = d / META_FILE
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(meta).__name__}")
-    return meta
+        report.meta = report.raw_meta = meta = read_meta(d)
+    except (ValueError, OSError) as e:
+        report.problems.append(e)
+        try:
+            report.raw_meta = json.loads(meta_path.read_bytes())
+        except (OSError, ValueError):
+            pass
+    headers = {}
+    for split in available_splits(d):
+        for path in split_shards(d, split):
+            try:
+                headers[path.name] = read_header(path)
+                report.shards.append({"split": split, "file": path.name, "num_tokens": headers[path.name].num_tokens})
+            except (ShardError, OSError) as e:
+                report.shards.append({"split": split, "file": path.name, "error": str(e)})
+                report.problems.append(e)
+    if report.meta is None:
+        return report
+    for key in ("eot_token", "splits"):
+        if key not in meta:
+            report.problems.append(DataError(f"{meta_path}: field {key!r} is missing; prepare the data again "
+                                             f"with `ddl data prepare`"))
+    splits = meta.get("splits", {})
+    for split in available_splits(d):
+        if split not in splits:
+            names = [p.name for p in split_shards(d, split)]
+            report.problems.append(ShardError(f"{d}: shards {names} are not listed in meta.json"))
+    for split, info in splits.items():
+        listed = {s["file"]: s["num_tokens"] for s in info.get("shards", [])}
+        present = [p.name for p in split_shards(d, split)]
+        for name in sorted(set(listed) - set(present)):
+            report.problems.append(FileNotFoundError(f"token shard {d / name} listed in meta.json does not exist"))
+        unlisted = sorted(set(present) - set(listed))
+        if unlisted:
+            report.problems.append(ShardError(f"{d}: shards {unlisted} are not listed in meta.json"))
+        for name, count in listed.items():
+            header = headers.get(name)
+            if header is None:
+                continue  # missing or unreadable: reported above
+            if header.num_tokens != count:
+                report.problems.append(ShardError(
+                    f"token shard {header.path} holds {header.num_tokens} tokens, {meta_path} says {count}"))
+            elif scan_ids and count:
+                error = token_id_error(header.path, max_token_id(open_shard(header.path)), None, meta, meta_path)
+                if error is not None:
+                    report.problems.append(error)
+    return report
 
 
 def check_data_dir(data_dir: str | os.PathLike) -> dict:
     """Check that ``meta.json`` and the shards of ``data_dir`` agree (every listed shard exists with a valid
-    header and the listed count, and no unlisted shard exists). Returns the metadata; raises
-    ``FileNotFoundError`` / :class:`ShardError` / ``ValueError`` naming what is wrong."""
-    data_dir = Path(data_dir)
-    meta = read_meta(data_dir)
-    for key in ("tokenizer", "vocab_size", "eot_token", "splits"):
-        if key not in meta:
-            raise ValueError(f"{data_dir / META_FILE} lacks the key {key!r}")
-    for split, info in meta["splits"].items():
-        listed = [s["file"] for s in info.get("shards", [])]
-        present = [p.name for p in split_shards(data_dir, split)]
-        if sorted(present) != sorted(listed):
-            missing = sorted(set(listed) - set(present))
-            if missing:
-                raise FileNotFoundError(f"token shard {data_dir / missing[0]} listed in meta.json does not exist")
-            raise ShardError(f"{data_dir}: shards {sorted(set(present) - set(listed))} are not listed in meta.json")
-        for s in info.get("shards", []):
-            header = read_header(data_dir / s["file"])
-            if header.num_tokens != s["num_tokens"]:
-                raise ShardError(
-                    f"token shard {header.path} holds {header.num_tokens} tokens, meta.json says {s['num_tokens']}"
-                )
-    return meta
+    header and the listed count, no unlisted shard exists, every token id is below the tokenizer's
+    ``vocab_size``). Returns the metadata; raises the first problem :func:`inspect_data_dir` finds
+    (``FileNotFoundError`` / :class:`ShardError` / :class:`DataError`, naming what is wrong)."""
+    report = inspect_data_dir(data_dir)
+    if report.problems:
+        raise report.problems[0]
+    return report.meta
 
 
 def _check_output(out: Path, overwrite: bool) -> None:
