@@ -176,9 +176,6 @@ def test_bad_sources(tmp_path):
     pq.write_table(pa.table({"content": ["a"]}), tmp_path / "p.parquet")
     with pytest.raises(ValueError, match=r"p\.parquet: parquet file has no 'text' column \(columns: \['content'\]\)"):
         prepare(tmp_path / "p.parquet", "byte", out, progress=False)
-    (tmp_path / "one.txt").write_text("just one document")
-    with pytest.raises(ValueError, match="all of them in the validation split"):
-        prepare(tmp_path / "one.txt", "byte", out, progress=False)
     (tmp_path / "blank.txt").write_text("")
     with pytest.raises(ValueError, match="holds no documents"):
         prepare(tmp_path / "blank.txt", "byte", out, progress=False)

@@ -117,6 +117,13 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
           f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
     _print_splits(meta)
+    val = meta["splits"]["val"]["num_tokens"]
+    if meta.get("split_by") == "tokens":
+        print(f"  split by tokens: {meta['num_documents']:,} document(s) are too few to give both splits whole "
+              f"documents, so the last {val:,} tokens (--val-fraction {meta['val_fraction']}) are the validation "
+              f"split")
+    elif val == 0:
+        print("  no validation split (--val-fraction 0): train with validation off (--eval-every 0)")
     print(f"  written to {args.out} in {seconds:.1f} s ({meta['num_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
     return 0
 

@@ -4,13 +4,15 @@ Output directory layout::
 
     train_000000.bin, train_000001.bin, ...   (llm.c / modded-nanogpt shards, see shards.py)
     val_000000.bin, ...                       (absent when val_fraction == 0)
-    meta.json                                 (tokenizer, vocab_size, eot_token, counts, source)
+    meta.json                                 (tokenizer, vocab_size, eot_token, counts, source, split_by)
 
 Every document is followed by the end-of-text token. The validation split is a deterministic, streaming
 choice of whole documents: the first document, then each document that brings the validation share of the
 tokens so far closer to ``val_fraction`` (so the share stays within about half a document of ``val_fraction``
 all along the stream, with no need to know the total in advance). Documents may span shard boundaries; the
-loader reads a split's shards as one stream.
+loader reads a split's shards as one stream. When the source has too few documents for that to leave any for
+training (one ``.txt`` file is one document), the split is by tokens instead: the last ``val_fraction`` of the
+tokens are the validation split (``meta.json``: ``"split_by": "tokens"``).
 
 The output is built in a temporary directory beside ``out_dir`` and renamed into place at the end, so a
 failure (an unreachable Hub, a bad record, Ctrl-C) leaves any existing ``out_dir`` untouched.
@@ -66,11 +68,11 @@ class _SplitWriter:
         self.num_documents = 0
         self.shards: list[dict] = []
 
-    def add(self, tokens: np.ndarray) -> None:
+    def add(self, tokens: np.ndarray, documents: int = 1) -> None:
         self.parts.append(tokens)
         self.buffered += len(tokens)
         self.num_tokens += len(tokens)
-        self.num_documents += 1
+        self.num_documents += documents
         while self.buffered >= self.shard_tokens:
             self._flush(self.shard_tokens)
 
@@ -173,14 +175,15 @@ def write_dataset(
                 break
     finally:
         bar.close()
-    splits = {"train": train.close(), "val": val.close()}
     if total == 0:
         raise ValueError("the source holds no documents (nothing to tokenize)")
-    if train.num_tokens == 0:
-        raise ValueError(
-            f"the source gave {val.num_documents} document(s), all of them in the validation split: the training "
-            f"split needs at least one more document (or use val_fraction=0 / --val-fraction 0)"
-        )
+    documents = train.num_documents + val.num_documents
+    split_by = "documents" if val_fraction > 0 else "none"
+    if train.num_tokens == 0 and val_fraction > 0:
+        # too few documents: whole ones would all be validation (one .txt file is one document)
+        train, val = _split_by_tokens(directory, val, val_fraction, shard_tokens, tokenizer.eot_token)
+        split_by = "tokens"
+    splits = {"train": train.close(), "val": val.close()}
     meta = {
         "format": META_FORMAT,
         "shard_layout": "llm.c/modded-nanogpt .bin: 256 x int32 header (magic 20240520, version 1, count), uint16",
@@ -189,16 +192,60 @@ def write_dataset(
         "eot_token": int(tokenizer.eot_token),
         **(source_info or {"source": "python iterable"}),
         "num_tokens": total,
-        "num_documents": train.num_documents + val.num_documents,
+        "num_documents": documents,
         "truncated": truncated,
         "val_fraction": val_fraction,
         "shard_tokens": shard_tokens,
         "max_tokens": max_tokens,
+        "split_by": split_by,
         "splits": splits,
     }
     validate_meta(meta, directory / META_FILE)  # never write what read_meta would refuse
     atomic_write(directory / META_FILE, json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def _split_by_tokens(directory: Path, stream: _SplitWriter, val_fraction: float, shard_tokens: int,
+                     eot: int) -> tuple[_SplitWriter, _SplitWriter]:
+    """Re-split the tokens ``stream`` wrote (every document of the source) by tokens: the last
+    ``round(val_fraction * N)`` (at least 1) go to val, the rest to train. Returns the new (train, val)."""
+    old = stream.close()
+    total = old["num_tokens"]
+    n_val = max(1, round(val_fraction * total))
+    n_train = total - n_val
+    if n_train < 1:
+        raise DataError(
+            f"the source gave {total} token(s) in {old['num_documents']} document(s): too few for a train and a "
+            f"validation split; allowed: at least 2 tokens (more data, a larger --max-tokens, or --val-fraction 0)"
+        )
+    moved = []
+    for s in old["shards"]:  # set the shards aside: the new val shards take their names
+        aside = directory / f".resplit-{s['file']}"
+        os.replace(directory / s["file"], aside)
+        moved.append(aside)
+    train = _SplitWriter(directory, "train", shard_tokens)
+    val = _SplitWriter(directory, "val", shard_tokens)
+    done = complete_in_train = 0
+    last_train = eot
+    chunk = 1 << 24
+    for path in moved:
+        tokens = open_shard(path)
+        for a in range(0, len(tokens), chunk):
+            part = np.array(tokens[a : a + chunk])
+            cut = min(max(n_train - done, 0), len(part))
+            if cut:
+                train.add(part[:cut], documents=0)
+                complete_in_train += int(np.count_nonzero(part[:cut] == eot))
+                last_train = int(part[cut - 1])
+            if cut < len(part):
+                val.add(part[cut:], documents=0)
+            done += len(part)
+        del tokens
+        path.unlink()
+    # a document belongs to each split it has tokens in: the one cut in two is counted in both
+    train.num_documents = complete_in_train + (last_train != eot)
+    val.num_documents = old["num_documents"] - complete_in_train
+    return train, val
 
 
 @dataclass
