@@ -9,7 +9,9 @@ from pathlib import Path
 from deep_delta.data.prepare import (
     DEFAULT_SHARD_TOKENS,
     META_FORMAT,
+    aside_name,
     check_data_dir,
+    remove_stale,
     staging_dir,
     write_dataset,
 )
@@ -58,6 +60,7 @@ def default_data_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     sha = texts_sha256(texts)
     if _is_current(out, sha):
         return out
+    remove_stale(out)  # what a killed build left; other processes' builds in progress are kept
     staging = staging_dir(out)
     try:
         write_dataset(texts, ByteTokenizer(), staging, val_fraction=PYDOC_VAL_FRACTION,
@@ -71,7 +74,7 @@ def default_data_dir(cache_dir: str | os.PathLike | None = None) -> Path:
                 pass
             if _is_current(out, sha):
                 return out
-            stale = out.parent / f"{staging.name}.stale"
+            stale = aside_name(out, "old")
             try:
                 os.rename(out, stale)  # set the invalid copy aside; a concurrent process may have done so already
             except OSError:

@@ -15,16 +15,19 @@ training (one ``.txt`` file is one document), the split is by tokens instead: th
 tokens are the validation split (``meta.json``: ``"split_by": "tokens"``).
 
 The output is built in a temporary directory beside ``out_dir`` and renamed into place at the end, so a
-failure (an unreachable Hub, a bad record, Ctrl-C) leaves any existing ``out_dir`` untouched.
+failure (an unreachable Hub, a bad record, Ctrl-C) leaves any existing ``out_dir`` untouched; temporary
+directories of a run that was killed are removed by the next one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
-import tempfile
+import socket
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -55,6 +58,7 @@ DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
 _ENCODE_BATCH = 256  # documents per tokenizer call (tiktoken encodes a batch on several threads)
+STALE_AFTER = 24 * 3600  # seconds: when a temporary directory without a process in its name counts as stale
 
 
 class _SplitWriter:
@@ -336,6 +340,8 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise FileExistsError(f"output {out} exists and is not a directory")
     if not out.is_dir():
         return
+    if not os.access(out, os.W_OK | os.X_OK):  # its parent may be writable, but a read-only --out says "keep"
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(out))
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
@@ -349,10 +355,65 @@ def _check_output(out: Path, overwrite: bool) -> None:
         )
 
 
+def _owner() -> str:
+    """``HOST-PID`` of this process, written into the names of its temporary directories."""
+    return f"{re.sub(r'[^A-Za-z0-9.-]', '_', socket.gethostname()) or 'host'}-{os.getpid()}"
+
+
+def aside_name(out: Path, kind: str) -> Path:
+    """A fresh name beside ``out`` for a temporary directory of this process: ``.OUT.KIND-HOST-PID-XXXXXXXX``
+    (``kind`` "tmp": being built; "old": a previous ``out`` set aside)."""
+    return out.parent / f".{out.name}.{kind}-{_owner()}-{uuid.uuid4().hex[:8]}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except (OverflowError, OSError):
+        return False
+    return True
+
+
+def remove_stale(out: Path) -> list[Path]:
+    """Remove the temporary directories beside ``out`` that a killed run (SIGKILL, a crash, power loss) left:
+    those named for a process of this host that no longer runs, and those of older versions (no process in
+    the name) untouched for a day. A running process's directories are left alone. Returns what was removed."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)-(.+)")
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return []
+    host = _owner().rsplit("-", 1)[0]
+    removed = []
+    for path in entries:
+        m = pattern.fullmatch(path.name)
+        if m is None or path.is_symlink() or not path.is_dir():
+            continue
+        owner = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]{8}", m.group(1))
+        if owner is not None:
+            stale = owner.group(1) == host and not _running(int(owner.group(2)))
+        else:
+            try:
+                stale = time.time() - path.stat().st_mtime > STALE_AFTER
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def staging_dir(out: Path) -> Path:
-    """A new empty directory beside ``out`` (same filesystem, so it can be renamed onto ``out``)."""
+    """A new empty directory beside ``out`` (same filesystem, so it can be renamed onto ``out``), named for
+    this process (see :func:`remove_stale`)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    path = aside_name(out, "tmp")
+    path.mkdir()
+    return path
 
 
 def replace_dir(staging: Path, out: Path) -> None:
@@ -360,7 +421,7 @@ def replace_dir(staging: Path, out: Path) -> None:
     if not out.exists():
         os.rename(staging, out)
         return
-    trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    trash = aside_name(out, "old")
     os.rename(out, trash)
     try:
         os.rename(staging, out)
@@ -402,13 +463,35 @@ def prepare(
     out = Path(out_dir).expanduser()
     _check_output(out, overwrite)
     src = resolve_source(source)
-    staging = staging_dir(out)
+    staging = None
     try:
+        remove_stale(out)
+        staging = staging_dir(out)
         meta = write_dataset(src.documents, tok, staging, val_fraction=val_fraction, shard_tokens=shard_tokens,
                              max_tokens=max_tokens, source_info=src.info, progress=progress)
         _check_output(out, overwrite)  # the directory may have been filled while we worked
         replace_dir(staging, out)
-    finally:
-        if staging.exists():
+    except OSError as e:
+        error = _output_error(e, out, staging)
+        if error is None:
+            raise
+        raise error from e
+    finally:  # any failure, Ctrl-C included: nothing half-written stays
+        if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return meta
+
+
+def _output_error(error: OSError, out: Path, staging: Path | None) -> OSError | None:
+    """``error`` naming ``out`` when it concerns the output (a temporary file or directory of ours, ``out``
+    or a directory above it); None when it is about something else (e.g. a source file)."""
+    name = error.filename
+    if name is None:
+        ours = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # f.write() names no file
+    else:
+        path = Path(os.fsdecode(name))
+        ours = (path == out or path in out.parents or (staging is not None and staging in path.parents)
+                or (path.parent == out.parent and path.name.startswith(f".{out.name}.")))
+    if not ours or error.errno is None:
+        return None
+    return type(error)(error.errno, error.strerror or os.strerror(error.errno), str(out))
