@@ -1,0 +1,68 @@
+"""``ddl analyze``: what a trained DDL model does with beta and k, per sublayer, over a data sample."""
+
+from __future__ import annotations
+
+import argparse
+
+from deep_delta.cli import options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="look inside a trained DDL model: beta regimes, erasure, directions, values per sublayer",
+        description="Run the model at --model over windows of a prepared data split and report, per delta "
+        "sublayer: the gate beta (mean, quantiles, share of tokens in the identity (< 0.1), projection "
+        "(0.9-1.1) and reflection (> 1.9) regimes), how much of the state's k-component each update erases "
+        "(|k^T X| after / before, sign flips), the cosine between successive directions k, the values v, and "
+        "for d_v > 1 how far each compressor has moved from the plain mean read. Writes OUT/analysis.json, "
+        "OUT/analysis.md, OUT/beta_regimes.png and OUT/beta_quantiles.png.",
+    )
+    options.add_model(p)
+    p.add_argument("--data", default=None, help="prepared data directory (default: the embedded text)")
+    p.add_argument("--split", default="val", help="split to read (default val)")
+    options.add_batch(p, "windows per batch (default 8)", "tokens per window (default: the model's context, "
+                      "at most 256)", batch_default=8)
+    p.add_argument("--batches", type=int, default=4, metavar="N", help="batches to analyse (default 4)")
+    p.add_argument("--out", default=None, help="output directory (default: MODEL/analysis, or runs/analysis)")
+    options.add_device(p)
+    options.add_threads(p)
+    options.add_progress(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from deep_delta.data import TokenLoader, default_data_dir
+    from deep_delta.experiments.analyze import analyze_model, format_analysis, plot_analysis
+    from deep_delta.fsutil import atomic_write
+    from deep_delta.hf.loading import load_model, quiet_transformers
+
+    quiet_transformers()
+    options.apply_threads(args.threads)
+    loaded = load_model(args.model, device=args.device, dtype="float32", require_tokenizer=False)
+    model = loaded.model
+    seq_len = args.seq_len or min(256, model.config.max_position_embeddings)
+    data = Path(args.data) if args.data else default_data_dir()
+    loader = TokenLoader(data, args.split, args.batch_size, seq_len, vocab_size=model.config.vocab_size)
+    device = next(model.parameters()).device
+    report = analyze_model(model, loader.eval_batches(args.batches), device=device, progress=not args.no_progress)
+    report.update(model=str(args.model), data=str(data), split=args.split, seq_len=seq_len)
+    out = Path(args.out) if args.out else (Path(args.model) / "analysis" if Path(args.model).is_dir()
+                                           else Path("runs/analysis"))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "analysis.json", json.dumps(report, indent=2))
+    table = format_analysis(report)
+    atomic_write(out / "analysis.md", f"# ddl analyze {args.model}\n\n{report['windows']} windows of {seq_len} "
+                 f"tokens from {data} ({args.split}).\n\n{table}\n\n![beta regimes](beta_regimes.png)\n\n"
+                 "![beta quantiles](beta_quantiles.png)\n")
+    plot_analysis(report, out)
+    print(table)
+    drift = report["compressor_drift"]
+    if drift:
+        print("compressor read vs plain mean (relative difference): "
+              + ", ".join(f"{k.removeprefix('model.')} {v:.3f}" for k, v in drift.items()))
+    print(f"wrote {out}/analysis.json, analysis.md, beta_regimes.png, beta_quantiles.png")
+    return 0

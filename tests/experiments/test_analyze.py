@@ -1,0 +1,111 @@
+"""``ddl analyze`` on models whose gates are set by hand, where every figure is known in advance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deep_delta.experiments.analyze import analyze_model
+from deep_delta.models import DDLConfig, DDLForCausalLM
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32, vocab_size=64)
+
+
+def _model(variant: str, logit: float, value_scale: float = 0.0) -> DDLForCausalLM:
+    """Every gate outputs beta = 2 sigmoid(logit) for every token; v = value_scale * sigmoid(.)."""
+    from deep_delta.layers.delta_residual import DeltaResidual
+
+    torch.manual_seed(0)
+    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **TINY)).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, DeltaResidual) and not m.disable:
+                m.value_scale = value_scale
+                for name, p in m.gate.named_parameters():
+                    p.fill_(logit) if name.endswith("bias") else p.zero_()
+    return model
+
+
+def _batches(n=2):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 64, (3, 16), generator=g) for _ in range(n)]
+
+
+@pytest.mark.parametrize("variant", ["ddl-dv1", "ddl-cc", "ddl-tc"])
+def test_every_beta_two_is_a_reflection_that_flips_the_k_component(variant):
+    # beta = 2, v = 0: k^T X' = (1 - 2) k^T X = -k^T X, same size, opposite sign
+    report = analyze_model(_model(variant, 50.0), _batches())
+    assert len(report["sublayers"]) == 4 and report["windows"] == 6
+    for r in report["sublayers"].values():
+        b = r["beta"]
+        assert b["mean"] == 2.0 and b["share_reflection"] == 1.0 and b["share_identity"] == 0.0
+        assert r["k_component"]["ratio_after_before"] == pytest.approx(1.0, abs=1e-4)  # fp32 update
+        assert r["k_component"]["share_sign_flipped"] == 1.0
+        assert r["v"]["mean"] == 0.0 and r["tokens"] == 6 * 16
+
+
+def test_every_beta_one_erases_the_k_component():
+    # beta = 1, v = 0: the update projects the state onto the plane orthogonal to k: k^T X' = 0
+    report = analyze_model(_model("ddl-cc", 0.0), _batches())
+    for r in report["sublayers"].values():
+        assert r["beta"]["share_projection"] == 1.0 and r["beta"]["quantiles"]["0.5"] == 1.0
+        assert r["k_component"]["ratio_after_before"] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_small_beta_is_the_identity_and_figures_match_a_hand_computation():
+    """beta = 2 sigmoid(-6) ~ 0.005; the k-component ratio equals |1 - beta| (v = 0) computed by hand."""
+    model = _model("ddl-dv1", -6.0)
+    beta = 2 * torch.sigmoid(torch.tensor(-6.0)).item()
+    report = analyze_model(model, _batches())
+    for r in report["sublayers"].values():
+        assert r["beta"]["share_identity"] == 1.0
+        assert r["beta"]["mean"] == pytest.approx(beta, rel=1e-6)
+        assert r["k_component"]["ratio_after_before"] == pytest.approx(1 - beta, rel=1e-5)
+        assert r["k_component"]["share_sign_flipped"] == 0.0
+    # the cosine between successive directions, by hand from the branch outputs of the first block
+    k = {}
+    hooks = [model.model.layers[0].attn.branch.register_forward_hook(lambda m, a, o: k.setdefault("attn", o)),
+             model.model.layers[0].mlp.branch.register_forward_hook(lambda m, a, o: k.setdefault("mlp", o))]
+    with torch.no_grad():
+        model(torch.cat(_batches(1)), use_cache=False)
+    for h in hooks:
+        h.remove()
+    eps = model.model.layers[0].attn.k_eps
+    unit = {n: t.double() / torch.sqrt((t.double() ** 2).sum(-1, keepdim=True) + eps ** 2) for n, t in k.items()}
+    want = (unit["attn"] * unit["mlp"]).sum(-1).mean().item()
+    got = analyze_model(model, _batches(1))["sublayers"]["model.layers.0.mlp"]["cos_previous_k"]["mean"]
+    assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_compressors_at_init_read_the_plain_mean():
+    report = analyze_model(_model("ddl-tc", 0.0, value_scale=4.0), _batches())
+    assert set(report["compressor_drift"]) == {"model.layers.0", "model.layers.1"}
+    assert all(v < 1e-6 for v in report["compressor_drift"].values())
+
+
+def test_the_baseline_has_nothing_to_analyze():
+    model = DDLForCausalLM(DDLConfig.from_variant("baseline", "tiny", **TINY))
+    with pytest.raises(ValueError, match="no delta sublayers"):
+        analyze_model(model, _batches())
+
+
+def test_cli_writes_json_table_and_figures(tmp_path, capsys):
+    from deep_delta.cli.main import main
+    from deep_delta.data import ByteTokenizer, write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(["some text to read " * 40, "another document here " * 40], ByteTokenizer(), data,
+                  val_fraction=0.5)
+    model_dir = tmp_path / "model"
+    torch.manual_seed(0)
+    DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **{**TINY, "vocab_size": 257})).save_pretrained(model_dir)
+    out = tmp_path / "an"
+    assert main(["analyze", "--model", str(model_dir), "--data", str(data), "--batch-size", "2", "--seq-len", "16",
+                 "--batches", "2", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
+    report = json.loads((out / "analysis.json").read_text())
+    assert report["windows"] == 4 and len(report["sublayers"]) == 4
+    assert "| layers.0.attn |" in capsys.readouterr().out
+    for png in ("beta_regimes.png", "beta_quantiles.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
