@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch.func import functional_call
 
 from deep_delta.layers import ChannelCompressor, StateExpander, TokenConvCompressor, make_compressor
+from deep_delta.models import count_parameters
 
 F64 = torch.float64
 
@@ -97,7 +98,7 @@ def test_read_back_at_init_other_d_v(dv):
 def test_ec_at_init_equals_repetition(dv):
     e = torch.randn(3, 11, 16)
     ec, rep = StateExpander(16, dv, "conv"), StateExpander(16, dv, "repeat")
-    assert sum(p.numel() for p in rep.parameters()) == 0
+    assert count_parameters(rep) == 0
     x_ec, past_ec = ec(e)
     x_rep, past_rep = rep(e)
     assert x_rep.shape == (3, 11, 16, dv) and past_rep is None

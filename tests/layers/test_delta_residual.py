@@ -10,6 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 from deep_delta.layers import BetaGate, DeltaResidual
+from deep_delta.models import count_parameters
 
 F64 = torch.float64
 
@@ -144,7 +145,7 @@ def test_disable_is_the_additive_residual():
     x = torch.randn(2, 5, d)
     assert torch.equal(layer(x), x + branch(layer.norm(x)))
     assert not hasattr(layer, "gate")
-    assert sum(p.numel() for p in layer.parameters()) == d + sum(p.numel() for p in branch.parameters())
+    assert count_parameters(layer) == d + count_parameters(branch)
 
 
 def test_branch_receives_extra_arguments():

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from deep_delta.models import count_parameters
+
 README_EXAMPLE = '''
 import torch
 from torch import nn
@@ -80,8 +82,7 @@ def test_readme_example_ab_switch_keeps_the_interface():
     ddl, additive = Net(ddl=True), Net(ddl=False)
     x = torch.randn(8, 64)
     assert ddl(x).shape == additive(x).shape == (8, 1)
-    n_ddl = sum(p.numel() for p in ddl.parameters())
-    n_add = sum(p.numel() for p in additive.parameters())
+    n_ddl, n_add = count_parameters(ddl), count_parameters(additive)
     # per block DDL adds the gate (d + 1) and the value map (d + 1)
     assert n_ddl - n_add == 4 * 2 * (64 + 1)
     # the additive switch is exactly x + F(RMSNorm(x)) per block

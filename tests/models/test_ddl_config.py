@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deep_delta import DDLConfig
-from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES, PRESETS, VARIANTS
+from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS, PAPER_NAMES, PRESETS, VARIANTS
 
 # SPEC section 2: name -> (d_v, compressor, EC)
 TABLE = {
@@ -36,6 +36,11 @@ def test_variant_table_matches_the_spec():
             assert cfg.compressor_kernel_size == dv
         if ec:
             assert cfg.embed_conv_kernel_size == 4
+
+
+def test_default_variants_are_the_main_four_in_table_order():
+    assert DEFAULT_VARIANTS == ("baseline", "ddl-dv1", "ddl-tc", "ddl-cc")
+    assert [v for v in VARIANTS if v in DEFAULT_VARIANTS] == list(DEFAULT_VARIANTS)
 
 
 @pytest.mark.parametrize(

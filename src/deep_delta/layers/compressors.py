@@ -17,6 +17,19 @@ COMPRESSORS = ("token", "channel")
 STATE_INITS = ("repeat", "conv")
 
 
+def identity_taps_(weight: nn.Parameter) -> None:
+    """Initialise the taps (K, ...) of a causal conv as the identity: 1 at lag 0, 0 at every other lag.
+
+    A tensor marked ``_is_hf_initialized`` (loaded by transformers) is left alone, as the ``nn.init``
+    functions leave it inside ``PreTrainedModel.initialize_weights``.
+    """
+    if getattr(weight, "_is_hf_initialized", False):
+        return
+    with torch.no_grad():
+        weight.zero_()
+        weight[0].fill_(1.0)
+
+
 def _check_state(name: str, x: torch.Tensor, dim: int, value_channels: int) -> None:
     if x.dim() != 4 or x.shape[-2:] != (dim, value_channels):
         raise ValueError(
@@ -29,8 +42,6 @@ class ChannelCompressor(nn.Module):
 
     Needs no token history, so generation carries nothing extra for it.
     """
-
-    kernel_size_is_value_channels = True
 
     def __init__(self, dim: int, value_channels: int, kernel_size: int | None = None, backend: str = "auto"):
         super().__init__()
@@ -46,6 +57,7 @@ class ChannelCompressor(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """The mean over the value channels."""
         nn.init.constant_(self.weight, 1.0 / self.value_channels)
 
     @property
@@ -77,10 +89,9 @@ class TokenConvCompressor(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.conv_weight.zero_()
-            self.conv_weight[0].fill_(1.0)
-            self.read.fill_(1.0 / self.value_channels)
+        """Identity taps and the mean read vector: at init the read is the mean over the value channels."""
+        identity_taps_(self.conv_weight)
+        nn.init.constant_(self.read, 1.0 / self.value_channels)
 
     @property
     def history(self) -> int:
@@ -148,10 +159,9 @@ class StateExpander(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """EC starts with identity taps: at init it equals repetition."""
         if self.weight is not None:
-            with torch.no_grad():
-                self.weight.zero_()
-                self.weight[0].fill_(1.0)
+            identity_taps_(self.weight)
 
     @property
     def history(self) -> int:

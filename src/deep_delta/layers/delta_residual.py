@@ -92,15 +92,31 @@ class DeltaResidual(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self, std: float | None = None) -> None:
+        """The projections (:meth:`reset_projections`), then the gate (:meth:`BetaGate.reset_parameters`).
+
+        std: weight std, default ``0.5 / sqrt(dim)``. The branch and the norm keep their own init.
+        """
         if self.disable:
             return
         std = std if std is not None else 0.5 / math.sqrt(self.dim)
-        for lin in (self.value_proj, getattr(self, "key_down", None), getattr(self, "key_up", None)):
+        self.reset_projections(std)
+        self.gate.reset_parameters(std)
+
+    def reset_projections(self, std: float | None = None) -> None:
+        """The residual's own projections, in module order (phi_k of the v-Map, then the value projection):
+        weights ~ N(0, std^2), biases 0.
+
+        ``DDLPreTrainedModel._init_weights`` calls the gate's ``reset_parameters`` and then this, the order
+        in which it meets the modules, so the model's init and this one are the same code.
+        """
+        if self.disable:
+            return
+        std = std if std is not None else 0.5 / math.sqrt(self.dim)
+        for lin in (getattr(self, "key_down", None), getattr(self, "key_up", None), self.value_proj):
             if lin is not None:
                 nn.init.normal_(lin.weight, std=std)
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)
-        self.gate.reset_parameters(std)
 
     def extra_repr(self) -> str:
         if self.disable:

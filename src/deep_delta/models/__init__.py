@@ -3,6 +3,7 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from deep_delta.models.ddl import (
+    DEFAULT_VARIANTS,
     PAPER_NAMES,
     PRESETS,
     VARIANTS,
@@ -11,9 +12,20 @@ from deep_delta.models.ddl import (
     DDLForCausalLM,
     DDLModel,
 )
+from deep_delta.models.utils import count_parameters
 
 AutoConfig.register(DDLConfig.model_type, DDLConfig, exist_ok=True)
 AutoModel.register(DDLConfig, DDLModel, exist_ok=True)
 AutoModelForCausalLM.register(DDLConfig, DDLForCausalLM, exist_ok=True)
 
-__all__ = ["PAPER_NAMES", "PRESETS", "VARIANTS", "DDLCache", "DDLConfig", "DDLForCausalLM", "DDLModel"]
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "PAPER_NAMES",
+    "PRESETS",
+    "VARIANTS",
+    "DDLCache",
+    "DDLConfig",
+    "DDLForCausalLM",
+    "DDLModel",
+    "count_parameters",
+]

@@ -26,6 +26,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ddl-cc-noec": dict(residual="delta", value_channels=4, compressor="channel", state_init="repeat"),
 }
 
+# The variants a comparison or a benchmark runs when none are named: the baseline and the three main DDL
+# models, in the order of the table above (TC before CC, like the README's variant table and the documented
+# defaults of `ddl compare` and `ddl bench`). The one list: compare and both benchmarks import it.
+DEFAULT_VARIANTS: tuple[str, ...] = ("baseline", "ddl-dv1", "ddl-tc", "ddl-cc")
+
 # Paper names (latest revision) for tables.
 PAPER_NAMES = {
     "baseline": "Baseline",

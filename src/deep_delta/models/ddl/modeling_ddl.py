@@ -81,9 +81,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, d, bias=False)
         self.v_proj = nn.Linear(d, d, bias=False)
         self.o_proj = nn.Linear(d, d, bias=False)
-        self.o_proj.is_output_proj = True
         self.q_norm = nn.RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """q, k, v ~ N(0, std^2); the output projection ~ N(0, out_std^2). (The QK norms are RMSNorms.)"""
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            init.normal_(lin.weight, mean=0.0, std=std)
+        init.normal_(self.o_proj.weight, mean=0.0, std=out_std)
 
     def forward(self, c: torch.Tensor, rope, cache: DynamicCache | None, mask: torch.Tensor | None):
         b, t, d = c.shape
@@ -109,7 +114,12 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(d, h, bias=False)
         self.up_proj = nn.Linear(d, h, bias=False)
         self.down_proj = nn.Linear(h, d, bias=False)
-        self.down_proj.is_output_proj = True
+
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """gate and up ~ N(0, std^2); the output (down) projection ~ N(0, out_std^2)."""
+        init.normal_(self.gate_proj.weight, mean=0.0, std=std)
+        init.normal_(self.up_proj.weight, mean=0.0, std=std)
+        init.normal_(self.down_proj.weight, mean=0.0, std=out_std)
 
     def forward(self, c: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(c)) * self.up_proj(c))
@@ -204,40 +214,44 @@ class DDLPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _skip_keys_device_placement = ["past_key_values"]
 
+    def _initialize_weights(self, module: nn.Module, *args, **kwargs) -> None:
+        """transformers' per-module step of ``initialize_weights`` without its branch for custom code.
+
+        For a model defined outside transformers that branch skips every module without parameters of its
+        own (marking it initialised): the gate, the residual, attention and the MLP, whose
+        ``reset_parameters`` hold their init. It protects code that writes loaded weights in place; ours
+        writes only through the guarded init functions, so every module gets ``_init_weights``.
+        """
+        if getattr(module, "_is_hf_initialized", False):
+            return
+        self._init_weights(module)
+        module._is_hf_initialized = True
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
+        """Every module that owns weights is initialised by its own ``reset_parameters``; this picks the std.
+
+        Hidden weights ~ N(0, (hidden_init_scale / sqrt(d))^2), the attention and MLP output projections
+        divided by sqrt(num_hidden_layers) more; embeddings and the LM head ~ N(0, initializer_range^2).
+        transformers calls this once per module, children first (so the gate of a residual before its
+        projections); a bare nn.Linear is always part of one of the modules below and is skipped here.
+        Under ``initialize_weights`` the ``nn.init`` functions skip tensors loaded from a checkpoint, and so
+        does ``identity_taps_``.
+        """
         cfg = self.config
         std = cfg.hidden_init_scale / math.sqrt(cfg.hidden_size)
-        if isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
-        elif isinstance(module, nn.Linear):
-            if module is getattr(self, "lm_head", None):
-                init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
-                return
-            s = std / math.sqrt(cfg.num_hidden_layers) if getattr(module, "is_output_proj", False) else std
-            init.normal_(module.weight, mean=0.0, std=s)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.RMSNorm):
-            init.ones_(module.weight)
+        if isinstance(module, (Attention, SwiGLU)):
+            module.reset_parameters(std, std / math.sqrt(cfg.num_hidden_layers))
         elif isinstance(module, BetaGate):
-            init.constant_(module.proj.bias, module.bias_init)
-        elif isinstance(module, ChannelCompressor):
-            init.constant_(module.weight, 1.0 / module.value_channels)
-        elif isinstance(module, TokenConvCompressor):
-            init.copy_(module.conv_weight, _identity_taps(module.conv_weight))
-            init.constant_(module.read, 1.0 / module.value_channels)
-        elif isinstance(module, StateExpander) and module.weight is not None:
-            init.copy_(module.weight, _identity_taps(module.weight))
+            module.reset_parameters(std)
+        elif isinstance(module, DeltaResidual):
+            module.reset_projections(std)  # its gate was met first (a child)
+        elif isinstance(module, (ChannelCompressor, TokenConvCompressor, StateExpander, nn.RMSNorm)):
+            module.reset_parameters()
+        elif isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
+            init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
-
-
-def _identity_taps(w: torch.Tensor) -> torch.Tensor:
-    """Taps (K, ...) of an identity causal conv: 1 at lag 0, 0 elsewhere."""
-    out = torch.zeros_like(w)
-    out[0] = 1.0
-    return out
 
 
 def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, device) -> torch.Tensor | None:
