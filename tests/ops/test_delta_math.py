@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deep_delta.ops import delta_operator, delta_update, resolve_backend
+from deep_delta.ops.delta import unit_direction
 
 F64 = torch.float64
 EPS = 1e-5  # the default eps guard of the direction normalisation
@@ -271,6 +272,11 @@ def test_normalisation_is_k_over_sqrt_norm2_plus_eps2(lead, d, seed, mag):
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-300)
     out32 = delta_update(x.float(), k.float(), one_v.float(), one_b.float(), backend="torch").squeeze(-1)
     torch.testing.assert_close(out32.double(), expected, rtol=1e-5, atol=1e-7 * mag)
+    # the one helper every path calls (reference, lean, state rebuild): u and rho = 1 / sqrt(|k~|^2 + eps^2)
+    u, rho = unit_direction(k, EPS)
+    torch.testing.assert_close(u, expected, rtol=1e-12, atol=1e-300)
+    rho_def = 1 / torch.sqrt((k * k).sum(-1, keepdim=True) + EPS * EPS)
+    torch.testing.assert_close(rho, rho_def, rtol=1e-12, atol=0)
     # and the operator uses the same direction: I - A = beta k k^T
     A = delta_operator(k, one_b)
     eye = torch.eye(d, dtype=F64)

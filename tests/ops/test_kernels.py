@@ -37,12 +37,12 @@ from deep_delta.ops.compress import (  # noqa: E402
 )
 from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
-    channel_compress_naive,
-    embed_conv_naive,
-    token_compress_naive,
+    channel_compress_reference,
+    embed_conv_reference,
+    token_compress_reference,
 )
 from deep_delta.ops.delta.lean import delta_update_lean  # noqa: E402
-from deep_delta.ops.delta.naive import delta_update_torch  # noqa: E402
+from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float64: (1e-12, 1e-12, 1e-12), torch.float32: (2e-6, 1e-5, 1e-5), torch.bfloat16: (1e-2, 2**-6, 2**-6)}
@@ -111,7 +111,7 @@ def test_triton_delta_update_matches_reference(lead, d, dv, dtype):
     x, k, v, beta = delta_inputs(lead, d, dv, dtype, seed=d + dv)
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     fast = lambda x, k, v, b: delta_update(x, k, v, b, backend="triton")  # noqa: E731
-    run_both(fast, delta_update_torch, (x, k, v, beta), (g,), dtype)
+    run_both(fast, delta_update_reference, (x, k, v, beta), (g,), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -126,8 +126,8 @@ def test_triton_fused_update_and_read_matches_reference(lead, d, dv, dtype):
         return update_and_channel_read(x, k, v, b, c, backend="triton")
 
     def ref(x, k, v, b, c):
-        out = delta_update_torch(x, k, v, b)
-        return out, channel_compress_naive(out, c)
+        out = delta_update_reference(x, k, v, b)
+        return out, channel_compress_reference(out, c)
 
     run_both(fast, ref, (x, k, v, beta, c), grads, dtype)
 
@@ -163,17 +163,17 @@ def state_inputs(b, t, d, dv, kk, dtype, seed=0):
 @pytest.mark.parametrize("b,t,d,dv,kk", STATE_SHAPES, ids=STATE_IDS)
 def test_triton_compressors_match_reference(b, t, d, dv, kk, dtype):
     x, e, w, c, past, past_e, gx, gin = state_inputs(b, t, d, dv, kk, dtype, seed=t + d)
-    run_both(lambda x, c: channel_compress(x, c, backend="triton"), channel_compress_naive, (x, c), (gin,), dtype)
-    run_both(lambda x, w: token_compress(x, w, backend="triton"), token_compress_naive, (x, w), (gin,), dtype)
-    run_both(lambda e, w: embed_conv(e, w, backend="triton"), embed_conv_naive, (e, w), (gx,), dtype)
+    run_both(lambda x, c: channel_compress(x, c, backend="triton"), channel_compress_reference, (x, c), (gin,), dtype)
+    run_both(lambda x, w: token_compress(x, w, backend="triton"), token_compress_reference, (x, w), (gin,), dtype)
+    run_both(lambda e, w: embed_conv(e, w, backend="triton"), embed_conv_reference, (e, w), (gx,), dtype)
 
 
 @pytest.mark.parametrize("b,t,d,dv,kk", [(2, 3, 7, 3, 4), (1, 1, 12, 4, 4)], ids=["t3-d7-dv3", "t1-d12-dv4"])
 def test_triton_token_convolutions_with_history(b, t, d, dv, kk):
     x, e, w, _, past, past_e, gx, gin = state_inputs(b, t, d, dv, kk, torch.float32, seed=5)
     f32 = torch.float32
-    run_both(lambda *a: token_compress(*a, backend="triton"), token_compress_naive, (x, w, past), (gin,), f32, 2)
-    run_both(lambda *a: embed_conv(*a, backend="triton"), embed_conv_naive, (e, w, past_e), (gx,), f32, 2)
+    run_both(lambda *a: token_compress(*a, backend="triton"), token_compress_reference, (x, w, past), (gin,), f32, 2)
+    run_both(lambda *a: embed_conv(*a, backend="triton"), embed_conv_reference, (e, w, past_e), (gx,), f32, 2)
 
 
 def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error():
@@ -201,7 +201,7 @@ def test_lean_delta_update_matches_reference(lead, d, dv, dtype):
     if dtype == torch.float64:
         v, beta = v.double(), beta.double()
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
-    run_both(delta_update_lean, delta_update_torch, (x, k, v, beta), (g,), dtype)
+    run_both(delta_update_lean, delta_update_reference, (x, k, v, beta), (g,), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["fp64", "fp32", "bf16"])
@@ -210,11 +210,11 @@ def test_lean_compressors_match_reference(b, t, d, dv, kk, dtype):
     x, e, w, c, past, past_e, gx, gin = state_inputs(b, t, d, dv, kk, dtype, seed=11)
     if dtype == torch.float64:
         w, c, gx, gin = w.double(), c.double(), gx.double(), gin.double()
-    run_both(channel_compress_lean, channel_compress_naive, (x, c), (gin,), dtype)
-    run_both(token_compress_lean, token_compress_naive, (x, w), (gin,), dtype)
-    run_both(token_compress_lean, token_compress_naive, (x, w, past), (gin,), dtype, 2)
-    run_both(embed_conv_lean, embed_conv_naive, (e, w), (gx,), dtype)
-    run_both(embed_conv_lean, embed_conv_naive, (e, w, past_e), (gx,), dtype, 2)
+    run_both(channel_compress_lean, channel_compress_reference, (x, c), (gin,), dtype)
+    run_both(token_compress_lean, token_compress_reference, (x, w), (gin,), dtype)
+    run_both(token_compress_lean, token_compress_reference, (x, w, past), (gin,), dtype, 2)
+    run_both(embed_conv_lean, embed_conv_reference, (e, w), (gx,), dtype)
+    run_both(embed_conv_lean, embed_conv_reference, (e, w, past_e), (gx,), dtype, 2)
 
 
 def test_lean_functions_gradcheck():

@@ -25,7 +25,7 @@ from deep_delta.eval.step_bench import saved_activation_bytes  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
 from deep_delta.ops import delta_update  # noqa: E402
-from deep_delta.ops.delta.naive import delta_update_torch  # noqa: E402
+from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 from deep_delta.ops.delta.recompute import StateTape  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,7 +64,7 @@ def test_chain_with_tape_matches_reference(backend, dtype, tol):
     ref_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     ref_in = [t.detach().to(ref_dtype).requires_grad_() for t in inputs]
     r0, rk, rv, rb = ref_in[0], ref_in[1:1 + n_steps], ref_in[1 + n_steps:1 + 2 * n_steps], ref_in[1 + 2 * n_steps:]
-    ref = _chain(r0, rk, rv, rb, delta_update_torch)
+    ref = _chain(r0, rk, rv, rb, delta_update_reference)
     ref_grads = torch.autograd.grad(ref, ref_in, gout.to(ref_dtype))
     assert _rel(out, ref) <= (1e-12 if dtype == torch.float64 else 2e-2 if dtype == torch.bfloat16 else 1e-6)
     for i, (g, r) in enumerate(zip(grads, ref_grads)):
@@ -80,7 +80,7 @@ def test_tape_survives_a_second_backward():
         out = _chain(x0, ks, vs, bs, lambda x, k, v, b: delta_update(x, k, v, b, backend="torch"))
     g1 = torch.autograd.grad(out.square().sum(), [x0, *ks], retain_graph=True)
     g2 = torch.autograd.grad(out.square().sum(), [x0, *ks])
-    ref = _chain(x0, ks, vs, bs, delta_update_torch)
+    ref = _chain(x0, ks, vs, bs, delta_update_reference)
     g3 = torch.autograd.grad(ref.square().sum(), [x0, *ks])
     for a, b, c in zip(g1, g2, g3):
         assert _rel(a, c) <= 1e-12 and _rel(b, c) <= 1e-12

@@ -112,9 +112,13 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
     embeddings, gate values and compressor weights are fp32, as the model's fp32 weights make them.
     """
     from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
-    from deep_delta.ops.compress.naive import channel_compress_naive, embed_conv_naive, token_compress_naive
+    from deep_delta.ops.compress.naive import (
+        channel_compress_reference,
+        embed_conv_reference,
+        token_compress_reference,
+    )
     from deep_delta.ops.delta.lean import delta_update_lean
-    from deep_delta.ops.delta.naive import delta_update_torch
+    from deep_delta.ops.delta.naive import delta_update_reference
 
     low = BENCH_DTYPES[dtype] or torch.float32
     d, dv, kk = hidden_size, VALUE_CHANNELS, TAPS
@@ -127,10 +131,10 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
     v, beta = rnd(batch_size, seq_len, dv), rnd(batch_size, seq_len, 1)
     e, c, w = rnd(batch_size, seq_len, d), rnd(d, dv), rnd(kk, d, dv)
     return {
-        "delta update": ((x, k, v, beta), delta_update_torch, delta_update_lean, "delta_update"),
-        "CC read": ((x, c), channel_compress_naive, channel_compress_lean, "channel_compress"),
-        "TC read": ((x, w), token_compress_naive, token_compress_lean, "token_compress"),
-        "EC expand": ((e, w), embed_conv_naive, embed_conv_lean, "embed_conv"),
+        "delta update": ((x, k, v, beta), delta_update_reference, delta_update_lean, "delta_update"),
+        "CC read": ((x, c), channel_compress_reference, channel_compress_lean, "channel_compress"),
+        "TC read": ((x, w), token_compress_reference, token_compress_lean, "token_compress"),
+        "EC expand": ((e, w), embed_conv_reference, embed_conv_lean, "embed_conv"),
     }
 
 

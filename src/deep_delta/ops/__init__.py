@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from deep_delta.ops.delta.lean import delta_update_lean
-from deep_delta.ops.delta.naive import delta_operator_torch, delta_update_torch  # noqa: F401 (reference)
+from deep_delta.ops.delta.naive import delta_operator_reference, delta_update_reference  # noqa: F401 (reference)
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -101,7 +101,7 @@ def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) 
         raise ValueError(
             f"delta_operator: `beta` must have shape {lead} or {lead + (1,)}, got {tuple(beta.shape)}"
         )
-    return delta_operator_torch(k, beta, k_eps=k_eps)
+    return delta_operator_reference(k, beta, k_eps=k_eps)
 
 
 __all__ = ["BACKENDS", "delta_operator", "delta_update", "resolve_backend"]

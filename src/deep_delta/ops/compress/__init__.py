@@ -11,8 +11,13 @@ from __future__ import annotations
 import torch
 
 from deep_delta.ops import resolve_backend
+from deep_delta.ops.compress import naive as _naive
 from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
-from deep_delta.ops.compress.naive import channel_compress_naive, embed_conv_naive, token_compress_naive
+from deep_delta.ops.compress.naive import (
+    channel_compress_reference,
+    embed_conv_reference,
+    token_compress_reference,
+)
 
 
 def channel_compress(x: torch.Tensor, weight: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -75,10 +80,12 @@ def update_and_channel_read(
 
 __all__ = [
     "channel_compress",
-    "channel_compress_naive",
+    "channel_compress_reference",
     "embed_conv",
-    "embed_conv_naive",
+    "embed_conv_reference",
     "token_compress",
-    "token_compress_naive",
+    "token_compress_reference",
     "update_and_channel_read",
 ]
+
+__getattr__ = _naive.__getattr__  # the old names (channel_compress_naive, ...), deprecated

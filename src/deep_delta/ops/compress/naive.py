@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import torch
 
+from deep_delta.ops._deprecation import deprecated_names
 from deep_delta.ops.shortconv import pad_with_past, short_conv
 
 
-def channel_compress_naive(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def channel_compress_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """CC read ``x_in_i = sum_j c_ij x_ij``. x: (..., d, d_v), weight: (d, d_v) -> (..., d)."""
     return (x * weight.to(x.dtype)).sum(-1)
 
 
-def token_compress_naive(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+def token_compress_reference(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
     """TC read ``x_in_{t,i} = sum_s sum_j w_{s,i,j} x_{t-s,i,j}`` (read vector folded into the taps).
 
     x: (B, T, d, d_v), weight: (K, d, d_v), past: (B, K-1, d, d_v) or None (zeros) -> (B, T, d).
@@ -25,7 +26,7 @@ def token_compress_naive(x: torch.Tensor, weight: torch.Tensor, past: torch.Tens
     return short_conv(x, weight.to(x.dtype), past).sum(-1) if k > 0 else x.sum(-1)
 
 
-def embed_conv_naive(e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+def embed_conv_reference(e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
     """EC state expansion ``x_{t,i,j} = sum_s w_{s,i,j} e_{t-s,i}``.
 
     e: (B, T, d), weight: (K, d, d_v), past: (B, K-1, d) or None -> (B, T, d, d_v).
@@ -34,4 +35,10 @@ def embed_conv_naive(e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor |
     return short_conv(e.unsqueeze(-1), weight.to(e.dtype), ep)
 
 
-__all__ = ["channel_compress_naive", "embed_conv_naive", "pad_with_past", "token_compress_naive"]
+__all__ = ["channel_compress_reference", "embed_conv_reference", "pad_with_past", "token_compress_reference"]
+
+__getattr__ = deprecated_names(__name__, {
+    "channel_compress_naive": ("channel_compress_reference", channel_compress_reference),
+    "token_compress_naive": ("token_compress_reference", token_compress_reference),
+    "embed_conv_naive": ("embed_conv_reference", embed_conv_reference),
+})

@@ -1,6 +1,6 @@
 """Lean PyTorch delta update: the ``backend="torch"`` path, a custom autograd Function.
 
-Same math as :func:`deep_delta.ops.delta.naive.delta_update_torch` (the plain reference it is tested
+Same math as :func:`deep_delta.ops.delta.naive.delta_update_reference` (the plain reference it is tested
 against), written to touch the (N, d, d_v) state as few times as possible:
 
 - forward: one read of x for ``p = u^T x`` (a batched mat-vec) and one fused read-write
@@ -23,24 +23,12 @@ import math
 
 import torch
 
-from deep_delta.ops.delta.naive import compute_dtype
+from deep_delta.ops.delta.naive import compute_dtype, unit_direction
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 
 
-def _unit_direction(k: torch.Tensor, k_eps: float, ct: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(u, rho): the unit direction ``k rho`` (N, d) and ``rho = 1/sqrt(|k|^2 + eps^2)`` (N, 1), in ct.
-
-    Computed as the precision-friendly RMSNorm of section 4.1 with the 1/sqrt(d) scale applied last.
-    """
-    d = k.shape[-1]
-    kf = k.to(ct)
-    r = torch.rsqrt(kf.square().mean(-1, keepdim=True) + (k_eps * k_eps) / d)
-    rho = r * (1.0 / math.sqrt(d))
-    return kf * rho, rho
-
-
-def _read(u: torch.Tensor, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
-    """``p = u^T x`` (N, d_v) in the compute dtype: one batched mat-vec over the state.
+def _project(u: torch.Tensor, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+    """The projection ``p = u^T x`` (N, d_v) in the compute dtype: one batched mat-vec over the state.
 
     fp32/fp64 states are read in place. A bf16/fp16 state is read through an fp32 copy so that p is not
     rounded (p - v can cancel; its rounding error would land on the whole update). That copy is transient
@@ -57,9 +45,9 @@ class DeltaUpdateFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, k, v, beta, k_eps: float):
         ct = compute_dtype(x, k, v, beta)
-        u, _ = _unit_direction(k, k_eps, ct)
+        u, _ = unit_direction(k, k_eps, ct)
         xd = x.dtype
-        p = _read(u, x, ct)  # (N, d_v)
+        p = _project(u, x, ct)  # (N, d_v)
         delta = beta.to(ct) * (v.to(ct) - p)  # (N, d_v)
         out = torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1))
         tape = active_tape()
@@ -74,10 +62,10 @@ class DeltaUpdateFunction(torch.autograd.Function):
         x, k, v, beta = ctx.saved_tensors
         ct = compute_dtype(x, k, v, beta)
         xd = x.dtype
-        u, rho = _unit_direction(k, ctx.k_eps, ct)
+        u, rho = unit_direction(k, ctx.k_eps, ct)
         ux = u.to(xd)
         g = g.contiguous()
-        p = _read(u, x, ct)
+        p = _project(u, x, ct)
         bf = beta.to(ct)
         vf = v.to(ct)
         delta = bf * (vf - p)

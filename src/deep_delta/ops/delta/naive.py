@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from deep_delta.ops._deprecation import deprecated_names
+
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """fp32 for fp32/bf16/fp16 inputs, fp64 when any input is fp64 (gradcheck)."""
@@ -18,20 +20,23 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return out
 
 
-def normalize_direction(k: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
-    """Precision-friendly direction (section 4.1) *without* its 1/sqrt(d) scale, in fp32 (fp64 stays).
+def unit_direction(
+    k: torch.Tensor, k_eps: float = 1e-5, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, rho): the unit direction ``u = k rho`` (..., d) and ``rho = 1 / sqrt(|k|^2 + k_eps^2)`` (..., 1).
 
-    ``k_hat = k / sqrt(mean(k^2) + k_eps^2 / d)``; the unit direction is ``k_hat / sqrt(d)``, which equals
-    ``k / sqrt(|k|^2 + k_eps^2)``. Keeping 1/sqrt(d) outside the dot products keeps intermediates O(1).
-
-    k: (..., d) -> (..., d).
+    The one definition of the normalisation: the reference, the lean path and the state rebuild of
+    ``recompute_states`` call it (the Triton kernels compute the same expression in registers). Written as
+    the precision-friendly RMSNorm of section 4.1, ``rsqrt(mean(k^2) + k_eps^2 / d)``, with the 1/sqrt(d)
+    scale applied last. In ``dtype``, default fp32 (fp64 when k is fp64).
     """
     d = k.shape[-1]
-    kf = k.to(compute_dtype(k))
-    return kf * torch.rsqrt(kf.square().mean(-1, keepdim=True) + (k_eps * k_eps) / d)
+    kf = k.to(dtype or compute_dtype(k))
+    rho = torch.rsqrt(kf.square().mean(-1, keepdim=True) + (k_eps * k_eps) / d) * (1.0 / math.sqrt(d))
+    return kf * rho, rho
 
 
-def delta_update_torch(
+def delta_update_reference(
     x: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -41,27 +46,37 @@ def delta_update_torch(
     """Reference ``x + beta k (v^T - k^T x)`` with k normalised inside; shapes already validated.
 
     x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1). Returns (..., d, d_v) in x.dtype.
-    The gate and value math and the reduction ``k^T x`` run in fp32 (fp64 if any input is fp64).
+    The gate and value math and the projection ``u^T x`` run in fp32 (fp64 if any input is fp64).
     """
-    d = x.shape[-2]
     ct = compute_dtype(x, k, v, beta)
-    scale = 1.0 / math.sqrt(d)
-    k_hat = normalize_direction(k, k_eps).to(ct)  # (..., d)
-    # read: k^T x, a reduction over d in the compute dtype
-    proj = torch.matmul(k_hat.unsqueeze(-2), x.to(ct)).squeeze(-2)  # (..., d_v)
-    # compare: beta * (v - k^T x); small, (..., d_v)
-    delta = beta.to(ct) * (v.to(ct) - proj * scale)
+    u, _ = unit_direction(k, k_eps, ct)  # (..., d)
+    # project: p = u^T x, a reduction over d in the compute dtype
+    p = torch.matmul(u.unsqueeze(-2), x.to(ct)).squeeze(-2)  # (..., d_v)
+    # compare: beta * (v - u^T x); small, (..., d_v)
+    delta = beta.to(ct) * (v.to(ct) - p)
     # write: rank-1 update of the state
-    update = (k_hat * scale).unsqueeze(-1) * delta.unsqueeze(-2)
+    update = u.unsqueeze(-1) * delta.unsqueeze(-2)
     return x + update.to(x.dtype)
 
 
-def delta_operator_torch(k: torch.Tensor, beta: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
+def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
     """Dense Delta Operator ``A = I - beta k k^T`` (eq. 2.3) with k normalised like in the update.
 
     k: (..., d), beta: (..., 1) -> (..., d, d) in fp32 (fp64 when k is fp64).
     """
     d = k.shape[-1]
-    unit = normalize_direction(k, k_eps) / math.sqrt(d)
-    eye = torch.eye(d, dtype=unit.dtype, device=k.device)
-    return eye - beta.to(unit.dtype).unsqueeze(-1) * unit.unsqueeze(-1) * unit.unsqueeze(-2)
+    u, _ = unit_direction(k, k_eps)
+    eye = torch.eye(d, dtype=u.dtype, device=k.device)
+    return eye - beta.to(u.dtype).unsqueeze(-1) * u.unsqueeze(-1) * u.unsqueeze(-2)
+
+
+def _normalize_direction(k: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
+    """``k / sqrt(mean(k^2) + k_eps^2 / d)``: the unit direction times sqrt(d) (deprecated; use unit_direction)."""
+    return unit_direction(k, k_eps)[0] * math.sqrt(k.shape[-1])
+
+
+__getattr__ = deprecated_names(__name__, {
+    "delta_update_torch": ("delta_update_reference", delta_update_reference),
+    "delta_operator_torch": ("delta_operator_reference", delta_operator_reference),
+    "normalize_direction": ("unit_direction (u * sqrt(d))", _normalize_direction),
+})

@@ -27,11 +27,12 @@ Usage (the model does this when ``DDLModel.recompute_states`` is True)::
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 
 import torch
+
+from deep_delta.ops.delta.naive import unit_direction
 
 _ACTIVE = threading.local()
 
@@ -171,7 +172,7 @@ class StateTape:
 class _DeltaRebuild:
     """``out -> out - u delta^T`` for a flattened update (out: (N, d, d_v), k: (N, d), delta: (N, d_v)).
 
-    u is recomputed from k as the forward computed it (fp32 RMS normalisation, 1/sqrt(d) applied last).
+    u is recomputed from k by :func:`deep_delta.ops.delta.naive.unit_direction`, as the forward computed it.
     Holds k (saved by the update anyway) and delta (N, d_v) in fp32: the only extra memory of the tape.
     """
 
@@ -183,8 +184,7 @@ class _DeltaRebuild:
     def __call__(self, out: torch.Tensor) -> torch.Tensor:
         k, delta = self.k, self.delta
         d = k.shape[-1]
-        kf = k.to(delta.dtype)
-        u = kf * (torch.rsqrt(kf.square().mean(-1, keepdim=True) + (self.k_eps**2) / d) * (1.0 / math.sqrt(d)))
+        u, _ = unit_direction(k, self.k_eps, delta.dtype)  # bit for bit the forward's u
         o = out.reshape(k.shape[0], d, delta.shape[-1])
         x = torch.addcmul(o, u.to(o.dtype).unsqueeze(-1), delta.to(o.dtype).unsqueeze(1), value=-1)
         return x.view(out.shape)

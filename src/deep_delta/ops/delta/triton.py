@@ -67,6 +67,7 @@ def _delta_fwd_kernel(
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
         k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        # u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d): ops.delta.naive.unit_direction in registers
         rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
         u = k * (rstd * inv_sqrt_d)
         x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
@@ -109,7 +110,7 @@ def _delta_bwd_kernel(
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
         k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
+        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)  # as ops.delta.naive.unit_direction
         rho = rstd * inv_sqrt_d
         u = k * rho
         x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
