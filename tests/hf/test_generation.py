@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_helpers import make_run, tiny_model
+from hf_helpers import cli_error, hf_dir, make_run, tiny_model
 
 from deep_delta.cli.main import main
-from deep_delta.hf import SamplingOptions, byte_tokenizer, generate_text
+from deep_delta.hf import SamplingOptions, byte_tokenizer, generate_text, load_model
 from deep_delta.models import VARIANTS, DDLCache
 
 ATOL, RTOL = 1e-5, 1e-5
@@ -157,3 +157,14 @@ def test_ddl_generate_cli(tmp_path, capsys):
     assert "the prompt is 80 tokens, but the model's context is 64 tokens" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path), "--prompt", "x"]) == 2
     assert "is not a model directory" in capsys.readouterr().err
+
+
+def test_a_prompt_that_is_not_utf8_is_a_clear_error(tmp_path, capsys):
+    model = hf_dir(tmp_path / "m")
+    bad = b"ab\xffc".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in sys.argv
+    cli_error(capsys, ["generate", "--model", str(model), "--prompt", bad], "--prompt", "not valid UTF-8",
+               "byte 2", "0xff")
+    cli_error(capsys, ["generate", "--model", str(model), "--prompt", "ok", "--prompt", bad], "prompt 2", "byte 2")
+    loaded = load_model(model)
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        generate_text(loaded.model, loaded.tokenizer, ["x\ud800"], SamplingOptions(max_new_tokens=1))

@@ -144,8 +144,13 @@ def test_export_refuses_to_overwrite_or_eat_its_source(tmp_path, capsys):
     with pytest.raises(ValueError, match="is or contains the source model"):
         export_model(run / "checkpoints" / "step_0000007", run, overwrite=True)
     assert (run / "checkpoints" / "LATEST").is_file()
+    with pytest.raises(ValueError, match=r"was not written by ddl export \(it has no ddl_export.json\)"):
+        export_model(run, out, overwrite=True)  # --overwrite replaces an earlier export, never a user's files
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    export_model(run, out)
     export_model(run, out, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").is_file()
 
 
 def test_export_of_a_real_training_run(tmp_path):

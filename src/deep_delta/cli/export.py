@@ -11,16 +11,19 @@ def add_parser(sub) -> None:
         help="export a checkpoint or run as a Hugging Face model directory",
         description="Write the model at SOURCE (a training run: its checkpoints/LATEST; a checkpoint directory; "
         "or an HF directory) to OUT_DIR with config.json, model.safetensors, generation_config.json, the "
-        "tokenizer (tokenizer.json) and a model card (README.md). OUT_DIR then loads with "
-        "AutoModelForCausalLM.from_pretrained after `import deep_delta`, and with AutoTokenizer.",
+        "tokenizer (tokenizer.json), a model card (README.md), checksums.json (verified at every load) and "
+        "ddl_export.json (what export wrote). OUT_DIR then loads with AutoModelForCausalLM.from_pretrained after "
+        "`import deep_delta`, and with AutoTokenizer. Code in SOURCE is never run; only safetensors weights are read.",
     )
     p.add_argument("source", metavar="RUN_OR_CKPT", help="training run, checkpoint or HF model directory")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (must not exist or be empty)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (must not exist, or be empty)")
     p.add_argument("--tokenizer", default=None, choices=["byte", "gpt2"],
                    help="tokenizer to save (default: the one named in train_meta.json or saved with the model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the exported weights (default float32)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an OUT_DIR written by an earlier `ddl export` (its ddl_export.json lists the files); "
+                   "a directory holding anything else is never deleted")
     p.set_defaults(func=run)
 
 

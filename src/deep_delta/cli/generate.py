@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deep_delta.hf.generation import SamplingOptions, generate_text
+    from deep_delta.hf.generation import SamplingOptions, check_prompts, generate_text
     from deep_delta.hf.loading import load_model, quiet_transformers
 
     quiet_transformers()
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
     )
     opts.check()  # before loading the model: bad options fail fast
+    check_prompts(args.prompt)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
     gens, max_new = generate_text(loaded.model, loaded.tokenizer, args.prompt, opts)
     if max_new < args.max_new_tokens:

@@ -1,7 +1,9 @@
 """Export a trained model (checkpoint or run) as a clean Hugging Face directory.
 
 The directory holds config.json, model.safetensors, generation_config.json, the tokenizer
-(tokenizer.json + tokenizer_config.json) and a short model card (README.md). It loads with
+(tokenizer.json + tokenizer_config.json), a short model card (README.md), checksums.json (the SHA-256 of the
+weights, verified whenever the directory is loaded) and ddl_export.json, the marker that says ``ddl export``
+wrote the directory and which files it wrote: ``--overwrite`` replaces only such a directory. It loads with
 ``AutoModelForCausalLM.from_pretrained(dir)`` after ``import deep_delta`` and
 ``AutoTokenizer.from_pretrained(dir)`` (no import needed).
 """
@@ -17,6 +19,9 @@ from pathlib import Path
 import torch
 
 from deep_delta.hf.loading import LoadedModel, load_model, resolve_model_dir
+
+MARKER = "ddl_export.json"
+WRITTEN_BY = "ddl export"
 
 
 def _param_count(model) -> int:
@@ -74,6 +79,48 @@ def model_card(loaded: LoadedModel) -> str:
     return "\n".join(lines)
 
 
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that export may not (re)place: with ``overwrite``, only a directory that an earlier
+    export wrote and that holds nothing else (its :data:`MARKER` lists the files) is replaced; an empty
+    directory is always fine."""
+    if out.is_symlink():
+        raise ValueError(f"OUT_DIR {out} is a symbolic link; give the directory it points to, or another OUT_DIR")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"OUT_DIR {out} exists and is not a directory; --overwrite only replaces a directory that "
+                         "ddl export wrote: remove the file or choose another OUT_DIR")
+    entries = sorted(out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise ValueError(f"OUT_DIR {out} exists and is not empty; pass --overwrite to replace it")
+    why = _not_ours(out / MARKER, entries)
+    if why:
+        raise ValueError(f"OUT_DIR {out} was not written by ddl export ({why}); --overwrite only replaces an earlier "
+                         "export: move your files out of it, or choose another OUT_DIR")
+
+
+def _not_ours(marker: Path, entries: list[Path]) -> str | None:
+    """Why the directory holding ``entries`` is not an export of ours, None when it is one."""
+    if not marker.is_file() or marker.is_symlink():
+        return f"it has no {MARKER}"
+    try:
+        record = json.loads(marker.read_bytes())
+    except ValueError:
+        return f"its {MARKER} is not valid JSON"
+    if not isinstance(record, dict) or record.get("written_by") != WRITTEN_BY:
+        return f"its {MARKER} does not say written_by {WRITTEN_BY!r}"
+    files = record.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return f"its {MARKER} has no list of the files export wrote"
+    foreign = [p.name for p in entries if p.name not in files or p.is_symlink() or not p.is_file()]
+    if foreign:
+        more = f", ... ({len(foreign)} in all)" if len(foreign) > 3 else ""
+        return f"it holds {', '.join(foreign[:3])}{more}, which export did not write"
+    return None
+
+
 def export_model(
     src: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -85,9 +132,13 @@ def export_model(
     """Write the model at ``src`` (HF dir, checkpoint or run dir) to ``out_dir`` as a clean HF directory.
 
     The directory is built beside ``out_dir`` and renamed into place, so a failure leaves no half export.
-    An existing non-empty ``out_dir`` is refused unless ``overwrite``.
+    An existing non-empty ``out_dir`` is refused unless ``overwrite``, and even then unless it is an earlier
+    export holding only what export wrote (see :func:`check_out_dir`): nothing else is ever deleted.
     """
     from transformers import GenerationConfig
+
+    from deep_delta import __version__
+    from deep_delta.fsutil import fsync_dir, fsync_file, write_checksums
 
     out = Path(out_dir)
     source = resolve_model_dir(src)  # cheap checks first: nothing is loaded for a refused export
@@ -95,8 +146,7 @@ def export_model(
     for s in (source.model_dir.resolve(), Path(src).resolve()):
         if s == o or o in s.parents:  # replacing OUT_DIR would delete the source
             raise ValueError(f"OUT_DIR {out} is or contains the source model {src}; choose another directory")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ValueError(f"OUT_DIR {out} exists and is not empty; pass --overwrite to replace it")
+    check_out_dir(out, overwrite)
     loaded = load_model(src, device="cpu", dtype=dtype, tokenizer=tokenizer, require_tokenizer=True)
     model, tok = loaded.model, loaded.tokenizer
     eot = tok.eos_token_id
@@ -104,20 +154,38 @@ def export_model(
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    aside = None
     try:
         model.save_pretrained(str(tmp))
         tok.model_max_length = model.config.max_position_embeddings
         tok.save_pretrained(str(tmp))
         (tmp / "README.md").write_text(model_card(loaded))
-        if loaded.source.train_meta:
-            summary = {k: loaded.source.train_meta[k] for k in ("step", "variant", "preset", "tokenizer")
-                       if k in loaded.source.train_meta}
-            (tmp / "ddl_export.json").write_text(json.dumps({"source": str(loaded.source.model_dir), **summary},
-                                                            indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
+        write_checksums(tmp)
+        summary = {k: loaded.source.train_meta[k] for k in ("step", "variant", "preset", "tokenizer")
+                   if k in loaded.source.train_meta}
+        files = sorted({p.name for p in tmp.iterdir()} | {MARKER})
+        record = {"written_by": WRITTEN_BY, "version": __version__, "source": str(loaded.source.model_dir),
+                  **summary, "files": files}
+        (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        for f in tmp.iterdir():
+            fsync_file(f)
+        fsync_dir(tmp)
+        check_out_dir(out, overwrite)  # again: OUT_DIR may have changed while the model loaded
+        if out.exists():  # an empty directory or an earlier export: set it aside, swap the new one in
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, aside / out.name)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if aside is not None:
+                os.replace(aside / out.name, out)
+                aside.rmdir()
+                aside = None
+            raise
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     return out

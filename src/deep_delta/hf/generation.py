@@ -54,16 +54,48 @@ class Generation:
     new_tokens: int
 
 
+def _which(i: int, prompts: list[str]) -> str:
+    return f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse a str that is not Unicode text: bytes that were not UTF-8 (Python keeps them as lone surrogates,
+    U+DC80..U+DCFF, in ``sys.argv`` and in files read with ``errors="surrogateescape"``), or other lone
+    surrogates. The ValueError names ``what`` and the position of the first bad byte (or character)."""
+    try:
+        text.encode("utf-8")
+        return
+    except UnicodeEncodeError as e:
+        char = e.start
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes as they were given
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} is not valid UTF-8 text: byte {e.start} is 0x{raw[e.start]:02x} ({e.reason}); "
+                         "give the text in UTF-8 (check the terminal's or the file's encoding)") from None
+    except UnicodeEncodeError:
+        pass
+    raise ValueError(f"{what} is not valid UTF-8 text: character {char} is a lone surrogate "
+                     f"(U+{ord(text[char]):04X}), which no UTF-8 text contains")
+
+
+def check_prompts(prompts: list[str]) -> None:
+    """:func:`check_text` for each prompt, as ``--prompt`` (or ``--prompt: prompt N``)."""
+    for i, p in enumerate(prompts):
+        check_text(p, f"--prompt: {_which(i, prompts)}")
+
+
 def encode_prompts(tokenizer, prompts: list[str], context: int) -> list[list[int]]:
     """Token ids of each prompt (an empty prompt starts from the end-of-text token).
 
-    A prompt that leaves no room for a new token in the ``context`` is refused.
+    A prompt that is not UTF-8 text, or that leaves no room for a new token in the ``context``, is refused.
     """
+    check_prompts(prompts)
     out = []
     for i, p in enumerate(prompts):
         ids = tokenizer.encode(p, add_special_tokens=False, verbose=False) if p else [tokenizer.eos_token_id]
         if len(ids) >= context:
-            which = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
+            which = _which(i, prompts)
             raise ValueError(
                 f"--prompt: {which} is {len(ids)} tokens, but the model's context is {context} tokens "
                 f"(max_position_embeddings), leaving no room to generate; shorten it to at most {context - 1} tokens"

@@ -1,12 +1,19 @@
 """Find and load a model for inference: an HF directory, a training checkpoint, or a training run.
 
 Every inference command (``ddl generate``, ``ddl eval``, ``ddl export``) goes through :func:`load_model`.
-Weights are read from safetensors only; pickled files (``pytorch_model.bin``) are never opened.
+
+A model directory is data, never code. config.json is read as JSON and must say ``model_type: deep_delta``
+before anything else happens; its ``auto_map`` is ignored, no Python file in the directory is imported and every
+Auto class is called with ``trust_remote_code=False``. Weights are read from safetensors only: pickled files
+(``.bin``, ``.pt``, ``.pth``), also as shards of an index, are refused without being opened. Before any weight is
+read, the files are checked against the directory's checksums.json (when it has one), and the tensors must match
+the model config.json describes name for name and shape for shape: nothing is left randomly initialised.
+Every refusal is a ``ValueError`` (or ``FileNotFoundError``, or :class:`deep_delta.fsutil.IntegrityError`) with a
+one-line message naming the file and the cause.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +21,23 @@ from typing import Any
 
 import torch
 
-WEIGHTS = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
-CONFIG = "config.json"
+from deep_delta.models.ddl.weights import (  # noqa: F401 (re-exported: the loader's public pieces)
+    CONFIG,
+    ONLY_SAFETENSORS,
+    PICKLE_SUFFIXES,
+    WEIGHTS,
+    WEIGHTS_INDEX,
+    load_ddl_model,
+    load_weights,
+    read_config,
+    weight_files,
+)
+from deep_delta.models.ddl.weights import one_line as _one_line
+from deep_delta.models.ddl.weights import read_json as _read_json
+from deep_delta.runtime import resolve_device, resolve_dtype
+
 TRAIN_META = "train_meta.json"
 LATEST = "LATEST"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -63,6 +81,8 @@ def resolve_model_dir(path: str | os.PathLike) -> ModelSource:
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist (expected a model directory or a training run)")
     if not p.is_dir():
+        if p.suffix in PICKLE_SUFFIXES:
+            raise _not_a_model(p, f"{p.name} is a pickled weight file: {ONLY_SAFETENSORS}")
         raise _not_a_model(p, "it is a file")
     if _is_model_dir(p):
         meta = _read_json(p / TRAIN_META) if (p / TRAIN_META).is_file() else {}
@@ -76,62 +96,57 @@ def resolve_model_dir(path: str | os.PathLike) -> ModelSource:
             except (FileNotFoundError, ValueError) as e:
                 raise _not_a_model(p, str(e)) from None
             return ModelSource(p, ckpt, "run", _read_json(ckpt / TRAIN_META))
-    if (p / "pytorch_model.bin").exists() and (p / CONFIG).is_file():
-        raise _not_a_model(p, "found pytorch_model.bin: pickled weights are never loaded; save with safetensors")
+    pickles = sorted(q.name for q in p.iterdir() if q.suffix in PICKLE_SUFFIXES)
+    if pickles and (p / CONFIG).is_file():
+        raise _not_a_model(p, f"found {pickles[0]}: {ONLY_SAFETENSORS} (save with model.save_pretrained(dir), "
+                              f"which writes {WEIGHTS})")
     if (p / CONFIG).is_file():
         raise _not_a_model(p, f"{CONFIG} is there but {WEIGHTS} is missing")
     raise _not_a_model(p)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """"auto" -> cuda when available, else cpu; "cpu", "cuda", "cuda:N" as given (cuda must exist)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"--device: got {device!r}; allowed: auto | cpu | cuda | cuda:N") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device: got {device!r} but CUDA is not available on this machine; use cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device: got {device!r}; allowed: auto | cpu | cuda | cuda:N")
-    return dev
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """"auto" -> bfloat16 on a CUDA device that supports it, else float32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype: got {dtype!r}; allowed: auto | {' | '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def load_tokenizer(source: ModelSource, name: str | None = None, model_max_length: int | None = None):
+def load_tokenizer(source: ModelSource, name: str | None = None, model_max_length: int | None = None,
+                   config=None):
     """The tokenizer for ``source``: ``name`` if given, else the saved tokenizer.json, else the training
-    tokenizer named in train_meta.json. Returns (tokenizer or None, name or None)."""
+    tokenizer named in train_meta.json. Returns (tokenizer or None, name or None).
+
+    ``config``: the model's DDLConfig, handed to AutoTokenizer so that it does not read config.json itself."""
     if name is not None:
         return _build(name, model_max_length), name
     if (source.model_dir / "tokenizer.json").is_file():
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(source.model_dir), local_files_only=True)
-        return tok, source.train_meta.get("tokenizer")
+        return _saved_tokenizer(source.model_dir, config), source.train_meta.get("tokenizer")
     meta_name = source.train_meta.get("tokenizer")
     if meta_name is not None:
         return _build(meta_name, model_max_length), meta_name
     return None, None
+
+
+def _saved_tokenizer(model_dir: Path, config=None):
+    """The tokenizer saved in ``model_dir``; a tokenizer class named in its auto_map is never imported."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), config=config, local_files_only=True,
+                                             trust_remote_code=False)
+    except (MemoryError, PermissionError):
+        raise
+    except Exception as e:  # tokenizers' parse errors are plain Exceptions; transformers' are several kinds
+        tcfg = model_dir / "tokenizer_config.json"
+        try:
+            custom = tcfg.is_file() and "auto_map" in _read_json(tcfg)
+        except ValueError:
+            custom = False
+        if custom:
+            raise ValueError(
+                f"{tcfg}: the tokenizer class is custom code named in auto_map, and code from a model directory is "
+                "never run; pass --tokenizer byte|gpt2 to use a built-in tokenizer"
+            ) from None
+        why = _one_line(e)
+        why = why if len(why) <= 300 else why[:300] + " ..."
+        raise ValueError(
+            f"{model_dir / 'tokenizer.json'}: the tokenizer saved with the model does not load ({type(e).__name__}: "
+            f"{why}); pass --tokenizer byte|gpt2 to use a built-in one"
+        ) from None
 
 
 def _build(name: str, model_max_length: int | None):
@@ -157,26 +172,13 @@ def load_model(
     ``tokenizer`` ("byte" | "gpt2") overrides the saved one. With ``require_tokenizer`` a model without a
     known tokenizer is an error naming how to provide one.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import deep_delta.models  # noqa: F401  (registers model_type "deep_delta" with the Auto classes)
-
     source = resolve_model_dir(path)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    config = AutoConfig.from_pretrained(str(source.model_dir), local_files_only=True)
-    if config.model_type != "deep_delta":
-        raise ValueError(
-            f"{source.model_dir}: config.json has model_type {config.model_type!r}; this loader reads "
-            "deep_delta models only"
-        )
-    model = AutoModelForCausalLM.from_pretrained(
-        str(source.model_dir), config=config, local_files_only=True, use_safetensors=True, dtype=dt
-    )
-    model.to(dev).eval()
-    if dev.type == "cpu":
-        _realign(model)
-    tok, tok_name = load_tokenizer(source, tokenizer, config.max_position_embeddings)
+    model = load_ddl_model(source.model_dir, dtype=dt)
+    model.to(dev)
+    config = model.config
+    tok, tok_name = load_tokenizer(source, tokenizer, config.max_position_embeddings, config)
     if tok is None and require_tokenizer:
         raise ValueError(
             f"{source.model_dir}: no tokenizer found (no tokenizer.json, no 'tokenizer' in {TRAIN_META}); "
@@ -188,19 +190,6 @@ def load_model(
             f"{config.vocab_size}: they do not belong together"
         )
     return LoadedModel(model, tok, source, tok_name)
-
-
-@torch.no_grad()
-def _realign(model) -> None:
-    """Copy tensors that live in the memory-mapped safetensors file into fresh allocations.
-
-    Weights read from the file sit at arbitrary byte offsets; CPU kernels pick different vector paths for
-    unaligned data and round differently (~1e-7), so a loaded model would not reproduce the saved one's
-    logits bit for bit. Fresh allocations are 64-byte aligned. Tied weights stay tied (one Parameter).
-    """
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() % 64:
-            t.data = t.data.clone()
 
 
 def quiet_transformers() -> None:

@@ -360,10 +360,13 @@ class Trainer:
         self._start_run_dir()
 
     def _load_weights(self, path: Path):
-        from deep_delta.models import DDLForCausalLM
+        """The checkpoint's weights in a model built from ``model_config`` (the checks above made it the
+        checkpoint's): safetensors only, checksums verified, names and shapes checked; no Auto class."""
+        from deep_delta.models.ddl.weights import load_weights
 
-        with _no_hf_progress_bar():
-            return DDLForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+        model = build_model(self.model_config)
+        load_weights(model, path)
+        return model
 
     def restore(self, restored: dict[str, Any]) -> None:
         """Optimizer, step, data position and RNG from a checkpoint (the weights are loaded by :meth:`setup`)."""
