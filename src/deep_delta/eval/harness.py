@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,149 +45,91 @@ METRIC_CHOICES = ("paper", "acc", "acc_norm")
 
 
 def require_lm_eval():
+    """Raise a clear ImportError unless lm-eval and accelerate (which lm-eval's ``HFLM`` imports) are installed."""
     try:
         import lm_eval  # noqa: F401
         from lm_eval.api.model import TemplateLM  # noqa: F401
     except ImportError as e:
         raise ImportError(
             "lm-evaluation-harness is not installed; it is an optional extra: "
-            "pip install 'deep-delta-learning[eval]' (or pip install lm-eval)"
+            "pip install 'deep-delta-learning[eval]' (or pip install lm-eval accelerate)"
+        ) from e
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "accelerate is not installed; lm-evaluation-harness's HFLM, which scores the model, imports it. "
+            "It is part of the optional extra: pip install 'deep-delta-learning[eval]' (or pip install accelerate)"
         ) from e
 
 
-def _template_lm_base():
-    require_lm_eval()
-    from lm_eval.api.model import TemplateLM
-
-    return TemplateLM
-
-
 def make_harness_lm(model, tokenizer, *, batch_size: int = 8, max_length: int | None = None):
-    """A :class:`DDLHarnessLM` (built lazily so this module imports without lm-eval)."""
+    """lm-eval's ``HFLM`` over an in-memory causal LM and its HF tokenizer (a :class:`DDLHarnessLM`).
+
+    ``batch_size`` requests are scored per forward (longest first, right-padded); ``max_length`` defaults
+    to the model's ``max_position_embeddings`` (longer contexts keep their end). Log-softmax runs in fp32
+    whatever the model's dtype. Nothing is loaded by name and nothing is looked up on the hub.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: got {batch_size!r}; allowed: an integer >= 1")
+    if max_length is None:
+        max_length = model.config.max_position_embeddings
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length: got {max_length!r}; allowed: an integer >= 2 (or None: the model's context)")
     cls = _harness_class()
-    return cls(model, tokenizer, batch_size=batch_size, max_length=max_length)
+    import torch
+
+    # HFLM warns at length that a model object (not a name) was passed; that is the intended use here
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    level = hf_logger.level
+    hf_logger.setLevel(logging.ERROR)
+    try:
+        return cls(
+            pretrained=model,
+            tokenizer=tokenizer,
+            backend="causal",  # our model_type is registered with AutoModelForCausalLM, not in HF's static table
+            batch_size=batch_size,
+            max_length=max_length,
+            softmax_dtype=torch.float32,
+            # HFLM's logits cache scores one forward per group of requests with equal context + continuation[:-1];
+            # in lm-eval 0.4.13 a member with a shorter continuation than the group's longest is scored on the
+            # group's first positions instead of its last (torch.gather without the trailing slice): wrong
+            # numbers, e.g. in rolling windows over repetitive text. Off: every request gets its own row.
+            logits_cache=False,
+        )
+    finally:
+        hf_logger.setLevel(level)
 
 
 _HARNESS_CLASS = None
 
 
 def _harness_class():
+    """``DDLHarnessLM``: HFLM without its hub look-up (built lazily so this module imports without lm-eval)."""
     global _HARNESS_CLASS
     if _HARNESS_CLASS is not None:
         return _HARNESS_CLASS
-    TemplateLM = _template_lm_base()
-    import torch
-    import torch.nn.functional as F
-    from lm_eval import utils as lm_utils
-    from tqdm.auto import tqdm
+    require_lm_eval()
+    from lm_eval.models.huggingface import HFLM
 
-    class DDLHarnessLM(TemplateLM):
-        """lm-eval model over a causal LM and an HF tokenizer: loglikelihood, rolling loglikelihood and greedy
-        ``generate_until``. Requests are scored in batches of ``batch_size``, longest first, right-padded
-        (a causal model never looks at the padding after a row's last token)."""
+    class DDLHarnessLM(HFLM):
+        """lm-eval's ``HFLM`` over a model object: loglikelihood, rolling loglikelihood and ``generate_until``
+        are HFLM's own. Changed: ``get_model_info`` asks no hub for a commit sha (HFLM's would, for a
+        name), and the default generation budget fits inside short contexts."""
 
-        def __init__(self, model, tokenizer, batch_size: int = 8, max_length: int | None = None):
-            super().__init__()
-            if batch_size < 1:
-                raise ValueError(f"--batch-size: got {batch_size}; allowed: an integer >= 1")
-            self.model, self.tokenizer = model, tokenizer
-            self.batch_size = int(batch_size)
-            self._max_length = int(max_length or model.config.max_position_embeddings)
-            self._device = next(model.parameters()).device
+        def get_model_info(self) -> dict:
+            model = self._model
+            return {
+                "model_num_parameters": sum(p.numel() for p in model.parameters()),
+                "model_dtype": str(next(model.parameters()).dtype),
+                "model_revision": None,
+                "model_sha": "",
+            }
 
         @property
-        def eot_token_id(self) -> int:
-            return self.tokenizer.eos_token_id
-
-        @property
-        def max_length(self) -> int:
-            return self._max_length
-
-        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-            return self.tokenizer.encode(string, add_special_tokens=False, verbose=False)
-
-        def tok_decode(self, tokens) -> str:
-            return self.tokenizer.decode(tokens)
-
-        @torch.no_grad()
-        def _logprobs(self, rows: list[list[int]]) -> list[torch.Tensor]:
-            """Log-softmax (fp32) of the model's logits for each row of token ids: [(len_i, V)]."""
-            n = max(len(r) for r in rows)
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eot_token_id
-            batch = torch.full((len(rows), n), pad, dtype=torch.long)
-            for i, r in enumerate(rows):
-                batch[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            logits = self.model(input_ids=batch.to(self._device), use_cache=False).logits
-            return [F.log_softmax(logits[i, : len(r)].float(), dim=-1) for i, r in enumerate(rows)]
-
-        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
-            """requests: [((context, continuation), context_ids, continuation_ids)] -> [(logprob, is_greedy)]."""
-            prepared = []
-            for idx, (_, ctx, cont) in enumerate(requests):
-                if not cont:
-                    raise ValueError("lm-eval request with an empty continuation")
-                cont = cont[-self.max_length:]  # a continuation longer than the context keeps its end
-                inp = (ctx + cont)[-(self.max_length + 1):][:-1]
-                prepared.append((idx, inp, cont))
-            prepared.sort(key=lambda r: -len(r[1]))  # similar lengths together; the longest batch first
-            out: list[tuple[float, bool] | None] = [None] * len(requests)
-            bar = tqdm(total=len(prepared), desc="loglikelihood", disable=disable_tqdm)
-            for start in range(0, len(prepared), self.batch_size):
-                chunk = prepared[start : start + self.batch_size]
-                logps = self._logprobs([inp for _, inp, _ in chunk])
-                for (idx, inp, cont), lp in zip(chunk, logps):
-                    tail = lp[len(inp) - len(cont):]  # predictions of the continuation tokens
-                    target = torch.tensor(cont, device=tail.device)
-                    logprob = float(tail.gather(-1, target[:, None]).sum())
-                    greedy = bool((tail.argmax(-1) == target).all())
-                    out[idx] = (logprob, greedy)
-                    if requests[idx][0] is not None:
-                        self.cache_hook.add_partial("loglikelihood", requests[idx][0], out[idx])
-                bar.update(len(chunk))
-            bar.close()
-            return out
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-            results = []
-            for (string,) in tqdm([r.args for r in requests], desc="rolling loglikelihood", disable=disable_tqdm):
-                windows = [
-                    lm_utils.make_disjoint_window(w)
-                    for w in lm_utils.get_rolling_token_windows(
-                        token_list=self.tok_encode(string),
-                        prefix_token=self.prefix_token_id,
-                        max_seq_len=self.max_length,
-                        context_len=1,
-                    )
-                ]
-                scores = self._loglikelihood_tokens([(None, c, t) for c, t in windows], disable_tqdm=True)
-                total = sum(s for s, _ in scores)
-                self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
-                results.append(total)
-            return results
-
-        @torch.no_grad()
-        def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-            """Greedy generation until a stop string (``until``) or ``max_gen_toks`` tokens."""
-            from transformers import GenerationConfig
-
-            results = []
-            for context, gen_kwargs in tqdm([r.args for r in requests], desc="generate", disable=disable_tqdm):
-                kwargs = dict(gen_kwargs or {})
-                until = kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
-                until = [until] if isinstance(until, str) else list(until)
-                max_gen = int(kwargs.get("max_gen_toks", 256))
-                max_gen = max(1, min(max_gen, self.max_length - 1))
-                ids = self.tok_encode(context)[-(self.max_length - max_gen):] or [self.eot_token_id]
-                cfg = GenerationConfig(max_new_tokens=max_gen, do_sample=False, eos_token_id=self.eot_token_id,
-                                       pad_token_id=self.eot_token_id)
-                out = self.model.generate(input_ids=torch.tensor([ids], device=self._device), generation_config=cfg)
-                text = self.tok_decode(out[0, len(ids):].tolist())
-                for stop in until:
-                    if stop:
-                        text = text.split(stop)[0]
-                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-                results.append(text)
-            return results
+        def max_gen_toks(self) -> int:
+            # HFLM's default of 256 new tokens; at most max_length - 1, so one context token fits
+            return max(1, min(256, self.max_length - 1))
 
     _HARNESS_CLASS = DDLHarnessLM
     return DDLHarnessLM
