@@ -137,9 +137,6 @@ def export_model(
     """
     from transformers import GenerationConfig
 
-    from deep_delta import __version__
-    from deep_delta.fsutil import fsync_dir, fsync_file, write_checksums
-
     out = Path(out_dir)
     source = resolve_model_dir(src)  # cheap checks first: nothing is loaded for a refused export
     o = out.resolve()
@@ -154,38 +151,57 @@ def export_model(
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    aside = None
     try:
-        model.save_pretrained(str(tmp))
-        tok.model_max_length = model.config.max_position_embeddings
-        tok.save_pretrained(str(tmp))
-        (tmp / "README.md").write_text(model_card(loaded))
-        write_checksums(tmp)
-        summary = {k: loaded.source.train_meta[k] for k in ("step", "variant", "preset", "tokenizer")
-                   if k in loaded.source.train_meta}
-        files = sorted({p.name for p in tmp.iterdir()} | {MARKER})
-        record = {"written_by": WRITTEN_BY, "version": __version__, "source": str(loaded.source.model_dir),
-                  **summary, "files": files}
-        (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
-        for f in tmp.iterdir():
-            fsync_file(f)
-        fsync_dir(tmp)
+        _write_export(tmp, loaded)
         check_out_dir(out, overwrite)  # again: OUT_DIR may have changed while the model loaded
-        if out.exists():  # an empty directory or an earlier export: set it aside, swap the new one in
-            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, aside / out.name)
-        try:
-            os.replace(tmp, out)
-        except BaseException:
-            if aside is not None:
-                os.replace(aside / out.name, out)
-                aside.rmdir()
-                aside = None
-            raise
-        fsync_dir(out.parent)
+        aside = _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
     return out
+
+
+def _write_export(tmp: Path, loaded: LoadedModel) -> None:
+    """Everything an export holds, written into ``tmp`` and fsynced: weights, config, tokenizer, model card,
+    checksums.json and the marker listing the files."""
+    from deep_delta import __version__
+    from deep_delta.fsutil import fsync_dir, fsync_file, write_checksums
+
+    model, tok = loaded.model, loaded.tokenizer
+    model.save_pretrained(str(tmp))
+    tok.model_max_length = model.config.max_position_embeddings
+    tok.save_pretrained(str(tmp))
+    (tmp / "README.md").write_text(model_card(loaded))
+    write_checksums(tmp)
+    summary = {k: loaded.source.train_meta[k] for k in ("step", "variant", "preset", "tokenizer")
+               if k in loaded.source.train_meta}
+    files = sorted({p.name for p in tmp.iterdir()} | {MARKER})
+    record = {"written_by": WRITTEN_BY, "version": __version__, "source": str(loaded.source.model_dir),
+              **summary, "files": files}
+    (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    for f in tmp.iterdir():
+        fsync_file(f)
+    fsync_dir(tmp)
+
+
+def _swap_in(tmp: Path, out: Path) -> Path | None:
+    """Rename ``tmp`` to ``out``. An existing ``out`` (empty, or an earlier export that check_out_dir
+    allowed) is first moved into a directory beside it, which is returned for removal; if the rename fails,
+    it is moved back."""
+    from deep_delta.fsutil import fsync_dir
+
+    aside = None
+    if out.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, aside / out.name)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if aside is not None:
+            os.replace(aside / out.name, out)
+            aside.rmdir()
+        raise
+    fsync_dir(out.parent)
+    return aside
