@@ -1,0 +1,73 @@
+"""The task metric through the real evaluation path (`tasks.run.evaluate`): a hand-built oracle that answers
+with the brute-force solver scores 100% at every difficulty level with a test loss near 0, an oracle that knows
+only the easy levels scores 100% there and about chance above, and an untrained model scores about chance.
+So the accuracy the study reports can be high, can be low, and is attributed to the right level."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_task_generators import SOLVERS
+
+from deep_delta.models import DDLForCausalLM
+from deep_delta.tasks import IGNORE, TASKS, get_task
+from deep_delta.tasks.run import TaskSettings, evaluate, model_config
+
+
+class Oracle(torch.nn.Module):
+    """Answers every scored position with the solver's token (logit 20, 0 elsewhere) when its level is at most
+    ``max_level``; above it, a uniformly random token of the answer's role (a guess at chance)."""
+
+    def __init__(self, task, max_level: int | None = None, seed: int = 0):
+        super().__init__()
+        self.task, self.max_level = task, max_level
+        self.gen = np.random.default_rng(seed)
+        self.answer_tokens = sorted({int(t) for t in task.test_set(0, 200).labels.ravel() if t != IGNORE})
+
+    def forward(self, input_ids, shift_labels=None, use_cache=False):
+        logits = torch.zeros(*input_ids.shape, self.task.vocab_size)
+        for b, row in enumerate(input_ids.numpy()):
+            for at, (answer, level) in SOLVERS[self.task.name](self.task, row).items():
+                if self.max_level is not None and level > self.max_level:
+                    answer = self.gen.choice(self.answer_tokens)
+                logits[b, at, answer] = 20.0
+        loss = F.cross_entropy(logits.flatten(0, 1), shift_labels.flatten(), ignore_index=IGNORE)
+        return SimpleNamespace(logits=logits, loss=loss)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_an_oracle_scores_100_percent_at_every_level(name):
+    task = get_task(name)
+    result = evaluate(Oracle(task), task, task.test_set(0, 400), torch.device("cpu"), batch_size=128)
+    assert result["overall"] == 1.0
+    assert {level: v["accuracy"] for level, v in result["by_difficulty"].items()} == {
+        level: 1.0 for level in result["by_difficulty"]}
+    assert len(result["by_difficulty"]) == len(task.levels)
+    assert result["loss"] < 1e-6
+
+
+@pytest.mark.parametrize("name", ["shell-game", "pointer-chase"])
+def test_an_oracle_of_the_easy_levels_is_placed_at_those_levels(name):
+    task = get_task(name)
+    result = evaluate(Oracle(task, max_level=2), task, task.test_set(0, 1500), torch.device("cpu"))
+    by_level = result["by_difficulty"]
+    for level, v in by_level.items():
+        if int(level) <= 2:
+            assert v["accuracy"] == 1.0
+        else:  # a uniform guess among the role's tokens: chance, within sampling noise
+            assert abs(v["accuracy"] - task.chance) < 0.06, (level, v)
+    assert task.chance < result["overall"] < 1.0
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_an_untrained_model_is_not_better_than_chance(name):
+    task = get_task(name)
+    settings = TaskSettings(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
+    torch.manual_seed(0)
+    model = DDLForCausalLM(model_config(task, "baseline", settings))
+    result = evaluate(model, task, task.test_set(0, 300), torch.device("cpu"))
+    # argmax over the whole vocabulary of an untrained model: a fixed guess at best, never a solution
+    assert result["overall"] < 2 * task.chance
+    assert result["loss"] > 0.5 * np.log(1 / task.chance)
