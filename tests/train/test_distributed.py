@@ -35,27 +35,46 @@ def _losses(out):
     return [r["loss"] for r in read_metrics(out) if "loss" in r]
 
 
+# muP with a base width below the model's (32): every muP multiplier (init, learning rates, logits) differs from 1
+MUP = {"parametrization": "mup", "mup_base_width": 16}
+
+
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, data_dir):
+def single_runs(tmp_path_factory, data_dir):
+    """One single-process run per parametrization, trained on first use."""
     from deep_delta.train import TrainConfig
 
-    out = tmp_path_factory.mktemp("single") / "run"
-    cfg = TrainConfig(variant="ddl-cc", model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                   max_position_embeddings=64),
-                      data=str(data_dir), out=str(out), steps=4, batch_size=4, seq_len=32, warmup_steps=1,
-                      eval_every=2, eval_batches=2, log_every=0, device="cpu")
-    train(cfg, progress=False, quiet=True)
-    return out
+    runs = {}
+
+    def run(parametrization: str):
+        if parametrization not in runs:
+            out = tmp_path_factory.mktemp(f"single-{parametrization}") / "run"
+            extra = MUP if parametrization == "mup" else {}
+            cfg = TrainConfig(variant="ddl-cc", model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                           max_position_embeddings=64, **extra),
+                              data=str(data_dir), out=str(out), steps=4, batch_size=4, seq_len=32, warmup_steps=1,
+                              eval_every=2, eval_batches=2, log_every=0, device="cpu")
+            train(cfg, progress=False, quiet=True)
+            runs[parametrization] = out
+        return runs[parametrization]
+
+    return run
 
 
-@pytest.mark.parametrize("mode, interrupted", [("ddp", False), ("fsdp", True)], ids=["ddp", "fsdp-resumed"])
-def test_two_processes_match_one(tmp_path, data_dir, single, mode, interrupted):
-    """fsdp-resumed: stops after step 2 and resumes, so FSDP's gathered checkpoint is also loaded back."""
+@pytest.mark.parametrize("mode, interrupted, parametrization",
+                         [("ddp", False, "sp"), ("fsdp", True, "sp"), ("fsdp", False, "mup")],
+                         ids=["ddp", "fsdp-resumed", "fsdp-mup"])
+def test_two_processes_match_one(tmp_path, data_dir, single_runs, mode, interrupted, parametrization):
+    """fsdp-resumed: stops after step 2 and resumes, so FSDP's gathered checkpoint is also loaded back.
+    fsdp-mup: the muP parameter groups (learning-rate multipliers by parameter) survive FSDP2's sharding."""
+    single = single_runs(parametrization)
     out = tmp_path / mode
     args = ["train", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out), "--steps", "4",
             "--batch-size", "2", "--seq-len", "32", "--warmup-steps", "1", "--eval-every", "2",
             "--eval-batches", "2", "--device", "cpu", "--distributed", mode, "--no-progress",
             "--log-every", "0", *MODEL]
+    if parametrization == "mup":
+        args += [a for key, value in MUP.items() for a in ("--set", f"model.{key}={value}")]
     if interrupted:
         proc = _torchrun([*args, "--stop-at", "2"])
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -73,3 +92,4 @@ def test_two_processes_match_one(tmp_path, data_dir, single, mode, interrupted):
     b = DDLForCausalLM.from_pretrained(latest_checkpoint(single)).state_dict()
     for k in b:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert DDLForCausalLM.from_pretrained(latest_checkpoint(out)).config.parametrization == parametrization
