@@ -1,8 +1,8 @@
 """lm-evaluation-harness for DDL models: the paper's eight tasks, 0-shot and 1-shot, as a Table-1-style table.
 
-:class:`DDLHarnessLM` is a small ``lm_eval.api.model.TemplateLM`` over a loaded model and its HF tokenizer.
-It needs neither ``accelerate`` nor network access (lm-eval's own ``HFLM`` requires accelerate and
-reloads models by name); task data still comes from the datasets cache or local files.
+:class:`DDLHarnessLM` is lm-eval's own ``HFLM`` over a loaded model object and its HF tokenizer (it needs
+``accelerate``, which HFLM imports); only HFLM's hub look-up of a commit sha is skipped, so nothing is reloaded
+by name or fetched. Task data still comes from the datasets cache or local files.
 """
 
 from __future__ import annotations
