@@ -84,19 +84,12 @@ class TaskSettings:
 
     def with_assignments(self, assignments: list[str]) -> TaskSettings:
         """These settings with ``KEY=VALUE`` strings applied (values parsed as YAML, as ``ddl train --set``)."""
-        import yaml
+        from deep_delta.train.config import parse_assignment
 
         values = self.to_dict()
         fields = {f.name for f in dataclasses.fields(self)} - {"model", "task"}
         for item in assignments:
-            key, sep, raw = item.partition("=")
-            key = key.strip().replace("-", "_")
-            if not sep or not key:
-                raise ValueError(f"`assignments` got {item!r}; allowed: KEY=VALUE")
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else None
-            except yaml.YAMLError as e:
-                raise ValueError(f"`assignments` got {item!r}: the value is not valid YAML ({e})") from None
+            key, value = parse_assignment(item)
             group, dot, name = key.partition(".")
             if dot and group == "model" and name in model_fields():
                 values["model"][name] = value

@@ -171,19 +171,25 @@ class TrainConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+def parse_assignment(item: str) -> tuple[str, Any]:
+    """One ``KEY=VALUE`` string (``ddl ... --set``) as ``(key, value)``: dashes in the key read as underscores,
+    the value parsed as YAML (an empty value is None)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise ValueError(f"`assignments` got {item!r}; allowed: KEY=VALUE, e.g. model.hidden_size=64")
+    try:
+        return key, (yaml.safe_load(raw) if raw.strip() else None)
+    except yaml.YAMLError as e:
+        raise ValueError(f"`assignments` got {item!r}: the value is not valid YAML: {e}") from e
+
+
 def parse_assignments(assignments: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings (``ddl ... --set``) as settings: each value parsed as YAML; ``model.FIELD=VALUE``
+    """``KEY=VALUE`` strings (``ddl ... --set``) as settings (:func:`parse_assignment`); ``model.FIELD=VALUE``
     goes into ``values["model"]`` (DDLConfig fields). Checking the keys is the caller's."""
     values: dict[str, Any] = {}
     for item in assignments:
-        key, sep, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise ValueError(f"`assignments` got {item!r}; allowed: KEY=VALUE, e.g. model.hidden_size=64")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as e:
-            raise ValueError(f"`assignments` got {item!r}: the value is not valid YAML: {e}") from e
+        key, value = parse_assignment(item)
         if key.startswith("model."):
             values.setdefault("model", {})[key[len("model."):]] = value
         else:
