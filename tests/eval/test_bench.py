@@ -165,6 +165,9 @@ def test_op_inputs_follow_autocast():
     (x, k, v, beta), *_ = ops["delta update"]
     assert (x.dtype, k.dtype, v.dtype, beta.dtype) == (torch.float32, torch.bfloat16, torch.float32, torch.float32)
     assert all(t.dtype == torch.float32 for name in ("CC read", "TC read", "EC expand") for t in ops[name][0])
+    (h, r, b, f), *_ = ops["HC write"]  # the branch output f in bf16; the state and the coefficients fp32
+    assert (h.dtype, r.dtype, b.dtype, f.dtype) == (torch.float32, torch.float32, torch.float32, torch.bfloat16)
+    assert h.shape == (1, 4, 16, 4) and r.shape == (1, 4, 4, 4)
 
 
 def test_kernel_bench_tables():
@@ -176,10 +179,11 @@ def test_kernel_bench_tables():
     table = step_table(rows, s)
     assert "| baseline | " in table and "1.000x | 1.000x |" in table and "- peak memory ddl-cc:" in table
     timings, notes = run_op_bench(s)
-    assert [t.op for t in timings] == ["delta update", "CC read", "TC read", "EC expand"]
+    assert [t.op for t in timings] == ["delta update", "CC read", "TC read", "EC expand", "HC write", "HC read",
+                                       "Sinkhorn"]
     assert all(set(t.seconds) == {"ref", "lean"} for t in timings)  # CPU: no triton, no compile by default
     table = op_table(timings, notes, s)
-    assert table.count("| n/a | n/a |") == 4 and "Triton kernels: skipped" in table
+    assert table.count("| n/a | n/a |") == 7 and "Triton kernels: skipped" in table and "HC / mHC: n=4 streams" in table
 
 
 def test_ddl_bench_kernels_cli(tmp_path, capsys):

@@ -20,9 +20,11 @@ def add_parser(sub) -> None:
     d = KernelBenchSettings()
     p = sub.add_parser(
         "bench-kernels",
-        help="time DDL kernels vs the PyTorch reference and each variant's training step vs the baseline",
-        description="Times each DDL op (delta update, CC/TC read, EC expansion; forward+backward) for the "
-        "plain reference, the lean PyTorch path, torch.compile of the reference and the Triton kernel, and "
+        help="time DDL and HC / mHC kernels vs the PyTorch reference and each variant's training step vs the "
+        "baseline",
+        description="Times each DDL op (delta update, CC/TC read, EC expansion) and the HC / mHC stream ops "
+        "(write, read, Sinkhorn-Knopp), forward+backward, for the plain reference, the lean PyTorch path, "
+        "torch.compile of the reference and the Triton kernel (CUDA only), and "
         "the training step of each variant against the baseline (the trainer's own step: forward+backward, "
         "gradient clipping at 1.0, AdamW), with saved-activation bytes and peak training memory. Cases are "
         "interleaved round-robin (the first case rotating each round); each figure is the median over "

@@ -2,9 +2,11 @@
 
 Two tables:
 
-1. ops, forward + backward, at the preset's width (d_v = 4, 4 taps): the plain reference (naive), the lean
-   PyTorch path, ``torch.compile`` of the reference and the Triton kernel (CUDA only: on CPU the kernels
-   run only in the interpreter, which is not a speed measurement). Ratios are against the reference.
+1. ops, forward + backward, at the preset's width (d_v = 4, 4 taps; the rivals' HC / mHC stream ops at the
+   config's n = 4 streams, per-token coefficients as in the dynamic forms, Sinkhorn-Knopp with its 20
+   rounds): the plain reference (naive), the lean PyTorch path, ``torch.compile`` of the reference and the
+   Triton kernel (CUDA only: on CPU the kernels run only in the interpreter, which is not a speed
+   measurement). Ratios are against the reference.
 2. the training step of each variant against the baseline (:meth:`StepSubject.train_step`, the trainer's
    own ``optimizer_step``: forward + backward, gradient clipping at 1.0, AdamW), with the activation bytes
    autograd saves (with and without ``recompute_states``) and the peak training memory of each variant.
@@ -38,7 +40,7 @@ from deep_delta.eval.timing import (
 )
 from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
 
-OPS = ("delta update", "CC read", "TC read", "EC expand")
+OPS = ("delta update", "CC read", "TC read", "EC expand", "HC write", "HC read", "Sinkhorn")
 IMPLS = ("ref", "lean", "compiled", "triton")
 VALUE_CHANNELS, TAPS = 4, 4  # d_v and kernel size of the op shapes
 
@@ -108,9 +110,11 @@ def _fwd_bwd(fn, args: tuple, autocast) -> Callable[[], None]:
 def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, device: torch.device) -> dict:
     """The inputs of each op as the model gives them: ``{op: (inputs, reference fn, lean fn, triton name)}``.
 
-    Under autocast (``dtype`` not float32) only the branch output k is in the low precision: states,
-    embeddings, gate values and compressor weights are fp32, as the model's fp32 weights make them.
+    Under autocast (``dtype`` not float32) only the branch output (k; HC's f) is in the low precision: states,
+    embeddings, gate values, compressor weights and the HC / mHC coefficients are fp32, as the model's fp32
+    weights make them. The HC / mHC ops take ``DDLConfig``'s n streams and Sinkhorn rounds.
     """
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
     from deep_delta.ops.compress.naive import (
         channel_compress_reference,
@@ -119,6 +123,12 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
     )
     from deep_delta.ops.delta.lean import delta_update_lean
     from deep_delta.ops.delta.naive import delta_update_reference
+    from deep_delta.ops.hyper.lean import sinkhorn_knopp_lean, stream_read_lean, stream_write_lean
+    from deep_delta.ops.hyper.naive import (
+        sinkhorn_knopp_reference,
+        stream_read_reference,
+        stream_write_reference,
+    )
 
     low = BENCH_DTYPES[dtype] or torch.float32
     d, dv, kk = hidden_size, VALUE_CHANNELS, TAPS
@@ -130,11 +140,18 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
     x, k = rnd(batch_size, seq_len, d, dv), rnd(batch_size, seq_len, d, dt=low)
     v, beta = rnd(batch_size, seq_len, dv), rnd(batch_size, seq_len, 1)
     e, c, w = rnd(batch_size, seq_len, d), rnd(d, dv), rnd(kk, d, dv)
+    n, iters = DDLConfig.hc_streams, DDLConfig.hc_sinkhorn_iters
+    h, f = rnd(batch_size, seq_len, d, n), rnd(batch_size, seq_len, d, dt=low)
+    r, a, b = rnd(batch_size, seq_len, n, n), rnd(batch_size, seq_len, n), rnd(batch_size, seq_len, n)
     return {
         "delta update": ((x, k, v, beta), delta_update_reference, delta_update_lean, "delta_update"),
         "CC read": ((x, c), channel_compress_reference, channel_compress_lean, "channel_compress"),
         "TC read": ((x, w), token_compress_reference, token_compress_lean, "token_compress"),
         "EC expand": ((e, w), embed_conv_reference, embed_conv_lean, "embed_conv"),
+        "HC write": ((h, r, b, f), stream_write_reference, stream_write_lean, "stream_write"),
+        "HC read": ((h, a), stream_read_reference, stream_read_lean, "stream_read"),
+        "Sinkhorn": ((r,), lambda z: sinkhorn_knopp_reference(z, iters), lambda z: sinkhorn_knopp_lean(z, iters),
+                     f"sinkhorn_knopp:{iters}"),
     }
 
 
@@ -143,6 +160,12 @@ def _triton_fn(name: str):
         from deep_delta.ops.delta.triton import delta_update_triton
 
         return lambda x, k, v, b: delta_update_triton(x, k, v, b)
+    if name.startswith(("stream_", "sinkhorn_")):
+        from deep_delta.ops.hyper import triton as ht
+
+        name, _, iters = name.partition(":")
+        fn = getattr(ht, f"{name}_triton")
+        return (lambda z: fn(z, int(iters))) if iters else fn
     from deep_delta.ops.compress import triton as ct
 
     return getattr(ct, f"{name}_triton")
@@ -182,7 +205,8 @@ def op_table(timings: Sequence[OpTiming], notes: Sequence[str], settings: Kernel
     hidden_size = _hidden_size(s.preset)
     lines = [
         f"### Ops, forward + backward ({s.batch_size} x {s.seq_len} tokens, d={hidden_size}, d_v={VALUE_CHANNELS}, "
-        f"{_op_dtype_label(s.dtype)}, {torch.device(s.device).type}): median ms, ratio vs the plain reference",
+        f"{_op_dtype_label(s.dtype)}, {torch.device(s.device).type}; HC / mHC: n={_streams()} streams, per-token "
+        "coefficients): median ms, ratio vs the plain reference",
         "",
         "| op | reference ms | lean torch ms (speed-up) | compiled ref ms (speed-up) | triton ms (speed-up) |",
         "| --- | --- | --- | --- | --- |",
@@ -195,6 +219,12 @@ def op_table(timings: Sequence[OpTiming], notes: Sequence[str], settings: Kernel
 
         lines.append(f"| {t.op} | {ref * 1e3:.2f} | {cell('lean')} | {cell('compiled')} | {cell('triton')} |")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])
+
+
+def _streams() -> int:
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    return DDLConfig.hc_streams
 
 
 def _hidden_size(preset: str) -> int:

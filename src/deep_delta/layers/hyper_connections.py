@@ -6,7 +6,9 @@ arXiv 2512.24880): a residual around any sublayer whose state is n streams, ``h:
 HC: a = A_m, R = A_r, b = B, learned freely (static) plus ``scale * tanh(.)`` of the per-stream RMS-normed
 state (dynamic). mHC: a = sigmoid(.), b = 2 sigmoid(.), R = H_res^T with H_res projected onto the doubly
 stochastic matrices by Sinkhorn-Knopp; the dynamic part is a projection of the whole normed state of the token.
-The math is in :mod:`deep_delta.ops.hyper`; this module holds the parameters and their initialisation.
+The math is in :mod:`deep_delta.ops.hyper`; this module holds the parameters and their initialisation. The
+read, the write and Sinkhorn-Knopp run on ``backend`` (the model's ``delta_backend``): the fused Triton
+kernels on CUDA under "auto", the lean PyTorch path otherwise; the coefficients are the reference's.
 
 Initialisation (docs/rivals.md): HC follows its paper, A_m = e_(sublayer mod n), A_r = I, B = 1, the
 dynamic projections 0 and their scales 0.01, so with streams that start as copies of the embedding the
@@ -22,11 +24,13 @@ import math
 import torch
 from torch import nn
 
+from deep_delta.ops import BACKENDS
 from deep_delta.ops.hyper import (
     hc_coefficients_reference,
     mhc_coefficients_reference,
-    stream_read_reference,
-    stream_write_reference,
+    sinkhorn_knopp,
+    stream_read,
+    stream_write,
 )
 
 HYPER_KINDS = ("hc", "mhc")
@@ -60,6 +64,8 @@ class HyperResidual(nn.Module):
             HC's A_m starts at e_(sublayer mod n).
         norm_eps: eps of the sublayer's RMSNorm and of the coefficient norms.
         sinkhorn_iters, sinkhorn_eps: Sinkhorn-Knopp rounds (mHC: 20) and the guard of its sums.
+        backend: "auto" | "torch" | "triton" for the read, the write and Sinkhorn-Knopp
+            (:func:`deep_delta.ops.resolve_backend`).
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class HyperResidual(nn.Module):
         norm_eps: float = 1e-5,
         sinkhorn_iters: int = 20,
         sinkhorn_eps: float = 1e-6,
+        backend: str = "auto",
     ):
         super().__init__()
         if kind not in HYPER_KINDS:
@@ -87,6 +94,9 @@ class HyperResidual(nn.Module):
             raise ValueError(f"HyperResidual: `sublayer` must be >= 0, got {sublayer}")
         if sinkhorn_iters < 1:
             raise ValueError(f"HyperResidual: `sinkhorn_iters` must be >= 1, got {sinkhorn_iters}")
+        if backend not in BACKENDS:
+            raise ValueError(f"HyperResidual: `backend` must be one of {BACKENDS}, got {backend!r}")
+        self.backend = backend
         self.dim, self.streams, self.kind, self.dynamic, self.sublayer = dim, streams, kind, dynamic, sublayer
         self.norm_eps, self.sinkhorn_iters, self.sinkhorn_eps = norm_eps, sinkhorn_iters, sinkhorn_eps
         self.norm = nn.RMSNorm(dim, eps=norm_eps)  # the sublayer's pre-norm, on h_in (same name as DeltaResidual's)
@@ -157,7 +167,11 @@ class HyperResidual(nn.Module):
             h if self.dynamic else None, self.bias_pre, self.bias_post, self.bias_res,
             self.phi if self.dynamic else None, self.alpha if self.dynamic else None,
             norm_eps=self.norm_eps, sinkhorn_iters=self.sinkhorn_iters, sinkhorn_eps=self.sinkhorn_eps,
+            sinkhorn=self._sinkhorn,
         )
+
+    def _sinkhorn(self, logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+        return sinkhorn_knopp(logits, iters, eps, backend=self.backend)
 
     def forward(self, h: torch.Tensor, *branch_args, **branch_kwargs) -> torch.Tensor:
         """h: (..., d, n) -> the new state (..., d, n) in h's dtype."""
@@ -166,9 +180,9 @@ class HyperResidual(nn.Module):
                 f"HyperResidual: expected a state of shape (..., {self.dim}, {self.streams}), got {tuple(h.shape)}"
             )
         a, r, b = self.coefficients(h)
-        h_in = stream_read_reference(h, a)
+        h_in = stream_read(h, a, backend=self.backend)
         f = self.branch(self.norm(h_in), *branch_args, **branch_kwargs)
-        return stream_write_reference(h, r, b, f)
+        return stream_write(h, r, b, f, backend=self.backend)
 
 
 class StreamReadout(nn.Module):

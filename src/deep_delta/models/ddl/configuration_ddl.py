@@ -91,6 +91,7 @@ class DDLConfig(PreTrainedConfig):
     Hyper-Connections | "mhc": manifold-constrained, n >= 2), hc_dynamic (token-dependent coefficients, the
     papers' default), hc_sinkhorn_iters (mHC's Sinkhorn-Knopp rounds, 20 in the paper). The state is
     (B, T, d, n): the embedding copied to n streams, read out as their mean before the final norm.
+    delta_backend also chooses the implementation of their stream read, write and Sinkhorn-Knopp.
 
     Memory: recompute_states=True keeps only the last DDL state for backward and rebuilds the earlier
     ones from it (less activation memory; gradients differ by the rebuild's rounding).

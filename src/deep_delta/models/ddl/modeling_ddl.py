@@ -133,6 +133,7 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
         return HyperResidual(
             config.hidden_size, branch, streams=config.hc_streams, kind=config.hc_kind, dynamic=config.hc_dynamic,
             sublayer=sublayer, norm_eps=config.rms_norm_eps, sinkhorn_iters=config.hc_sinkhorn_iters,
+            backend=config.delta_backend,
         )
     return DeltaResidual(
         config.hidden_size,

@@ -13,6 +13,8 @@ All coefficient math and the mixing run in fp32 (fp64 for fp64 inputs); results 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deep_delta.ops.delta.naive import compute_dtype
@@ -87,6 +89,7 @@ def mhc_coefficients_reference(
     norm_eps: float = 1e-5,
     sinkhorn_iters: int = 20,
     sinkhorn_eps: float = 1e-6,
+    sinkhorn: Callable[[torch.Tensor, int, float], torch.Tensor] = sinkhorn_knopp_reference,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mHC's (a, R, b) for state h (..., d, n): ``H_pre = sigmoid(.)``, ``H_post = 2 sigmoid(.)``,
     ``H_res = SinkhornKnopp(.)`` (the paper's eqs. 7-8).
@@ -95,6 +98,8 @@ def mhc_coefficients_reference(
     it) and projected by phi (n*d, 2n + n^2) (columns: pre (n), post (n), res (n*n, row-major)); the three
     parts are scaled by alpha = (alpha_pre, alpha_post, alpha_res) and added to the biases. phi's rows follow
     h's (d, n) memory order (a learned matrix: any fixed order is the same model). Static form: phi, alpha None.
+    ``sinkhorn(logits, iters, eps)``: the Sinkhorn-Knopp implementation (the layer passes the dispatching
+    :func:`deep_delta.ops.hyper.sinkhorn_knopp`; every implementation equals the reference).
     Returns a = H_pre (..., n), R = H_res^T (..., n, n), b = H_post (..., n) in fp32.
     """
     n = bias_pre.shape[-1]
@@ -108,5 +113,5 @@ def mhc_coefficients_reference(
         pre = al[0] * proj[..., :n] + pre
         post = al[1] * proj[..., n : 2 * n] + post
         res = al[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + res
-    h_res = sinkhorn_knopp_reference(res, sinkhorn_iters, sinkhorn_eps)
+    h_res = sinkhorn(res, sinkhorn_iters, sinkhorn_eps)
     return torch.sigmoid(pre), h_res.transpose(-1, -2), 2.0 * torch.sigmoid(post)

@@ -1,0 +1,329 @@
+"""Triton kernels of the HC / mHC stream ops, forward and backward: the write, the read, Sinkhorn-Knopp.
+
+The state of a token is a (d, n) tile, the n streams the last axis (``BLOCK_N = next_pow2(n)``, masked).
+All arithmetic is fp32 whatever the storage dtype (fp32, bf16, fp16); results are stored in the dtypes of
+the references (:mod:`.naive`). A coefficient is per token (N, ...) or static, shared by every token (the
+token stride 0: the static forms, HC's ``A_r = I`` at n = 1, mHC without its dynamic part).
+
+write  fwd  one pass over h, f -> h' = h R + f b^T              grid (token, d-chunk): no reduction over d
+       bwd  one pass over h, f, G per token (a loop over d-chunks):
+            write grad_h = G R^T, grad_f = G b; accumulate grad_R = h^T G and grad_b = G^T f (n x n and n, fp32)
+read   fwd  one pass over h -> h_in = h a                        grid (token, d-chunk)
+       bwd  one pass over h, g per token: write grad_h = g a^T; accumulate grad_a = h^T g
+sinkhorn fwd  a block of tokens' (n, n) logits in registers: exp of the shifted logits, ``iters`` rounds of
+            column then row normalisation (each sum + eps), one read and one write of (n, n) per token
+       bwd  in registers too, nothing saved but the logits: for round i = iters-1 .. 0 the input of round
+            i is recomputed from the logits (O(iters^2) rounds of register arithmetic, no memory traffic)
+            and the closed-form backward of ``y = x / (sum x + eps)``,
+            ``grad_x = (grad_y - sum(grad_y * y)) / (sum x + eps)``, is applied to the row, then the column
+            normalisation; then the exp and the max shift (its gradient to the maximal logits, ties split
+            evenly, as ``amax``'s backward).
+
+Per-token coefficient gradients come out as (N, ...) fp32; for a static coefficient the autograd of the
+expand in front of the Function sums them (deterministic, no atomics). Tested against the references under
+``TRITON_INTERPRET=1`` on CPU (tests/ops/test_hyper_kernels.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from deep_delta.ops.delta.triton import check_device
+
+MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
+TILE = 4096  # elements of the largest register tile (BLOCK_D x BLOCK_N x BLOCK_N in the write)
+
+
+def _block_n(n: int, name: str) -> int:
+    if n > MAX_STREAMS:
+        raise ValueError(f"{name} (triton): the number of streams n must be <= {MAX_STREAMS}, got {n}")
+    return triton.next_power_of_2(n)
+
+
+def _block_d(d: int, per_row: int) -> int:
+    """Rows of d per chunk: a tile of at most TILE elements, at most the (padded) width."""
+    return max(1, min(triton.next_power_of_2(d), TILE // per_row))
+
+
+# ----------------------------------------------------------------------------------------------- write
+
+
+@triton.jit
+def _write_fwd_kernel(
+    H, R, B, F, OUT, D, stride_r, stride_b, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    tok = tl.program_id(0).to(tl.int64)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    md = offs_d < D
+    mn = offs_n < NS
+    mt = md[:, None] & mn[None, :]
+    tile = offs_d[:, None] * NS + offs_n[None, :]
+    h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+    f = tl.load(F + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
+    r_tile = offs_n[:, None] * NS + offs_n[None, :]
+    r = tl.load(R + tok * stride_r + r_tile, mask=mn[:, None] & mn[None, :], other=0.0).to(tl.float32)
+    b = tl.load(B + tok * stride_b + offs_n, mask=mn, other=0.0).to(tl.float32)
+    out = tl.sum(h[:, :, None] * r[None, :, :], axis=1) + f[:, None] * b[None, :]  # (h R)_ij = sum_k h_ik r_kj
+    tl.store(OUT + tok * D * NS + tile, out.to(OUT.dtype.element_ty), mask=mt)
+
+
+@triton.jit
+def _write_bwd_kernel(
+    H, R, B, F, G, GH, GR, GB, GF, D, stride_r, stride_b,
+    NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    mn = offs_n < NS
+    r_tile = offs_n[:, None] * NS + offs_n[None, :]
+    mr = mn[:, None] & mn[None, :]
+    r = tl.load(R + tok * stride_r + r_tile, mask=mr, other=0.0).to(tl.float32)
+    b = tl.load(B + tok * stride_b + offs_n, mask=mn, other=0.0).to(tl.float32)
+    gr = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+    gb = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, D, BLOCK_D):
+        offs_d = start + tl.arange(0, BLOCK_D)
+        md = offs_d < D
+        mt = md[:, None] & mn[None, :]
+        tile = offs_d[:, None] * NS + offs_n[None, :]
+        h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+        g = tl.load(G + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+        f = tl.load(F + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
+        gh = tl.sum(g[:, None, :] * r[None, :, :], axis=2)  # (G R^T)_ik = sum_j g_ij r_kj
+        tl.store(GH + tok * D * NS + tile, gh.to(GH.dtype.element_ty), mask=mt)
+        tl.store(GF + tok * D + offs_d, tl.sum(g * b[None, :], axis=1).to(GF.dtype.element_ty), mask=md)
+        gr += tl.sum(h[:, :, None] * g[:, None, :], axis=0)  # (h^T G)_kj = sum_i h_ik g_ij
+        gb += tl.sum(g * f[:, None], axis=0)
+    tl.store(GR + tok * NS * NS + r_tile, gr, mask=mr)
+    tl.store(GB + tok * NS + offs_n, gb, mask=mn)
+
+
+# ------------------------------------------------------------------------------------------------ read
+
+
+@triton.jit
+def _read_fwd_kernel(H, A, OUT, D, stride_a, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    md = offs_d < D
+    mn = offs_n < NS
+    h = tl.load(H + tok * D * NS + offs_d[:, None] * NS + offs_n[None, :], mask=md[:, None] & mn[None, :], other=0.0)
+    a = tl.load(A + tok * stride_a + offs_n, mask=mn, other=0.0).to(tl.float32)
+    out = tl.sum(h.to(tl.float32) * a[None, :], axis=1)
+    tl.store(OUT + tok * D + offs_d, out.to(OUT.dtype.element_ty), mask=md)
+
+
+@triton.jit
+def _read_bwd_kernel(
+    H, A, G, GH, GA, D, stride_a, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    tok = tl.program_id(0).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    mn = offs_n < NS
+    a = tl.load(A + tok * stride_a + offs_n, mask=mn, other=0.0).to(tl.float32)
+    ga = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, D, BLOCK_D):
+        offs_d = start + tl.arange(0, BLOCK_D)
+        md = offs_d < D
+        mt = md[:, None] & mn[None, :]
+        tile = offs_d[:, None] * NS + offs_n[None, :]
+        g = tl.load(G + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
+        h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+        tl.store(GH + tok * D * NS + tile, (g[:, None] * a[None, :]).to(GH.dtype.element_ty), mask=mt)
+        ga += tl.sum(h * g[:, None], axis=0)
+    tl.store(GA + tok * NS + offs_n, ga, mask=mn)
+
+
+# -------------------------------------------------------------------------------------------- sinkhorn
+
+
+@triton.jit
+def _sinkhorn_start(Z, N, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The block's logits z (fp32), their (token, i, j) offsets and mask, the maxima and m0 = exp(z - max)."""
+    offs_t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_n = tl.arange(0, BLOCK_N)
+    mn = offs_n < NS
+    idx = offs_t[:, None, None] * (NS * NS) + offs_n[None, :, None] * NS + offs_n[None, None, :]
+    mask = (offs_t < N)[:, None, None] & mn[None, :, None] & mn[None, None, :]
+    z = tl.load(Z + idx, mask=mask, other=0.0).to(tl.float32)
+    zmax = tl.max(tl.max(tl.where(mask, z, float("-inf")), axis=2), axis=1)[:, None, None]
+    m0 = tl.exp(tl.where(mask, z - zmax, float("-inf")))  # 0 outside the (n, n) tile and past the last token
+    return z, idx, mask, zmax, m0
+
+
+@triton.jit
+def _sinkhorn_fwd_kernel(
+    Z, OUT, N, iters, eps, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    z, idx, mask, zmax, m = _sinkhorn_start(Z, N, NS, BLOCK_T, BLOCK_N)
+    for _ in range(iters):
+        m = m / (tl.sum(m, axis=1)[:, None, :] + eps)  # columns (the reference's sum over axis -2)
+        m = m / (tl.sum(m, axis=2)[:, :, None] + eps)  # rows
+    tl.store(OUT + idx, m.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sinkhorn_bwd_kernel(
+    Z, G, GZ, N, iters, eps, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    z, idx, mask, zmax, m0 = _sinkhorn_start(Z, N, NS, BLOCK_T, BLOCK_N)
+    gm = tl.load(G + idx, mask=mask, other=0.0).to(tl.float32)
+    for t in range(iters):
+        x = m0
+        for _ in range(iters - 1 - t):  # the input of round iters-1-t, recomputed from the logits
+            x = x / (tl.sum(x, axis=1)[:, None, :] + eps)
+            x = x / (tl.sum(x, axis=2)[:, :, None] + eps)
+        sc = tl.sum(x, axis=1)[:, None, :] + eps
+        c = x / sc
+        sr = tl.sum(c, axis=2)[:, :, None] + eps
+        y = c / sr
+        gc = tl.where(mask, (gm - tl.sum(gm * y, axis=2)[:, :, None]) / sr, 0.0)  # 0 in the padding
+        gm = tl.where(mask, (gc - tl.sum(gc * c, axis=1)[:, None, :]) / sc, 0.0)
+    gz = gm * m0
+    ismax = tl.where(mask & (z == zmax), 1.0, 0.0)
+    count = tl.maximum(tl.sum(tl.sum(ismax, axis=2), axis=1), 1.0)
+    total = tl.sum(tl.sum(gz, axis=2), axis=1)
+    gz = gz - (total / count)[:, None, None] * ismax
+    tl.store(GZ + idx, gz.to(GZ.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------- autograd Functions
+
+
+class StreamWriteTriton(torch.autograd.Function):
+    """h (N, d, n) contiguous, r (N, n, n) and b (N, n) with contiguous rows (token stride n*n / n, or 0 for
+    a static coefficient expanded over the tokens), f (N, d) contiguous -> h' (N, d, n) in h's dtype."""
+
+    @staticmethod
+    def forward(ctx, h, r, b, f):
+        nt, d, n = h.shape
+        bn = _block_n(n, "stream_write")
+        bd = _block_d(d, bn * bn)
+        out = torch.empty_like(h)
+        _write_fwd_kernel[(nt, triton.cdiv(d, bd))](
+            h, r, b, f, out, d, r.stride(0), b.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4
+        )
+        ctx.save_for_backward(h, r, b, f)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        h, r, b, f = ctx.saved_tensors
+        nt, d, n = h.shape
+        bn = _block_n(n, "stream_write")
+        bd = _block_d(d, bn * bn)
+        g = g.contiguous()
+        gh, gf = torch.empty_like(h), torch.empty_like(f)
+        gr = torch.empty(nt, n, n, dtype=torch.float32, device=h.device)
+        gb = torch.empty(nt, n, dtype=torch.float32, device=h.device)
+        _write_bwd_kernel[(nt,)](
+            h, r, b, f, g, gh, gr, gb, gf, d, r.stride(0), b.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4
+        )
+        return gh, gr.to(r.dtype), gb.to(b.dtype), gf
+
+
+class StreamReadTriton(torch.autograd.Function):
+    """h (N, d, n) contiguous, a (N, n) with contiguous rows (token stride n, or 0 when static) -> (N, d)."""
+
+    @staticmethod
+    def forward(ctx, h, a):
+        nt, d, n = h.shape
+        bn = _block_n(n, "stream_read")
+        bd = _block_d(d, bn)
+        out = torch.empty(nt, d, dtype=h.dtype, device=h.device)
+        _read_fwd_kernel[(nt, triton.cdiv(d, bd))](h, a, out, d, a.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn,
+                                                    num_warps=4)
+        ctx.save_for_backward(h, a)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        h, a = ctx.saved_tensors
+        nt, d, n = h.shape
+        bn = _block_n(n, "stream_read")
+        bd = _block_d(d, bn)
+        gh = torch.empty_like(h)
+        ga = torch.empty(nt, n, dtype=torch.float32, device=h.device)
+        _read_bwd_kernel[(nt,)](h, a, g.contiguous(), gh, ga, d, a.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn,
+                                num_warps=4)
+        return gh, ga.to(a.dtype)
+
+
+def _sinkhorn_grid(nt: int, n: int) -> tuple[int, int]:
+    bn = _block_n(n, "sinkhorn_knopp")
+    bt = max(1, min(triton.next_power_of_2(nt), 2048 // (bn * bn)))
+    return bn, bt
+
+
+class SinkhornTriton(torch.autograd.Function):
+    """logits (N, n, n) contiguous -> the Sinkhorn-Knopp matrices (N, n, n) in ``out_dtype``; saves the logits."""
+
+    @staticmethod
+    def forward(ctx, logits, iters: int, eps: float, out_dtype: torch.dtype):
+        nt, n, _ = logits.shape
+        bn, bt = _sinkhorn_grid(nt, n)
+        out = torch.empty(nt, n, n, dtype=out_dtype, device=logits.device)
+        _sinkhorn_fwd_kernel[(triton.cdiv(nt, bt),)](logits, out, nt, iters, eps, NS=n, BLOCK_T=bt, BLOCK_N=bn,
+                                                      num_warps=4)
+        ctx.save_for_backward(logits)
+        ctx.iters, ctx.eps = iters, eps
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (logits,) = ctx.saved_tensors
+        nt, n, _ = logits.shape
+        bn, bt = _sinkhorn_grid(nt, n)
+        gz = torch.empty_like(logits)
+        _sinkhorn_bwd_kernel[(triton.cdiv(nt, bt),)](logits, g.contiguous(), gz, nt, ctx.iters, ctx.eps, NS=n,
+                                                      BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
+        return gz, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------- entry points
+
+
+def _per_token(c: torch.Tensor, lead: tuple[int, ...], tail: tuple[int, ...]) -> torch.Tensor:
+    """A coefficient broadcast to (N, *tail) with contiguous trailing dims; a static one keeps token stride 0."""
+    nt = math.prod(lead)
+    inner = c.reshape(-1, *tail) if c.dim() == len(tail) else None
+    if inner is not None:  # static: (1, *tail) expanded, no copy
+        return inner.contiguous().expand(nt, *tail)
+    return c.expand(*lead, *tail).reshape(nt, *tail).contiguous()
+
+
+def stream_write_triton(h: torch.Tensor, r: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Fused ``h' = h R + f b^T``: h (..., d, n), r (n, n) or (..., n, n), b (n,) or (..., n), f (..., d)."""
+    check_device("stream_write", h)
+    *lead, d, n = h.shape
+    lead = tuple(lead)
+    nt = math.prod(lead)
+    out = StreamWriteTriton.apply(
+        h.reshape(nt, d, n).contiguous(), _per_token(r, lead, (n, n)), _per_token(b, lead, (n,)),
+        f.expand(*lead, d).reshape(nt, d).contiguous(),
+    )
+    return out.view(h.shape)
+
+
+def stream_read_triton(h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Fused ``h_in = h a``: h (..., d, n), a (n,) or (..., n) -> (..., d) in h's dtype."""
+    check_device("stream_read", h)
+    *lead, d, n = h.shape
+    lead = tuple(lead)
+    out = StreamReadTriton.apply(h.reshape(math.prod(lead), d, n).contiguous(), _per_token(a, lead, (n,)))
+    return out.view(*lead, d)
+
+
+def sinkhorn_knopp_triton(logits: torch.Tensor, iters: int = 20, eps: float = 1e-6) -> torch.Tensor:
+    """Sinkhorn-Knopp of (..., n, n) logits in registers; fp32 out (fp64 for fp64 logits, computed in fp32)."""
+    check_device("sinkhorn_knopp", logits)
+    n = logits.shape[-1]
+    out_dtype = torch.promote_types(torch.float32, logits.dtype)
+    out = SinkhornTriton.apply(logits.reshape(-1, n, n).contiguous(), int(iters), float(eps), out_dtype)
+    return out.view(logits.shape)
