@@ -131,3 +131,67 @@ def test_mup_model_reloads_identically(tmp_path):
     assert loaded.config.parametrization == "mup" and loaded.config.mup_base_width == 16
     assert torch.equal(loaded.eval()(x).logits, ref)
     assert torch.equal(DDLForCausalLM.from_pretrained(tmp_path).eval()(x).logits, ref)
+
+
+# The hyper-connection variants under sp, the model of `_sp_losses`, computed at commit 73d3f3e (before their muP
+# rule) the same way as SP_LOSSES. The first loss must match to the last bits; after AdamW steps the tolerance
+# leaves room for the HC backends' rounding in backward (ops/hyper), far below what a changed learning rate or
+# init moves (a factor on the dynamic projections' rate, or phi zeroed, changes these at 1e-3 and more).
+HYPER_SP_LOSSES = {
+    "hc": [4.942051410675049, 4.472278118133545, 3.8353524208068848, 3.289358377456665],
+    "mhc": [4.896922588348389, 4.478539943695068, 3.8399858474731445, 3.370474100112915],
+}
+
+
+@pytest.mark.parametrize("variant", list(HYPER_SP_LOSSES))
+def test_sp_keeps_the_hyper_connections_numbers(variant):
+    losses, want = _sp_losses(variant), HYPER_SP_LOSSES[variant]
+    assert losses[0] == pytest.approx(want[0], rel=1e-6, abs=0)
+    assert losses[1:] == pytest.approx(want[1:], rel=1e-4, abs=0)
+
+
+READOUT = {"hc": "dynamic_proj", "mhc": "phi", "hc-static": None, "mhc-static": None}
+
+
+@pytest.mark.parametrize("variant", list(READOUT))
+def test_mup_scales_the_hyper_connections_dynamic_projections_only(variant):
+    """HC's dynamic_proj (d -> n+2) and mHC's phi (n d -> 2n+n^2) are readouts: lr / m and zero init under muP.
+    The static coefficients, the scales and the coefficient norm keep lr and init; sp is untouched."""
+    torch.manual_seed(0)
+    sp = DDLForCausalLM(_tiny(variant))
+    torch.manual_seed(0)
+    mup = DDLForCausalLM(_tiny(variant, parametrization="mup", mup_base_width=16))  # m = 4
+    assert sp.lr_multipliers() == {} and len(param_groups(sp, 0.1, lr=1e-2)) == 2
+    own = {n for n in sp.state_dict() if n.startswith("model.layers.") and ".branch." not in n
+           and not n.endswith(".norm.weight")}  # the hyper-connections' own parameters
+    assert own and all(".attn." in n or ".mlp." in n for n in own)
+    readouts = {n for n in own if READOUT[variant] and n.endswith("." + READOUT[variant])}
+    assert len(readouts) == (4 if READOUT[variant] else 0)  # one per sublayer
+    mult = mup.lr_multipliers()
+    assert {n for n in own if n in mult} == readouts and all(mult[n] == 0.25 for n in readouts)
+    names = {id(p): n for n, p in mup.named_parameters()}
+    scaled = next(g for g in param_groups(mup, 0.1, lr=1e-2) if g.get("lr") == pytest.approx(2.5e-3))
+    assert scaled["weight_decay"] == pytest.approx(0.4) and readouts <= {names[id(p)] for p in scaled["params"]}
+    s, m = sp.state_dict(), mup.state_dict()
+    for n in s:
+        if n in readouts:
+            assert not m[n].any()  # muP's readout init
+            assert s[n].any() == (variant == "mhc")  # sp: phi ~ N(0, .), HC's projection 0 (its paper)
+        else:
+            assert torch.equal(s[n], m[n]), n
+
+
+def test_mup_mhc_reload_keeps_a_trained_phi(tmp_path):
+    from deep_delta.models.ddl.weights import load_ddl_model
+
+    torch.manual_seed(0)
+    model = DDLForCausalLM(_tiny("mhc", parametrization="mup", mup_base_width=16)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.attn.phi.normal_(0.0, 0.02)
+    x = torch.randint(0, 128, (2, 8))
+    ref = model(x).logits
+    model.save_pretrained(tmp_path)
+    loaded = load_ddl_model(tmp_path).eval()
+    assert torch.equal(loaded.model.layers[0].attn.phi, model.model.layers[0].attn.phi)
+    assert torch.equal(loaded(x).logits, ref)

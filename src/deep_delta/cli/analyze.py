@@ -1,4 +1,5 @@
-"""``ddl analyze``: what a trained DDL model does with beta and k, per sublayer, over a data sample."""
+"""``ddl analyze``: what a trained model does with its residual (DDL's beta and k, HC / mHC's stream
+coefficients), per sublayer, over a data sample."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ from deep_delta.cli import options
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "analyze",
-        help="look inside a trained DDL model: beta regimes, erasure, directions, values per sublayer",
-        description="Run the model at --model over windows of a prepared data split and report, per delta "
-        "sublayer: the gate beta (mean, quantiles, share of tokens in the identity (< 0.1), projection "
-        "(0.9-1.1) and reflection (> 1.9) regimes), how much of the state's k-component each update erases "
-        "(|k^T X| after / before, sign flips), the cosine between successive directions k, the values v, and "
-        "for d_v > 1 how far each compressor has moved from the plain mean read. Writes OUT/analysis.json, "
-        "OUT/analysis.md, OUT/beta_regimes.png and OUT/beta_quantiles.png.",
+        help="look inside a trained model: DDL's beta regimes, erasure, directions and values, or HC / mHC's "
+        "stream coefficients, per sublayer",
+        description="Run the model at --model over windows of a prepared data split and report, per sublayer, "
+        "what its residual does. Delta sublayers (DDL): the gate beta (mean, quantiles, share of tokens in the "
+        "identity (< 0.1), projection (0.9-1.1) and reflection (> 1.9) regimes), how much of the state's "
+        "k-component each update erases (|k^T X| after / before, sign flips), the cosine between successive "
+        "directions k, the values v, and for d_v > 1 how far each compressor has moved from the plain mean read; "
+        "figures beta_regimes.png, beta_quantiles.png. Hyper-connections (HC / mHC): the read and write weights "
+        "per stream (mean and spread over tokens), the mean mixing matrix, its distance from the identity and "
+        "its row / column sum error, and how far the streams drift apart (pairwise cosine, relative spread); "
+        "figures stream_weights.png, stream_mixing.png, stream_drift.png. Writes OUT/analysis.json, "
+        "OUT/analysis.md and the figures. A model with neither (the baseline) is refused.",
     )
     options.add_model(p)
     p.add_argument("--data", default=None, metavar="DIR", help="prepared data directory (default: the embedded text)")
@@ -55,14 +61,10 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "analysis.json", json.dumps(report, indent=2))
     table = format_analysis(report)
+    figures = plot_analysis(report, out)
+    images = "".join(f"\n\n![{f.stem.replace('_', ' ')}]({f.name})" for f in figures)
     atomic_write(out / "analysis.md", f"# ddl analyze {args.model}\n\n{report['windows']} windows of {seq_len} "
-                 f"tokens from {data} ({args.split}).\n\n{table}\n\n![beta regimes](beta_regimes.png)\n\n"
-                 "![beta quantiles](beta_quantiles.png)\n")
-    plot_analysis(report, out)
+                 f"tokens from {data} ({args.split}).\n\n{table}{images}\n")
     print(table)
-    drift = report["compressor_drift"]
-    if drift:
-        print("compressor read vs plain mean (relative difference): "
-              + ", ".join(f"{k.removeprefix('model.')} {v:.3f}" for k, v in drift.items()))
-    print(f"wrote {out}/analysis.json, analysis.md, beta_regimes.png, beta_quantiles.png")
+    print(f"wrote {out}/analysis.json, analysis.md, " + ", ".join(f.name for f in figures))
     return 0

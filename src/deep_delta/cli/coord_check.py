@@ -16,10 +16,11 @@ def add_parser(sub) -> None:
         help="muP coordinate check: how each activation's size moves with the width, sp and mup side by side",
         description="For each VARIANT, width and parametrization (sp, mup), train a fresh model a few AdamW steps "
         "on the embedded text and record the mean |value| of each activation type (embedding, attention and MLP "
-        "outputs, residual update, state X, read x_in, k^T X, v, beta and their pre-activations, logits) before "
-        "each update. Width = hidden_size at a fixed head size and depth. Prints the log-log slope of each type "
-        "against width and writes OUT/coord_check.json, OUT/coord_check.md and OUT/coord_check.png. Exits 1 when "
-        "a slope under mup misses its muP order by more than --bound (docs/mup.md).",
+        "outputs, residual update, state X, read x_in, k^T X, v, beta and their pre-activations, the dynamic "
+        "HC / mHC coefficients' pre-activations, logits) before each update. Width = hidden_size at a fixed head "
+        "size and depth. Prints the log-log slope of each type against width and writes OUT/coord_check.json, "
+        "OUT/coord_check.md and OUT/coord_check.png. Exits 1 when a slope under mup misses its muP order by more "
+        "than --bound (docs/mup.md).",
     )
     options.add_variants(p, list(d.variants))
     p.add_argument("--widths", type=int, nargs="+", default=list(d.widths), metavar="W",

@@ -1,6 +1,13 @@
-"""What a trained DDL model does with its gates and directions: ``ddl analyze``.
+"""What a trained model does with its residual: ``ddl analyze``.
 
-Over a sample of token windows, per delta sublayer (``model.layers.i.attn`` / ``.mlp``):
+Each kind of residual module has its own probe (:data:`PROBES`): it finds its modules in a model, watches
+them with forward hooks while a sample of token windows runs through the unchanged model, and turns what it
+saw into report sections, a Markdown table and figures. ``analyze_model`` runs every probe that finds
+something; ``format_analysis`` and ``plot_analysis`` dispatch on the probes the report names. A model
+without any (the additive baseline) is refused.
+
+**Delta sublayers** (:class:`~deep_delta.layers.delta_residual.DeltaResidual`, ``model.layers.i.attn`` /
+``.mlp``; report keys ``sublayers``, ``compressor_drift``):
 
 - the gate beta: mean, quantiles, and the share of tokens in each regime of the paper's spectral reading
   (identity beta < 0.1, projection 0.9 <= beta <= 1.1, reflection beta > 1.9);
@@ -12,9 +19,12 @@ Over a sample of token windows, per delta sublayer (``model.layers.i.attn`` / ``
 - for d_v > 1, how far each block's compressor has moved from the plain mean read of the state:
   ``|read(X) - mean_j X_j| / |mean_j X_j|`` over the tokens.
 
-Everything is observed with forward hooks on an unchanged model (the state before and after each
-:class:`~deep_delta.layers.delta_residual.DeltaResidual`, its gate, branch and value projection), so the
-figures are those of the model as it runs.
+**Hyper-connections** (:class:`~deep_delta.layers.hyper_connections.HyperResidual`, HC and mHC; report key
+``hyper``), per sublayer over the tokens: the read weights a (HC A_m, mHC H_pre), the mixing matrix M with
+row i the weights of new stream i over the old streams (mHC: H_res; HC: A_r^T), its distance from the
+identity and its worst row / column sum error (how doubly stochastic it is), the write weights b (HC B, mHC
+H_post), and how far the n streams of a token have drifted apart after the sublayer (their mean pairwise
+cosine and ``|H - mean_j H_j| / |H|``).
 """
 
 from __future__ import annotations
@@ -35,48 +45,67 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-class _Recorder:
-    """Forward hooks that keep, per delta sublayer, beta, the direction, v and the state before/after."""
-
-    def __init__(self, model: torch.nn.Module):
-        from deep_delta.layers.delta_residual import DeltaResidual
-
-        self.sublayers = [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual) and not m.disable]
-        if not self.sublayers:
-            raise ValueError("analyze: the model has no delta sublayers (an additive baseline has no beta or k)")
-        self.raw: dict[str, dict[str, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
-        self.handles = []
-        for name, m in self.sublayers:
-            self._watch(name, m)
-
-    def _watch(self, name: str, m) -> None:
-        rec = self.raw[name]
-        keep = lambda key: (lambda mod, args, out: rec[key].append(_first(out).detach().float()))  # noqa: E731
-        self.handles.append(m.register_forward_pre_hook(lambda mod, args: rec["x"].append(args[0].detach().float())))
-        self.handles.append(m.register_forward_hook(keep("x_new")))
-        self.handles.append(m.gate.register_forward_hook(keep("beta")))
-        direction = m.branch if m.residual_map == "k" else m.key_up
-        self.handles.append(direction.register_forward_hook(keep("k_raw")))
-        value = m.value_proj
-        if m.residual_map == "k" or m.value_channels == 1:
-            self.handles.append(value.register_forward_hook(
-                lambda mod, args, out: rec["v"].append(m.value_scale * torch.sigmoid(out.detach().float()))))
-        else:
-            self.handles.append(value.register_forward_hook(keep("v")))
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
 def _stats(x: torch.Tensor) -> dict[str, float]:
     x = x.flatten().double()
     return {"mean": float(x.mean()), "sd": float(x.std()) if x.numel() > 1 else 0.0, "min": float(x.min()),
             "max": float(x.max())}
 
 
+def _fmt(x, spec=".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("model.")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class Probe:
+    """What one kind of residual module reports. A subclass sets ``name`` (its key in ``report["probes"]``)
+    and implements ``find`` (its modules in a model), ``__init__`` (attach hooks), ``close`` (detach them and
+    undo any change), ``sections`` (the report's entries it owns), and the static ``format`` / ``plot`` of a
+    finished report."""
+
+    name = ""
+
+    @staticmethod
+    def find(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+        raise NotImplementedError
+
+    def __init__(self, model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]):
+        self.model, self.modules = model, modules
+        self.handles: list = []
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def sections(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def format(report: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def plot(report: dict[str, Any], out: Path) -> list[Path]:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------- delta rule
+
+
 def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float) -> tuple[dict[str, Any], torch.Tensor]:
-    """The figures of one sublayer from its recorded tensors; also returns its unit directions (N, d)."""
+    """The figures of one delta sublayer from its recorded tensors; also returns its unit directions (N, d)."""
     beta = torch.cat([b.flatten() for b in raw["beta"]]).double()
     k_raw = torch.cat([k.reshape(-1, k.shape[-1]) for k in raw["k_raw"]]).double()
     k = k_raw / torch.sqrt((k_raw * k_raw).sum(-1, keepdim=True) + k_eps ** 2)
@@ -102,24 +131,318 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float) -> tuple[d
     return report, k
 
 
-def _compressor_drift(model: torch.nn.Module) -> dict[str, dict]:
-    """Hooks on each DDL block: |compressor(X) - mean_j X_j| / |mean_j X_j| over the state entering it."""
-    drift: dict[str, list[float]] = defaultdict(list)
-    handles = []
-    for name, block in model.named_modules():
-        comp = getattr(block, "compressor", None)
-        if comp is None or not hasattr(block, "attn"):
-            continue
+class DeltaProbe(Probe):
+    """DDL's delta sublayers: beta, the direction k, v and the state before / after each update; the
+    compressors' drift from the plain mean read."""
 
-        def pre(mod, args, name=name, comp=comp):
+    name = "delta"
+
+    @staticmethod
+    def find(model):
+        from deep_delta.layers.delta_residual import DeltaResidual
+
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual) and not m.disable]
+
+    def __init__(self, model, modules):
+        super().__init__(model, modules)
+        # the hooks watch each sublayer's forward; a fused update-and-read bypasses it (same values unfused)
+        self.fused = [(m, m.fuse_reads) for m in model.modules() if hasattr(m, "fuse_reads")]
+        for m, _ in self.fused:
+            m.fuse_reads = False
+        self.raw: dict[str, dict[str, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        for name, m in modules:
+            self._watch(name, m)
+        self.drift: dict[str, list[float]] = defaultdict(list)
+        for name, block in model.named_modules():
+            comp = getattr(block, "compressor", None)
+            if comp is not None and hasattr(block, "attn"):
+                self.handles.append(block.register_forward_pre_hook(self._drift_hook(name, comp)))
+
+    def _watch(self, name: str, m) -> None:
+        rec = self.raw[name]
+        keep = lambda key: (lambda mod, args, out: rec[key].append(_first(out).detach().float()))  # noqa: E731
+        self.handles.append(m.register_forward_pre_hook(lambda mod, args: rec["x"].append(args[0].detach().float())))
+        self.handles.append(m.register_forward_hook(keep("x_new")))
+        self.handles.append(m.gate.register_forward_hook(keep("beta")))
+        direction = m.branch if m.residual_map == "k" else m.key_up
+        self.handles.append(direction.register_forward_hook(keep("k_raw")))
+        value = m.value_proj
+        if m.residual_map == "k" or m.value_channels == 1:
+            self.handles.append(value.register_forward_hook(
+                lambda mod, args, out: rec["v"].append(m.value_scale * torch.sigmoid(out.detach().float()))))
+        else:
+            self.handles.append(value.register_forward_hook(keep("v")))
+
+    def _drift_hook(self, name: str, comp):
+        """|compressor(X) - mean_j X_j| / |mean_j X_j| over the state entering the block."""
+
+        def pre(mod, args):
             state = args[0]
             if state.dim() == 4:
                 with torch.no_grad():
                     read, plain = comp(state)[0].double(), state.double().mean(-1)
-                drift[name].append(float((read - plain).norm() / plain.norm().clamp_min(1e-30)))
+                self.drift[name].append(float((read - plain).norm() / plain.norm().clamp_min(1e-30)))
 
-        handles.append(block.register_forward_pre_hook(pre))
-    return drift, handles
+        return pre
+
+    def close(self) -> None:
+        super().close()
+        for m, flag in self.fused:
+            m.fuse_reads = flag
+
+    def sections(self):
+        layers, directions = {}, []
+        for name, m in self.modules:
+            layers[name], k = sublayer_report(self.raw[name], m.k_eps)
+            directions.append(k)
+        for (name, _), k0, k1 in zip(self.modules[1:], directions, directions[1:]):
+            cos = (k0 * k1).sum(-1)
+            layers[name]["cos_previous_k"] = {"mean": float(cos.mean()), "mean_abs": float(cos.abs().mean())}
+        return {"sublayers": layers, "compressor_drift": {n: sum(v) / len(v) for n, v in self.drift.items()}}
+
+    @staticmethod
+    def format(report):
+        lines = ["| sublayer | beta mean | beta median | identity | projection | reflection | k^T X after/before "
+                 "| sign flipped | cos(k, previous k) | v mean |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for name, r in report["sublayers"].items():
+            b, kc = r["beta"], r["k_component"]
+            cos = r.get("cos_previous_k", {}).get("mean")
+            lines.append(f"| {_short(name)} | {_fmt(b['mean'])} | {_fmt(b['quantiles']['0.5'])} "
+                         f"| {_fmt(b['share_identity'], '.2f')} | {_fmt(b['share_projection'], '.2f')} "
+                         f"| {_fmt(b['share_reflection'], '.2f')} | {_fmt(kc['ratio_after_before'])} "
+                         f"| {_fmt(kc['share_sign_flipped'], '.2f')} | {_fmt(cos)} | {_fmt(r['v']['mean'])} |")
+        drift = report.get("compressor_drift") or {}
+        if drift:
+            lines += ["", "compressor read vs plain mean (relative difference): "
+                      + ", ".join(f"{_short(k)} {v:.3f}" for k, v in drift.items())]
+        return "\n".join(lines)
+
+    @staticmethod
+    def plot(report, out):
+        """A sublayer x regime heat map and beta quantiles per sublayer."""
+        plt = _pyplot()
+        names = list(report["sublayers"])
+        shares = [[report["sublayers"][n]["beta"][f"share_{r}"] for r in REGIMES] for n in names]
+        fig, ax = plt.subplots(figsize=(5.5, 0.35 * len(names) + 1.5))
+        im = ax.imshow(shares, aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
+        ax.set_xticks(range(len(REGIMES)), list(REGIMES))
+        ax.set_yticks(range(len(names)), [_short(n) for n in names])
+        for i, row in enumerate(shares):
+            for j, v in enumerate(row):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=7)
+        fig.colorbar(im, ax=ax, label="share of tokens")
+        ax.set_title(f"beta regimes ({report.get('variant') or 'model'})")
+        fig.tight_layout()
+        heat = out / "beta_regimes.png"
+        fig.savefig(heat, dpi=120)
+        plt.close(fig)
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.8))
+        for i, n in enumerate(names):
+            q = report["sublayers"][n]["beta"]["quantiles"]
+            ax.plot([i, i], [q["0.05"], q["0.95"]], color="C0", linewidth=1)
+            ax.plot([i, i], [q["0.25"], q["0.75"]], color="C0", linewidth=5)
+            ax.plot(i, q["0.5"], "o", color="C1", markersize=4)
+        ax.set_xticks(range(len(names)), [n.removeprefix("model.layers.") for n in names], rotation=60, fontsize=7)
+        ax.set_ylim(0, 2)
+        ax.set_ylabel("beta (5-25-50-75-95% quantiles)")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        quant = out / "beta_quantiles.png"
+        fig.savefig(quant, dpi=120)
+        plt.close(fig)
+        return [heat, quant]
+
+
+# ---------------------------------------------------------------------------------------- hyper-connections
+
+
+def stream_drift(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far the n streams of each token have drifted apart, for a state h (..., d, n), in fp64.
+
+    Returns the mean cosine over the n(n-1)/2 pairs of streams (1 for one stream) and the relative spread
+    ``|H - mean_j H_j|_F / |H|_F``, each of shape (...). Identical streams give (1, 0).
+    """
+    h = h.double()
+    n = h.shape[-1]
+    spread = (h - h.mean(-1, keepdim=True)).flatten(-2).norm(dim=-1) / h.flatten(-2).norm(dim=-1).clamp_min(1e-300)
+    if n == 1:
+        return torch.ones_like(spread), spread
+    unit = h / h.norm(dim=-2, keepdim=True).clamp_min(1e-300)
+    gram = unit.transpose(-1, -2) @ unit
+    off = gram.sum((-2, -1)) - gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    return off / (n * (n - 1)), spread
+
+
+def hyper_sublayer_report(a: torch.Tensor, mix: torch.Tensor, b: torch.Tensor, cos: torch.Tensor,
+                          spread: torch.Tensor) -> dict[str, Any]:
+    """The figures of one hyper-connection sublayer from its per-token coefficients: read a (N, n), mixing
+    M (N, n, n) (row i: new stream i's weights over the old streams), write b (N, n), and the streams after it
+    (cosine and spread, (N,))."""
+    a, mix, b = a.double(), mix.double(), b.double()
+    n = a.shape[-1]
+    eye = torch.eye(n, dtype=mix.dtype)
+    sd = lambda t: t.std(0) if t.shape[0] > 1 else torch.zeros_like(t[0])  # noqa: E731
+    mean = mix.mean(0)
+    row_err, col_err = (mix.sum(-1) - 1).abs().amax(-1), (mix.sum(-2) - 1).abs().amax(-1)
+    return {
+        "tokens": int(a.shape[0]),
+        "read": {"mean": a.mean(0).tolist(), "sd": sd(a).tolist(), "sum": float(a.sum(-1).mean())},
+        "mixing": {
+            "mean": mean.tolist(), "sd": sd(mix).tolist(), "min": float(mix.min()),
+            "identity_distance": float((mean - eye).norm()),  # Frobenius, of the mean matrix
+            "identity_distance_tokens": float((mix - eye).flatten(-2).norm(dim=-1).mean()),  # mean per token
+            # the worst token's largest |sum - 1| of a row / a column, and its mean over tokens
+            "row_sum_error": float(row_err.max()), "column_sum_error": float(col_err.max()),
+            "row_sum_error_mean": float(row_err.mean()), "column_sum_error_mean": float(col_err.mean()),
+        },
+        "write": {"mean": b.mean(0).tolist(), "sd": sd(b).tolist()},
+        "streams_after": {"cosine": float(cos.double().mean()), "cosine_min": float(cos.double().min()),
+                          "spread": float(spread.double().mean())},
+    }
+
+
+class HyperProbe(Probe):
+    """Hyper-connections (HC / mHC): each sublayer's read, mixing and write coefficients per token (from the
+    module's own ``coefficients`` of the state entering it) and the streams' drift after it."""
+
+    name = "hyper"
+
+    @staticmethod
+    def find(model):
+        from deep_delta.layers.hyper_connections import HyperResidual
+
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, HyperResidual)]
+
+    def __init__(self, model, modules):
+        super().__init__(model, modules)
+        self.raw: dict[str, dict[str, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        for name, m in modules:
+            self.handles.append(m.register_forward_pre_hook(self._coefficients_hook(self.raw[name])))
+            self.handles.append(m.register_forward_hook(self._drift_hook(self.raw[name])))
+
+    @staticmethod
+    def _coefficients_hook(rec):
+        def pre(mod, args):
+            h = args[0].detach()
+            with torch.no_grad():
+                a, r, b = mod.coefficients(h)
+            lead, n = h.shape[:-2], mod.streams
+            rec["a"].append(a.float().expand(*lead, n).reshape(-1, n))
+            rec["mix"].append(r.float().transpose(-1, -2).expand(*lead, n, n).reshape(-1, n, n))
+            rec["b"].append(b.float().expand(*lead, n).reshape(-1, n))
+
+        return pre
+
+    @staticmethod
+    def _drift_hook(rec):
+        def post(mod, args, out):
+            cos, spread = stream_drift(_first(out).detach())
+            rec["cos"].append(cos.flatten())
+            rec["spread"].append(spread.flatten())
+
+        return post
+
+    def sections(self):
+        first = self.modules[0][1]
+        layers = {name: hyper_sublayer_report(*(torch.cat(self.raw[name][k]) for k in ("a", "mix", "b", "cos",
+                                                                                          "spread")))
+                  for name, _ in self.modules}
+        return {"hyper": {"kind": first.kind, "dynamic": first.dynamic, "streams": first.streams,
+                          "mixing_matrix": "H_res" if first.kind == "mhc" else "A_r^T", "sublayers": layers}}
+
+    @staticmethod
+    def format(report):
+        hy = report["hyper"]
+        vec = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+        lines = [f"{hy['kind'].upper()} ({'dynamic' if hy['dynamic'] else 'static'}), {hy['streams']} streams; "
+                 f"mixing M = {hy['mixing_matrix']} (row i: new stream i over the old streams)", "",
+                 "| sublayer | read a (mean per stream) | read sd | write b (mean per stream) | write sd | |M - I| "
+                 "| row / column sum error | stream cosine | stream spread |",
+                 "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for name, r in hy["sublayers"].items():
+            mx, st = r["mixing"], r["streams_after"]
+            lines.append(f"| {_short(name)} | {vec(r['read']['mean'])} | {max(r['read']['sd']):.3f} "
+                         f"| {vec(r['write']['mean'])} | {max(r['write']['sd']):.3f} | {mx['identity_distance']:.3f} "
+                         f"| {mx['row_sum_error']:.1e} / {mx['column_sum_error']:.1e} | {st['cosine']:.3f} "
+                         f"| {st['spread']:.3f} |")
+        return "\n".join(lines)
+
+    @staticmethod
+    def plot(report, out):
+        """Sublayer x stream heat maps of the read and write weights, the mean mixing matrix of each
+        sublayer, and the streams' cosine and spread per sublayer."""
+        plt = _pyplot()
+        hy = report["hyper"]
+        names, n = list(hy["sublayers"]), hy["streams"]
+        label = f"{report.get('variant') or hy['kind']}"
+        fig, axes = plt.subplots(1, 2, figsize=(2.0 + 1.1 * n, 0.35 * len(names) + 1.8), squeeze=False)
+        for ax, key, title in zip(axes[0], ("read", "write"), ("read a", "write b")):
+            grid = [hy["sublayers"][s][key]["mean"] for s in names]
+            im = ax.imshow(grid, aspect="auto", cmap="viridis")
+            ax.set_xticks(range(n), [str(j) for j in range(n)])
+            ax.set_xlabel("stream")
+            ax.set_yticks(range(len(names)), [_short(s) for s in names] if key == "read" else [])
+            mid = (min(map(min, grid)) + max(map(max, grid))) / 2
+            for i, row in enumerate(grid):
+                for j, v in enumerate(row):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < mid else "k")
+            fig.colorbar(im, ax=ax)
+            ax.set_title(f"{title} ({label})", fontsize=9)
+        fig.tight_layout()
+        weights = out / "stream_weights.png"
+        fig.savefig(weights, dpi=120)
+        plt.close(fig)
+
+        cols = min(4, len(names))
+        rows = math.ceil(len(names) / cols)
+        mats = [hy["sublayers"][s]["mixing"]["mean"] for s in names]
+        lo = min(0.0, min(min(map(min, m)) for m in mats))
+        hi = max(1.0, max(max(map(max, m)) for m in mats))
+        fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols + 1.0, 2.0 * rows + 0.5), squeeze=False,
+                                 layout="constrained")
+        for ax in axes.flat[len(names):]:
+            ax.axis("off")
+        for ax, s, m in zip(axes.flat, names, mats):
+            im = ax.imshow(m, vmin=lo, vmax=hi, cmap="viridis")
+            if n <= 6:
+                for i, row in enumerate(m):
+                    for j, v in enumerate(row):
+                        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                                color="w" if v < (lo + hi) / 2 else "k")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{_short(s)}\n|M-I| {hy['sublayers'][s]['mixing']['identity_distance']:.2f}", fontsize=7)
+        fig.colorbar(im, ax=list(axes.flat), shrink=0.8)
+        fig.suptitle(f"mean mixing matrix {hy['mixing_matrix']} ({label}); row: new stream", fontsize=9)
+        mixing = out / "stream_mixing.png"
+        fig.savefig(mixing, dpi=120)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.6))
+        xs = range(len(names))
+        ax.plot(xs, [hy["sublayers"][s]["streams_after"]["cosine"] for s in names], "o-", label="mean pairwise cosine")
+        ax.plot(xs, [hy["sublayers"][s]["streams_after"]["spread"] for s in names], "s-",
+                label="|H - mean stream| / |H|")
+        ax.set_xticks(list(xs), [s.removeprefix("model.layers.") for s in names], rotation=60, fontsize=7)
+        ax.set_ylabel("streams after the sublayer")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(f"stream drift ({label})", fontsize=9)
+        fig.tight_layout()
+        drift = out / "stream_drift.png"
+        fig.savefig(drift, dpi=120)
+        plt.close(fig)
+        return [weights, mixing, drift]
+
+
+# The probes ``analyze_model`` tries, by the name a report lists them under. A new residual kind adds its
+# probe here; the command and the report functions need no change.
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (DeltaProbe, HyperProbe)}
+
+
+def _probes_of(report: dict[str, Any]) -> list[type[Probe]]:
+    return [PROBES[name] for name in report.get("probes", ["delta"])]  # reports written before probes: DDL
 
 
 @torch.no_grad()
@@ -127,14 +450,15 @@ def analyze_model(model: torch.nn.Module, batches, *, device: torch.device | str
                   progress: bool = False) -> dict[str, Any]:
     """The analysis of ``model`` over ``batches`` of token ids ((B, T) tensors, or (x, y) pairs)."""
     model.eval()
-    # the hooks watch each sublayer's forward; a fused update-and-read bypasses it (same values unfused)
-    fused = [(m, m.fuse_reads) for m in model.modules() if hasattr(m, "fuse_reads")]
-    for m, _ in fused:
-        m.fuse_reads = False
-    recorder = _Recorder(model)
-    drift, handles = _compressor_drift(model)
+    found = [(cls, mods) for cls in PROBES.values() if (mods := cls.find(model))]
+    if not found:
+        raise ValueError("analyze: the model has no delta sublayers and no hyper-connections (an additive "
+                         "baseline has no beta, k or streams to analyse)")
+    probes: list[Probe] = []
     windows = 0
     try:
+        for cls, mods in found:
+            probes.append(cls(model, mods))
         it = batches
         if progress:
             from tqdm.auto import tqdm
@@ -145,78 +469,24 @@ def analyze_model(model: torch.nn.Module, batches, *, device: torch.device | str
             model(ids.to(device), use_cache=False)
             windows += ids.shape[0]
     finally:
-        recorder.close()
-        for h in handles:
-            h.remove()
-        for m, flag in fused:
-            m.fuse_reads = flag
+        for p in probes:
+            p.close()
     if not windows:
         raise ValueError("analyze: `batches` is empty; allowed: at least one batch of token ids")
-    layers, directions = {}, []
-    for name, m in recorder.sublayers:
-        layers[name], k = sublayer_report(recorder.raw[name], m.k_eps)
-        directions.append(k)
-    for (name, _), k0, k1 in zip(recorder.sublayers[1:], directions, directions[1:]):
-        cos = (k0 * k1).sum(-1)
-        layers[name]["cos_previous_k"] = {"mean": float(cos.mean()), "mean_abs": float(cos.abs().mean())}
     cfg = getattr(model, "config", None)
-    return {
-        "variant": getattr(cfg, "variant", None), "windows": windows, "sublayers": layers,
-        "compressor_drift": {n: sum(v) / len(v) for n, v in drift.items()},
-    }
+    report: dict[str, Any] = {"variant": getattr(cfg, "variant", None), "windows": windows,
+                              "probes": [p.name for p in probes]}
+    for p in probes:
+        report.update(p.sections())
+    return report
 
 
 def plot_analysis(report: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """A sublayer x regime heat map and beta quantiles per sublayer (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The figures of every probe in the report (PNG), written to ``out_dir``; returns their paths."""
     out = Path(out_dir)
-    names = list(report["sublayers"])
-    shares = [[report["sublayers"][n]["beta"][f"share_{r}"] for r in REGIMES] for n in names]
-    fig, ax = plt.subplots(figsize=(5.5, 0.35 * len(names) + 1.5))
-    im = ax.imshow(shares, aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
-    ax.set_xticks(range(len(REGIMES)), list(REGIMES))
-    ax.set_yticks(range(len(names)), [n.removeprefix("model.") for n in names])
-    for i, row in enumerate(shares):
-        for j, v in enumerate(row):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=7)
-    fig.colorbar(im, ax=ax, label="share of tokens")
-    ax.set_title(f"beta regimes ({report.get('variant') or 'model'})")
-    fig.tight_layout()
-    heat = out / "beta_regimes.png"
-    fig.savefig(heat, dpi=120)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.8))
-    for i, n in enumerate(names):
-        q = report["sublayers"][n]["beta"]["quantiles"]
-        ax.plot([i, i], [q["0.05"], q["0.95"]], color="C0", linewidth=1)
-        ax.plot([i, i], [q["0.25"], q["0.75"]], color="C0", linewidth=5)
-        ax.plot(i, q["0.5"], "o", color="C1", markersize=4)
-    ax.set_xticks(range(len(names)), [n.removeprefix("model.layers.") for n in names], rotation=60, fontsize=7)
-    ax.set_ylim(0, 2)
-    ax.set_ylabel("beta (5-25-50-75-95% quantiles)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    quant = out / "beta_quantiles.png"
-    fig.savefig(quant, dpi=120)
-    plt.close(fig)
-    return [heat, quant]
+    return [path for probe in _probes_of(report) for path in probe.plot(report, out)]
 
 
 def format_analysis(report: dict[str, Any]) -> str:
-    """A markdown table: one row per delta sublayer."""
-    lines = ["| sublayer | beta mean | beta median | identity | projection | reflection | k^T X after/before "
-             "| sign flipped | cos(k, previous k) | v mean |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    fmt = lambda x, spec=".3f": "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)  # noqa: E731
-    for name, r in report["sublayers"].items():
-        b, kc = r["beta"], r["k_component"]
-        cos = r.get("cos_previous_k", {}).get("mean")
-        lines.append(f"| {name.removeprefix('model.')} | {fmt(b['mean'])} | {fmt(b['quantiles']['0.5'])} "
-                     f"| {fmt(b['share_identity'], '.2f')} | {fmt(b['share_projection'], '.2f')} "
-                     f"| {fmt(b['share_reflection'], '.2f')} | {fmt(kc['ratio_after_before'])} "
-                     f"| {fmt(kc['share_sign_flipped'], '.2f')} | {fmt(cos)} | {fmt(r['v']['mean'])} |")
-    return "\n".join(lines)
+    """Markdown: each probe's table (one row per sublayer)."""
+    return "\n\n".join(probe.format(report) for probe in _probes_of(report))

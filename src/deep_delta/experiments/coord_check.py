@@ -24,9 +24,11 @@ from torch import nn
 
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
+from deep_delta.layers.hyper_connections import HyperResidual
 from deep_delta.models.ddl.configuration_ddl import VARIANTS, DDLConfig
 from deep_delta.models.ddl.modeling_ddl import Attention, DDLForCausalLM, SwiGLU
 from deep_delta.ops.delta.naive import unit_direction
+from deep_delta.ops.hyper import stream_read_reference
 
 PARAMETRIZATIONS = ("sp", "mup")
 
@@ -34,18 +36,21 @@ PARAMETRIZATIONS = ("sp", "mup")
 #   embedding  the token embeddings (B, T, d)
 #   attn_out   the attention sublayer's output h = o_proj(...) (B, T, d)
 #   mlp_out    the MLP sublayer's output (B, T, d)
-#   update     what a residual adds to its state, x_new - x ((B, T, d) or (B, T, d, d_v))
-#   state      the state X after each residual ((B, T, d) or (B, T, d, d_v))
-#   read       the sublayer's input before its norm: x for d_v = 1, the compressed read x_in for d_v > 1
+#   update     what a residual adds to its state, x_new - x ((B, T, d), (B, T, d, d_v) or HC's (B, T, d, n))
+#   state      the state X after each residual ((B, T, d), (B, T, d, d_v) or HC's streams (B, T, d, n))
+#   read       the sublayer's input before its norm: x for d_v = 1, the compressed read x_in for d_v > 1,
+#              the streams' read h a for HC / mHC
 #   kTx        u^T X with u = k / |k| the unit direction (B, T, d_v)           (DDL only)
 #   v          the value, (B, T, d_v)                                             (DDL only)
 #   v_logit    the value's pre-activation W_v src + b (B, T, d_v), 0 at init up to W_v's noise (DDL k-Map)
 #   beta       the gate, (B, T, 1)                                                (DDL only)
 #   beta_logit the gate's pre-activation minus its initial bias (B, T, 1)         (DDL only)
+#   coef_logit the dynamic hyper-connection's projection of the state before its squashing: HC's
+#              norm(H_i)^T W (B, T, n, n+2) before tanh, mHC's RMS(vec H) phi (B, T, 2n+n^2) before alpha
 #   logits     the LM head's output (B, T, vocab)
 # The sigmoids bound v and beta, so a readout that grows with the width shows in the logits first.
 ACTIVATIONS = ("embedding", "attn_out", "mlp_out", "update", "state", "read", "kTx", "v", "v_logit", "beta",
-               "beta_logit", "logits")
+               "beta_logit", "coef_logit", "logits")
 # The width exponent muP aims for: 0 (a coordinate of a width-sized vector stays Theta(1)), except the two
 # scalars along the unit direction u, whose coordinates are O(1/sqrt d): u^T X and v must grow like sqrt(d) for
 # the write u (v - u^T X)^T to change X by Theta(1) per coordinate (docs/mup.md).
@@ -128,6 +133,8 @@ class ActivationRecorder:
                 self.handles.append(module.register_forward_hook(self._residual, with_kwargs=True))
                 if hasattr(module, "update_and_read"):  # the fused update + next read bypasses forward hooks
                     self.handles.append(_Patched(module, "update_and_read", self._fused(module)))
+            elif isinstance(module, HyperResidual):
+                self.handles.append(module.register_forward_hook(self._hyper))
 
     def _add(self, name: str, t: torch.Tensor) -> None:
         self.sums[name].append(t.detach().float().abs().mean().item())
@@ -177,6 +184,18 @@ class ActivationRecorder:
         else:
             self._add("v", module.value_proj(h))
 
+    @torch.no_grad()
+    def _hyper(self, module: HyperResidual, args, output) -> None:
+        if not self.on:
+            return
+        h = args[0]
+        self._add("update", output - h)
+        self._add("state", output)
+        a, _, _ = module.coefficients(h)
+        self._add("read", stream_read_reference(h, a))
+        if module.dynamic:
+            self._add("coef_logit", _coefficient_logits(module, h.float()))
+
     def _fused(self, module: DeltaResidual) -> Callable:
         original = module.update_and_read
 
@@ -195,6 +214,16 @@ class ActivationRecorder:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def _coefficient_logits(module: HyperResidual, h: torch.Tensor) -> torch.Tensor:
+    """The readout of a dynamic hyper-connection (ops/hyper/naive.py), before tanh (HC) or alpha (mHC)."""
+    if module.kind == "hc":
+        hs = h.transpose(-1, -2)  # one row per stream, RMS-normed over d with the learned weight
+        hbar = hs * torch.rsqrt(hs.square().mean(-1, keepdim=True) + module.norm_eps) * module.coef_norm.weight
+        return hbar @ module.dynamic_proj
+    flat = h.flatten(-2)  # the token's whole state, RMS-normed without a weight
+    return (flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + module.norm_eps)) @ module.phi
 
 
 class _Patched:

@@ -247,20 +247,24 @@ class DDLPreTrainedModel(PreTrainedModel):
 
         Under muP (m = ``config.mup_width_mult``): 1/m for every ``nn.Linear`` weight except the LM head,
         i.e. the hidden matrices (q, k, v, o, the MLP, phi_k, the MLP gate's hidden layer) and the scalar
-        readouts (value and gate projections), whose fan-in grows with the width. Embeddings (tied readout:
-        its 1/m is the logit multiplier), norms, biases, compressor and EC taps (per-feature) keep 1.
-        ``deep_delta.train.optim.param_groups`` reads this, so ``ddl train`` and a user's loop get the same
-        groups.
+        readouts (value and gate projections), whose fan-in grows with the width, and for the same reason the
+        hyper-connections' dynamic projections (:func:`hyper_readouts`). Embeddings (tied readout: its 1/m is
+        the logit multiplier), norms, biases, compressor and EC taps (per-feature) and the hyper-connections'
+        static coefficients and scales (width-independent) keep 1. ``deep_delta.train.optim.param_groups``
+        reads this, so ``ddl train`` and a user's loop get the same groups.
         """
         cfg = self.config
         if cfg.parametrization != "mup":
             return {}
         head = self.get_output_embeddings() if hasattr(self, "lm_head") else None
-        return {
-            f"{name}.weight" if name else "weight": 1.0 / cfg.mup_width_mult
-            for name, module in self.named_modules()
-            if isinstance(module, nn.Linear) and module is not head
-        }
+        out = {}
+        for name, module in self.named_modules():
+            prefix = f"{name}." if name else ""
+            if isinstance(module, nn.Linear) and module is not head:
+                out[f"{prefix}weight"] = 1.0 / cfg.mup_width_mult
+            elif isinstance(module, HyperResidual):
+                out.update({f"{prefix}{p}": 1.0 / cfg.mup_width_mult for p in hyper_readouts(module)})
+        return out
 
     def _initialize_weights(self, module: nn.Module, *args, **kwargs) -> None:
         """transformers' per-module step of ``initialize_weights`` without its branch for custom code.
@@ -299,12 +303,22 @@ class DDLPreTrainedModel(PreTrainedModel):
                 _mup_readout_init_(module.value_proj.weight, cfg)
         elif isinstance(module, HyperResidual):  # HC draws nothing; mHC's phi over its fan-in n*d
             module.reset_parameters(cfg.hidden_init_scale / math.sqrt(module.streams * cfg.hidden_size))
+            for weight in hyper_readouts(module).values():
+                _mup_readout_init_(weight, cfg)
         elif isinstance(module, (ChannelCompressor, TokenConvCompressor, StateExpander, nn.RMSNorm)):
             module.reset_parameters()
         elif isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
             init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
+
+
+def hyper_readouts(module: HyperResidual) -> dict[str, nn.Parameter]:
+    """A hyper-connection's muP readouts by name: its dynamic projections, from the width to a fixed number
+    of coefficients (HC's per-stream ``dynamic_proj``, d -> n + 2; mHC's ``phi``, n d -> 2n + n^2). Like the
+    gate's and the value's projections they train at lr / m and start at zero under muP (docs/mup.md). The
+    static forms have none."""
+    return {name: p for name, p in module.named_parameters(recurse=False) if name in ("dynamic_proj", "phi")}
 
 
 def _mup_readout_init_(weight: torch.Tensor, config: DDLConfig) -> None:
