@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from test_task_generators import SOLVERS
 
 from deep_delta.models import DDLForCausalLM
-from deep_delta.tasks import IGNORE, TASKS, get_task
+from deep_delta.tasks import IGNORE, TASKS, accuracy_by_difficulty, get_task
 from deep_delta.tasks.run import TaskSettings, evaluate, model_config
 
 
@@ -71,3 +71,34 @@ def test_an_untrained_model_is_not_better_than_chance(name):
     # argmax over the whole vocabulary of an untrained model: a fixed guess at best, never a solution
     assert result["overall"] < 2 * task.chance
     assert result["loss"] > 0.5 * np.log(1 / task.chance)
+
+
+def test_pointer_chase_shortcut_scores_what_cycle_lengths_predict(tmp_path):
+    """Repeating the start symbol is right at hop j when the cycle through s has a length dividing j; that
+    length is uniform on 1..16, so the expected accuracy at hop j is (divisors of j) / 16."""
+    from deep_delta.tasks.report import format_table, summarize
+
+    task = get_task("pointer-chase")
+    test = task.test_set(0, 4000)
+    predict = task.shortcuts()["repeat the start symbol"]
+    got = accuracy_by_difficulty(predict(test.inputs), test.labels, test.difficulty, task.levels)
+    for hop, v in got["by_difficulty"].items():
+        expected = sum(1 for c in range(1, task.num_symbols + 1) if int(hop) % c == 0) / task.num_symbols
+        assert abs(v["accuracy"] - expected) < 0.025, (hop, v["accuracy"], expected)
+    # the study's table shows it beside the models; a task without shortcuts has no such row
+    summary = summarize(task, ["baseline"], [0], {}, TaskSettings(test_size=300))
+    assert "| shortcut: repeat the start symbol |" in format_table(summary)
+    assert summarize(get_task("recall"), ["baseline"], [0], {}, TaskSettings(test_size=300))["shortcuts"] == {}
+
+
+def test_shell_game_shortcut_scores_the_chance_of_no_net_move():
+    """The ball is back under its starting cup after t swaps with probability 1/c + (1 - 1/c) lam^t, where
+    lam = 1 - 2 / (c - 1) is the second eigenvalue of one swap's transition matrix (1/2 at 5 cups)."""
+    task = get_task("shell-game")
+    test = task.test_set(0, 4000)
+    predict = task.shortcuts()["the starting cup"]
+    got = accuracy_by_difficulty(predict(test.inputs), test.labels, test.difficulty, task.levels)
+    c = task.num_cups
+    lam = 1 - 2 / (c - 1)
+    for t, v in got["by_difficulty"].items():
+        assert abs(v["accuracy"] - (1 / c + (1 - 1 / c) * lam ** int(t))) < 0.03, (t, v["accuracy"])

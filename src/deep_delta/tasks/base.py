@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -112,6 +113,12 @@ class Task:
     def sample(self, rng: np.random.Generator, n: int, split: str = "train") -> Batch:
         """``n`` sequences of ``split``'s distribution, not yet filtered by the hash split."""
         raise NotImplementedError
+
+    def shortcuts(self) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+        """Named heuristics that score above chance without solving the task: each maps inputs (N, T) to
+        predicted token ids (N, T). The report scores them on the test set beside the trained models, so that a
+        model at a shortcut's accuracy is not read as having learned the task. None by default."""
+        return {}
 
     # ------------------------------------------------------------------ shared
     @property

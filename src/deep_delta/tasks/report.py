@@ -12,6 +12,7 @@ from typing import Any
 
 from deep_delta.experiments.stats import mean_sd, paired_difference
 from deep_delta.tasks.base import Task
+from deep_delta.tasks.metrics import accuracy_by_difficulty
 
 REFERENCE = "baseline"
 
@@ -51,11 +52,19 @@ def summarize(task: Task, variants: list[str], seeds: list[int], results: dict[t
                                      "higher": d["wins"], "n": d["n"]}
     from deep_delta.experiments.compare import _machine
 
+    shortcuts = {}
+    if task.shortcuts():  # scored on the study's own test set
+        test = task.test_set(settings.test_seed, settings.test_size)
+        for name, predict in task.shortcuts().items():
+            acc = accuracy_by_difficulty(predict(test.inputs), test.labels, test.difficulty, task.levels)
+            shortcuts[name] = {"overall": acc["overall"],
+                               "by_difficulty": {str(k): v["accuracy"] for k, v in acc["by_difficulty"].items()}}
+
     return {"task": task.name, "task_params": task.params(), "machine": _machine(), "summary": task.summary, "probes": task.probes,
             "difficulty_name": task.difficulty_name, "levels": list(task.levels),
             "level_names": list(task.level_names), "chance": task.chance, "seq_len": task.seq_len,
             "vocab_size": task.vocab_size, "seeds": seeds, "variants": variants, "settings": settings.to_dict(),
-            "rows": rows, "curves": {f"{v}/{s}": {"loss": r["loss_curve"], "accuracy": r["accuracy_curve"]}
+            "rows": rows, "shortcuts": shortcuts, "curves": {f"{v}/{s}": {"loss": r["loss_curve"], "accuracy": r["accuracy_curve"]}
                                      for (v, s), r in sorted(results.items()) if v in variants and s in seeds}}
 
 
@@ -86,6 +95,9 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     chance = f"{100 * summary['chance']:.1f}"
     lines.append("| chance | " + " | ".join([chance] * (len(names) + 1)) + " | | | |")
+    for name, acc in summary.get("shortcuts", {}).items():  # heuristics that solve nothing (Task.shortcuts)
+        cells = [f"{100 * acc['by_difficulty'][str(lv)]:.1f}" for lv in summary["levels"]]
+        lines.append(f"| shortcut: {name} | " + " | ".join([*cells, f"{100 * acc['overall']:.1f}"]) + " | | | |")
     return "\n".join(lines)
 
 
@@ -110,6 +122,9 @@ def format_report(summary: dict[str, Any]) -> str:
         + "; greedy over the whole vocabulary; \"train s\": mean seconds of training per run.", "",
         format_table(s), "",
     ]
+    if s.get("shortcuts"):
+        lines += ["\"shortcut\" rows: a fixed heuristic scored on the same test set, which follows no rule of the "
+                  "task; a model at or below a shortcut's accuracy has not shown that it learned the task.", ""]
     diffs = [r for r in s["rows"] if "vs_baseline_pp" in r]
     if diffs:
         lines += ["Overall accuracy minus the baseline's, paired by seed (percentage points, 95% t-interval):", ""]
@@ -157,6 +172,9 @@ def plot(summary: dict[str, Any], path: str | os.PathLike) -> Path:
             mean = [statistics.fmean(dict(map(tuple, c))[x] for c in curves) for x in common]
             ax_l.plot(common, mean, "-", color=color, label=label)
     ax_a.axhline(100 * summary["chance"], color="gray", linestyle="--", linewidth=1, label="chance")
+    for name, acc in summary.get("shortcuts", {}).items():
+        ax_a.plot(xs, [100 * acc["by_difficulty"][str(lv)] for lv in summary["levels"]], ":", color="black",
+                  linewidth=1, label=f"shortcut: {name}")
     ax_a.set_xticks(xs, summary["level_names"])
     ax_a.set_ylim(0, 102)
     ax_a.set_xlabel(summary["difficulty_name"])

@@ -48,6 +48,16 @@ class ShellGame(Task):
     def chance(self) -> float:
         return 1.0 / self.num_cups
 
+    def shortcuts(self) -> dict:
+        """Naming the cup the ball started under is right after t swaps with probability
+        1/c + (1 - 1/c) (1 - 2 / (c - 1))^t (a swap moves the ball with probability 2/c, to a uniform other
+        cup): 60%, 40%, 30%, 25%, ... at 5 cups, tending to chance, with no swap tracked."""
+
+        def repeat_start(inputs: np.ndarray) -> np.ndarray:
+            return np.repeat(inputs[:, 1:2], inputs.shape[1], axis=1)
+
+        return {"the starting cup": repeat_start}
+
     def sample(self, rng: np.random.Generator, n: int, split: str = "train") -> Batch:
         c, m, cup0 = self.num_cups, self.num_swaps, self.roles["cups"].start
         start = rng.integers(0, c, n)
