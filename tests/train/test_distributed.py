@@ -46,30 +46,32 @@ def single_runs(tmp_path_factory, data_dir):
 
     runs = {}
 
-    def run(parametrization: str):
-        if parametrization not in runs:
-            out = tmp_path_factory.mktemp(f"single-{parametrization}") / "run"
+    def run(parametrization: str, variant: str):
+        if (parametrization, variant) not in runs:
+            out = tmp_path_factory.mktemp(f"single-{parametrization}-{variant}") / "run"
             extra = MUP if parametrization == "mup" else {}
-            cfg = TrainConfig(variant="ddl-cc", model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            cfg = TrainConfig(variant=variant, model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                            max_position_embeddings=64, **extra),
                               data=str(data_dir), out=str(out), steps=4, batch_size=4, seq_len=32, warmup_steps=1,
                               eval_every=2, eval_batches=2, log_every=0, device="cpu")
             train(cfg, progress=False, quiet=True)
-            runs[parametrization] = out
-        return runs[parametrization]
+            runs[parametrization, variant] = out
+        return runs[parametrization, variant]
 
     return run
 
 
-@pytest.mark.parametrize("mode, interrupted, parametrization",
-                         [("ddp", False, "sp"), ("fsdp", True, "sp"), ("fsdp", False, "mup")],
-                         ids=["ddp", "fsdp-resumed", "fsdp-mup"])
-def test_two_processes_match_one(tmp_path, data_dir, single_runs, mode, interrupted, parametrization):
+@pytest.mark.parametrize("mode, interrupted, parametrization, variant",
+                         [("ddp", False, "sp", "ddl-cc"), ("fsdp", True, "sp", "ddl-cc"), ("fsdp", False, "mup", "ddl-cc"),
+                          ("fsdp", False, "sp", "mhc")],
+                         ids=["ddp", "fsdp-resumed", "fsdp-mup", "fsdp-mhc"])
+def test_two_processes_match_one(tmp_path, data_dir, single_runs, mode, interrupted, parametrization, variant):
     """fsdp-resumed: stops after step 2 and resumes, so FSDP's gathered checkpoint is also loaded back.
-    fsdp-mup: the muP parameter groups (learning-rate multipliers by parameter) survive FSDP2's sharding."""
-    single = single_runs(parametrization)
+    fsdp-mup: the muP parameter groups (learning-rate multipliers by parameter) survive FSDP2's sharding.
+    fsdp-mhc: mHC's stream coefficients (plain parameters inside each block) shard with their block."""
+    single = single_runs(parametrization, variant)
     out = tmp_path / mode
-    args = ["train", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out), "--steps", "4",
+    args = ["train", "--variant", variant, "--data", str(data_dir), "--out", str(out), "--steps", "4",
             "--batch-size", "2", "--seq-len", "32", "--warmup-steps", "1", "--eval-every", "2",
             "--eval-batches", "2", "--device", "cpu", "--distributed", mode, "--no-progress",
             "--log-every", "0", *MODEL]
