@@ -88,7 +88,7 @@ def test_pointer_chase_shortcut_scores_what_cycle_lengths_predict(tmp_path):
     # the study's table shows it beside the models; a task without shortcuts has no such row
     summary = summarize(task, ["baseline"], [0], {}, TaskSettings(test_size=300))
     assert "| shortcut: repeat the start symbol |" in format_table(summary)
-    assert summarize(get_task("recall"), ["baseline"], [0], {}, TaskSettings(test_size=300))["shortcuts"] == {}
+    assert summarize(get_task("flip-flop"), ["baseline"], [0], {}, TaskSettings(test_size=300))["shortcuts"] == {}
 
 
 def test_shell_game_shortcut_scores_the_chance_of_no_net_move():
@@ -102,3 +102,27 @@ def test_shell_game_shortcut_scores_the_chance_of_no_net_move():
     lam = 1 - 2 / (c - 1)
     for t, v in got["by_difficulty"].items():
         assert abs(v["accuracy"] - (1 / c + (1 - 1 / c) * lam ** int(t))) < 0.03, (t, v["accuracy"])
+
+
+def test_recall_shortcut_is_the_best_guess_without_lookup():
+    """A uniform guess among the most frequent unanswered values scores, in expectation, sum over queries of
+    [answer among them] / (how many); the shortcut (ties to the lowest id) matches it and lies far above
+    chance, and far below a lookup (100%)."""
+    from collections import Counter
+
+    task = get_task("recall")
+    test = task.test_set(0, 2000)
+    p = task.num_pairs
+    expected = []
+    for row in test.inputs:
+        left = Counter(row[2:2 + 2 * p:2].tolist())
+        for q in range(p):
+            answer = int(row[3 + 2 * p + 2 * q])
+            best = [v for v, c in left.items() if c == max(left.values())]
+            expected.append((answer in best) / len(best))
+            left[answer] -= 1
+            left = +left  # drop values used up
+    got = accuracy_by_difficulty(task.shortcuts()["most frequent unanswered value"](test.inputs), test.labels,
+                                 test.difficulty, task.levels)
+    assert abs(got["overall"] - np.mean(expected)) < 0.02
+    assert 0.3 < got["overall"] < 0.55
