@@ -126,3 +126,17 @@ def test_recall_shortcut_is_the_best_guess_without_lookup():
                                  test.difficulty, task.levels)
     assert abs(got["overall"] - np.mean(expected)) < 0.02
     assert 0.3 < got["overall"] < 0.55
+
+
+def test_a_tie_with_the_baseline_reads_zero_not_minus_zero():
+    from deep_delta.tasks.report import format_report, summarize
+
+    task = get_task("flip-flop")
+    levels = {str(lv): {"accuracy": 1.0, "correct": 1, "total": 1} for lv in task.levels}
+    record = {"accuracy": {"overall": 1.0, "by_difficulty": levels}, "test_loss": 0.0, "train_s": 1.0,
+              "parameters": 10, "diverged": None, "loss_curve": [[1, 0.1]], "accuracy_curve": []}
+    results = {(v, s): record for v in ("baseline", "ddl-dv1") for s in (0, 1, 2)}
+    summary = summarize(task, ["baseline", "ddl-dv1"], [0, 1, 2], results, TaskSettings(test_size=50))
+    d = summary["rows"][1]["vs_baseline_pp"]
+    assert d["mean"] == 0.0 and str(d["mean"]) == "0.0" and [str(x) for x in d["ci95"]] == ["0.0", "0.0"]
+    assert "-0.0" not in format_report(summary)

@@ -47,8 +47,9 @@ def summarize(task: Task, variants: list[str], seeds: list[int], results: dict[t
             common = [s for s in seeds if s in mine and s in theirs]
             # "wins" of paired_difference count a < b: ask for baseline - variant, then flip the sign
             d = paired_difference([100 * theirs[s] for s in common], [100 * mine[s] for s in common])
-            row["vs_baseline_pp"] = {"mean": None if d["mean"] is None else -d["mean"],
-                                     "ci95": None if d["ci95"] is None else [-d["ci95"][1], -d["ci95"][0]],
+            # 0.0 - x, not -x: an exact tie reads 0.0, not -0.0
+            row["vs_baseline_pp"] = {"mean": None if d["mean"] is None else 0.0 - d["mean"],
+                                     "ci95": None if d["ci95"] is None else [0.0 - d["ci95"][1], 0.0 - d["ci95"][0]],
                                      "higher": d["wins"], "n": d["n"]}
     from deep_delta.experiments.compare import _machine
 
