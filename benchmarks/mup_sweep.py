@@ -25,7 +25,7 @@ import torch
 
 from deep_delta.data.sources import default_texts
 from deep_delta.experiments.coord_check import CoordCheckSettings, model_config
-from deep_delta.fsutil import atomic_write
+from deep_delta.fsutil import atomic_write, save_figure
 from deep_delta.models import DDLForCausalLM
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
 
@@ -116,8 +116,6 @@ def plot(runs: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    import io
-
     panels = sorted({(r["variant"], r["parametrization"]) for r in runs})
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.0), squeeze=False, sharey=True)
     widths = sorted({r["width"] for r in runs})
@@ -133,10 +131,7 @@ def plot(runs: list[dict], path: Path) -> bool:
     axes[0][0].set_ylabel("validation loss")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)
     return True
 
 

@@ -51,6 +51,19 @@ def atomic_write(path: str | os.PathLike, *chunks: bytes | str) -> None:
     fsync_dir(path.parent)
 
 
+def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> Path:
+    """Write a matplotlib figure as PNG through :func:`atomic_write` and close it; returns the path."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+    return Path(path)
+
+
 # ---------------------------------------------------------------------- integrity of weight files
 CHECKSUMS = "checksums.json"
 

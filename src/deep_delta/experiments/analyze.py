@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from deep_delta.fsutil import save_figure
+
 REGIMES = {"identity": (0.0, 0.1), "projection": (0.9, 1.1), "reflection": (1.9, 2.0)}
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -234,9 +236,7 @@ class DeltaProbe(Probe):
         fig.colorbar(im, ax=ax, label="share of tokens")
         ax.set_title(f"beta regimes ({report.get('variant') or 'model'})")
         fig.tight_layout()
-        heat = out / "beta_regimes.png"
-        fig.savefig(heat, dpi=120)
-        plt.close(fig)
+        heat = save_figure(fig, out / "beta_regimes.png", dpi=120)
         fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.8))
         for i, n in enumerate(names):
             q = report["sublayers"][n]["beta"]["quantiles"]
@@ -248,9 +248,7 @@ class DeltaProbe(Probe):
         ax.set_ylabel("beta (5-25-50-75-95% quantiles)")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        quant = out / "beta_quantiles.png"
-        fig.savefig(quant, dpi=120)
-        plt.close(fig)
+        quant = save_figure(fig, out / "beta_quantiles.png", dpi=120)
         return [heat, quant]
 
 
@@ -390,9 +388,7 @@ class HyperProbe(Probe):
             fig.colorbar(im, ax=ax)
             ax.set_title(f"{title} ({label})", fontsize=9)
         fig.tight_layout()
-        weights = out / "stream_weights.png"
-        fig.savefig(weights, dpi=120)
-        plt.close(fig)
+        weights = save_figure(fig, out / "stream_weights.png", dpi=120)
 
         cols = min(4, len(names))
         rows = math.ceil(len(names) / cols)
@@ -415,9 +411,7 @@ class HyperProbe(Probe):
             ax.set_title(f"{_short(s)}\n|M-I| {hy['sublayers'][s]['mixing']['identity_distance']:.2f}", fontsize=7)
         fig.colorbar(im, ax=list(axes.flat), shrink=0.8)
         fig.suptitle(f"mean mixing matrix {hy['mixing_matrix']} ({label}); row: new stream", fontsize=9)
-        mixing = out / "stream_mixing.png"
-        fig.savefig(mixing, dpi=120)
-        plt.close(fig)
+        mixing = save_figure(fig, out / "stream_mixing.png", dpi=120)
 
         fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.6))
         xs = range(len(names))
@@ -430,9 +424,7 @@ class HyperProbe(Probe):
         ax.legend(fontsize=7)
         ax.set_title(f"stream drift ({label})", fontsize=9)
         fig.tight_layout()
-        drift = out / "stream_drift.png"
-        fig.savefig(drift, dpi=120)
-        plt.close(fig)
+        drift = save_figure(fig, out / "stream_drift.png", dpi=120)
         return [weights, mixing, drift]
 
 

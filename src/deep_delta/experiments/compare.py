@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
+from deep_delta.fsutil import save_figure
 from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
 from deep_delta.train.checkpoint import run_lock
 from deep_delta.train.config import TrainConfig
@@ -409,10 +410,7 @@ def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.Path
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def _moving_average(xs, window: int) -> list[float]:

@@ -12,7 +12,6 @@ and MLP outputs) grow with it. docs/mup.md reads the result.
 
 from __future__ import annotations
 
-import io
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -354,7 +353,7 @@ def plot(report: dict[str, Any], path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    from deep_delta.fsutil import atomic_write
+    from deep_delta.fsutil import save_figure
 
     results = report["results"]
     rows = [(v, p) for v in next(iter(results.values())) for p in results]
@@ -380,8 +379,5 @@ def plot(report: dict[str, Any], path) -> bool:
                 ax.set_ylabel(f"{variant}\n{param}", fontsize=8)
     axes[0][0].legend(fontsize=5)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=72)
     return True

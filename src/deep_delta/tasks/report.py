@@ -11,14 +11,25 @@ from pathlib import Path
 from typing import Any
 
 from deep_delta.experiments.stats import mean_sd, paired_difference
+from deep_delta.fsutil import save_figure
 from deep_delta.tasks.base import Task
 from deep_delta.tasks.metrics import accuracy_by_difficulty
 
 REFERENCE = "baseline"
 
 
+def score_shortcuts(task: Task, test) -> dict[str, dict]:
+    """Accuracy of each of ``task.shortcuts()`` on the test set ``test``: overall and by level."""
+    scores = {}
+    for name, predict in task.shortcuts().items():
+        acc = accuracy_by_difficulty(predict(test.inputs), test.labels, test.difficulty, task.levels)
+        scores[name] = {"overall": acc["overall"],
+                        "by_difficulty": {str(k): v["accuracy"] for k, v in acc["by_difficulty"].items()}}
+    return scores
+
+
 def summarize(task: Task, variants: list[str], seeds: list[int], results: dict[tuple[str, int], dict],
-              settings) -> dict[str, Any]:
+              settings, shortcuts: dict[str, dict] | None = None) -> dict[str, Any]:
     """One row per variant over the seeds it has results for: accuracy by level and overall (mean, sd, per
     seed), test loss, parameters, training time; with the baseline among the variants, the paired difference
     of each variant's overall accuracy to it (percentage points, over the seeds both have)."""
@@ -53,13 +64,8 @@ def summarize(task: Task, variants: list[str], seeds: list[int], results: dict[t
                                      "higher": d["wins"], "n": d["n"]}
     from deep_delta.experiments.compare import _machine
 
-    shortcuts = {}
-    if task.shortcuts():  # scored on the study's own test set
-        test = task.test_set(settings.test_seed, settings.test_size)
-        for name, predict in task.shortcuts().items():
-            acc = accuracy_by_difficulty(predict(test.inputs), test.labels, test.difficulty, task.levels)
-            shortcuts[name] = {"overall": acc["overall"],
-                               "by_difficulty": {str(k): v["accuracy"] for k, v in acc["by_difficulty"].items()}}
+    if shortcuts is None:  # scored on the study's own test set (a study passes the scores it made once)
+        shortcuts = score_shortcuts(task, task.test_set(settings.test_seed, settings.test_size))
 
     return {"task": task.name, "task_params": task.params(), "machine": _machine(), "summary": task.summary, "probes": task.probes,
             "difficulty_name": task.difficulty_name, "levels": list(task.levels),
@@ -97,8 +103,9 @@ def format_table(summary: dict[str, Any]) -> str:
     chance = f"{100 * summary['chance']:.1f}"
     lines.append("| chance | " + " | ".join([chance] * (len(names) + 1)) + " | | | |")
     for name, acc in summary.get("shortcuts", {}).items():  # heuristics that solve nothing (Task.shortcuts)
-        cells = [f"{100 * acc['by_difficulty'][str(lv)]:.1f}" for lv in summary["levels"]]
-        lines.append(f"| shortcut: {name} | " + " | ".join([*cells, f"{100 * acc['overall']:.1f}"]) + " | | | |")
+        cells = [acc["by_difficulty"][str(lv)] for lv in summary["levels"]] + [acc["overall"]]
+        pcts = [_pct({"mean": a, "sd": None}) for a in cells]
+        lines.append(f"| shortcut: {name} | " + " | ".join(pcts) + " | | | |")
     return "\n".join(lines)
 
 
@@ -190,10 +197,7 @@ def plot(summary: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:

@@ -301,7 +301,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
     are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
     from deep_delta.fsutil import atomic_write
-    from deep_delta.tasks.report import summarize, write_outputs
+    from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
     from deep_delta.train.checkpoint import run_lock
 
     if task_name not in TASKS:
@@ -327,7 +327,8 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     with run_lock(out, f"ddl tasks run {task_name}"):
         if done:
             say(f"reusing {len(done)} finished result(s) in {out}")
-        test = task.test_set(settings.test_seed, settings.test_size) if todo else None
+        test = task.test_set(settings.test_seed, settings.test_size)
+        shortcuts = score_shortcuts(task, test)
         for i, (variant, seed) in enumerate(todo, 1):
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
@@ -338,7 +339,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
             say(f"{desc}: test accuracy {100 * acc:.1f}% (chance {100 * task.chance:.1f}%), "
                 f"{record['train_s']:.0f} s" + (f"; {record['diverged']}" if record["diverged"] else ""))
             if i < len(todo):  # the last one is written below
-                write_outputs(out, summarize(task, variants, seeds, done, settings))
-        summary = summarize(task, variants, seeds, done, settings)
+                write_outputs(out, summarize(task, variants, seeds, done, settings, shortcuts))
+        summary = summarize(task, variants, seeds, done, settings, shortcuts)
         write_outputs(out, summary)
     return summary
