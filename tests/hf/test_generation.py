@@ -14,6 +14,7 @@ from hf_helpers import cli_error, hf_dir, make_run, tiny_model
 from deep_delta.cli.main import main
 from deep_delta.hf import SamplingOptions, byte_tokenizer, generate_text, load_model
 from deep_delta.models import VARIANTS, DDLCache
+from deep_delta.models.ddl import output_cache
 
 ATOL, RTOL = 1e-5, 1e-5
 VARIANT_IDS = list(VARIANTS)
@@ -29,8 +30,8 @@ def _chunked_logits(model, ids, chunks):
     cache, out, pos = None, [], 0
     with torch.no_grad():
         for n in chunks:
-            o = model(ids[:, pos : pos + n], past_key_values=cache, use_cache=True)
-            cache, pos = o.past_key_values, pos + n
+            o = model(ids[:, pos : pos + n], cache=cache, use_cache=True)
+            cache, pos = output_cache(o), pos + n
             out.append(o.logits)
     assert pos == ids.shape[1] and isinstance(cache, DDLCache)
     return torch.cat(out, dim=1), cache
@@ -64,8 +65,8 @@ def test_a_cache_without_token_history_would_be_caught(variant):
     full = _full_logits(model, ids)
     with torch.no_grad():
         o = model(ids[:, :8], use_cache=True)
-        o.past_key_values.token_history.clear()
-        last = model(ids[:, 8:], past_key_values=o.past_key_values, use_cache=True).logits
+        output_cache(o).token_history.clear()
+        last = model(ids[:, 8:], cache=output_cache(o), use_cache=True).logits
     assert not torch.allclose(last, full[:, 8:], atol=1e-3)
 
 
@@ -171,3 +172,88 @@ def test_a_prompt_that_is_not_utf8_is_a_clear_error(tmp_path, capsys):
     loaded = load_model(model)
     with pytest.raises(ValueError, match="not valid UTF-8"):
         generate_text(loaded.model, loaded.tokenizer, ["x\ud800"], SamplingOptions(max_new_tokens=1))
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values", "cache_params"])
+@pytest.mark.parametrize("variant", ["baseline", "ddl-tc", "hc"])
+def test_the_cache_under_every_name_transformers_has_used(variant, name):
+    """`cache` (transformers >= 5.24), `past_key_values` (before) and `cache_params` are the same argument: cached decoding
+    through either equals the full forward; giving both, or a misspelt name, is an error, never a no-op."""
+    model = tiny_model(variant)
+    ids = torch.randint(0, 320, (2, 10))
+    full = _full_logits(model, ids)
+    with torch.no_grad():
+        o = model(ids[:, :6], use_cache=True)
+        steps = [o.logits]
+        for t in range(6, 10):
+            o = model(ids[:, t : t + 1], use_cache=True, **{name: output_cache(o)})
+            steps.append(o.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=ATOL, rtol=RTOL)
+    with torch.no_grad():
+        o = model(ids[:, :6], use_cache=True)
+        other = model(ids[:, :6], use_cache=True)
+        with pytest.raises(ValueError, match="pass the cache once, as `cache`, not under several names"):
+            model(ids[:, 6:7], cache=output_cache(o), past_key_values=output_cache(other))
+        for typo in ("past_key_value", "caches", "kv_cache"):
+            with pytest.raises(TypeError, match=f"unexpected keyword argument\\(s\\) `{typo}`"):
+                model(ids[:, 6:7], use_cache=True, **{typo: output_cache(o)})
+            with pytest.raises(TypeError, match=f"`{typo}`"):
+                model.model(ids[:, 6:7], use_cache=True, **{typo: output_cache(o)})
+
+
+def test_flags_transformers_passes_are_honoured_or_refused():
+    model = tiny_model("ddl-cc")
+    ids = torch.randint(0, 320, (1, 5))
+    with torch.no_grad():
+        ref = model(ids).logits
+        # neutral values and the position range generate() used to pass are accepted
+        out = model(ids, output_attentions=False, output_hidden_states=None, cache_position=torch.arange(5))
+        torch.testing.assert_close(out.logits, ref, atol=0, rtol=0)
+        as_tuple = model(ids, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], ref)
+        for flag in ("output_attentions", "output_hidden_states"):
+            with pytest.raises(ValueError, match=f"`{flag}=True` is not supported"):
+                model(ids, **{flag: True})
+        # transformers' Trainer divides the summed token losses by the items in the whole accumulated batch
+        mean = model(ids, labels=ids).loss
+        summed = model(ids, labels=ids, num_items_in_batch=8).loss
+        torch.testing.assert_close(summed, mean * 4 / 8)
+
+
+def test_a_cache_that_cannot_carry_the_token_history_is_refused():
+    from transformers import DynamicCache
+
+    model = tiny_model("ddl-tc")
+    ids = torch.randint(0, 320, (1, 5))
+    with torch.no_grad():
+        filled = DynamicCache()
+        k = torch.zeros(1, model.config.num_attention_heads, 5, model.config.head_dim)
+        filled.update(k, k, 0)
+        with pytest.raises(ValueError, match="must be a DDLCache"):
+            model(ids, cache=filled, use_cache=True)
+        # the empty DynamicCache that generate() makes is replaced by a DDLCache
+        out = model(ids, cache=DynamicCache(), use_cache=True)
+        assert isinstance(output_cache(out), DDLCache)
+
+
+@pytest.mark.parametrize("variant", ["baseline", "ddl-tc", "ddl-cc", "mhc"])
+def test_sampling_and_beam_search_through_generate(variant):
+    """generate() with sampling (seeded: equal with and without the cache) and with beam search (the cache's
+    rows reordered, token history included: equal with and without the cache)."""
+    model = tiny_model(variant)
+    ids = torch.randint(0, 320, (2, 6))
+    kw = dict(max_new_tokens=8, pad_token_id=256, eos_token_id=None)
+    runs = []
+    for use_cache in (True, False):
+        torch.manual_seed(11)
+        runs.append(model.generate(ids, do_sample=True, top_k=20, use_cache=use_cache, **kw))
+    assert torch.equal(runs[0], runs[1])
+    beams = [model.generate(ids, num_beams=3, do_sample=False, use_cache=c, **kw) for c in (True, False)]
+    assert torch.equal(beams[0], beams[1])
+
+
+def test_static_cache_is_a_clear_error():
+    model = tiny_model("ddl-tc")
+    ids = torch.randint(0, 320, (1, 6))
+    with pytest.raises(ValueError, match="static or quantized cache"):
+        model.generate(ids, max_new_tokens=3, cache_implementation="static", pad_token_id=256, eos_token_id=None)

@@ -13,6 +13,7 @@ import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.layers import ChannelCompressor, StateExpander, TokenConvCompressor
+from deep_delta.models.ddl import output_cache
 from deep_delta.models.ddl.configuration_ddl import VARIANTS
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
@@ -215,9 +216,9 @@ def test_incremental_decoding_equals_the_full_forward(variant):
     with torch.no_grad():
         full = model(ids).logits
         out = model(ids[:, :4], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
+        steps, cache = [out.logits], output_cache(out)
         for t in range(4, 10):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
-            cache = out.past_key_values
+            cache = output_cache(out)
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)

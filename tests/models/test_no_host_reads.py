@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
+from deep_delta.models.ddl import output_cache
 from deep_delta.models.ddl.configuration_ddl import VARIANTS
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
@@ -82,7 +83,7 @@ def test_masked_forward_and_cached_step_read_nothing_on_the_host(variant):
             masked = model(ids, attention_mask=mask).logits
             out = model(ids, attention_mask=mask, use_cache=True)
             nxt = torch.randint(0, 64, (2, 1))
-            step = model(nxt, attention_mask=torch.ones(2, 9, dtype=torch.long), past_key_values=out.past_key_values,
+            step = model(nxt, attention_mask=torch.ones(2, 9, dtype=torch.long), cache=output_cache(out),
                          use_cache=True).logits
         full = model(torch.cat([ids, nxt], 1)).logits
     torch.testing.assert_close(masked, plain, rtol=1e-5, atol=1e-5)

@@ -143,7 +143,7 @@ class _Subject(StepSubject):
                 o = out
                 for _ in range(n):
                     nxt = o.logits[:, -1:].argmax(-1)
-                    o = self.model(input_ids=nxt, past_key_values=o.past_key_values, use_cache=True)
+                    o = self.model(input_ids=nxt, cache=output_cache(o), use_cache=True)
 
             return timed(steps, self.device)
 

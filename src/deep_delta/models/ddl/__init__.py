@@ -5,7 +5,7 @@ from deep_delta.models.ddl.configuration_ddl import (
     VARIANTS,
     DDLConfig,
 )
-from deep_delta.models.ddl.modeling_ddl import DDLCache, DDLForCausalLM, DDLModel, DDLPreTrainedModel
+from deep_delta.models.ddl.modeling_ddl import DDLCache, DDLForCausalLM, DDLModel, DDLPreTrainedModel, output_cache
 
 __all__ = [
     "DEFAULT_VARIANTS",
@@ -17,4 +17,5 @@ __all__ = [
     "DDLForCausalLM",
     "DDLModel",
     "DDLPreTrainedModel",
+    "output_cache",
 ]

@@ -108,7 +108,7 @@ class DDLConfig(PreTrainedConfig):
     """
 
     model_type = "deep_delta"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache, under both of its names
 
     vocab_size: int = 50304
     hidden_size: int = 768

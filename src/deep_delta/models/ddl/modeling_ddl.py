@@ -37,7 +37,7 @@ class DDLCache(DynamicCache):
 
     ``token_history[name]`` holds the last K-1 inputs of a token-axis convolution: the embeddings for EC
     ("embed") and the expanded states read by each TC compressor ("<layer>.attn", "<layer>.mlp", "final").
-    CC and d_v = 1 carry nothing beyond the K/V.
+    CC and d_v = 1 carry nothing beyond the K/V. Beam search reorders and selects rows of both.
     """
 
     def __init__(self, *args, **kwargs):
@@ -46,8 +46,79 @@ class DDLCache(DynamicCache):
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)
+        self._select_history(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        self._select_history(indices)
+
+    def _select_history(self, rows: torch.Tensor) -> None:
         for key, t in self.token_history.items():
-            self.token_history[key] = t.index_select(0, beam_idx.to(t.device))
+            self.token_history[key] = t.index_select(0, rows.to(t.device))
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        for key, t in self.token_history.items():
+            self.token_history[key] = t.repeat_interleave(repeats, dim=0)
+
+    def crop(self, max_length: int):
+        if self.token_history:
+            raise NotImplementedError(
+                "DDLCache: cannot crop a cache that holds DDL token history (TC compressors, EC): the states "
+                "before the cut are not kept; decoding strategies that roll the cache back (assisted "
+                "decoding, prompt lookup) are not supported for these variants"
+            )
+        super().crop(max_length)
+
+    def reset(self):
+        super().reset()
+        self.token_history.clear()
+
+
+# The names of the generation cache in transformers: `past_key_values` up to 5.23; `cache` from 5.24, where
+# `past_key_values` (and `cache_params`, the recurrent models' name) are deprecated aliases. The forwards take
+# each (one at a time) and return the cache under the installed release's name (CACHE_FIELD);
+# `output_cache(out)` reads it there.
+CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+# Keywords transformers passes to a forward that we accept when they ask for nothing we would have to do:
+# their neutral values. (`cache_position`, passed by generate() before 5.24, is the range of new positions,
+# which the model takes from the cache length; it is accepted whatever it holds.)
+_NEUTRAL_KWARGS = {"output_attentions": False, "output_hidden_states": False, "output_router_logits": False}
+
+
+def output_cache(output) -> DDLCache | None:
+    """The cache a forward returned, under the name the installed transformers gives it."""
+    return getattr(output, CACHE_FIELD)
+
+
+def _one_cache(where: str, *given: DynamicCache | None) -> DynamicCache | None:
+    """The cache passed under one of its names (CACHE_NAMES, in that order); the same object twice is fine."""
+    caches = {id(c): c for c in given if c is not None}
+    if len(caches) > 1:
+        names = ", ".join(f"`{n}`" for n, c in zip(CACHE_NAMES, given) if c is not None)
+        raise ValueError(f"{where}: pass the cache once, as `cache`, not under several names ({names})")
+    return next(iter(caches.values()), None)
+
+
+def _refuse_unknown_kwargs(where: str, kwargs: dict) -> None:
+    """Raise on every keyword the forward does not use: a renamed or misspelt argument (`past_key_value=`, a
+    future name of the cache) must not be dropped without a word. Neutral values of the flags transformers
+    passes are accepted; asking for what the model does not compute is an error."""
+    unknown = []
+    for key, value in kwargs.items():
+        if key == "cache_position":
+            continue
+        if key in _NEUTRAL_KWARGS:
+            if value not in (None, _NEUTRAL_KWARGS[key]):
+                raise ValueError(f"{where}: `{key}={value!r}` is not supported; allowed: None or False")
+            continue
+        unknown.append(f"`{key}`")
+    if unknown:
+        raise TypeError(
+            f"{where}: unexpected keyword argument(s) {', '.join(unknown)}; the cache is passed as `cache` "
+            "(or `past_key_values`, its name before transformers 5.24)"
+        )
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -199,7 +270,7 @@ class DDLBlock(GradientCheckpointingLayer):
     fuse_reads: bool = True
 
     def forward(self, x: torch.Tensor, x_in: torch.Tensor | None, rope, mask: torch.Tensor | None = None,
-                pad_mask: torch.Tensor | None = None, *, past_key_values: DDLCache | None = None,
+                pad_mask: torch.Tensor | None = None, *, cache: DDLCache | None = None,
                 next_read: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, d) for d_v = 1, (B, T, d, d_v) otherwise. Returns ``(x_new, x_in_next)``.
 
@@ -209,7 +280,6 @@ class DDLBlock(GradientCheckpointingLayer):
         With a channel compressor the attention update is fused with the MLP sublayer's read. rope: (cos, sin);
         mask: the attention mask or None; pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
         """
-        cache = past_key_values
         if self.compressor is None:
             x = self.attn(x, rope, cache, mask)
             return self.mlp(x), None
@@ -240,7 +310,7 @@ class DDLPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True  # per block: DDLBlock is a GradientCheckpointingLayer
     _no_split_modules = ["DDLBlock"]
     _supports_sdpa = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = list(CACHE_NAMES)
 
     def lr_multipliers(self) -> dict[str, float]:
         """Adam learning-rate multiplier per parameter name: {} under "sp" (all 1).
@@ -350,19 +420,21 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
     return mask
 
 
-def _ddl_cache(past_key_values: DynamicCache | None, use_cache: bool) -> DDLCache | None:
-    """The cache to fill: the given DDLCache, a new one for ``use_cache`` or in place of an empty other cache."""
-    cache = past_key_values
+def _ddl_cache(cache: DynamicCache | None, use_cache: bool) -> DDLCache | None:
+    """The cache to fill: the given DDLCache, a new one for ``use_cache``, or a new one in place of the empty
+    DynamicCache that ``generate()`` makes for a model. Any other cache (static, quantized, filled) is refused:
+    it cannot carry the token history of the DDL convolutions."""
     if use_cache and cache is None:
         cache = DDLCache()
-    if cache is not None and not isinstance(cache, DDLCache):
-        if cache.get_seq_length() > 0:
-            raise ValueError(
-                "DDLModel: `past_key_values` must be a DDLCache (it also carries the token history of "
-                f"the DDL convolutions), got a filled {type(cache).__name__}"
-            )
-        cache = DDLCache()
-    return cache
+    if cache is None or isinstance(cache, DDLCache):
+        return cache
+    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
+        return DDLCache()
+    raise ValueError(
+        "DDLModel: `cache` must be a DDLCache (attention K/V plus the token history of the DDL convolutions) or "
+        f"an empty DynamicCache, got {'a filled ' if cache.get_seq_length() else ''}{type(cache).__name__}; "
+        "a static or quantized cache (`cache_implementation=...` in generate) is not supported for this model"
+    )
 
 
 class DDLModel(DDLPreTrainedModel):
@@ -417,21 +489,26 @@ class DDLModel(DDLPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: DDLCache | None = None,
+        cache: DDLCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: DDLCache | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast:
+    ) -> BaseModelOutputWithPast | tuple:
         """input_ids (B, T) or inputs_embeds (B, T, d) -> last_hidden_state (B, T, d) (and the cache).
 
         attention_mask (B, past + T): 1 at tokens, 0 at pads; when given it is always applied (no host read to
-        find out whether anything is padded).
+        find out whether anything is padded). cache: a :class:`DDLCache` (``past_key_values`` is the same
+        argument under its name before transformers 5.24). Any other keyword is an error.
         """
+        cache = _one_cache("DDLModel.forward", cache, past_key_values, kwargs.pop("cache_params", None))
+        _refuse_unknown_kwargs("DDLModel.forward", kwargs)
         inputs_embeds = self._embed(input_ids, inputs_embeds)
         b, t = inputs_embeds.shape[:2]
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
-        cache = _ddl_cache(past_key_values, use_cache)
+        cache = _ddl_cache(cache, use_cache)
         past = cache.get_seq_length() if cache is not None else 0
         if past + t > self.config.max_position_embeddings:
             raise ValueError(
@@ -447,7 +524,8 @@ class DDLModel(DDLPreTrainedModel):
         pad_mask = None if attention_mask is None else attention_mask[:, -t:].to(inputs_embeds.dtype)
         with StateTape() if self._use_tape() else contextlib.nullcontext() as tape:
             x = self._residual_stream(inputs_embeds, rope, mask, pad_mask, cache, tape)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=cache if use_cache else None)
+        out = BaseModelOutputWithPast(last_hidden_state=self.norm(x), **{CACHE_FIELD: cache if use_cache else None})
+        return out if return_dict is not False else out.to_tuple()
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
         """(B, T) token ids -> (B, T, d) embeddings, or the given ``inputs_embeds``."""
@@ -487,7 +565,7 @@ class DDLModel(DDLPreTrainedModel):
         for i, block in enumerate(self.layers):
             nxt = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
             fuse = self.fuse_reads and fusable_read(nxt) and block.compressor is not None
-            x, x_in = block(x, x_in, rope, mask, pad_mask, past_key_values=cache, next_read=nxt if fuse else None)
+            x, x_in = block(x, x_in, rope, mask, pad_mask, cache=cache, next_read=nxt if fuse else None)
         if self.final_compressor is None:
             return x
         x, x_in = _mask_pads(pad_mask, x, x_in)
@@ -526,19 +604,27 @@ class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: DDLCache | None = None,
+        cache: DDLCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         shift_labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        past_key_values: DDLCache | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | tuple:
+        """Logits (B, T, V) (the last ``logits_to_keep`` positions when > 0), the loss when labels are given, and
+        the cache. ``num_items_in_batch`` (from transformers' Trainer under gradient accumulation) divides the
+        summed token losses instead of their count. Any keyword not named here is an error."""
+        cache = _one_cache("DDLForCausalLM.forward", cache, past_key_values, kwargs.pop("cache_params", None))
+        _refuse_unknown_kwargs("DDLForCausalLM.forward", kwargs)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
         )
@@ -557,6 +643,10 @@ class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
             elif shift_labels.shape != h.shape[:2]:
                 raise ValueError(f"`shift_labels` must have shape {tuple(h.shape[:2])}, got {tuple(shift_labels.shape)}")
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), shift_labels.reshape(-1).to(logits.device), ignore_index=-100
+                logits.float().view(-1, logits.shape[-1]), shift_labels.reshape(-1).to(logits.device), ignore_index=-100,
+                reduction="mean" if num_items_in_batch is None else "sum",
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+            if num_items_in_batch is not None:
+                loss = loss / num_items_in_batch
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: output_cache(out)})
+        return result if return_dict is not False else result.to_tuple()
