@@ -40,6 +40,7 @@ from deep_delta.eval.timing import (
     interleaved,
     timed,
 )
+from deep_delta.models.ddl import output_cache
 from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
 
 # (batch size, sequence length) per preset when not given

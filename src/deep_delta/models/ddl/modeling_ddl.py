@@ -1,9 +1,21 @@
-"""The DDL Transformer: a Llama-style decoder whose residual update is additive (baseline) or DDL.
+"""The DDL Transformer: one Llama-style decoder for the additive baseline and every DDL variant.
 
-Backbone for every variant: pre-norm RMSNorm, RoPE multi-head attention with RMSNorm on q and k
-(after RoPE), SwiGLU MLP, no biases, tied embeddings, final RMSNorm. Only the residual differs:
-``DeltaResidual(disable=True)`` is the additive baseline; d_v > 1 adds a state expansion at the
-embedding, one compressor per block (shared by its attention and MLP) and a final readout compressor.
+Each sublayer F (attention, then the MLP) changes the residual state X through its residual:
+
+    baseline (additive):  X <- X + F(RMSNorm(X))
+    DDL:                  X <- X + beta k (v^T - k^T X)
+                          k = F(c) / |F(c)|,  c = RMSNorm(read(X)),  beta = beta_max sigmoid(w^T c + b) in (0, 2)
+
+X is (d,) per token for d_v = 1 and (d, d_v) for d_v > 1 (DDL-CC, DDL-TC). There the embedding is expanded to
+d_v channels at the input (repeated, or EC: a short convolution along the tokens), each block reads X back to
+(d,) with its compressor (CC: a mix of the channels; TC: a convolution along the tokens), shared by its two
+sublayers, and a final compressor reads the last state. HC / mHC (the rivals) keep n streams instead.
+
+The backbone is the same for every variant: pre-norm RMSNorm, RoPE multi-head attention with RMSNorm on q and
+k (after RoPE, as the authors' model does), SwiGLU MLP, no biases, tied embeddings, final RMSNorm.
+
+Reading order: the sublayers (RoPE, attention, MLP); the residual around each and the block; the generation
+cache (attention K/V plus the token history of the convolutions); initialisation and muP; the model; the LM.
 """
 
 from __future__ import annotations
@@ -30,95 +42,6 @@ from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
 from deep_delta.models.ddl.configuration_ddl import DDLConfig
 from deep_delta.ops.delta.recompute import StateTape
-
-
-class DDLCache(DynamicCache):
-    """Attention K/V (the library's DynamicCache) plus DDL's token history.
-
-    ``token_history[name]`` holds the last K-1 inputs of a token-axis convolution: the embeddings for EC
-    ("embed") and the expanded states read by each TC compressor ("<layer>.attn", "<layer>.mlp", "final").
-    CC and d_v = 1 carry nothing beyond the K/V. Beam search reorders and selects rows of both.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.token_history: dict[str, torch.Tensor] = {}
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        super().reorder_cache(beam_idx)
-        self._select_history(beam_idx)
-
-    def batch_select_indices(self, indices: torch.Tensor):
-        super().batch_select_indices(indices)
-        self._select_history(indices)
-
-    def _select_history(self, rows: torch.Tensor) -> None:
-        for key, t in self.token_history.items():
-            self.token_history[key] = t.index_select(0, rows.to(t.device))
-
-    def batch_repeat_interleave(self, repeats: int):
-        super().batch_repeat_interleave(repeats)
-        for key, t in self.token_history.items():
-            self.token_history[key] = t.repeat_interleave(repeats, dim=0)
-
-    def crop(self, max_length: int):
-        if self.token_history:
-            raise NotImplementedError(
-                "DDLCache: cannot crop a cache that holds DDL token history (TC compressors, EC): the states "
-                "before the cut are not kept; decoding strategies that roll the cache back (assisted "
-                "decoding, prompt lookup) are not supported for these variants"
-            )
-        super().crop(max_length)
-
-    def reset(self):
-        super().reset()
-        self.token_history.clear()
-
-
-# The names of the generation cache in transformers: `past_key_values` up to 5.23; `cache` from 5.24, where
-# `past_key_values` (and `cache_params`, the recurrent models' name) are deprecated aliases. The forwards take
-# each (one at a time) and return the cache under the installed release's name (CACHE_FIELD);
-# `output_cache(out)` reads it there.
-CACHE_NAMES = ("cache", "past_key_values", "cache_params")
-CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-# Keywords transformers passes to a forward that we accept when they ask for nothing we would have to do:
-# their neutral values. (`cache_position`, passed by generate() before 5.24, is the range of new positions,
-# which the model takes from the cache length; it is accepted whatever it holds.)
-_NEUTRAL_KWARGS = {"output_attentions": False, "output_hidden_states": False, "output_router_logits": False}
-
-
-def output_cache(output) -> DDLCache | None:
-    """The cache a forward returned, under the name the installed transformers gives it."""
-    return getattr(output, CACHE_FIELD)
-
-
-def _one_cache(where: str, *given: DynamicCache | None) -> DynamicCache | None:
-    """The cache passed under one of its names (CACHE_NAMES, in that order); the same object twice is fine."""
-    caches = {id(c): c for c in given if c is not None}
-    if len(caches) > 1:
-        names = ", ".join(f"`{n}`" for n, c in zip(CACHE_NAMES, given) if c is not None)
-        raise ValueError(f"{where}: pass the cache once, as `cache`, not under several names ({names})")
-    return next(iter(caches.values()), None)
-
-
-def _refuse_unknown_kwargs(where: str, kwargs: dict) -> None:
-    """Raise on every keyword the forward does not use: a renamed or misspelt argument (`past_key_value=`, a
-    future name of the cache) must not be dropped without a word. Neutral values of the flags transformers
-    passes are accepted; asking for what the model does not compute is an error."""
-    unknown = []
-    for key, value in kwargs.items():
-        if key == "cache_position":
-            continue
-        if key in _NEUTRAL_KWARGS:
-            if value not in (None, _NEUTRAL_KWARGS[key]):
-                raise ValueError(f"{where}: `{key}={value!r}` is not supported; allowed: None or False")
-            continue
-        unknown.append(f"`{key}`")
-    if unknown:
-        raise TypeError(
-            f"{where}: unexpected keyword argument(s) {', '.join(unknown)}; the cache is passed as `cache` "
-            "(or `past_key_values`, its name before transformers 5.24)"
-        )
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -224,13 +147,13 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
     )
 
 
-def _read(module: nn.Module, x: torch.Tensor, cache: DDLCache | None, key: str) -> torch.Tensor:
+def read_with_history(module: nn.Module, x: torch.Tensor, cache: DDLCache | None, key: str) -> torch.Tensor:
     """Apply a token-axis module (a compressor, the state expander) with its token history from the cache,
     and store the new history; ``module(x, past) -> (out, new_history)``."""
     past = cache.token_history.get(key) if cache is not None else None
-    out, nxt = module(x, past)
-    if cache is not None and nxt is not None:
-        cache.token_history[key] = nxt
+    out, history = module(x, past)
+    if cache is not None and history is not None:
+        cache.token_history[key] = history
     return out
 
 
@@ -269,38 +192,155 @@ class DDLBlock(GradientCheckpointingLayer):
     # hooks on the residual's forward see every update (ddl analyze)
     fuse_reads: bool = True
 
-    def forward(self, x: torch.Tensor, x_in: torch.Tensor | None, rope, mask: torch.Tensor | None = None,
+    def forward(self, state: torch.Tensor, read: torch.Tensor | None, rope, mask: torch.Tensor | None = None,
                 pad_mask: torch.Tensor | None = None, *, cache: DDLCache | None = None,
                 next_read: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, d) for d_v = 1, (B, T, d, d_v) otherwise. Returns ``(x_new, x_in_next)``.
+        """The attention update, then the MLP update. Returns ``(new state, its read for the next block)``.
 
-        x_in: the attention sublayer's read of x, (B, T, d), when the previous block's update already computed
-        it (fused); None reads it here. next_read: the next block's (or the final) ChannelCompressor: the MLP
-        update then also returns its read of the new state as ``x_in_next`` (B, T, d); otherwise that is None.
-        With a channel compressor the attention update is fused with the MLP sublayer's read. rope: (cos, sin);
-        mask: the attention mask or None; pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
+        state: (B, T, d) for d_v = 1 (and HC's (B, T, d, n)), (B, T, d, d_v) otherwise. read: the attention
+        sublayer's read of ``state`` (B, T, d) when the previous block's fused update already computed it, else
+        None. next_read: the next block's (or the final) ChannelCompressor, whose read of the new state the
+        fused path returns; otherwise the second value is None. rope: (cos, sin); mask: the attention mask or
+        None; pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
         """
-        if self.compressor is None:
-            x = self.attn(x, rope, cache, mask)
-            return self.mlp(x), None
-        x, x_in = _mask_pads(pad_mask, x, x_in)
-        if x_in is None:
-            x_in = _read(self.compressor, x, cache, f"{self.layer_idx}.attn")
+        if self.compressor is None:  # d_v = 1 (additive or DDL), HC / mHC
+            state = self.attn(state, rope, cache, mask)
+            return self.mlp(state), None
         if self.fuse_reads and fusable_read(self.compressor):
-            x, x_in = self.attn.update_and_read(x, self.compressor, rope, cache, mask, x_in=x_in)
-        else:
-            x, x_in = self.attn(x, rope, cache, mask, x_in=x_in), None
-        x, x_in = _mask_pads(pad_mask, x, x_in)
-        if x_in is None:
-            x_in = _read(self.compressor, x, cache, f"{self.layer_idx}.mlp")
-        if next_read is not None:
-            return self.mlp.update_and_read(x, next_read, x_in=x_in)
-        return self.mlp(x, x_in=x_in), None
+            return self._forward_fused(state, read, rope, mask, pad_mask, cache, next_read)
+        state, read = self._masked_read(state, read, pad_mask, cache, "attn")
+        state = self.attn(state, rope, cache, mask, x_in=read)
+        state, read = self._masked_read(state, None, pad_mask, cache, "mlp")
+        return self.mlp(state, x_in=read), None
+
+    def _forward_fused(self, state, read, rope, mask, pad_mask, cache, next_read):
+        """The same two updates for a channel compressor, each fused with the read that follows it: the MLP
+        sublayer's after the attention update, ``next_read``'s (if given) after the MLP update."""
+        state, read = self._masked_read(state, read, pad_mask, cache, "attn")
+        state, read = self.attn.update_and_read(state, self.compressor, rope, cache, mask, x_in=read)
+        state, read = self._masked_read(state, read, pad_mask, cache, "mlp")
+        if next_read is None:
+            return self.mlp(state, x_in=read), None
+        return self.mlp.update_and_read(state, next_read, x_in=read)
+
+    def _masked_read(self, state, read, pad_mask, cache, sublayer: str):
+        """The state with its pads zeroed, and the sublayer's read of it: ``read`` (masked too) when given, else
+        the block's compressor's, with its token history under ``"<layer>.<sublayer>"``."""
+        state, read = _mask_pads(pad_mask, state, read)
+        if read is None:
+            read = read_with_history(self.compressor, state, cache, f"{self.layer_idx}.{sublayer}")
+        return state, read
 
 
 def fusable_read(compressor: nn.Module | None) -> bool:
     """A read that can be computed inside the previous sublayer's update: CC (it needs no other token)."""
     return isinstance(compressor, ChannelCompressor)
+
+
+class DDLCache(DynamicCache):
+    """Attention K/V (the library's DynamicCache) plus DDL's token history.
+
+    ``token_history[name]`` holds the last K-1 inputs of a token-axis convolution: the embeddings for EC
+    ("embed") and the expanded states read by each TC compressor ("<layer>.attn", "<layer>.mlp", "final").
+    CC and d_v = 1 carry nothing beyond the K/V. Beam search reorders and selects rows of both.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.token_history: dict[str, torch.Tensor] = {}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        self._select_history(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        self._select_history(indices)
+
+    def _select_history(self, rows: torch.Tensor) -> None:
+        for key, t in self.token_history.items():
+            self.token_history[key] = t.index_select(0, rows.to(t.device))
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        for key, t in self.token_history.items():
+            self.token_history[key] = t.repeat_interleave(repeats, dim=0)
+
+    def crop(self, max_length: int):
+        if self.token_history:
+            raise NotImplementedError(
+                "DDLCache: cannot crop a cache that holds DDL token history (TC compressors, EC): the states "
+                "before the cut are not kept; decoding strategies that roll the cache back (assisted "
+                "decoding, prompt lookup) are not supported for these variants"
+            )
+        super().crop(max_length)
+
+    def reset(self):
+        super().reset()
+        self.token_history.clear()
+
+
+# The names of the generation cache in transformers: `past_key_values` up to 5.23; `cache` from 5.24, where
+# `past_key_values` (and `cache_params`, the recurrent models' name) are deprecated aliases. The forwards take
+# each (one at a time) and return the cache under the installed release's name (CACHE_FIELD);
+# `output_cache(out)` reads it there.
+CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+# Keywords transformers passes to a forward that we accept when they ask for nothing we would have to do:
+# their neutral values. (`cache_position`, passed by generate() before 5.24, is the range of new positions,
+# which the model takes from the cache length; it is accepted whatever it holds.)
+_NEUTRAL_KWARGS = {"output_attentions": False, "output_hidden_states": False, "output_router_logits": False}
+
+
+def output_cache(output) -> DDLCache | None:
+    """The cache a forward returned, under the name the installed transformers gives it."""
+    return getattr(output, CACHE_FIELD)
+
+
+def _one_cache(where: str, *given: DynamicCache | None) -> DynamicCache | None:
+    """The cache passed under one of its names (CACHE_NAMES, in that order); the same object twice is fine."""
+    caches = {id(c): c for c in given if c is not None}
+    if len(caches) > 1:
+        names = ", ".join(f"`{n}`" for n, c in zip(CACHE_NAMES, given) if c is not None)
+        raise ValueError(f"{where}: pass the cache once, as `cache`, not under several names ({names})")
+    return next(iter(caches.values()), None)
+
+
+def _refuse_unknown_kwargs(where: str, kwargs: dict) -> None:
+    """Raise on every keyword the forward does not use: a renamed or misspelt argument (`past_key_value=`, a
+    future name of the cache) must not be dropped without a word. Neutral values of the flags transformers
+    passes are accepted; asking for what the model does not compute is an error."""
+    unknown = []
+    for key, value in kwargs.items():
+        if key == "cache_position":
+            continue
+        if key in _NEUTRAL_KWARGS:
+            if value not in (None, _NEUTRAL_KWARGS[key]):
+                raise ValueError(f"{where}: `{key}={value!r}` is not supported; allowed: None or False")
+            continue
+        unknown.append(f"`{key}`")
+    if unknown:
+        raise TypeError(
+            f"{where}: unexpected keyword argument(s) {', '.join(unknown)}; the cache is passed as `cache` "
+            "(or `past_key_values`, its name before transformers 5.24)"
+        )
+
+
+def _ddl_cache(cache: DynamicCache | None, use_cache: bool) -> DDLCache | None:
+    """The cache to fill: the given DDLCache, a new one for ``use_cache``, or a new one in place of the empty
+    DynamicCache that ``generate()`` makes for a model. Any other cache (static, quantized, filled) is refused:
+    it cannot carry the token history of the DDL convolutions."""
+    if use_cache and cache is None:
+        cache = DDLCache()
+    if cache is None or isinstance(cache, DDLCache):
+        return cache
+    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
+        return DDLCache()
+    raise ValueError(
+        "DDLModel: `cache` must be a DDLCache (attention K/V plus the token history of the DDL convolutions) or "
+        f"an empty DynamicCache, got {'a filled ' if cache.get_seq_length() else ''}{type(cache).__name__}; "
+        "a static or quantized cache (`cache_implementation=...` in generate) is not supported for this model"
+    )
 
 
 class DDLPreTrainedModel(PreTrainedModel):
@@ -420,23 +460,6 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
     return mask
 
 
-def _ddl_cache(cache: DynamicCache | None, use_cache: bool) -> DDLCache | None:
-    """The cache to fill: the given DDLCache, a new one for ``use_cache``, or a new one in place of the empty
-    DynamicCache that ``generate()`` makes for a model. Any other cache (static, quantized, filled) is refused:
-    it cannot carry the token history of the DDL convolutions."""
-    if use_cache and cache is None:
-        cache = DDLCache()
-    if cache is None or isinstance(cache, DDLCache):
-        return cache
-    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
-        return DDLCache()
-    raise ValueError(
-        "DDLModel: `cache` must be a DDLCache (attention K/V plus the token history of the DDL convolutions) or "
-        f"an empty DynamicCache, got {'a filled ' if cache.get_seq_length() else ''}{type(cache).__name__}; "
-        "a static or quantized cache (`cache_implementation=...` in generate) is not supported for this model"
-    )
-
-
 class DDLModel(DDLPreTrainedModel):
     """The backbone: embeddings -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm.
 
@@ -467,6 +490,8 @@ class DDLModel(DDLPreTrainedModel):
             else None
         )
         self.layers = nn.ModuleList(DDLBlock(config, i) for i in range(config.num_hidden_layers))
+        # the final readout of the state to (B, T, d): a compressor (d_v > 1) or HC's stream readout (its name is
+        # that of the weights in every saved checkpoint)
         self.final_compressor = (
             make_compressor(
                 config.compressor, d, config.value_channels, config.compressor_kernel_size, backend=config.delta_backend
@@ -558,18 +583,18 @@ class DDLModel(DDLPreTrainedModel):
         """Embeddings (B, T, d) -> (the state expansion) -> the blocks -> (the readout): (B, T, d)."""
         if self.expander is not None:
             (x,) = _mask_pads(pad_mask, x)
-            x = _read(self.expander, x, cache, "embed")
+            x = read_with_history(self.expander, x, cache, "embed")
         if tape is not None:
             tape.register(x)
-        x_in = None  # a read already computed by the previous fused update (channel compressors)
+        read = None  # the next block's read, when the previous update computed it (channel compressors, fused)
         for i, block in enumerate(self.layers):
-            nxt = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
-            fuse = self.fuse_reads and fusable_read(nxt) and block.compressor is not None
-            x, x_in = block(x, x_in, rope, mask, pad_mask, cache=cache, next_read=nxt if fuse else None)
+            next_read = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
+            fuse = self.fuse_reads and block.fuse_reads and fusable_read(block.compressor) and fusable_read(next_read)
+            x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=next_read if fuse else None)
         if self.final_compressor is None:
             return x
-        x, x_in = _mask_pads(pad_mask, x, x_in)
-        return _read(self.final_compressor, x, cache, "final") if x_in is None else x_in
+        x, read = _mask_pads(pad_mask, x, read)
+        return read_with_history(self.final_compressor, x, cache, "final") if read is None else read
 
 
 class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
