@@ -257,3 +257,20 @@ def test_static_cache_is_a_clear_error():
     ids = torch.randint(0, 320, (1, 6))
     with pytest.raises(ValueError, match="static or quantized cache"):
         model.generate(ids, max_new_tokens=3, cache_implementation="static", pad_token_id=256, eos_token_id=None)
+
+
+@pytest.mark.parametrize("variant", VARIANT_IDS)
+def test_ddl_generate_greedy_is_the_argmax_continuation(tmp_path, capsys, variant):
+    """`ddl generate --greedy` (the cache on, as by default) prints the prompt and then, token by token, the
+    argmax of a full forward over everything before it."""
+    run, model = make_run(tmp_path / "run", variant=variant)
+    capsys.readouterr()
+    assert main(["generate", "--model", str(run), "--prompt", "Delta rule", "--max-new-tokens", "8", "--greedy"]) == 0
+    printed = capsys.readouterr().out
+    tok = byte_tokenizer()
+    seq = torch.tensor([tok.encode("Delta rule", add_special_tokens=False)])
+    for _ in range(8):
+        seq = torch.cat([seq, _full_logits(model, seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    new = seq[0, -8:].tolist()
+    new = new[: new.index(tok.eos_token_id)] if tok.eos_token_id in new else new
+    assert printed.rstrip("\n") == "Delta rule" + tok.decode(new)
