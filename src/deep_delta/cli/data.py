@@ -53,13 +53,18 @@ def add_parser(sub) -> None:
         "  ddl data prepare --out data/pydoc\n"
         "  ddl data prepare --source corpus.jsonl --tokenizer gpt2 --out data/corpus\n"
         "  ddl data prepare --source 'fineweb/sample/10BT/*.parquet' --tokenizer gpt2 --max-tokens 1B --out data/fw\n"
-        "  ddl data prepare --source fineweb-edu:sample-10BT --tokenizer gpt2 --max-tokens 100M --out data/fw100m",
+        "  ddl data prepare --source fineweb-edu:sample-10BT --tokenizer gpt2 --max-tokens 100M --out data/fw100m\n"
+        "  ddl data prepare --source /usr/lib/python3/dist-packages --text-suffixes .py .md --out data/code",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pp.add_argument("--source", default="default",
                     help="'default' (CPython's pydoc_data.topics text, embedded), 'fineweb-edu[:CONFIG]' "
                     "(Hugging Face Hub, CONFIG e.g. sample-10BT (default) or sample-100BT), or a local .txt / "
                     ".jsonl / .parquet file, directory or glob (default: default)")
+    pp.add_argument("--text-suffixes", nargs="+", default=[], metavar="SUFFIX",
+                    help="with a local directory or glob: also read files ending in these suffixes as plain text, "
+                    "one document per file (e.g. --text-suffixes .py .md .rst; every such file must be UTF-8) "
+                    "(default: only .txt / .jsonl / .parquet)")
     pp.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
                     help="byte: UTF-8 bytes + EOT (vocab 257); gpt2: tiktoken GPT-2 BPE (vocab 50257) (default: byte)")
     pp.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
@@ -127,6 +132,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             bpe_file=args.bpe_file,
             progress=not args.no_progress,
             num_proc=args.num_proc,
+            text_suffixes=tuple(args.text_suffixes),
         )
     except (DataUnavailableError, FileExistsError, ImportError) as e:
         raise UsageError(str(e)) from e

@@ -619,6 +619,7 @@ def prepare(
     bpe_file: str | os.PathLike | None = None,
     progress: bool = True,
     num_proc: int | None = None,
+    text_suffixes: tuple[str, ...] = (),
 ) -> dict:
     """Tokenize ``source`` with ``tokenizer`` into ``out_dir`` and return the metadata written to ``meta.json``.
 
@@ -635,6 +636,8 @@ def prepare(
         bpe_file: local GPT-2 BPE for ``tokenizer="gpt2"`` (see :func:`get_tokenizer`).
         progress: show a progress bar (on a terminal).
         num_proc: tokenizing processes (None: the CPUs available to this process); the output is the same.
+        text_suffixes: for a local directory or glob, more suffixes of files read as plain text, one document
+            per file (e.g. ``(".py", ".md")``: a corpus from the source files on a disk).
 
     The data is built in ``.OUT.partial`` beside ``out_dir`` and renamed into place when complete. An error
     removes it; an interrupted run (Ctrl-C, a kill) leaves it, and a rerun with the same settings keeps its
@@ -645,7 +648,7 @@ def prepare(
     num_proc = default_num_proc() if num_proc is None else check_num_proc(num_proc)
     out = Path(out_dir).expanduser()
     _check_output(out, overwrite)
-    src = resolve_source(source)
+    src = resolve_source(source, text_suffixes) if text_suffixes else resolve_source(source)
     staging = partial_dir(out)
     try:
         remove_stale(out)

@@ -83,28 +83,44 @@ def utf8_error(path: Path, error: UnicodeDecodeError, offset: int, line: int) ->
 
 
 # ---------------------------------------------------------------------------------------------- local files
-def local_files(spec: str | os.PathLike) -> list[Path]:
+def check_text_suffixes(text_suffixes: Iterable[str]) -> tuple[str, ...]:
+    """The extra plain-text suffixes, checked: each a dot and at least one more character, none of the
+    structured ones (``.jsonl``, ``.parquet``, whose records are read instead)."""
+    out = tuple(text_suffixes)
+    for suffix in out:
+        if not isinstance(suffix, str) or len(suffix) < 2 or not suffix.startswith(".") or "/" in suffix:
+            raise ValueError(f"`text_suffixes` got {suffix!r}; allowed: file suffixes such as '.py' or '.md'")
+        if suffix in (".jsonl", ".parquet"):
+            raise ValueError(f"`text_suffixes` got {suffix!r}; allowed: a plain-text suffix ({suffix} files are "
+                             "always read as records)")
+    return out
+
+
+def local_files(spec: str | os.PathLike, text_suffixes: Iterable[str] = ()) -> list[Path]:
     """Files named by ``spec``: one file, a directory (searched recursively), or a glob pattern.
 
-    Only ``.txt``, ``.jsonl`` and ``.parquet`` files are used from a directory or glob; an explicit file must
-    have one of these suffixes.
+    From a directory or glob only ``.txt``, ``.jsonl`` and ``.parquet`` files are used, and files ending in one
+    of ``text_suffixes`` (read as plain text: any UTF-8 text, source code say); an explicit file must have one of
+    these suffixes.
     """
+    suffixes = LOCAL_SUFFIXES + check_text_suffixes(text_suffixes)
+    kinds = "/".join(suffixes)
     text = str(spec)
     if any(c in text for c in "*?["):
         files = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if Path(p).is_file())
-        files = [p for p in files if p.suffix in LOCAL_SUFFIXES]
+        files = [p for p in files if p.suffix in suffixes]
         if not files:
-            raise FileNotFoundError(f"source {text!r}: the pattern matches no {'/'.join(LOCAL_SUFFIXES)} files")
+            raise FileNotFoundError(f"source {text!r}: the pattern matches no {kinds} files")
         return files
     path = Path(os.path.expanduser(text))
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
         if not files:
-            raise FileNotFoundError(f"source directory {path} holds no {'/'.join(LOCAL_SUFFIXES)} files")
+            raise FileNotFoundError(f"source directory {path} holds no {kinds} files")
         return files
     if path.is_file():
-        if path.suffix not in LOCAL_SUFFIXES:
-            raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(LOCAL_SUFFIXES)}")
+        if path.suffix not in suffixes:
+            raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(suffixes)}")
         return [path]
     raise FileNotFoundError(
         f"source {text!r} is neither 'default', 'fineweb-edu[:CONFIG]', nor an existing file, directory or glob"
@@ -181,20 +197,19 @@ def _parquet_records(path: Path) -> Iterator[dict]:
 
 
 def iter_local_documents(files: Iterable[Path]) -> Iterator[str]:
-    """Documents of local files in order: a ``.txt`` file is one document; ``.jsonl`` lines and ``.parquet``
-    rows are one document each (their ``"text"``). Text that is not UTF-8, invalid JSON and corrupt parquet
-    data raise :class:`DataError` naming the file and the line and byte, or the row."""
+    """Documents of local files in order: ``.jsonl`` lines and ``.parquet`` rows are one document each (their
+    ``"text"``); any other file (``.txt``, or a suffix the caller chose to read as text) is one document. Text
+    that is not UTF-8, invalid JSON and corrupt parquet data raise :class:`DataError` naming the file and the
+    line and byte, or the row."""
     for path in files:
-        if path.suffix == ".txt":
-            text = _read_text(path)
-            if text:
-                yield text
-        elif path.suffix == ".jsonl":
+        if path.suffix == ".jsonl":
             yield from iter_texts(_jsonl_records(path), str(path), located=True)
         elif path.suffix == ".parquet":
             yield from iter_texts(_parquet_records(path), str(path))
         else:
-            raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(LOCAL_SUFFIXES)}")
+            text = _read_text(path)
+            if text:
+                yield text
 
 
 # ---------------------------------------------------------------------------------------------- FineWeb-Edu
@@ -261,11 +276,15 @@ def parse_fineweb(spec: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
-def resolve_source(spec: str | os.PathLike) -> Source:
-    """The :class:`Source` for ``spec``: "default", "fineweb-edu[:CONFIG]", or a local file / directory / glob."""
+def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = ()) -> Source:
+    """The :class:`Source` for ``spec``: "default", "fineweb-edu[:CONFIG]", or a local file / directory / glob
+    (``text_suffixes``: more suffixes of files to read as plain text, e.g. ``(".py", ".md")``)."""
+    text_suffixes = check_text_suffixes(text_suffixes)
     text = str(spec)
     if not text:
         raise ValueError("source must not be empty; use 'default', 'fineweb-edu[:CONFIG]' or a local path")
+    if text_suffixes and (text == "default" or parse_fineweb(text) is not None):
+        raise ValueError(f"`text_suffixes` {list(text_suffixes)} apply to local files only, got source {text!r}")
     if text == "default":
         texts = default_texts()
         return Source(
@@ -276,5 +295,8 @@ def resolve_source(spec: str | os.PathLike) -> Source:
     if config is not None:
         return Source(iter_texts(fineweb_records(config), f"{FINEWEB_REPO}:{config}"),
                       {"source": f"fineweb-edu:{config}", "source_detail": f"{FINEWEB_REPO} (config {config})"})
-    files = local_files(text)
-    return Source(iter_local_documents(files), {"source": text, "source_files": [str(p) for p in files]})
+    files = local_files(text, text_suffixes)
+    info = {"source": text, "source_files": [str(p) for p in files]}
+    if text_suffixes:
+        info["text_suffixes"] = list(text_suffixes)
+    return Source(iter_local_documents(files), info)
