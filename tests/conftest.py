@@ -16,3 +16,101 @@ torch.set_num_threads(int(os.environ.get("DDL_TEST_THREADS", "2")))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+class OfflineWandb:
+    """The W&B runs written offline under ``root`` (``WANDB_DIR``), read back from their ``run-ID.wandb`` files:
+    wandb 0.31 writes no config.yaml or wandb-summary.json offline, only that record log (a LevelDB-style log of
+    ``wandb.proto`` Records behind a 7-byte ``:W&B`` header)."""
+
+    BLOCK = 32768
+
+    def __init__(self, root):
+        self.root = root
+
+    def files(self) -> list:
+        return sorted((self.root / "wandb").glob("offline-run-*/run-*.wandb"))
+
+    def runs(self) -> list[dict]:
+        """Every offline run folder, oldest first: id, project, name, group, job_type, config, history (one
+        dict per logged row), summary (the final values) and exit_code."""
+        return [self.read(path) for path in self.files()]
+
+    @classmethod
+    def records(cls, path) -> list:
+        import struct
+
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        raw = path.read_bytes()
+        assert raw[:4] == b":W&B", f"{path} is not a W&B record log"
+        out, pending, pos = [], b"", 7
+        while pos + 7 <= len(raw):
+            left = cls.BLOCK - pos % cls.BLOCK
+            if left < 7:  # a block's tail too short for a header is padding
+                pos += left
+                continue
+            _crc, size, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+            data, pos = raw[pos + 7:pos + 7 + size], pos + 7 + size
+            if kind == 0:  # zero padding to the end of the block
+                pos += left - 7 - size
+                continue
+            pending = data if kind in (1, 2) else pending + data  # full / first, middle / last
+            if kind in (1, 4):
+                record = pb.Record()
+                record.ParseFromString(pending)
+                out.append(record)
+        return out
+
+    @classmethod
+    def read(cls, path) -> dict:
+        import json
+
+        run = {"config": {}, "history": [], "summary": {}, "exit_code": None}
+
+        def put(target, item):
+            keys = list(item.nested_key) or [item.key]
+            for k in keys[:-1]:
+                target = target.setdefault(k, {})
+            target[keys[-1]] = json.loads(item.value_json)
+
+        for record in cls.records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                r = record.run
+                run.update(id=r.run_id, project=r.project, name=r.display_name, group=r.run_group,
+                           job_type=r.job_type, resumed=r.resumed)
+                for item in r.config.update:
+                    put(run["config"], item)
+            elif kind == "config":
+                for item in record.config.update:
+                    put(run["config"], item)
+            elif kind == "history":
+                row = {}
+                for item in record.history.item:
+                    put(row, item)
+                run["history"].append(row)
+            elif kind == "summary":
+                for item in record.summary.update:
+                    put(run["summary"], item)
+            elif kind == "exit":
+                run["exit_code"] = record.exit.exit_code
+        return run
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch) -> OfflineWandb:
+    """W&B in offline mode into ``tmp_path/wandb-root``: no API key, an unreachable host, every W&B folder
+    (config, cache, artifacts) inside the test's directory; read the runs back with ``.runs()``."""
+    root = tmp_path / "wandb-root"
+    root.mkdir()
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_PROJECT", "WANDB_NAME", "WANDB_RUN_GROUP",
+                 "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_ENTITY"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": root, "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+           "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true", "WANDB_BASE_URL": "http://127.0.0.1:9",
+           "WANDB_CONFIG_DIR": root / "config", "WANDB_CACHE_DIR": root / "cache", "WANDB_DATA_DIR": root / "data",
+           "WANDB_ARTIFACT_DIR": root / "artifacts", "NETRC": root / "netrc"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(value))
+    return OfflineWandb(root)
