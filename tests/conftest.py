@@ -32,9 +32,9 @@ class OfflineWandb:
         return sorted((self.root / "wandb").glob("offline-run-*/run-*.wandb"))
 
     def runs(self) -> list[dict]:
-        """Every offline run folder, oldest first: id, project, name, group, job_type, config, history (one
-        dict per logged row), summary (the final values) and exit_code."""
-        return [self.read(path) for path in self.files()]
+        """Every offline run folder, in the order they were started: id, project, name, group, job_type, config,
+        history (one dict per logged row), summary (the final values), exit_code and folder."""
+        return sorted((self.read(path) for path in self.files()), key=lambda run: run["start"])
 
     @classmethod
     def records(cls, path) -> list:
@@ -66,7 +66,7 @@ class OfflineWandb:
     def read(cls, path) -> dict:
         import json
 
-        run = {"config": {}, "history": [], "summary": {}, "exit_code": None}
+        run = {"config": {}, "history": [], "summary": {}, "exit_code": None, "folder": path.parent}
 
         def put(target, item):
             keys = list(item.nested_key) or [item.key]
@@ -79,7 +79,7 @@ class OfflineWandb:
             if kind == "run":
                 r = record.run
                 run.update(id=r.run_id, project=r.project, name=r.display_name, group=r.run_group,
-                           job_type=r.job_type, resumed=r.resumed)
+                           job_type=r.job_type, start=(r.start_time.seconds, r.start_time.nanos))
                 for item in r.config.update:
                     put(run["config"], item)
             elif kind == "config":

@@ -66,6 +66,17 @@ def test_a_resumed_run_continues_the_same_wandb_run_and_overwrite_starts_another
     assert json.loads((tmp_path / "run" / WANDB_FILE).read_text())["id"] == third["id"]
 
 
+def test_a_run_that_turns_wandb_on_when_resumed_sends_its_earlier_records_first(tmp_path, make_config,
+                                                                               wandb_offline):
+    cfg = make_config(tmp_path / "run", steps=4, eval_every=2, save_every=0)
+    train(cfg, stop_at=2, progress=False, quiet=True)
+    train(make_config(tmp_path / "run", steps=4, eval_every=2, save_every=0, wandb=True), resume=True,
+          progress=False, quiet=True)
+    [run] = wandb_offline.runs()
+    assert [row["step"] for row in run["history"] if "loss" in row] == [1, 2, 3, 4]
+    assert [row["step"] for row in run["history"] if "val_loss" in row] == [2, 4]
+
+
 def test_a_missing_wandb_package_is_one_line_and_training_goes_on(tmp_path, make_config, wandb_offline,
                                                                   monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
@@ -168,3 +179,40 @@ def test_wandb_names_without_wandb_are_refused_on_the_command_line(tmp_path, cap
                                                "logging is off; add --wandb (or wandb: true in the config)")
     assert main(["train", "--wandb", "--wandb-project", "p", "--print-config"]) == 0
     assert "wandb: true\nwandb_project: p\n" in capsys.readouterr().out
+
+
+def _table(run_folder, key: str) -> dict:
+    """The wandb.Table logged under ``key`` in an offline run folder: {"columns": [...], "data": [[...], ...]}."""
+    [path] = (run_folder / "files" / "media" / "table").glob(f"{key}_*.table.json")
+    return json.loads(path.read_text())
+
+
+def test_compare_groups_its_runs_and_logs_the_table_and_curves(tmp_path, data_dir, wandb_offline):
+    out = tmp_path / "cmp"
+    args = ["compare", "--variants", "baseline", "ddl-cc", "--out", str(out), "--data", str(data_dir), "--steps", "2",
+            "--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1", "--device", "cpu",
+            "--no-progress", "--time-repeats", "0", "--wandb", "--wandb-project", "cmp-tests",
+            "--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=1", "--set",
+            "model.num_attention_heads=2", "--set", "model.max_position_embeddings=64"]
+    assert main(args) == 0
+    runs = wandb_offline.runs()
+    group = json.loads((out / WANDB_FILE).read_text())["group"]
+    assert group.startswith("cmp-")
+    assert [(r["name"], r["job_type"], r["group"], r["project"]) for r in runs] == [
+        ("baseline-seed0", "train", group, "cmp-tests"), ("ddl-cc-seed0", "train", group, "cmp-tests"),
+        ("comparison", "compare", group, "cmp-tests")]
+    assert [row["step"] for row in runs[1]["history"] if "val_loss" in row] == [1, 2]
+    summary = json.loads((out / "compare.json").read_text())
+    folder = runs[2]["folder"]
+    table = _table(folder, "comparison")
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [(r["variant"], r["val_loss"]) for r in rows] == [(r["variant"], r["val_loss"]) for r in summary["rows"]]
+    curves = _table(folder, "val_curves")
+    assert curves["columns"] == ["variant", "seed", "step", "val_loss"] and len(curves["data"]) == 4
+    assert list((folder / "files" / "media" / "images").glob("curves_*.png"))
+    assert runs[2]["summary"]["ddl-cc/val_loss"] == rows[1]["val_loss"]
+
+    assert main(args) == 0  # started again: the finished runs are reused, in the same group and comparison run
+    again = wandb_offline.runs()[3:]
+    assert {r["group"] for r in again} == {group}
+    assert again[-1]["id"] == runs[2]["id"]

@@ -429,6 +429,11 @@ class Trainer:
                              mode=sink.mode)
             if saved.get("id"):
                 self.say(f"W&B: continuing run {sink.id} ({sink.mode})")
+            elif self.step > 0:  # a run that logs to W&B from a resumed session on: its earlier records first
+                from deep_delta.train.metrics import read_metrics
+
+                for record in read_metrics(self.out / METRICS_FILE):
+                    sink.log(record)
         return sink
 
     # ------------------------------------------------------------------ one optimizer step
