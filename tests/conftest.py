@@ -36,6 +36,16 @@ class OfflineWandb:
         history (one dict per logged row), summary (the final values), exit_code and folder."""
         return sorted((self.read(path) for path in self.files()), key=lambda run: run["start"])
 
+    @staticmethod
+    def table(run: dict, key: str) -> list[dict]:
+        """The rows of the ``wandb.Table`` a run logged under ``key``, as dicts of column -> value (wandb keeps it
+        offline as ``files/media/table/KEY_STEP_HASH.table.json``)."""
+        import json
+
+        [path] = (run["folder"] / "files" / "media" / "table").glob(f"{key}_[0-9]*.table.json")
+        table = json.loads(path.read_text())
+        return [dict(zip(table["columns"], row)) for row in table["data"]]
+
     @classmethod
     def records(cls, path) -> list:
         import struct
@@ -51,6 +61,8 @@ class OfflineWandb:
                 pos += left
                 continue
             _crc, size, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+            if pos + 7 + size > len(raw):  # still being written
+                break
             data, pos = raw[pos + 7:pos + 7 + size], pos + 7 + size
             if kind == 0:  # zero padding to the end of the block
                 pos += left - 7 - size
@@ -63,9 +75,17 @@ class OfflineWandb:
         return out
 
     @classmethod
-    def read(cls, path) -> dict:
+    def read(cls, path, timeout: float = 60.0) -> dict:
+        """One run's file, once it is complete: ``run.finish()`` returns before wandb's service has written
+        the records out, so this waits (up to ``timeout`` seconds) for the exit record."""
         import json
+        import time
 
+        deadline = time.monotonic() + timeout
+        records = cls.records(path)
+        while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            records = cls.records(path)
         run = {"config": {}, "history": [], "summary": {}, "exit_code": None, "folder": path.parent}
 
         def put(target, item):
@@ -74,7 +94,7 @@ class OfflineWandb:
                 target = target.setdefault(k, {})
             target[keys[-1]] = json.loads(item.value_json)
 
-        for record in cls.records(path):
+        for record in records:
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 r = record.run

@@ -9,11 +9,6 @@ MICRO = ["--steps", "2", "--threads", "1", "--no-progress", "--set", "test_size=
          "model.hidden_size=32", "--set", "model.num_hidden_layers=1", "--set", "model.num_attention_heads=2"]
 
 
-def _table(folder, key):
-    [path] = (folder / "files" / "media" / "table").glob(f"{key}_*.table.json")
-    table = json.loads(path.read_text())
-    return [dict(zip(table["columns"], row)) for row in table["data"]]
-
 
 def test_a_study_logs_its_result_tables(tmp_path, wandb_offline):
     out = tmp_path / "out"
@@ -23,14 +18,14 @@ def test_a_study_logs_its_result_tables(tmp_path, wandb_offline):
     [run] = wandb_offline.runs()
     assert (run["name"], run["job_type"], run["project"]) == ("tasks-shell-game", "tasks", "task-tests")
     assert run["config"]["task"] == "shell-game" and run["config"]["settings"]["steps"] == 2
-    rows = _table(run["folder"], "accuracy")
+    rows = wandb_offline.table(run, "accuracy")
     assert [(r["variant"], r["overall"]) for r in rows] == [(r["variant"], r["overall"]["mean"])
                                                            for r in summary["rows"]]
     level = f"{summary['difficulty_name']} {summary['level_names'][0]}"
     assert rows[1][level] == summary["rows"][1]["by_difficulty"]["1"]["mean"]
-    per_seed = _table(run["folder"], "per_seed")
+    per_seed = wandb_offline.table(run, "per_seed")
     assert [(r["variant"], r["seed"]) for r in per_seed] == [("baseline", 0), ("ddl-dv1", 0)]
-    curves = _table(run["folder"], "loss_curves")
+    curves = wandb_offline.table(run, "loss_curves")
     assert [(r["variant"], r["step"]) for r in curves] == [("baseline", 1), ("baseline", 2), ("ddl-dv1", 1),
                                                            ("ddl-dv1", 2)]
     assert run["summary"]["ddl-dv1/overall"] == summary["rows"][1]["overall"]["mean"]

@@ -181,12 +181,6 @@ def test_wandb_names_without_wandb_are_refused_on_the_command_line(tmp_path, cap
     assert "wandb: true\nwandb_project: p\n" in capsys.readouterr().out
 
 
-def _table(run_folder, key: str) -> dict:
-    """The wandb.Table logged under ``key`` in an offline run folder: {"columns": [...], "data": [[...], ...]}."""
-    [path] = (run_folder / "files" / "media" / "table").glob(f"{key}_*.table.json")
-    return json.loads(path.read_text())
-
-
 def test_compare_groups_its_runs_and_logs_the_table_and_curves(tmp_path, data_dir, wandb_offline):
     out = tmp_path / "cmp"
     args = ["compare", "--variants", "baseline", "ddl-cc", "--out", str(out), "--data", str(data_dir), "--steps", "2",
@@ -203,12 +197,13 @@ def test_compare_groups_its_runs_and_logs_the_table_and_curves(tmp_path, data_di
         ("comparison", "compare", group, "cmp-tests")]
     assert [row["step"] for row in runs[1]["history"] if "val_loss" in row] == [1, 2]
     summary = json.loads((out / "compare.json").read_text())
-    folder = runs[2]["folder"]
-    table = _table(folder, "comparison")
-    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    rows = wandb_offline.table(runs[2], "comparison")
     assert [(r["variant"], r["val_loss"]) for r in rows] == [(r["variant"], r["val_loss"]) for r in summary["rows"]]
-    curves = _table(folder, "val_curves")
-    assert curves["columns"] == ["variant", "seed", "step", "val_loss"] and len(curves["data"]) == 4
+    curves = wandb_offline.table(runs[2], "val_curves")
+    assert [(c["variant"], c["step"]) for c in curves] == [("baseline", 1), ("baseline", 2), ("ddl-cc", 1),
+                                                           ("ddl-cc", 2)]
+    assert curves[3]["val_loss"] == summary["rows"][1]["val_loss"]
+    folder = runs[2]["folder"]
     assert list((folder / "files" / "media" / "images").glob("curves_*.png"))
     assert runs[2]["summary"]["ddl-cc/val_loss"] == rows[1]["val_loss"]
 
