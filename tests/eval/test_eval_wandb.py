@@ -10,7 +10,6 @@ from test_eval_harness import _write_task, offline  # noqa: F401 (offline: the f
 from deep_delta.cli.main import main
 
 
-
 def test_lm_eval_logs_its_results_table(tmp_path, offline, wandb_offline):  # noqa: F811
     tasks_dir = _write_task(tmp_path / "toy")
     run, _ = make_run(tmp_path / "run", variant="ddl-cc", max_position_embeddings=128)
