@@ -77,6 +77,22 @@ def test_a_run_that_turns_wandb_on_when_resumed_sends_its_earlier_records_first(
     assert [row["step"] for row in run["history"] if "val_loss" in row] == [2, 4]
 
 
+def test_a_run_that_ends_in_an_error_is_finished_in_wandb_with_its_exit_code(tmp_path, make_config, wandb_offline,
+                                                                            monkeypatch):
+    from deep_delta.train import NonFiniteLossError
+    from deep_delta.train.trainer import Trainer
+
+    def diverge_at_step_2(self, loss, norm):
+        if self.step == 1:
+            raise NonFiniteLossError("non-finite loss at step 2 (a test)")
+
+    monkeypatch.setattr(Trainer, "_check_finite", diverge_at_step_2)
+    with pytest.raises(NonFiniteLossError):
+        train(make_config(tmp_path / "run", steps=4, eval_every=0, wandb=True), progress=False, quiet=True)
+    [run] = wandb_offline.runs()
+    assert run["exit_code"] == 1 and [row["step"] for row in run["history"] if "loss" in row] == [1]
+
+
 def test_a_missing_wandb_package_is_one_line_and_training_goes_on(tmp_path, make_config, wandb_offline,
                                                                   monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
