@@ -23,8 +23,10 @@ def _wandb_lines(text: str) -> list[str]:
 
 
 def test_a_run_logs_its_config_every_step_validation_and_summary(tmp_path, make_config, data_dir, wandb_offline):
-    cfg = make_config(tmp_path / "run", steps=4, eval_every=2, save_every=0, wandb=True, wandb_project="ddl-tests")
+    cfg = make_config(tmp_path / "run", steps=4, eval_every=2, save_every=0, wandb=True, wandb_project="ddl-tests",
+                      tensorboard=True)
     result = train(cfg, progress=False, quiet=True)
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))  # both sinks at once
     [run] = wandb_offline.runs()
     assert run["id"] == json.loads((tmp_path / "run" / WANDB_FILE).read_text())["id"]
     assert (run["project"], run["name"], run["job_type"], run["exit_code"]) == ("ddl-tests", "ddl-cc-tiny-s0",

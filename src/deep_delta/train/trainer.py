@@ -301,10 +301,10 @@ class Trainer:
             stack.callback(self._release)
             self._own_out_dir(stack)
             self.setup()
+            stack.push(self._close_metrics)
             self._announce()
             stop = stack.enter_context(_StopSignals())
             bar = stack.enter_context(self._progress_bar())
-            stack.push(self._close_metrics)
             while self.step < self.end:
                 self._after_step(self.train_step(), bar)
                 if self._agree_to_stop(stop):
