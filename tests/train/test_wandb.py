@@ -138,6 +138,13 @@ def test_without_an_api_key_the_run_is_offline_and_says_so(tmp_path, wandb_offli
     assert "note" not in run["history"][0]
 
 
+def test_a_bad_wandb_mode_is_one_line_naming_it(tmp_path, wandb_offline, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offlin")
+    said = []
+    assert start_wandb(project="p", name="n", config={}, directory=tmp_path, say=said.append) is None
+    assert said == ["W&B: WANDB_MODE got 'offlin'; allowed: online, offline, disabled; going on without W&B"]
+
+
 def test_the_mode_follows_wandb_mode_then_the_credentials(tmp_path, wandb_offline, monkeypatch):
     assert resolve_mode() == ("offline", False)  # WANDB_MODE=offline, as set
     monkeypatch.delenv("WANDB_MODE")

@@ -33,6 +33,7 @@ DEFAULT_PROJECT = "deep-delta-learning"
 # continues that run, and `ddl compare` keeps its group here.
 WANDB_FILE = "wandb.json"
 INSTALL = "pip install 'deep-delta-learning[wandb]'"
+MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb accepts as WANDB_MODE
 
 
 def _first_line(error: BaseException) -> str:
@@ -116,6 +117,9 @@ def start_wandb(*, project: str | None, name: str | None, config: dict[str, Any]
         say(f"W&B: the wandb package is not installed ({INSTALL}); going on without W&B")
         return None
     mode, chosen = resolve_mode()
+    if mode not in MODES:
+        say(f"W&B: WANDB_MODE got {mode!r}; allowed: {', '.join(MODES[:3])}; going on without W&B")
+        return None
     root = Path(os.environ.get("WANDB_DIR") or directory)
     if chosen:
         say(f"W&B: no API key configured (WANDB_API_KEY or `wandb login`): logging offline under {root / 'wandb'}; "
@@ -126,7 +130,7 @@ def start_wandb(*, project: str | None, name: str | None, config: dict[str, Any]
                          config=config, id=run_id, resume="allow" if run_id else None, dir=str(root), mode=mode)
         run.define_metric("step")
         run.define_metric("*", step_metric="step")
-    except Exception as e:  # a refused login, no network, a bad WANDB_MODE: said, and the work goes on
+    except Exception as e:  # a refused login, no network: said, and the work goes on
         say(f"W&B: could not start a run ({_first_line(e)}); going on without W&B")
         return None
     return WandbSink(run, wandb, say)
