@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
                    help="start from this YAML config instead of the compare defaults (flags above still apply)")
     options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
+    options.add_wandb(p, "every run (one W&B group per comparison) and the comparison table and curves")
     options.add_progress(p)
     p.set_defaults(func=run)
 
@@ -65,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
              "eval_batches", "seed", "device", "dtype")
     given = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    project = options.wandb_project(args)
+    if args.wandb:
+        given.update(wandb=True, **({"wandb_project": project} if project else {}))
     settings = given if args.config else {**COMPARE_DEFAULTS, **given}
     base = load_config(args.config, settings, args.assignments)
     variants = options.variant_list(args.variants)

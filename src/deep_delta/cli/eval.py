@@ -69,6 +69,7 @@ def add_parser(sub) -> None:
     lm.add_argument("--out", default="lm_eval_results.md", metavar="FILE",
                     help="markdown file to write (default lm_eval_results.md; results JSON beside it)")
     options.add_seed(lm, "seed of lm-eval's few-shot sampling (default 1234)", default=1234)
+    options.add_wandb(lm, "the results table (one W&B run)")
     lm.set_defaults(func=run_lm_eval)
 
 
@@ -138,6 +139,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
         harness.require_lm_eval()
     except ImportError as e:
         raise UsageError(str(e)) from None
+    project = options.wandb_project(args)
     options.apply_threads(args.threads)
     shots = _int_list(options.split_list(args.num_fewshot), "--num-fewshot")
     tasks = options.split_list(args.tasks)
@@ -167,4 +169,9 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     out = harness.write_results(args.out, table, runs, header)
     print(table)
     print(f"\nwrote {out} and {out.with_suffix('.json')}")
+    if args.wandb:
+        config = {"models": [str(m) for m in args.model], "names": [r.name for r in runs], "tasks": tasks,
+                  "num_fewshot": shots, "limit": limit, "metric": args.metric, "seed": args.seed,
+                  "batch_size": args.batch_size, "dtype": args.dtype}
+        harness.log_to_wandb(runs, tasks, args.metric, config=config, directory=out.parent, project=project)
     return 0

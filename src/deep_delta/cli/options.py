@@ -163,3 +163,23 @@ def add_deprecated_alias(p: argparse.ArgumentParser, old: str, replacement: str,
 def deprecated(prog: str, old: str, replacement: str) -> None:
     """The one-line note of a deprecated form that is not a flag (e.g. a positional argument)."""
     print(f"{prog}: {old} is deprecated; use {replacement}", file=sys.stderr)
+
+
+def add_wandb(p: argparse.ArgumentParser, what: str) -> None:
+    """``--wandb`` and ``--wandb-project P`` of a command that logs ``what`` to Weights & Biases; :func:`wandb_project`
+    reads them."""
+    p.add_argument("--wandb", action="store_true",
+                   help=f"also log {what} to Weights & Biases (offline when no API key is configured; needs the "
+                   "wandb package)")
+    p.add_argument("--wandb-project", default=None, metavar="P",
+                   help="W&B project, with --wandb (default deep-delta-learning)")
+
+
+def wandb_project(args: argparse.Namespace) -> str | None:
+    """The W&B project of ``--wandb`` / ``--wandb-project`` (None: the default project); a project given without
+    ``--wandb`` is refused rather than ignored."""
+    if args.wandb_project is not None and not args.wandb:
+        from deep_delta.cli.main import UsageError
+
+        raise UsageError("--wandb-project given, but W&B logging is off; add --wandb")
+    return args.wandb_project

@@ -41,6 +41,7 @@ def add_parser(sub) -> None:
                     f"{', '.join(f.name for f in _fields(d))}; model.FIELD sets a DDLConfig field (e.g. "
                     "model.beta_max=1), task.PARAM a task parameter (ddl tasks list). Repeatable")
     rp.add_argument("--overwrite", action="store_true", help="retrain results already in OUT")
+    options.add_wandb(rp, "the result tables (one W&B run per study)")
     options.add_progress(rp)
     rp.set_defaults(func=run)
     p.set_defaults(func=lambda args: p.print_help() or 2)
@@ -62,9 +63,10 @@ def run_list(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from deep_delta.tasks.report import format_table
+    from deep_delta.tasks.report import format_table, log_to_wandb
     from deep_delta.tasks.run import TaskSettings, model_config, resolve_task, run_task_study
 
+    project = options.wandb_project(args)
     assignments = ([f"steps={args.steps}"] if args.steps is not None else []) + args.assignments
     settings = TaskSettings().with_assignments(assignments)
     task = resolve_task(args.task, settings)  # a bad name or parameter is refused before anything is printed
@@ -83,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"test accuracy (%) by {summary['difficulty_name']}, mean +- sd over seeds")
     print(format_table(summary))
     print(f"\nwrote {out}/tasks.md, {out}/tasks.json" + (", tasks.png" if _has_plot(out) else ""))
+    if args.wandb:
+        log_to_wandb(summary, out, project)
     return 1 if any(r["diverged"] for r in summary["rows"]) else 0
 
 

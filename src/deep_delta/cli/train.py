@@ -36,7 +36,12 @@ FIELD_HELP = {
     "distributed": "under torchrun: auto (DDP when several processes), none, ddp or fsdp (FSDP2)",
     "tensorboard": "also write TensorBoard scalars to OUT/tensorboard",
     "peak_flops": "peak FLOP/s of one device for MFU (none: looked up for known GPUs; none on CPU)",
+    "wandb": "also log to Weights & Biases (offline when no API key is configured; needs the wandb package)",
+    "wandb_project": "W&B project (none: deep-delta-learning)",
+    "wandb_run_name": "W&B run name (none: VARIANT-PRESET-sSEED)",
+    "wandb_group": "W&B group of the run (none: no group)",
 }
+WANDB_NAMES = ("wandb_project", "wandb_run_name", "wandb_group")
 
 
 def add_parser(sub) -> None:
@@ -71,7 +76,8 @@ def add_parser(sub) -> None:
              "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "grad_clip": float,
              "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int, "seed": int,
              "peak_flops": float}
-    metavars = {"batch_size": "B", "seq_len": "T", "seed": "S", "data": "DIR", "out": "DIR"}
+    metavars = {"batch_size": "B", "seq_len": "T", "seed": "S", "data": "DIR", "out": "DIR", "wandb_project": "P",
+                "wandb_run_name": "N", "wandb_group": "G"}
     defaults = TrainConfig().to_dict()
     for name, text in FIELD_HELP.items():
         flag = "--" + name.replace("_", "-")
@@ -82,7 +88,7 @@ def add_parser(sub) -> None:
             options.add_device(g, default=argparse.SUPPRESS, note=text)
         elif name == "dtype":
             options.add_dtype(g, weights=False, default=argparse.SUPPRESS, choices=DTYPES)
-        elif name in ("compile", "activation_checkpointing", "tensorboard"):
+        elif name in ("compile", "activation_checkpointing", "tensorboard", "wandb"):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         elif name == "betas":
             g.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=text)
@@ -109,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(available_configs()))
         return 0
     cfg = config_from_args(args)
+    given = [n for n in WANDB_NAMES if hasattr(args, n)]
+    if given and not cfg.wandb:
+        from deep_delta.cli.main import UsageError
+
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise UsageError(f"{flags} given, but W&B logging is off; add --wandb (or wandb: true in the config)")
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0

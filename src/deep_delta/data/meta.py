@@ -7,6 +7,7 @@ when the file is read: before a model is sized from it or a path is built from i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -146,3 +147,16 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object, got {type(meta).__name__}")
     return validate_meta(meta, path)
+
+
+def data_fingerprint(meta: dict) -> str:
+    """16 hex digits that name a prepared data set: the SHA-256 of its tokenizer, vocabulary and every shard's
+    split, file name, token count and recorded SHA-256 (``meta.json``'s shard records). Two directories with the
+    same fingerprint hold the same tokens; data prepared before shard checksums were recorded is named by its
+    files and token counts alone."""
+    shards = sorted(
+        (split, shard.get("file"), shard.get("num_tokens"), shard.get("sha256"))
+        for split, info in (meta.get("splits") or {}).items() for shard in info.get("shards", [])
+    )
+    text = json.dumps({"tokenizer": meta.get("tokenizer"), "vocab_size": meta.get("vocab_size"), "shards": shards})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

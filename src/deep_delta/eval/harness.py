@@ -269,17 +269,25 @@ def pick_metric(task: str, scores: dict[str, float], metric: str = "paper") -> t
     return want, None
 
 
+def results_rows(runs: Sequence[HarnessRun], tasks: Sequence[str], metric: str = "paper") -> list[list]:
+    """The table's rows: [model, shots, each task's score in % (None where missing), the average in % (None
+    unless every task has a score)], one per model and few-shot count."""
+    rows = []
+    for run in runs:
+        for shots, per_task in sorted(run.scores.items()):
+            vals = [pick_metric(t, per_task.get(t, {}), metric)[1] for t in tasks]
+            pcts = [None if v is None else 100 * v for v in vals]
+            avg = sum(pcts) / len(pcts) if pcts and None not in pcts else None
+            rows.append([run.name, shots, *pcts, avg])
+    return rows
+
+
 def results_table(runs: Sequence[HarnessRun], tasks: Sequence[str], metric: str = "paper") -> str:
     """Markdown, Table 1 style: a row per model and few-shot count, a column per task, then the average (%)."""
     titles = [TASK_TITLES.get(t, t) for t in tasks]
     lines = ["| Model | Shots | " + " | ".join(titles) + " | Avg. |", "|---|---|" + "---|" * (len(tasks) + 1)]
-    for run in runs:
-        for shots, per_task in sorted(run.scores.items()):
-            vals = [pick_metric(t, per_task.get(t, {}), metric)[1] for t in tasks]
-            cells = ["-" if v is None else f"{100 * v:.2f}" for v in vals]
-            got = [v for v in vals if v is not None]
-            avg = f"{100 * sum(got) / len(got):.2f}" if len(got) == len(vals) and got else "-"
-            lines.append(f"| {run.name} | {shots} | " + " | ".join(cells) + f" | {avg} |")
+    for name, shots, *cells in results_rows(runs, tasks, metric):
+        lines.append(f"| {name} | {shots} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
     used = []
     for t in tasks:
         scores = next((r.scores[s].get(t, {}) for r in runs for s in r.scores), {})
@@ -296,3 +304,22 @@ def write_results(path: str | os.PathLike, table: str, runs: Sequence[HarnessRun
     raw = {r.name: {str(s): v for s, v in r.raw.items()} for r in runs}
     path.with_suffix(".json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     return path
+
+
+def log_to_wandb(runs: Sequence[HarnessRun], tasks: Sequence[str], metric: str, *, config: dict[str, Any],
+                 directory: str | os.PathLike, project: str | None = None, say=print) -> None:
+    """The results as one W&B run (``lm-eval``, job type ``eval``): the table as printed (``lm_eval``: a row per
+    model and few-shot count, scores in %), every metric lm-eval returned (``lm_eval_metrics``: model, shots,
+    task, metric, value as a fraction) and ``config`` (models, tasks, shots, limit, ...)."""
+    from deep_delta.train.wandb_sink import start_wandb
+
+    sink = start_wandb(project=project, name="lm-eval", job_type="eval", config=config, directory=directory,
+                       say=say)
+    if sink is None:
+        return
+    titles = [TASK_TITLES.get(t, t) for t in tasks]
+    sink.table("lm_eval", ["model", "shots", *titles, "Avg."], results_rows(runs, tasks, metric))
+    sink.table("lm_eval_metrics", ["model", "shots", "task", "metric", "value"], [
+        [run.name, shots, task, name, value] for run in runs for shots, per_task in sorted(run.scores.items())
+        for task, values in per_task.items() for name, value in values.items()])
+    sink.close()

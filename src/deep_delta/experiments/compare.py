@@ -46,10 +46,20 @@ COMPARE_DEFAULTS: dict[str, Any] = dict(
 def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None = None,
                    per_seed_dirs: bool = False) -> TrainConfig:
     """The run of ``variant`` (with ``seed``): ``base`` with its own variant, seed and run directory,
-    ``out/<variant>`` or, for several seeds, ``out/seed_<s>/<variant>``."""
+    ``out/<variant>`` or, for several seeds, ``out/seed_<s>/<variant>``; with ``wandb``, the W&B run
+    ``<variant>-seed<s>`` (in ``base.wandb_group``, the comparison's group)."""
     seed = base.seed if seed is None else seed
     run = out / f"seed_{seed}" / variant if per_seed_dirs else out / variant
-    return replace(base, variant=variant, seed=seed, out=str(run))
+    name = f"{variant}-seed{seed}" if base.wandb else base.wandb_run_name
+    return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name)
+
+
+def wandb_group(base: TrainConfig, out: Path) -> str:
+    """The comparison's W&B group: ``base.wandb_group`` when set, else the one ``out/wandb.json`` keeps from an
+    earlier start of this comparison, else a new ``<out name>-<8 characters>``."""
+    from deep_delta.train.wandb_sink import generate_id, read_wandb_file
+
+    return base.wandb_group or read_wandb_file(out).get("group") or f"{out.resolve().name}-{generate_id()}"
 
 
 def _check_same_budget(cfg: TrainConfig, *, overwrite: bool) -> None:
@@ -93,17 +103,65 @@ def run_compare(
         raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"compare: `seeds` got {seeds!r}; allowed: one or more integers >= 0")
+    if base.wandb:
+        base = replace(base, wandb_group=wandb_group(base, out))
     runs = {(v, s): compare_config(base, v, out, s, len(seeds) > 1) for s in seeds for v in variants}
     for cfg in runs.values():  # validated before anything runs
         _check_same_budget(cfg, overwrite=overwrite)
     with run_lock(out, "ddl compare"):
+        if base.wandb:
+            _remember_group(out, base.wandb_group)
         t0 = time.perf_counter()
         diverged = _train_all(runs, len(variants), overwrite=overwrite, progress=progress, quiet=quiet)
         timing = measure_step_times(base, variants, repeats=time_repeats) if time_repeats else None
         summary = summarize(out, variants, base, seeds=seeds, diverged=diverged, step_times=timing)
         summary["wall_s"] = time.perf_counter() - t0
         write_outputs(out, summary)
+        if base.wandb:
+            log_to_wandb(out, summary, base, say=(lambda msg: None) if quiet else print)
     return summary
+
+
+def _remember_group(out: Path, group: str) -> None:
+    from deep_delta.train.wandb_sink import read_wandb_file, write_wandb_file
+
+    saved = read_wandb_file(out)
+    if saved.get("group") != group:
+        write_wandb_file(out, group=group)
+
+
+def log_to_wandb(out: Path, summary: dict[str, Any], base: TrainConfig, say=print) -> None:
+    """The comparison as one more W&B run, ``comparison``, in the group of its training runs: the table (one
+    row per variant), every seed's numbers, the validation curves (variant, seed, step, loss) and curves.png.
+    A later start of the same comparison logs into the same run (its id is kept in ``out/wandb.json``)."""
+    from deep_delta.train.wandb_sink import read_wandb_file, start_wandb, write_wandb_file
+
+    saved = read_wandb_file(out, say=say)
+    config = {"settings": summary["settings"], "variants": [r["variant"] for r in summary["rows"]],
+              "seeds": summary["seeds"], "reference": summary["reference"], "machine": summary["machine"]}
+    sink = start_wandb(project=base.wandb_project, name="comparison", group=base.wandb_group, job_type="compare",
+                       config=config, directory=out, run_id=saved.get("id"), say=say)
+    if sink is None:
+        return
+    write_wandb_file(out, group=base.wandb_group, id=sink.id)
+    columns = ["variant", "name", "parameters", "val_loss", "val_loss_sd", "val_ppl", "d_val_loss", "d_val_loss_ci95",
+               "wins", "n_paired", "d_val_ppl", "tokens_per_s", "speed_ratio", "step_time_s", "equal_time_val_loss",
+               "equal_time_d_val_loss", "diverged"]
+    sink.table("comparison", columns, [[_cell(r.get(c)) for c in columns] for r in summary["rows"]])
+    seed_columns = ["seed", "steps", "tokens", "final_train_loss", "val_loss", "val_ppl", "tokens_per_s", "diverged"]
+    sink.table("per_seed", ["variant", *seed_columns],
+               [[r["variant"], *(_cell(x.get(c)) for c in seed_columns)] for r in summary["rows"] for x in r["per_seed"]])
+    sink.table("val_curves", ["variant", "seed", "step", "val_loss"],
+               [[r["variant"], x["seed"], step, loss] for r in summary["rows"] for x in r["per_seed"]
+                for step, loss in x["val_curve"]])
+    sink.image("curves", out / "curves.png")
+    sink.summary({f"{r['variant']}/val_loss": r["val_loss"] for r in summary["rows"]})
+    sink.close()
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: numbers and text as they are, a list (a confidence interval) as its text."""
+    return str(value) if isinstance(value, (list, tuple, dict)) else value
 
 
 def _train_all(runs: dict, n_variants: int, *, overwrite: bool, progress: bool, quiet: bool) -> dict:

@@ -216,3 +216,45 @@ def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:
         os.replace(tmp, out / "tasks.png")
     atomic_write(out / "tasks.json", json.dumps(summary, indent=1) + "\n")
     atomic_write(out / "tasks.md", format_report(summary))
+
+
+def log_to_wandb(summary: dict[str, Any], out: str | os.PathLike, project: str | None = None, say=print) -> None:
+    """The study as one W&B run (``tasks-TASK``, job type ``tasks``): the table of ``tasks.md`` with numbers
+    (accuracy by difficulty, overall, test loss: means and sds over the seeds), every (variant, seed) result, the
+    shortcuts, the training-loss curves and ``tasks.png``. Without W&B (no package, a refused login) one line
+    says so."""
+    from deep_delta.train.wandb_sink import start_wandb
+
+    out = Path(out)
+    config = {k: summary[k] for k in ("task", "task_params", "settings", "variants", "seeds", "chance", "seq_len",
+                                      "vocab_size", "machine")}
+    sink = start_wandb(project=project, name=f"tasks-{summary['task']}", job_type="tasks", config=config,
+                       directory=out, say=say)
+    if sink is None:
+        return
+    levels = [str(lv) for lv in summary["levels"]]
+    level_columns = [f"{summary['difficulty_name']} {name}" for name in summary["level_names"]]
+    columns = ["variant", "seeds"]
+    for name in [*level_columns, "overall"]:
+        columns += [f"{name}", f"{name} sd"]
+    columns += ["test_loss", "parameters", "train_s"]
+    rows = []
+    for r in summary["rows"]:
+        cells = [r["by_difficulty"][lv] for lv in levels] + [r["overall"]]
+        rows.append([r["variant"], len(r["seeds"]), *(x for c in cells for x in (c["mean"], c["sd"])),
+                     r["test_loss"]["mean"], r["parameters"], r["train_s"]])
+    sink.table("accuracy", columns, rows)
+    sink.table("per_seed", ["variant", "seed", *level_columns, "overall", "test_loss"], [
+        [r["variant"], seed, *(r["by_difficulty"][lv]["per_seed"][i] for lv in levels), r["overall_per_seed"][i],
+         r["test_loss"]["per_seed"][i]] for r in summary["rows"] for i, seed in enumerate(r["seeds"])])
+    if summary.get("shortcuts"):
+        sink.table("shortcuts", ["shortcut", *level_columns, "overall"], [
+            [name, *(acc["by_difficulty"][lv] for lv in levels), acc["overall"]]
+            for name, acc in summary["shortcuts"].items()])
+    curves = [(*key.rsplit("/", 1), curve["loss"]) for key, curve in summary["curves"].items()]
+    sink.table("loss_curves", ["variant", "seed", "step", "loss"],
+               [[variant, int(seed), step, loss] for variant, seed, curve in curves for step, loss in curve])
+    if (out / "tasks.png").is_file():
+        sink.image("accuracy_and_loss", out / "tasks.png")
+    sink.summary({f"{r['variant']}/overall": r["overall"]["mean"] for r in summary["rows"]})
+    sink.close()

@@ -17,6 +17,7 @@ import yaml
 
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
+WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
 
 
 @dataclass
@@ -38,6 +39,10 @@ class TrainConfig:
     Memory: ``activation_checkpointing`` keeps only each block's input for backward and runs the block's forward
     again there (transformers' ``activation_checkpointing_enable()``): activation memory of about one block
     instead of all, for one more forward of the blocks per step. Gradients equal the plain run's.
+
+    Tracking: ``tensorboard`` writes scalars to ``OUT/tensorboard``; ``wandb`` logs the run to Weights & Biases
+    (project ``wandb_project``, default deep-delta-learning; run name ``wandb_run_name``, default
+    VARIANT-PRESET-sSEED; W&B group ``wandb_group``), offline when no API key is configured (docs/training.md).
     """
 
     variant: str = "baseline"
@@ -69,6 +74,10 @@ class TrainConfig:
     distributed: str = "auto"
     tensorboard: bool = False
     peak_flops: float | None = None
+    wandb: bool = False
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
+    wandb_group: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -114,6 +123,13 @@ class TrainConfig:
             raise _bad("peak_flops", self.peak_flops, "a float > 0 (FLOP/s of one device) or null")
         if not self.out:
             raise _bad("out", self.out, "a directory path")
+        for name in ("wandb_project", "wandb_run_name", "wandb_group"):
+            value = getattr(self, name)
+            if value is not None and not (value.strip() and len(value) <= 128):
+                raise _bad(name, value, "null or a non-empty name of at most 128 characters")
+        if self.wandb_project is not None and set(self.wandb_project) & set(WANDB_PROJECT_FORBIDDEN):
+            raise _bad("wandb_project", self.wandb_project,
+                       f"a name without any of {' '.join(WANDB_PROJECT_FORBIDDEN)}")
 
     def accumulation(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each of ``world_size`` processes."""
@@ -280,7 +296,8 @@ _FIELD_TYPES = {
     "grad_clip": float, "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int,
     "seed": int, "device": str, "dtype": str, "compile": bool,
     "activation_checkpointing": bool, "distributed": str, "tensorboard": bool,
-    "peak_flops": (float, type(None)),
+    "peak_flops": (float, type(None)), "wandb": bool, "wandb_project": (str, type(None)),
+    "wandb_run_name": (str, type(None)), "wandb_group": (str, type(None)),
 }
 
 

@@ -1,4 +1,5 @@
-"""Training metrics: ``metrics.jsonl`` (one JSON object per line), optional TensorBoard, FLOPs and MFU."""
+"""Training metrics: ``metrics.jsonl`` (one JSON object per line) and the sinks beside it (TensorBoard here,
+Weights & Biases in :mod:`deep_delta.train.wandb_sink`), FLOPs and MFU."""
 
 from __future__ import annotations
 
@@ -48,45 +49,86 @@ def flops_per_token(num_params: int, num_layers: int, hidden_size: int, seq_len:
     return 6.0 * num_params + 12.0 * num_layers * hidden_size * seq_len
 
 
-class MetricsLog:
-    """Appends records to ``OUT/metrics.jsonl`` (and TensorBoard scalars when enabled); rank 0 only."""
+class MetricsSink:
+    """Somewhere beside ``metrics.jsonl`` that a run's records also go: TensorBoard, Weights & Biases."""
 
-    def __init__(self, out_dir: str | os.PathLike, *, enabled: bool = True, tensorboard: bool = False):
+    def log(self, record: dict[str, Any]) -> None:
+        """One record of ``metrics.jsonl`` (a step's or a validation's; ``record["step"]`` is the x-axis)."""
+        raise NotImplementedError
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """The run's final values (step, validation loss, parameters, ...); a sink without summaries keeps none."""
+
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and release; ``exit_code`` != 0 marks a run that ended with an error or a signal."""
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a record (what a sink plots), ``step`` included."""
+    return {k: v for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class TensorBoardSink(MetricsSink):
+    """TensorBoard scalars in ``log_dir``, one per number of a record, at ``record["step"]``."""
+
+    def __init__(self, log_dir: str | os.PathLike):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:  # tensorboard is an optional extra
+            raise ValueError(
+                "TrainConfig: `tensorboard` got true but the tensorboard package is not installed; "
+                "install it (pip install 'deep-delta-learning[tensorboard]') or set tensorboard: false"
+            ) from e
+        self._writer = SummaryWriter(str(log_dir))
+
+    def log(self, record: dict[str, Any]) -> None:
+        values = scalars(record)
+        step = values.pop("step")
+        for key, value in values.items():
+            self._writer.add_scalar(key, value, step)
+
+    def close(self, exit_code: int = 0) -> None:
+        self._writer.close()
+
+
+class MetricsLog:
+    """Appends records to ``OUT/metrics.jsonl`` and hands each to the sinks (TensorBoard with ``tensorboard``,
+    and any given in ``sinks``); rank 0 only (``enabled`` False elsewhere: nothing is written)."""
+
+    def __init__(self, out_dir: str | os.PathLike, *, enabled: bool = True, tensorboard: bool = False,
+                 sinks: list[MetricsSink] | tuple[MetricsSink, ...] = ()):
         self.path = Path(out_dir) / METRICS_FILE
         self.enabled = enabled
         self._file = None
-        self._tb = None
+        self.sinks: list[MetricsSink] = []
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a")
             if tensorboard:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-                except ImportError as e:  # tensorboard is an optional extra
-                    raise ValueError(
-                        "TrainConfig: `tensorboard` got true but the tensorboard package is not installed; "
-                        "install it (pip install 'deep-delta-learning[tensorboard]') or set tensorboard: false"
-                    ) from e
-                self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+                self.sinks.append(TensorBoardSink(Path(out_dir) / "tensorboard"))
+            self.sinks.extend(sinks)
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            step = record["step"]
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+        for sink in self.sinks:
+            sink.log(record)
 
-    def close(self) -> None:
+    def summary(self, values: dict[str, Any]) -> None:
+        """The run's final values, to every sink that keeps a summary (metrics.jsonl has its records)."""
+        for sink in self.sinks:
+            sink.summary(values)
+
+    def close(self, exit_code: int = 0) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(exit_code)
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -30,12 +30,14 @@ from deep_delta.train import distributed as distr
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import METRICS_FILE, MetricsLog, flops_per_token, peak_flops, truncate_metrics
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
+from deep_delta.train.wandb_sink import WANDB_FILE
 
 RUN_FILE = "run.json"
 # Settings a resumed run may change; every other TrainConfig field must match the run in OUT.
 RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_batches", "save_every", "keep", "log_every", "device", "dtype", "compile",
     "activation_checkpointing", "distributed", "tensorboard", "peak_flops", "out",
+    "wandb", "wandb_project", "wandb_run_name", "wandb_group",
 })
 # config.json entries that describe the file, not the model: a resumed run may differ in these.
 _CONFIG_BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
@@ -177,7 +179,7 @@ def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir:
 
 def _clear_run(out: Path) -> None:
     """What --overwrite removes: only the files a training run writes (a user's other files stay)."""
-    for name in (RUN_FILE, METRICS_FILE, "tensorboard", ckpt.CHECKPOINTS):
+    for name in (RUN_FILE, METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
         p = out / name
         if p.is_dir():
             shutil.rmtree(p)
@@ -299,16 +301,25 @@ class Trainer:
             stack.callback(self._release)
             self._own_out_dir(stack)
             self.setup()
+            stack.push(self._close_metrics)
             self._announce()
             stop = stack.enter_context(_StopSignals())
             bar = stack.enter_context(self._progress_bar())
-            stack.callback(self.metrics.close)
             while self.step < self.end:
                 self._after_step(self.train_step(), bar)
                 if self._agree_to_stop(stop):
                     self.save(self.step)
                     raise TrainingInterrupted(stop.requested, self.step, ckpt.latest_checkpoint(self.out))
-        return self._result(time.perf_counter() - t_start)
+            result = self._result(time.perf_counter() - t_start)
+            self.metrics.summary({"step": result.step, "val_loss": result.val_loss, "val_ppl": result.val_ppl,
+                                  "parameters": result.parameters, "tokens": result.step * self.tokens_per_step,
+                                  "wall_s": result.wall_s, "checkpoint": str(result.checkpoint)})
+        return result
+
+    def _close_metrics(self, exc_type, exc, tb) -> None:
+        """Close the metrics sinks as the run ends; a W&B run is marked failed with the exit code of the error
+        or signal that ended it (130 / 143 for SIGINT / SIGTERM)."""
+        self.metrics.close(0 if exc is None else getattr(exc, "exit_code", 1))
 
     def _release(self) -> None:
         """Drop the wrapped model and optimizer when the run ends, before the process group is torn down: a
@@ -392,7 +403,38 @@ class Trainer:
                 "parameters": self.n_params,
             }, indent=2, sort_keys=True))
         distr.barrier(self.info)
-        self.metrics = MetricsLog(self.out, enabled=self.info.is_main, tensorboard=self.cfg.tensorboard)
+        wandb = self._start_wandb() if self.cfg.wandb and self.info.is_main else None
+        self.metrics = MetricsLog(self.out, enabled=self.info.is_main, tensorboard=self.cfg.tensorboard,
+                                  sinks=[wandb] if wandb is not None else [])
+
+    def _start_wandb(self):
+        """The run's W&B run (rank 0): its config, the model, parameter count and data fingerprint; a resumed
+        run continues the W&B run whose id ``OUT/wandb.json`` holds. None (said in one line) without one."""
+        from deep_delta.data.meta import data_fingerprint
+        from deep_delta.train.wandb_sink import read_wandb_file, start_wandb, write_wandb_file
+
+        cfg = self.cfg
+        saved = read_wandb_file(self.out, say=self.say) if self.resume and not self.overwrite else {}
+        config = {**cfg.to_dict(), "model_overrides": cfg.model, "model": self.model_config.to_dict(),
+                  "parameters": self.n_params, "world_size": self.info.world_size, "grad_accum": self.accum,
+                  "tokens_per_step": self.tokens_per_step,
+                  "data": {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
+                           "vocab_size": int(self.data_meta["vocab_size"]),
+                           "fingerprint": data_fingerprint(self.data_meta)}}
+        name = cfg.wandb_run_name or f"{cfg.variant}-{cfg.preset}-s{cfg.seed}"
+        sink = start_wandb(project=cfg.wandb_project, name=name, group=cfg.wandb_group, config=config,
+                           directory=self.out, run_id=saved.get("id"), say=self.say)
+        if sink is not None:
+            write_wandb_file(self.out, id=sink.id, project=sink.run.project, name=name, group=cfg.wandb_group,
+                             mode=sink.mode)
+            if saved.get("id"):
+                self.say(f"W&B: continuing run {sink.id} ({sink.mode})")
+            elif self.step > 0:  # a run that logs to W&B from a resumed session on: its earlier records first
+                from deep_delta.train.metrics import read_metrics
+
+                for record in read_metrics(self.out / METRICS_FILE):
+                    sink.log(record)
+        return sink
 
     # ------------------------------------------------------------------ one optimizer step
     def train_step(self) -> dict[str, Any]:
