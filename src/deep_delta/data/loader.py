@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deep_delta.data.meta import META_FILE, SPLIT_NAME, has_shard_records, read_meta
+from deep_delta.data.meta import META_FILE, SPLIT_NAME, has_shard_records, read_meta, require_data_dir
 from deep_delta.data.shards import ShardError, max_token_id, open_shard, read_header
 
 
@@ -126,8 +126,7 @@ class TokenLoader:
             raise ValueError(f"TokenLoader: split must be a name like 'train' or 'val', got {split!r}")
         self.data_dir = Path(data_dir)
         self.split = split
-        if not self.data_dir.is_dir():
-            raise FileNotFoundError(f"data directory {self.data_dir} does not exist (prepare it with `ddl data prepare`)")
+        require_data_dir(self.data_dir)
         meta_path = self.data_dir / META_FILE
         self.meta = read_meta(self.data_dir) if meta_path.exists() else None
         self.files = split_shards(self.data_dir, split)

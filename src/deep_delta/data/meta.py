@@ -128,6 +128,18 @@ def has_shard_records(meta: dict | None, split: str) -> bool:
     return bool(info and info.get("shards")) and all(all(k in s for k in SHARD_RECORD) for s in info["shards"])
 
 
+def require_data_dir(data_dir: str | os.PathLike) -> Path:
+    """``data_dir`` as a Path when it is a directory; else ``FileNotFoundError`` (nothing there) or
+    ``NotADirectoryError`` (a file there) saying that a prepared data directory was expected."""
+    d = Path(data_dir)
+    if d.is_dir():
+        return d
+    if d.exists():
+        raise NotADirectoryError(f"{d} is a file, not a directory; expected a prepared data directory (made by "
+                                 "`ddl data prepare`, holding meta.json and the token shards)")
+    raise FileNotFoundError(f"data directory {d} does not exist (prepare one with `ddl data prepare`)")
+
+
 def read_meta(data_dir: str | os.PathLike) -> dict:
     """``meta.json`` of a prepared data directory, its values checked (:func:`validate_meta`).
 

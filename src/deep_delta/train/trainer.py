@@ -104,10 +104,10 @@ def build_model(model_config):
 
 def _resolve_data(cfg: TrainConfig) -> tuple[Path, dict]:
     from deep_delta.data import default_data_dir, read_meta
+    from deep_delta.data.meta import require_data_dir
 
     data_dir = Path(cfg.data).expanduser() if cfg.data else default_data_dir()
-    if not data_dir.is_dir():
-        raise FileNotFoundError(f"data directory {data_dir} does not exist (prepare one with `ddl data prepare`)")
+    require_data_dir(data_dir)
     meta = read_meta(data_dir)
     for key in ("tokenizer", "vocab_size"):
         if key not in meta:
