@@ -68,6 +68,11 @@ def test_beta_max_reaches_the_model(tmp_path):
     (["tasks", "run", "recall", "--steps", "0"], "--steps got 0; allowed: an integer >= 1"),
     (["tasks", "run", "recall", "--set", "task.num_pairs=40"], "`num_pairs` got 40; allowed: at most num_keys=16"),
     (["tasks", "run", "recall", "--seeds", "0"], "--seeds got [0]; allowed: a count N >= 1"),
+    # task spaces too small to fill the test set (before: RuntimeError, a traceback)
+    (["tasks", "run", "shell-game", "--set", "task.num_cups=2", "--set", "task.num_swaps=1", "--set",
+      "test_size=48"], "task shell-game (num_cups=2, num_swaps=1): could not draw 48 test sequences"),
+    (["tasks", "run", "pointer-chase", "--set", "task.num_symbols=2", "--set", "task.num_hops=1", "--set",
+      "test_size=48"], "these parameters allow too few distinct sequences to fill the test split"),
 ])
 def test_bad_input_names_the_field(argv, expected, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2

@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# How PyTorch words an allocation that failed (torch.OutOfMemoryError on a GPU, a plain RuntimeError on the CPU).
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory|not enough memory", re.IGNORECASE)
+
+
 def describe_error(error: BaseException) -> tuple[str, int] | None:
     """(one-line message, exit code) for a known failure class, None for anything else (a bug)."""
     from deep_delta.fsutil import as_os_error
@@ -70,8 +74,10 @@ def describe_error(error: BaseException) -> tuple[str, int] | None:
                "the command again: nothing half-written is kept", 1
     if isinstance(error, OSError) and (error.filename or error.strerror):
         return _os_message(error), 1
-    if isinstance(error, MemoryError):
-        return "out of memory (a smaller batch size, sequence length or model fits in less)", 1
+    if isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and _OUT_OF_MEMORY.search(str(error))):
+        what = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return f"out of memory{f' ({what})' if what else ''}: a smaller batch size, sequence length or model " \
+               "fits in less", 1
     return None
 
 

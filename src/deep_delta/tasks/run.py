@@ -324,11 +324,11 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                 raise FileExistsError(f"{path} holds a result made with other settings ({'; '.join(diff)}); use "
                                       "another output directory, or `overwrite` to retrain it")
             done[variant, seed] = saved
+    test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
+    shortcuts = score_shortcuts(task, test)
     with run_lock(out, f"ddl tasks run {task_name}"):
         if done:
             say(f"reusing {len(done)} finished result(s) in {out}")
-        test = task.test_set(settings.test_seed, settings.test_size)
-        shortcuts = score_shortcuts(task, test)
         for i, (variant, seed) in enumerate(todo, 1):
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
