@@ -300,6 +300,9 @@ class Trainer:
             self._own_out_dir(stack)
             self.setup()
             self._announce()
+            loaders = [loader for loader in (self.train_loader, self.val_loader) if loader is not None]
+            for loader in loaders:  # every shard's tokens, beside the training: a short run names a bad one too
+                loader.check_tokens_in_background()
             stop = stack.enter_context(_StopSignals())
             bar = stack.enter_context(self._progress_bar())
             stack.callback(self.metrics.close)
@@ -308,6 +311,8 @@ class Trainer:
                 if self._agree_to_stop(stop):
                     self.save(self.step)
                     raise TrainingInterrupted(stop.requested, self.step, ckpt.latest_checkpoint(self.out))
+            for loader in loaders:
+                loader.wait_for_token_check()
         return self._result(time.perf_counter() - t_start)
 
     def _release(self) -> None:
