@@ -288,11 +288,6 @@ def load_result(path: Path) -> dict[str, Any] | None:
     return record
 
 
-def _differences(saved: dict, mine: dict) -> list[str]:
-    keys = sorted(set(saved) | set(mine))
-    return [f"{k}: file has {saved.get(k)!r}, now {mine.get(k)!r}" for k in keys if saved.get(k) != mine.get(k)]
-
-
 def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
                    out: str | os.PathLike, *, device: str = "auto", overwrite: bool = False, progress: bool = True,
                    say=print) -> dict[str, Any]:
@@ -303,6 +298,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     from deep_delta.fsutil import atomic_write
     from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
     from deep_delta.train.checkpoint import run_lock
+    from deep_delta.train.provenance import check_belongs
 
     if task_name not in TASKS:
         raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
@@ -318,11 +314,9 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
             if saved is None:
                 todo.append((variant, seed))
                 continue
-            diff = _differences({k: saved.get(k) for k in ("task", "task_params", "variant", "seed", "settings")},
-                                run_identity(task, variant, seed, settings))
-            if diff:
-                raise FileExistsError(f"{path} holds a result made with other settings ({'; '.join(diff)}); use "
-                                      "another output directory, or `overwrite` to retrain it")
+            check_belongs({k: saved.get(k) for k in ("task", "task_params", "variant", "seed", "settings")},
+                          run_identity(task, variant, seed, settings), what=f"the result {path}", has="file has",
+                          remedy="use another output directory, or `overwrite` to retrain it")
             done[variant, seed] = saved
     test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
     shortcuts = score_shortcuts(task, test)

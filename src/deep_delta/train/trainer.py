@@ -18,6 +18,7 @@ import shutil
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from deep_delta.models.utils import count_parameters
 from deep_delta.train import checkpoint as ckpt
 from deep_delta.train import distributed as distr
+from deep_delta.train import provenance
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import METRICS_FILE, MetricsLog, flops_per_token, peak_flops, truncate_metrics
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
@@ -36,6 +38,13 @@ RUN_FILE = "run.json"
 RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_batches", "save_every", "keep", "log_every", "device", "dtype", "compile",
     "activation_checkpointing", "distributed", "tensorboard", "peak_flops", "out",
+})
+# Settings that change nothing in a run's numbers (where it is written, how often it is logged or saved, how it is
+# executed); every other TrainConfig field, the data and RESUMABLE_CHANGES' eval_batches / eval_every / steps /
+# dtype / device among them, changes a result that `ddl compare` reuses (provenance.check_belongs).
+RESULT_NEUTRAL = frozenset({
+    "out", "log_every", "save_every", "keep", "tensorboard", "peak_flops", "compile", "activation_checkpointing",
+    "distributed",
 })
 # config.json entries that describe the file, not the model: a resumed run may differ in these.
 _CONFIG_BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
@@ -122,8 +131,7 @@ def _run_identity(cfg: TrainConfig | dict, data_dir: Path | str) -> dict[str, An
 
 
 def _differences(saved: dict, mine: dict, skip: frozenset = frozenset()) -> list[str]:
-    keys = sorted(k for k in set(saved) | set(mine) if k not in skip and saved.get(k) != mine.get(k))
-    return [f"{k}: run has {saved.get(k)!r}, now {mine.get(k)!r}" for k in keys]
+    return provenance.differences(saved, mine, skip=skip, has="run has")
 
 
 def _holds_run(out: Path) -> bool:
@@ -159,8 +167,11 @@ def _refuse_other_run(out: Path, diff: list[str], what: str = "a different run")
         )
 
 
-def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir: Path, model_config) -> None:
-    """Resume trusts the checkpoint, not run.json: its model config and run settings must be the requested ones."""
+def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir: Path, model_config,
+                             data_fingerprint: str | None = None) -> None:
+    """Resume trusts the checkpoint, not run.json: its model config and run settings must be the requested ones,
+    and (``data_fingerprint`` given) the data the one it was trained on. A checkpoint written before data
+    fingerprints were recorded resumes with a warning that its data could not be checked."""
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
     try:
@@ -173,6 +184,11 @@ def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir:
         saved = _run_identity(meta["train_config"], meta.get("data_dir", meta["train_config"].get("data")))
         _refuse_other_run(Path(cfg.out), _differences(saved, _run_identity(cfg, data_dir)),
                           f"a checkpoint of another run ({path})")
+    if data_fingerprint is not None and not provenance.check_same_data(
+            meta.get("data_fingerprint"), data_fingerprint, what=f"checkpoint {path}", data_dir=data_dir,
+            remedy="resume on the data it was trained on, or start a new run (`overwrite`, or another `out`)"):
+        warnings.warn(f"checkpoint {path} was written before checkpoints recorded their data, so resuming cannot "
+                      f"check that {data_dir} holds the data it was trained on", stacklevel=2)
 
 
 def _clear_run(out: Path) -> None:
@@ -268,6 +284,7 @@ class Trainer:
         self.end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         self.say = (lambda *a: None) if (quiet or not self.info.is_main) else _printer()
         self.data_dir, self.data_meta = _resolve_data(cfg)
+        self.data_fingerprint = provenance.data_fingerprint(self.data_dir, self.data_meta)
         self.model_config = build_model_config(cfg, int(self.data_meta["vocab_size"]))
         self.accum = cfg.accumulation(self.info.world_size)
         loader = dict(seed=cfg.seed, rank=self.info.rank, world_size=self.info.world_size,
@@ -343,7 +360,8 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.out) if (self.resume and not self.overwrite) else None
         restored = ckpt.load_checkpoint(latest) if latest is not None else None
         if restored is not None:
-            check_checkpoint_matches(latest, restored["meta"], cfg, self.data_dir, self.model_config)
+            check_checkpoint_matches(latest, restored["meta"], cfg, self.data_dir, self.model_config,
+                                     self.data_fingerprint)
             self.train_loader.load_state_dict(restored["state"]["data"])  # refuses a changed data set
         torch.manual_seed(cfg.seed)
         self.model = self._load_weights(latest) if restored is not None else build_model(self.model_config)
@@ -392,7 +410,7 @@ class Trainer:
                 "train_config": self.cfg.to_dict(),
                 "model_config": self.model_config.to_diff_dict(),
                 "data": {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
-                         "vocab_size": int(self.data_meta["vocab_size"])},
+                         "vocab_size": int(self.data_meta["vocab_size"]), "fingerprint": self.data_fingerprint},
                 "world_size": self.info.world_size,
                 "parameters": self.n_params,
             }, indent=2, sort_keys=True))
@@ -453,7 +471,7 @@ class Trainer:
         if self.val_loader is not None and ((cfg.eval_every and step % cfg.eval_every == 0) or step == self.end):
             self.val_loss, self.val_ppl = self.evaluate()
             self.metrics.log({"step": step, "val_loss": self.val_loss, "val_ppl": self.val_ppl,
-                              "tokens": step * self.tokens_per_step})
+                              "tokens": step * self.tokens_per_step, "eval_batches": cfg.eval_batches})
             msg = f"step {step}/{cfg.steps}: val_loss {self.val_loss:.4f}, val_ppl {self.val_ppl:.2f}"
             if bar is not None:
                 bar.set_postfix({"loss": f"{record['loss']:.4f}", "val": f"{self.val_loss:.4f}"}, refresh=True)
@@ -498,6 +516,7 @@ class Trainer:
                 "variant": self.cfg.variant, "preset": self.cfg.preset, "tokenizer": self.data_meta["tokenizer"],
                 "data_dir": str(self.data_dir), "vocab_size": self.model_config.vocab_size,
                 "tokens": at * self.tokens_per_step, "train_config": self.cfg.to_dict(),
+                "data_fingerprint": self.data_fingerprint,
             })
         distr.barrier(self.info)
         self.last_saved = at
