@@ -114,3 +114,64 @@ def test_untrained_model_is_near_chance():
     result = evaluate(model, task, task.test_set(0, 300), torch.device("cpu"))
     # argmax over the whole vocabulary (20 tokens, 16 of them symbols): at most about chance, and not solved
     assert result["overall"] < 2 * task.chance and result["total"] == 300 * 5
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished micro study (one variant, one seed): its directory and the result file's text."""
+    out = tmp_path_factory.mktemp("study")
+    assert main(["tasks", "run", "shell-game", "--variants", "ddl-dv1", "--seeds", "1", "--out", str(out),
+                 *MICRO]) == 0
+    return out, (out / "ddl-dv1-seed0.json").read_text()
+
+
+def _edit_and_rerun(finished, capsys, edit):
+    out, text = finished
+    record = json.loads(text)
+    edit(record)
+    (out / "ddl-dv1-seed0.json").write_text(json.dumps(record, indent=1))
+    capsys.readouterr()
+    try:
+        code = main(["tasks", "run", "shell-game", "--variants", "ddl-dv1", "--seeds", "1", "--out", str(out),
+                     *MICRO])
+    finally:
+        (out / "ddl-dv1-seed0.json").write_text(text)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def test_an_accuracy_edited_by_hand_is_refused(finished, capsys):
+    """Before: a result whose accuracy was raised by hand (counts left alone) was reported as it was."""
+
+    def raise_accuracy(record):
+        record["accuracy"]["overall"] = 0.99
+
+    code, err = _edit_and_rerun(finished, capsys, raise_accuracy)
+    assert code == 2 and "do not match its `checksum`" in err and "ddl-dv1-seed0.json" in err
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda r: r["accuracy"].__setitem__("overall", 0.99), "field 'accuracy.overall' got 0.99; allowed: "),
+    (lambda r: r["accuracy"].__setitem__("overall", None), "field 'accuracy.overall' got None"),
+    (lambda r: r["accuracy"]["by_difficulty"].pop("3"), "field 'accuracy.by_difficulty.3' got None"),
+    (lambda r: r["accuracy"]["by_difficulty"]["2"].__setitem__("correct", 10**6),
+     "field 'accuracy.by_difficulty.2.accuracy' got"),
+    (lambda r: r.pop("train_s"), "field 'train_s' got None; allowed: a number"),
+], ids=["accuracy-raised", "accuracy-null", "level-missing", "count-changed", "field-missing"])
+def test_a_result_without_a_checksum_is_checked_against_its_counts(finished, capsys, edit, says):
+    """Results written before checksums (or with it removed) are checked field by field: a JSON that parses but
+    lacks fields or whose accuracy disagrees with its counts is a one-line error, not a KeyError / TypeError."""
+
+    def without_checksum(record):
+        record.pop("checksum")
+        edit(record)
+
+    code, err = _edit_and_rerun(finished, capsys, without_checksum)
+    assert code == 2 and says in err and "delete it, or retrain it with --overwrite" in err, err
+
+
+def test_an_untouched_result_without_a_checksum_is_reused(finished, capsys, monkeypatch):
+    monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    code, _ = _edit_and_rerun(finished, capsys, lambda r: r.pop("checksum"))
+    assert code == 0

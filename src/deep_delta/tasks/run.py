@@ -274,9 +274,21 @@ def result_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
     return Path(out) / f"{variant}-seed{seed}.json"
 
 
+CHECKSUM = "checksum"  # of every other entry of a result file: an edit of any number is found
+
+
+def result_checksum(record: dict[str, Any]) -> str:
+    """SHA-256 of ``record`` without its checksum, as canonical JSON (floats round-trip through JSON exactly)."""
+    import hashlib
+
+    body = {k: v for k, v in record.items() if k != CHECKSUM}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def load_result(path: Path) -> dict[str, Any] | None:
     """A finished result file, or None where there is none. A file that cannot be read as a result is an error
-    naming it (results are written atomically: a partial file means something else wrote there)."""
+    naming it (results are written atomically: a partial file means something else wrote there), and so is one
+    whose checksum does not match what it holds (edited by hand). :func:`check_result` checks its fields."""
     if not path.is_file():
         return None
     try:
@@ -285,7 +297,68 @@ def load_result(path: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path} is not a valid result file ({e}); delete it or retrain with `overwrite`") from None
     if not isinstance(record, dict) or "accuracy" not in record or "settings" not in record:
         raise ValueError(f"{path} is not a task result file; delete it or use `overwrite`")
+    if CHECKSUM in record and record[CHECKSUM] != result_checksum(record):
+        raise ValueError(f"{path}: its numbers do not match its `{CHECKSUM}`: the file was changed after it was "
+                         f"written; delete it, or retrain it with `overwrite`")
     return record
+
+
+def check_result(record: dict[str, Any], path: Path, task: Task) -> None:
+    """A result is used only when every field the report reads is there with a usable value, and its accuracies
+    are the ones its counts give (overall and per level; the levels' counts add up to the overall ones)."""
+
+    def bad(field: str, got: Any, allowed: str) -> ValueError:
+        return ValueError(f"{path}: field {field!r} got {got!r}; allowed: {allowed}. The file is damaged or was "
+                          f"edited: delete it, or retrain it with `overwrite`")
+
+    def count(field: str, value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(field, value, "an integer >= 0")
+        return value
+
+    def share(field: str, value: Any, correct: int, total: int) -> None:
+        expected = correct / total if total else None
+        if expected is None and value is not None:
+            raise bad(field, value, "null (no scored position)")
+        if expected is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                     or not math.isclose(value, expected, rel_tol=1e-12, abs_tol=1e-15)):
+            raise bad(field, value, f"{expected!r}, the share its counts give ({correct} / {total})")
+
+    acc = record["accuracy"]
+    if not isinstance(acc, dict):
+        raise bad("accuracy", acc, "an object with overall, correct, total and by_difficulty")
+    correct, total = count("accuracy.correct", acc.get("correct")), count("accuracy.total", acc.get("total"))
+    share("accuracy.overall", acc.get("overall"), correct, total)
+    levels = acc.get("by_difficulty")
+    if not isinstance(levels, dict):
+        raise bad("accuracy.by_difficulty", levels, "an object with one entry per level")
+    sums = [0, 0]
+    for level in map(str, task.levels):
+        entry = levels.get(level)
+        where = f"accuracy.by_difficulty.{level}"
+        if not isinstance(entry, dict):
+            raise bad(where, entry, "an object with accuracy, correct and total")
+        c, t = count(f"{where}.correct", entry.get("correct")), count(f"{where}.total", entry.get("total"))
+        share(f"{where}.accuracy", entry.get("accuracy"), c, t)
+        sums = [sums[0] + c, sums[1] + t]
+    if sums != [correct, total]:
+        raise bad("accuracy.correct / total", [correct, total], f"the sums over the levels, {sums}")
+    for field, ok, allowed in (
+        ("test_loss", lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+         "a number or null"),  # NaN after a diverged run
+        ("train_s", _is_number, "a number"),
+        ("parameters", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("steps_done", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("diverged", lambda v: v is None or isinstance(v, str), "null or a message"),
+        ("loss_curve", lambda v: isinstance(v, list), "a list of [step, loss]"),
+        ("accuracy_curve", lambda v: isinstance(v, list), "a list of [step, accuracy]"),
+    ):
+        if not ok(record.get(field)):
+            raise bad(field, record.get(field), allowed)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
@@ -317,6 +390,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
             check_belongs({k: saved.get(k) for k in ("task", "task_params", "variant", "seed", "settings")},
                           run_identity(task, variant, seed, settings), what=f"the result {path}", has="file has",
                           remedy="use another output directory, or `overwrite` to retrain it")
+            check_result(saved, path, task)
             done[variant, seed] = saved
     test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
     shortcuts = score_shortcuts(task, test)
@@ -327,6 +401,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
                                test=test)
+            record[CHECKSUM] = result_checksum(record)
             atomic_write(result_path(out, variant, seed), json.dumps(record, indent=1) + "\n")
             done[variant, seed] = record
             acc = record["accuracy"]["overall"]
