@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -172,3 +173,16 @@ def refuse_replaced_dir(out: str | os.PathLike, name: str = "out") -> None:
         where, what = found
         raise ValueError(f"`{name}` got {out}, which is inside {where}, {what}: what is written there is lost when "
                          f"it is replaced; allowed: a directory outside it (choose one with `{name}`)")
+
+
+def refuse_unwritable_results(paths: Iterable[str | os.PathLike]) -> None:
+    """Before a long computation, not after it: each of ``paths`` (the result files it will write) must be
+    writable as a file: neither a directory itself nor below a regular file."""
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a directory, but a result file of that name is written there; move "
+                                    "or remove it, or choose another output")
+        blocker = next((d for d in path.parents if d.exists() and not d.is_dir()), None)
+        if blocker is not None:
+            raise NotADirectoryError(f"{blocker} is a file, but the result {path} is to be written below it; choose "
+                                     "another output")

@@ -85,3 +85,13 @@ def test_an_allocation_that_fails_is_named_out_of_memory(error):
 
     message, code = describe_error(error)
     assert message.startswith("out of memory") and code == 1
+
+
+def test_a_result_path_that_is_a_directory_is_refused_before_the_models_train(tmp_path, capsys, monkeypatch):
+    import deep_delta.experiments.coord_check as cc
+    from deep_delta.cli.main import main
+
+    monkeypatch.setattr(cc, "measure", lambda *a, **k: pytest.fail("a model trained before the outputs were checked"))
+    (tmp_path / "cc" / "coord_check.md").mkdir(parents=True)
+    assert main(["coord-check", "--widths", "32", "64", "--out", str(tmp_path / "cc"), "--device", "cpu"]) == 2
+    assert f"{tmp_path / 'cc' / 'coord_check.md'} is a directory" in capsys.readouterr().err

@@ -175,3 +175,13 @@ def test_an_untouched_result_without_a_checksum_is_reused(finished, capsys, monk
     monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("a finished run was trained again"))
     code, _ = _edit_and_rerun(finished, capsys, lambda r: r.pop("checksum"))
     assert code == 0
+
+
+@pytest.mark.parametrize("blocked", ["ddl-dv1-seed0.json", "tasks.md"])
+def test_a_result_path_that_is_a_directory_is_refused_before_training(tmp_path, capsys, monkeypatch, blocked):
+    """Before: found by the write after the whole run had trained."""
+    monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("trained before the outputs were checked"))
+    (tmp_path / blocked).mkdir()
+    assert run_micro(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / blocked} is a directory" in err and "Traceback" not in err

@@ -121,3 +121,11 @@ def test_validation_losses_of_other_batch_counts_in_one_run_are_refused(tmp_path
     assert main([*args, "--eval-batches", "1"]) == 2
     err = capsys.readouterr().err
     assert "holds validation losses measured on 2 batches, this comparison on 1 (--eval-batches)" in err, err
+
+
+def test_a_compare_output_that_is_a_directory_is_refused_before_training(tmp_path, data_dir, capsys):
+    out = tmp_path / "cmp"
+    (out / "compare.json").mkdir(parents=True)
+    assert main([*COMPARE, "--out", str(out), "--data", str(data_dir), "--eval-batches", "1"]) == 2
+    assert f"{out / 'compare.json'} is a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json"]  # nothing trained

@@ -46,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
 
     from deep_delta.data import TokenLoader, default_data_dir
     from deep_delta.experiments.analyze import analyze_model, format_analysis, plot_analysis
-    from deep_delta.fsutil import atomic_write, refuse_replaced_dir
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.hf.loading import load_model, quiet_transformers, resolve_model_dir
 
     out = Path(args.out) if args.out else default_out(resolve_model_dir(args.model))
     refuse_replaced_dir(out)  # before the model runs: a refused --out costs nothing
+    refuse_unwritable_results([out / "analysis.json", out / "analysis.md"])
     data = Path(args.data) if args.data else default_data_dir()
     quiet_transformers()
     options.apply_threads(args.threads)
