@@ -185,3 +185,32 @@ def test_a_result_path_that_is_a_directory_is_refused_before_training(tmp_path, 
     assert run_micro(tmp_path) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / blocked} is a directory" in err and "Traceback" not in err
+
+
+def test_sigterm_keeps_every_finished_result_and_says_how_to_continue(tmp_path):
+    """Before: SIGTERM killed `ddl tasks run` silently, the run in progress lost with no word of what was kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = ["tasks", "run", "shell-game", "--variants", "baseline", "ddl-dv1", "--seeds", "1", "--out",
+            str(tmp_path), *MICRO, "--steps", "400"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "deep_delta.cli.main", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    first = tmp_path / "baseline-seed0.json"
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "tasks.md").is_file():  # the summary after the first run: the second is starting
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the first run did not finish"
+        time.sleep(0.05)
+    time.sleep(1.0)  # well inside the second run's 400 steps
+    kept = first.read_bytes()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM; the run in progress (ddl-dv1 seed 0) is lost; 1 finished result(s) are kept" in err, err
+    assert f"Continue with: ddl {' '.join(argv[:4])}" in err and "Traceback" not in err
+    assert first.read_bytes() == kept and not (tmp_path / "ddl-dv1-seed0.json").exists()

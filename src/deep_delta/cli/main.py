@@ -139,6 +139,15 @@ def _os_message(error: OSError) -> str:
     return str(error)
 
 
+# Exceptions that end a command after a signal, having kept its work; the message says what was kept.
+_STOPPED = (("deep_delta.train.trainer", "TrainingInterrupted"), ("deep_delta.tasks.run", "StudyInterrupted"))
+
+
+def _stopped_by_signal(error: BaseException) -> bool:
+    return any(module in sys.modules and isinstance(error, getattr(sys.modules[module], name))
+               for module, name in _STOPPED)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -158,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddl {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        trainer = sys.modules.get("deep_delta.train.trainer")
-        if trainer is not None and isinstance(e, trainer.TrainingInterrupted) and not debug:
+        if _stopped_by_signal(e) and not debug:
             again = list(sys.argv[1:] if argv is None else argv)
             if args.command == "train" and "--resume" not in again:
                 again.append("--resume")

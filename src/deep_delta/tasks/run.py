@@ -12,6 +12,7 @@ training sequences (a numpy stream of s), the same for every variant; the test s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -270,6 +271,39 @@ class _bar:
 
 
 # ---------------------------------------------------------------------- a study: variants x seeds
+class StudyInterrupted(Exception):
+    """SIGINT or SIGTERM stopped a study; the message says what was kept (every finished result) and what was
+    lost (the run in training). ``exit_code`` is 128 + the signal, as shells report it."""
+
+    def __init__(self, signum: int, kept: str):
+        import signal
+
+        self.signum, self.exit_code = signum, 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; {kept}")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(kept):
+    """While a study trains (main thread only), SIGINT and SIGTERM stop it at once with :class:`StudyInterrupted`,
+    whose message is ``kept()``: a run of a task is short, so it is retrained rather than checkpointed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise StudyInterrupted(signum, kept())
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def result_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
     return Path(out) / f"{variant}-seed{seed}.json"
 
@@ -396,16 +430,24 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                                                                             for ext in ("md", "json", "png"))])
     test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
     shortcuts = score_shortcuts(task, test)
-    with run_lock(out, f"ddl tasks run {task_name}"):
+    running: list[str] = []  # the (variant, seed) in training, for the message of an interrupted study
+
+    def kept() -> str:
+        lost = f"the run in progress ({running[0]}) is lost; " if running else ""
+        return f"{lost}{len(done)} finished result(s) are kept in {out} and are reused when the study is run again"
+
+    with run_lock(out, f"ddl tasks run {task_name}"), _stop_on_signals(kept):
         if done:
             say(f"reusing {len(done)} finished result(s) in {out}")
         for i, (variant, seed) in enumerate(todo, 1):
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
+            running[:] = [f"{variant} seed {seed}"]
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
                                test=test)
             record[CHECKSUM] = result_checksum(record)
             atomic_write(result_path(out, variant, seed), json.dumps(record, indent=1) + "\n")
             done[variant, seed] = record
+            running.clear()
             acc = record["accuracy"]["overall"]
             say(f"{desc}: test accuracy {100 * acc:.1f}% (chance {100 * task.chance:.1f}%), "
                 f"{record['train_s']:.0f} s" + (f"; {record['diverged']}" if record["diverged"] else ""))
