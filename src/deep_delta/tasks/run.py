@@ -377,7 +377,7 @@ def check_result(record: dict[str, Any], path: Path, task: Task) -> None:
         sums = [sums[0] + c, sums[1] + t]
     if sums != [correct, total]:
         raise bad("accuracy.correct / total", [correct, total], f"the sums over the levels, {sums}")
-    for field, ok, allowed in (
+    for name, ok, allowed in (
         ("test_loss", lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
          "a number or null"),  # NaN after a diverged run
         ("train_s", _is_number, "a number"),
@@ -387,8 +387,8 @@ def check_result(record: dict[str, Any], path: Path, task: Task) -> None:
         ("loss_curve", lambda v: isinstance(v, list), "a list of [step, loss]"),
         ("accuracy_curve", lambda v: isinstance(v, list), "a list of [step, accuracy]"),
     ):
-        if not ok(record.get(field)):
-            raise bad(field, record.get(field), allowed)
+        if not ok(record.get(name)):
+            raise bad(name, record.get(name), allowed)
 
 
 def _is_number(value: Any) -> bool:
