@@ -72,8 +72,9 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) 
     except ValueError as e:
         raise ValueError(f"{run_file} is not valid JSON ({e}); retrain the run with `overwrite`") from None
     what = f"the run in {cfg.out}"
-    check_belongs(run.get("train_config", {}), cfg.to_dict(), what=what, remedy=REUSE_REMEDY, skip=RESULT_NEUTRAL,
-                  has="run has")
+    # the data is compared by its fingerprint, not by how its path was spelled
+    check_belongs(run.get("train_config", {}), cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
+                  skip=RESULT_NEUTRAL | {"data"}, has="run has")
     check_same_data(run.get("data", {}).get("fingerprint"), data_fingerprint, what=what, data_dir=cfg.data or
                     "the default data", remedy=REUSE_REMEDY)
 
