@@ -214,3 +214,15 @@ def test_sigterm_keeps_every_finished_result_and_says_how_to_continue(tmp_path):
     assert "stopped by SIGTERM; the run in progress (ddl-dv1 seed 0) is lost; 1 finished result(s) are kept" in err, err
     assert f"Continue with: ddl {' '.join(argv[:4])}" in err and "Traceback" not in err
     assert first.read_bytes() == kept and not (tmp_path / "ddl-dv1-seed0.json").exists()
+
+
+def test_an_out_inside_a_prepared_data_directory_is_refused(tmp_path, capsys):
+    """`ddl data prepare --overwrite` replaces a data directory whole: a study written inside it would go with it."""
+    from deep_delta.data import ByteTokenizer, write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(["some text " * 50], ByteTokenizer(), data, val_fraction=0)
+    assert run_micro(data / "study") == 2
+    err = capsys.readouterr().err
+    assert f"--out got {data / 'study'}, which is inside {data}, a prepared data directory" in err, err
+    assert not (data / "study").exists()

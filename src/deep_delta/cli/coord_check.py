@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         run_coord_check,
         violations,
     )
-    from deep_delta.fsutil import atomic_write, refuse_unwritable_results
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.runtime import resolve_device
     from deep_delta.train.config import parse_assignments
 
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         model_overrides=overrides.get("model", {}),
     )
     out = Path(args.out)
+    refuse_replaced_dir(out)
     refuse_unwritable_results(out / f"coord_check.{ext}" for ext in ("json", "md", "png"))
     threads = options.apply_threads(args.threads)
     print(f"ddl coord-check: {', '.join(settings.variants)} at widths {' '.join(map(str, settings.widths))}, "

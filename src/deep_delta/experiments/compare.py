@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
-from deep_delta.fsutil import refuse_unwritable_results, save_figure
+from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
 from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
 from deep_delta.train.checkpoint import run_lock
 from deep_delta.train.config import TrainConfig
@@ -114,6 +114,7 @@ def run_compare(
     fingerprint = data_fingerprint(data_dir, data_meta)
     for cfg in runs.values():  # validated before anything runs
         check_reusable(cfg, fingerprint, overwrite=overwrite)
+    refuse_replaced_dir(out)
     refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png"))
     with run_lock(out, "ddl compare"):
         t0 = time.perf_counter()

@@ -402,7 +402,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     (``out/VARIANT-seedS.json``) as it finishes, and after each one the summary (``tasks.md``,
     ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
     are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
-    from deep_delta.fsutil import atomic_write, refuse_unwritable_results
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
     from deep_delta.train.checkpoint import run_lock
     from deep_delta.train.provenance import check_belongs
@@ -426,6 +426,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                           remedy="use another output directory, or `overwrite` to retrain it")
             check_result(saved, path, task)
             done[variant, seed] = saved
+    refuse_replaced_dir(out)
     refuse_unwritable_results([*(result_path(out, v, s) for v, s in todo), *(out / f"tasks.{ext}"
                                                                             for ext in ("md", "json", "png"))])
     test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
