@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
         "perplexity, training tokens/s, differences to the baseline) and write OUT/compare.md, "
         "OUT/compare.json and OUT/curves.png. With no arguments: baseline, ddl-dv1, ddl-tc and ddl-cc at "
         "the tiny preset on the embedded text, about ten minutes on 2 CPU cores. Finished runs in OUT with "
-        "the same settings are reused and interrupted ones continued; other settings need --overwrite.",
+        "the same settings and data are reused and interrupted ones continued; a run made with any other setting "
+        "that changes results (--eval-batches, --steps, --dtype, ...) or other data is refused unless --overwrite.",
     )
     options.add_variants(p, DEFAULT_VARIANTS)
     p.add_argument("--preset", default=None, choices=list(PRESETS), help=f"(default {d['preset']}) model size")

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         run_coord_check,
         violations,
     )
-    from deep_delta.fsutil import atomic_write
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.runtime import resolve_device
     from deep_delta.train.config import parse_assignments
 
@@ -71,12 +71,14 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len, lr=args.lr, seeds=options.seed_list(args.seeds, 0), device=str(resolve_device(args.device)),
         model_overrides=overrides.get("model", {}),
     )
+    out = Path(args.out)
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(out / f"coord_check.{ext}" for ext in ("json", "md", "png"))
     threads = options.apply_threads(args.threads)
     print(f"ddl coord-check: {', '.join(settings.variants)} at widths {' '.join(map(str, settings.widths))}, "
           f"{settings.steps} steps, {' and '.join(settings.parametrizations)}, on {settings.device}"
           + (f" ({threads} threads)" if threads else ""), flush=True)
     report = run_coord_check(settings, progress=lambda line: print("  " + line, flush=True))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "coord_check.json", json.dumps(report, indent=2))
     table = format_table(report)

@@ -128,8 +128,11 @@ def _int_list(values: list[str], flag: str) -> list[int]:
 
 
 def run_lm_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from deep_delta.cli.main import UsageError
     from deep_delta.eval import harness
+    from deep_delta.fsutil import refuse_unwritable_results
     from deep_delta.hf.loading import load_model, quiet_transformers
     from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
 
@@ -148,8 +151,9 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit <= 0:
         raise ValueError(f"--limit: got {args.limit}; allowed: a number > 0")
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    # refuse unknown task names before loading any model
+    # refuse unknown task names and an unwritable result before loading any model
     tasks = harness.check_tasks(tasks, harness.task_manager(args.include_path, tasks))
+    refuse_unwritable_results([Path(args.out), Path(args.out).with_suffix(".json")])
     runs = []
     for i, path in enumerate(args.model):
         loaded = load_model(path, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)

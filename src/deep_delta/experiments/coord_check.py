@@ -13,6 +13,7 @@ and MLP outputs) grow with it. docs/mup.md reads the result.
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -81,12 +82,12 @@ class CoordCheckSettings:
         bad = [p for p in self.parametrizations if p not in PARAMETRIZATIONS]
         if bad or not self.parametrizations:
             raise ValueError(f"`parametrizations` got {list(self.parametrizations)!r}; allowed: sp, mup")
-        if len(self.widths) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
-            raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more multiples of "
-                             f"head_dim={self.head_dim}")
-        for name in ("steps", "layers", "head_dim", "batch_size", "seq_len"):
+        for name in ("steps", "layers", "head_dim", "batch_size", "seq_len"):  # head_dim before the widths use it
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` got {getattr(self, name)!r}; allowed: an integer >= 1")
+        if len(set(self.widths)) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
+            raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more different multiples of "
+                             f"`head_dim` ({self.head_dim}): a slope needs two widths")
         if not self.lr > 0:
             raise ValueError(f"`lr` got {self.lr!r}; allowed: a float > 0")
         if not self.seeds:
@@ -97,6 +98,43 @@ def model_config(variant: str, width: int, parametrization: str, s: CoordCheckSe
     fields = dict(hidden_size=width, num_hidden_layers=s.layers, num_attention_heads=width // s.head_dim,
                   vocab_size=257, max_position_embeddings=max(s.seq_len, 16), parametrization=parametrization)
     return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model_overrides})
+
+
+# Bytes per parameter while a model trains here: fp32 weight, gradient and AdamW's two moments.
+TRAIN_BYTES_PER_PARAMETER = 16
+
+
+def memory_needed(cfg: DDLConfig, s: CoordCheckSettings) -> int:
+    """A lower bound on the bytes one model of ``cfg`` needs in :func:`measure`: its parameters (counted on the
+    meta device: nothing is allocated) at :data:`TRAIN_BYTES_PER_PARAMETER`, plus one fp32 activation of
+    (batch, seq_len, width) per block."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in DDLForCausalLM(cfg).parameters())
+    return params * TRAIN_BYTES_PER_PARAMETER + 4 * s.batch_size * s.seq_len * cfg.hidden_size * s.layers
+
+
+def device_memory(device: str) -> int | None:
+    """The total memory of ``device`` in bytes (a GPU's, or the machine's RAM for the CPU); None if unknown."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(s: CoordCheckSettings) -> None:
+    """Refuse, before anything is allocated, a width whose model cannot fit in the device's memory."""
+    total = device_memory(s.device)
+    if total is None:
+        return
+    width = max(s.widths)
+    need = max(memory_needed(model_config(v, width, p, s), s) for v in s.variants for p in s.parametrizations)
+    if need > total:
+        raise ValueError(f"`widths` got {list(s.widths)!r}: a model of width {width} needs at least "
+                         f"{need / 2**30:,.1f} GiB (weights, gradients and AdamW state), more than the "
+                         f"{total / 2**30:,.1f} GiB of {s.device}; allowed: smaller widths")
 
 
 def text_batches(batch_size: int, seq_len: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -274,6 +312,7 @@ def run_coord_check(s: CoordCheckSettings, progress: Callable[[str], None] | Non
     "slopes": slopes(...)}`` (widths as strings, for JSON).
     """
     s.validate()
+    check_memory(s)
     results: dict[str, Any] = {}
     for param in s.parametrizations:
         for variant in s.variants:

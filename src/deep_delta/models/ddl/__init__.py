@@ -5,7 +5,13 @@ from deep_delta.models.ddl.configuration_ddl import (
     VARIANTS,
     DDLConfig,
 )
-from deep_delta.models.ddl.modeling_ddl import DDLCache, DDLForCausalLM, DDLModel, DDLPreTrainedModel, output_cache
+from deep_delta.models.ddl.modeling_ddl import (
+    DDLCache,
+    DDLForCausalLM,
+    DDLModel,
+    DDLPreTrainedModel,
+    output_cache,
+)
 
 __all__ = [
     "DEFAULT_VARIANTS",
