@@ -39,8 +39,6 @@ def add_parser(sub) -> None:
     options.add_threads(p, default="1")
     options.add_set(p, help=options.SET_HELP + "; model.FIELD applies to every variant, other keys are bench "
                     "settings (e.g. seed=1)")
-    options.add_deprecated_alias(p, "--override", "--set model.FIELD=VALUE", dest="assignments", append=True,
-                                 convert=lambda item: f"model.{item}")
     p.add_argument("--out", default="bench.md", metavar="FILE", help="markdown file to write (default bench.md)")
     p.set_defaults(func=run)
 
@@ -67,12 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     threads = torch.get_num_threads()
     t0 = time.perf_counter()
-    spec = args.threads
-    if spec == "0":  # the older "torch's own choice"
-        options.deprecated("ddl bench", "--threads 0", "--threads N or --threads auto")
-        spec = None
     try:
-        options.apply_threads(spec)
+        options.apply_threads(args.threads)
         rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
         print(bench_table(rows, settings))  # the header names the thread count used
         out = write_bench(args.out, rows, settings)

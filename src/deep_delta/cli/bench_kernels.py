@@ -35,8 +35,6 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS), help=f"model size (default {d.preset})")
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default "
                       f"{d.seq_len})", batch_default=d.batch_size, seq_default=d.seq_len)
-    options.add_deprecated_alias(p, "--batch", "--batch-size", dest="batch_size", type=int)
-    options.add_deprecated_alias(p, "--seq", "--seq-len", dest="seq_len", type=int)
     options.add_variants(p, DEFAULT_VARIANTS)
     p.add_argument("--repeats", type=int, default=d.repeats, metavar="R", help=f"timed rounds (default {d.repeats})")
     p.add_argument("--warmup", type=int, default=d.warmup, metavar="W",

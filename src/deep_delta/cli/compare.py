@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from deep_delta.cli import options
-from deep_delta.cli.options import seed_list  # noqa: F401 (also imported from here by cli/tasks.py)
 
 
 def add_parser(sub) -> None:

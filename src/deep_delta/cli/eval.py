@@ -139,8 +139,8 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise UsageError(str(e)) from None
     options.apply_threads(args.threads)
-    shots = _int_list(options.split_list(args.num_fewshot), "--num-fewshot")
-    tasks = options.split_list(args.tasks)
+    shots = _int_list(args.num_fewshot, "--num-fewshot")
+    tasks = list(args.tasks)
     if args.name is not None and len(args.name) != len(args.model):
         raise ValueError(f"--name: got {len(args.name)} names for {len(args.model)} --model paths; give one per model")
     if args.limit is not None and args.limit <= 0:

@@ -1,7 +1,7 @@
 """The command-line grammar shared by every ``ddl`` subcommand: one flag name, one meaning (docs/cli.md).
 
 Each ``add_*`` helper adds one option to a parser with the same spelling, metavar, choices and help text in
-every command that has it; ``apply_threads``, ``variant_list`` and ``split_list`` turn parsed values into what
+every command that has it; ``apply_threads`` and ``variant_list`` turn parsed values into what
 the library takes. Old spellings stay as hidden aliases (:func:`add_deprecated_alias`) that say what replaced
 them. Library functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns those
 into these flags.
@@ -10,8 +10,6 @@ into these flags.
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 
 # Every --dtype takes some of these (a command lists only what it can run); what the value means is stated
 # by add_dtype: the dtype of the weights, or the autocast compute dtype over float32 weights.
@@ -78,21 +76,14 @@ def add_variants(p: argparse.ArgumentParser, default: tuple[str, ...] | list[str
 
 
 def variant_list(values: list[str]) -> list[str]:
-    """``--variants`` values (space-separated; a comma list is accepted too), checked against the variants."""
+    """``--variants`` values (space-separated), checked against the variants; a repeated name counts once."""
     from deep_delta.models.ddl.configuration_ddl import VARIANTS
 
-    names = split_list(values)
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown or not names:
+    unknown = [v for v in values if v not in VARIANTS]
+    if unknown or not values:
         got = ", ".join(map(repr, unknown)) if unknown else "no variant names"
         raise ValueError(f"`variants` got {got}; allowed: one or more of {', '.join(VARIANTS)}")
-    return list(dict.fromkeys(names))
-
-
-def split_list(values: list[str] | str) -> list[str]:
-    """A list option's values, space-separated (``nargs="+"``); each may also be a comma list (the older form)."""
-    items = [values] if isinstance(values, str) else values
-    return [v.strip() for item in items for v in item.split(",") if v.strip()]
+    return list(dict.fromkeys(values))
 
 
 def add_batch(p, batch_help: str, seq_help: str | None, *, batch_default=None,
@@ -134,32 +125,3 @@ def add_model(p: argparse.ArgumentParser, required: bool = True, *, repeat: bool
     if repeat:
         kwargs["action"] = "append"
     p.add_argument("--model", required=required, metavar="PATH", help=help, **kwargs)
-
-
-class DeprecatedAlias(argparse.Action):
-    """A hidden old spelling of a flag: stores (or appends, ``append``) into the new flag's dest, the value first
-    passed through ``convert``, and prints one line on stderr naming the replacement."""
-
-    def __init__(self, option_strings, dest, replacement: str, append: bool = False,
-                 convert: Callable[[str], object] | None = None, **kwargs):
-        self.replacement, self.append, self.convert = replacement, append, convert
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: {option_string} is deprecated; use {self.replacement}", file=sys.stderr)
-        if self.convert is not None:
-            values = self.convert(values)
-        if self.append:
-            values = [*(getattr(namespace, self.dest, None) or []), values]
-        setattr(namespace, self.dest, values)
-
-
-def add_deprecated_alias(p: argparse.ArgumentParser, old: str, replacement: str, dest: str, **kwargs) -> None:
-    """Keep ``old`` working, hidden from --help, as a deprecated spelling of ``replacement`` (same ``dest``)."""
-    p.add_argument(old, dest=dest, action=DeprecatedAlias, replacement=replacement, default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS, **kwargs)
-
-
-def deprecated(prog: str, old: str, replacement: str) -> None:
-    """The one-line note of a deprecated form that is not a flag (e.g. a positional argument)."""
-    print(f"{prog}: {old} is deprecated; use {replacement}", file=sys.stderr)
