@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from deep_delta.data.sources import default_texts
-from deep_delta.experiments.coord_check import CoordCheckSettings, model_config
+from deep_delta.experiments.coord_check import model_config
+from deep_delta.experiments.settings import CoordCheckSettings
 from deep_delta.fsutil import atomic_write, save_figure
 from deep_delta.models import DDLForCausalLM
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate

@@ -12,16 +12,16 @@ import torch
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.cli.main import main
 from deep_delta.eval import timing
-from deep_delta.eval.bench import BenchSettings, bench_table, cpu_transient_peak, run_bench
+from deep_delta.eval.bench import bench_table, run_bench
 from deep_delta.eval.kernel_bench import (
-    KernelBenchSettings,
     op_inputs,
     op_table,
     run_op_bench,
     run_step_bench,
     step_table,
 )
-from deep_delta.eval.step_bench import StepSubject
+from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
+from deep_delta.eval.step_bench import StepSubject, cpu_transient_peak
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 
@@ -102,7 +102,7 @@ def test_bench_bad_arguments(args, msg, capsys):
 
 def test_bench_set_reaches_settings_and_models():
     from deep_delta.cli.main import build_parser
-    from deep_delta.eval.bench import with_assignments
+    from deep_delta.eval.settings import with_assignments
 
     args = build_parser().parse_args(["bench", "--set", "model.hidden_size=32", "--set", "model.vocab_size=64",
                                       "--set", "seed=3"])

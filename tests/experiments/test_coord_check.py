@@ -8,13 +8,8 @@ import json
 import pytest
 import torch
 
-from deep_delta.experiments.coord_check import (
-    MUP_SLOPE_BOUND,
-    CoordCheckSettings,
-    format_table,
-    run_coord_check,
-    violations,
-)
+from deep_delta.experiments.coord_check import format_table, run_coord_check, violations
+from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
 # 64 tokens a step: widths above the tokens per step are where muP's limit is near (a readout's update sums
 # over tokens, and their cross terms ~ sqrt(tokens * d) stop mattering once d > tokens).

@@ -9,9 +9,8 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.eval.bench import DEFAULT_SHAPES, DEFAULT_VARIANTS
-    from deep_delta.eval.timing import BENCH_DTYPES
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
+    from deep_delta.eval.settings import BENCH_DTYPE_NAMES, DEFAULT_SHAPES
+    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
     shapes = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
     p = sub.add_parser(
@@ -26,7 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model size (default tiny)")
     options.add_variants(p, DEFAULT_VARIANTS)
     options.add_device(p)
-    options.add_dtype(p, weights=False, default="float32", choices=tuple(BENCH_DTYPES))
+    options.add_dtype(p, weights=False, default="float32", choices=BENCH_DTYPE_NAMES)
     options.add_batch(p, f"sequences per batch (default: {shapes})", "tokens per sequence (default: see "
                       "--batch-size, at most the model's context)")
     p.add_argument("--steps", type=int, default=2, metavar="N", help="timed train steps per repeat (default 2)")
@@ -46,7 +45,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from deep_delta.eval.bench import BenchSettings, bench_table, run_bench, with_assignments, write_bench
+    from deep_delta.eval.bench import bench_table, run_bench, write_bench
+    from deep_delta.eval.settings import BenchSettings, with_assignments
 
     settings = BenchSettings(
         preset=args.preset,

@@ -13,9 +13,8 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.eval.kernel_bench import DEFAULT_VARIANTS, KernelBenchSettings
-    from deep_delta.eval.timing import BENCH_DTYPES
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
+    from deep_delta.eval.settings import BENCH_DTYPE_NAMES, KernelBenchSettings
+    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
     d = KernelBenchSettings()
     p = sub.add_parser(
@@ -31,7 +30,7 @@ def add_parser(sub) -> None:
         "--repeats rounds. --dtype bfloat16 is autocast over fp32 weights, as in training and `ddl bench`.",
     )
     options.add_device(p)
-    options.add_dtype(p, weights=False, default=d.dtype, choices=tuple(BENCH_DTYPES))
+    options.add_dtype(p, weights=False, default=d.dtype, choices=BENCH_DTYPE_NAMES)
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS), help=f"model size (default {d.preset})")
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default "
                       f"{d.seq_len})", batch_default=d.batch_size, seq_default=d.seq_len)
@@ -54,8 +53,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from deep_delta.eval.bench import with_assignments
-    from deep_delta.eval.kernel_bench import KernelBenchSettings, kernel_bench_report
+    from deep_delta.eval.kernel_bench import kernel_bench_report
+    from deep_delta.eval.settings import KernelBenchSettings, with_assignments
 
     settings = KernelBenchSettings(
         preset=args.preset,

@@ -9,8 +9,8 @@ from deep_delta.cli import options
 
 def add_parser(sub) -> None:
     from deep_delta.experiments.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
     from deep_delta.train.config import DTYPES
+    from deep_delta.variants import PRESETS
 
     d = COMPARE_DEFAULTS
     p = sub.add_parser(

@@ -8,7 +8,7 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.experiments.coord_check import MUP_SLOPE_BOUND, CoordCheckSettings
+    from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
     d = CoordCheckSettings()
     p = sub.add_parser(
@@ -50,13 +50,8 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from deep_delta.experiments.coord_check import (
-        CoordCheckSettings,
-        format_table,
-        plot,
-        run_coord_check,
-        violations,
-    )
+    from deep_delta.experiments.coord_check import format_table, plot, run_coord_check, violations
+    from deep_delta.experiments.settings import CoordCheckSettings
     from deep_delta.fsutil import atomic_write
     from deep_delta.runtime import resolve_device
     from deep_delta.train.config import parse_assignments

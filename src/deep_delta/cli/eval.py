@@ -130,7 +130,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     from deep_delta.cli.main import UsageError
     from deep_delta.eval import harness
     from deep_delta.hf.loading import load_model, quiet_transformers
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
+    from deep_delta.variants import paper_name
 
     quiet_transformers()
 
@@ -152,7 +152,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     for i, path in enumerate(args.model):
         loaded = load_model(path, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
         cfg = loaded.model.config
-        name = args.name[i] if args.name else PAPER_NAMES.get(cfg.variant or "", str(path))
+        name = args.name[i] if args.name else paper_name(cfg.variant) if cfg.variant else str(path)
         lm = harness.make_harness_lm(loaded.model, loaded.tokenizer, batch_size=args.batch_size)
         try:
             runs.append(harness.evaluate_harness(lm, tasks, num_fewshot=shots, limit=limit,

@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
         "or an HF directory) to --out with config.json, model.safetensors, generation_config.json, the "
         "tokenizer (tokenizer.json), a model card (README.md), checksums.json (verified at every load) and "
         "ddl_export.json (what export wrote). The directory then loads with AutoModelForCausalLM.from_pretrained "
-        "after `import deep_delta`, and with AutoTokenizer. Code in the source is never run; only safetensors "
+        "after `import deep_delta.models`, and with AutoTokenizer. Code in the source is never run; only safetensors "
         "weights are read.",
     )
     options.add_model(p, dest="source")

@@ -68,7 +68,7 @@ def add_set(p: argparse.ArgumentParser, help: str = SET_HELP) -> None:
 
 
 def add_variants(p: argparse.ArgumentParser, default: tuple[str, ...] | list[str]) -> None:
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
     p.add_argument("--variants", nargs="+", default=list(default), metavar="VARIANT",
                    help=f"variants, space-separated, in table order (default: {' '.join(default)}); one of "
@@ -77,7 +77,7 @@ def add_variants(p: argparse.ArgumentParser, default: tuple[str, ...] | list[str
 
 def variant_list(values: list[str]) -> list[str]:
     """``--variants`` values (space-separated), checked against the variants; a repeated name counts once."""
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
     unknown = [v for v in values if v not in VARIANTS]
     if unknown or not values:

@@ -40,8 +40,8 @@ FIELD_HELP = {
 
 
 def add_parser(sub) -> None:
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
     from deep_delta.train.config import DTYPES, TrainConfig
+    from deep_delta.variants import PRESETS, VARIANTS
 
     p = sub.add_parser(
         "train",
@@ -72,7 +72,7 @@ def add_parser(sub) -> None:
              "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int, "seed": int,
              "peak_flops": float}
     metavars = {"batch_size": "B", "seq_len": "T", "seed": "S", "data": "DIR", "out": "DIR"}
-    defaults = TrainConfig().to_dict()
+    defaults = TrainConfig.defaults()  # the fields' defaults, without validating (no model import)
     for name, text in FIELD_HELP.items():
         flag = "--" + name.replace("_", "-")
         default = defaults[name]

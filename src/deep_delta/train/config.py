@@ -78,7 +78,8 @@ class TrainConfig:
         """Check types and ranges; raise ValueError naming the field, the value and what is allowed."""
         for f in dataclasses.fields(self):
             setattr(self, f.name, _coerce(f.name, getattr(self, f.name), _FIELD_TYPES[f.name]))
-        from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS, DDLConfig
+        from deep_delta.models.ddl.configuration_ddl import DDLConfig
+        from deep_delta.variants import PRESETS, VARIANTS
 
         _choice("variant", self.variant, tuple(VARIANTS))
         _choice("preset", self.preset, tuple(PRESETS))
@@ -133,6 +134,13 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         return d
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """The default of every field, as :meth:`to_dict` writes it, read from the fields (nothing validated)."""
+        d = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+             for f in dataclasses.fields(cls)}
+        return {**d, "betas": list(d["betas"])}
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -211,7 +219,7 @@ def recipes() -> list[str]:
 def available_configs() -> list[str]:
     """Names of the shipped configs, ``RECIPE/VARIANT`` (e.g. ``small/ddl-cc``, usable as ``--config``): every
     recipe with every variant."""
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
     return [f"{r}/{v}" for r in recipes() for v in sorted(VARIANTS)]
 
@@ -226,7 +234,7 @@ def resolve_config(spec: str | os.PathLike) -> Path:
 
 
 def _split_name(spec: str | os.PathLike) -> tuple[str, str | None]:
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
     name = str(spec).removesuffix(".yaml")
     recipe, _, variant = name.partition("/")

@@ -10,7 +10,6 @@ import math
 import torch
 
 
-
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """fp32 for fp32/bf16/fp16 inputs, fp64 when any input is fp64 (gradcheck)."""
     out = torch.float32
