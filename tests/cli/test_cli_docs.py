@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deep_delta.cli.main import as_flags, build_parser, command_path
-from deep_delta.cli.options import DTYPE_CHOICES
+from deep_delta.cli.options import DTYPE_CHOICES, integer
 from deep_delta.variants import PRESETS, VARIANTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -24,10 +24,10 @@ SHARED = {
     "--threads": dict(metavar="N|auto", choices=None, nargs=None, type=None),
     "--set": dict(metavar="KEY=VALUE", choices=None, nargs=None, type=None, dest="assignments"),
     "--variants": dict(metavar="VARIANT", choices=None, nargs="+", type=None),
-    "--batch-size": dict(metavar="B", choices=None, nargs=None, type=int),
-    "--seq-len": dict(metavar="T", choices=None, nargs=None, type=int),
-    "--seed": dict(metavar="S", choices=None, nargs=None, type=int),
-    "--seeds": dict(metavar="S", choices=None, nargs="+", type=int),
+    "--batch-size": dict(metavar="B", choices=None, nargs=None, type=integer),
+    "--seq-len": dict(metavar="T", choices=None, nargs=None, type=integer),
+    "--seed": dict(metavar="S", choices=None, nargs=None, type=integer),
+    "--seeds": dict(metavar="S", choices=None, nargs="+", type=integer),
     "--model": dict(metavar="PATH", choices=None, nargs=None, type=None),
     "--dtype": dict(metavar=None, nargs=None, type=None),  # choices: checked below
     "--data": dict(metavar="DIR", choices=None, nargs=None),

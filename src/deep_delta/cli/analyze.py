@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="val", help="split to read (default val)")
     options.add_batch(p, "windows per batch (default 8)", "tokens per window (default: the model's context, "
                       "at most 256)", batch_default=8)
-    p.add_argument("--batches", type=int, default=4, metavar="N", help="batches to analyse (default 4)")
+    p.add_argument("--batches", type=options.integer, default=4, metavar="N", help="batches to analyse (default 4)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: MODEL/analysis, or runs/analysis)")
     options.add_device(p)
     options.add_threads(p)

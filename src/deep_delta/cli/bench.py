@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
     options.add_dtype(p, weights=False, default="float32", choices=BENCH_DTYPE_NAMES)
     options.add_batch(p, f"sequences per batch (default: {shapes})", "tokens per sequence (default: see "
                       "--batch-size, at most the model's context)")
-    p.add_argument("--steps", type=int, default=2, metavar="N", help="timed train steps per repeat (default 2)")
-    p.add_argument("--repeats", type=int, default=5, metavar="R",
+    p.add_argument("--steps", type=options.integer, default=2, metavar="N", help="timed train steps per repeat (default 2)")
+    p.add_argument("--repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved repeats; the median is reported (default 5)")
-    p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
-    p.add_argument("--decode-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--warmup", type=options.integer, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
+    p.add_argument("--decode-tokens", type=options.integer, default=32, metavar="N",
                    help="decode steps timed per repeat (default 32)")
     # 1 thread: steady on a shared machine, where several OpenMP threads spin against other jobs
     options.add_threads(p, default="1")

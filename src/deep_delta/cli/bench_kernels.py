@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default "
                       f"{d.seq_len})", batch_default=d.batch_size, seq_default=d.seq_len)
     options.add_variants(p, DEFAULT_VARIANTS)
-    p.add_argument("--repeats", type=int, default=d.repeats, metavar="R", help=f"timed rounds (default {d.repeats})")
-    p.add_argument("--warmup", type=int, default=d.warmup, metavar="W",
+    p.add_argument("--repeats", type=options.integer, default=d.repeats, metavar="R", help=f"timed rounds (default {d.repeats})")
+    p.add_argument("--warmup", type=options.integer, default=d.warmup, metavar="W",
                    help=f"untimed rounds first (default {d.warmup})")
     options.add_threads(p, default=None)  # set for this run only
     p.add_argument("--compile", dest="compile", action="store_true", default=None,

@@ -23,20 +23,20 @@ def add_parser(sub) -> None:
         "than --bound (docs/mup.md).",
     )
     options.add_variants(p, list(d.variants))
-    p.add_argument("--widths", type=int, nargs="+", default=list(d.widths), metavar="W",
+    p.add_argument("--widths", type=options.integer, nargs="+", default=list(d.widths), metavar="W",
                    help=f"hidden sizes, multiples of --head-dim (default {' '.join(map(str, d.widths))})")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
+    p.add_argument("--steps", type=options.integer, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
     p.add_argument("--parametrizations", nargs="+", default=list(d.parametrizations), choices=["sp", "mup"],
                    help="which to run (default: sp mup)")
-    p.add_argument("--layers", type=int, default=d.layers, help=f"blocks (default {d.layers})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head size, fixed across widths "
+    p.add_argument("--layers", type=options.integer, default=d.layers, help=f"blocks (default {d.layers})")
+    p.add_argument("--head-dim", type=options.integer, default=d.head_dim, help=f"head size, fixed across widths "
                    f"(default {d.head_dim})")
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default {d.seq_len})",
                       batch_default=d.batch_size, seq_default=d.seq_len)
-    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
+    p.add_argument("--lr", type=options.real, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
     options.add_seeds(p, "seeds averaged per point: a list, or one number N for seeds 0..N-1 (default 1)",
                       default=[1])
-    p.add_argument("--bound", type=float, default=MUP_SLOPE_BOUND,
+    p.add_argument("--bound", type=options.real, default=MUP_SLOPE_BOUND,
                    help=f"largest |slope - muP order| at the last step that passes (default {MUP_SLOPE_BOUND})")
     p.add_argument("--out", default="runs/coord_check", help="output directory (default runs/coord_check)")
     options.add_device(p)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.experiments.settings import CoordCheckSettings
     from deep_delta.fsutil import atomic_write
     from deep_delta.runtime import resolve_device
-    from deep_delta.train.config import parse_assignments
+    from deep_delta.settings import parse_assignments
 
     overrides = parse_assignments(args.assignments)
     bad = [k for k in overrides if k != "model"]

@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     options.add_model(lo)
     lo.add_argument("--data", required=True, metavar="DIR", help="prepared data directory")
     lo.add_argument("--split", default="val", help="split to evaluate (default val)")
-    lo.add_argument("--max-batches", type=int, default=None, metavar="N", help="evaluate at most N batches")
+    lo.add_argument("--max-batches", type=options.integer, default=None, metavar="N", help="evaluate at most N batches")
     options.add_batch(lo, "sequences per batch (default 8)", "tokens per sequence (default: the model's context)",
                       batch_default=8)
     options.add_device(lo)
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
                     help=f"lm-eval tasks, space-separated (default: {' '.join(PAPER_TASKS)})")
     lm.add_argument("--num-fewshot", nargs="+", default=["0", "1"], metavar="N",
                     help="few-shot counts, space-separated; one table row per model and count (default 0 1)")
-    lm.add_argument("--limit", type=float, default=None, metavar="N",
+    lm.add_argument("--limit", type=options.real, default=None, metavar="N",
                     help="at most N examples per task (N < 1: that fraction); for quick checks only")
     options.add_batch(lm, "requests scored per forward (default 8)", None, batch_default=8)
     options.add_device(lm)

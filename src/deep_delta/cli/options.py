@@ -1,10 +1,10 @@
 """The command-line grammar shared by every ``ddl`` subcommand: one flag name, one meaning (docs/cli.md).
 
 Each ``add_*`` helper adds one option to a parser with the same spelling, metavar, choices and help text in
-every command that has it; ``apply_threads`` and ``variant_list`` turn parsed values into what
-the library takes. Old spellings stay as hidden aliases (:func:`add_deprecated_alias`) that say what replaced
-them. Library functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns those
-into these flags.
+every command that has it; :func:`integer` and :func:`real` are the types of every numeric option (finite,
+scientific notation read); ``apply_threads`` and ``variant_list`` turn parsed values into what the library
+takes. Library functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns
+those into these flags.
 """
 
 from __future__ import annotations
@@ -25,6 +25,26 @@ SET_HELP = ("override a setting: KEY=VALUE, the value parsed as YAML; model.FIEL
 def _shown(default) -> str:
     """How help text names a default: None or SUPPRESS (the config decides) read as the config default, auto."""
     return "auto" if default is None or default == argparse.SUPPRESS else str(default)
+
+
+def integer(text: str) -> int:
+    """The type of every integer option: ``1000`` or ``1e3`` (:func:`deep_delta.settings.parse_number`)."""
+    from deep_delta.settings import parse_number
+
+    try:
+        return parse_number(text, integer=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def real(text: str) -> float:
+    """The type of every real-valued option: a finite number, ``0.5`` or ``1e-3``; nan and inf are refused."""
+    from deep_delta.settings import parse_number
+
+    try:
+        return parse_number(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_device(p, default: str | None = "auto", note: str = "") -> None:
@@ -88,18 +108,18 @@ def variant_list(values: list[str]) -> list[str]:
 
 def add_batch(p, batch_help: str, seq_help: str | None, *, batch_default=None,
               seq_default=None) -> None:
-    p.add_argument("--batch-size", type=int, default=batch_default, metavar="B", help=batch_help)
+    p.add_argument("--batch-size", type=integer, default=batch_default, metavar="B", help=batch_help)
     if seq_help is not None:
-        p.add_argument("--seq-len", type=int, default=seq_default, metavar="T", help=seq_help)
+        p.add_argument("--seq-len", type=integer, default=seq_default, metavar="T", help=seq_help)
 
 
 def add_seed(p, help: str, default: int | None = None) -> None:
-    p.add_argument("--seed", type=int, default=default, metavar="S", help=help)
+    p.add_argument("--seed", type=integer, default=default, metavar="S", help=help)
 
 
 def add_seeds(p, help: str, default: list[int] | None = None) -> None:
     """``--seeds S ...``: several paired seeds, a list or one count N (seeds 0..N-1); :func:`seed_list` reads it."""
-    p.add_argument("--seeds", type=int, nargs="+", default=default, metavar="S", help=help)
+    p.add_argument("--seeds", type=integer, nargs="+", default=default, metavar="S", help=help)
 
 
 def seed_list(values: list[int] | None, seed: int) -> list[int]:

@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its latest checkpoint up to --steps (fresh if none)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
-    p.add_argument("--stop-at", type=int, metavar="N",
+    p.add_argument("--stop-at", type=options.integer, metavar="N",
                    help="end this session after step N (checkpointed) without shortening the schedule")
     options.add_progress(p)
     options.add_threads(p, default=None)  # torchrun processes share the cores: PyTorch's choice unless asked
@@ -67,10 +67,11 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("settings (override the config file)")
     choices = {"variant": list(VARIANTS), "preset": list(PRESETS),
                "distributed": ["auto", "none", "ddp", "fsdp"]}
-    kinds = {"steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": int, "seq_len": int,
-             "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "grad_clip": float,
-             "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int, "seed": int,
-             "peak_flops": float}
+    integer, real = options.integer, options.real
+    kinds = {"steps": integer, "batch_size": integer, "grad_accum": integer, "global_batch_size": integer,
+             "seq_len": integer, "lr": real, "min_lr_ratio": real, "warmup_steps": integer, "weight_decay": real,
+             "grad_clip": real, "eval_every": integer, "eval_batches": integer, "save_every": integer,
+             "keep": integer, "log_every": integer, "seed": integer, "peak_flops": real}
     metavars = {"batch_size": "B", "seq_len": "T", "seed": "S", "data": "DIR", "out": "DIR"}
     defaults = TrainConfig.defaults()  # the fields' defaults, without validating (no model import)
     for name, text in FIELD_HELP.items():
@@ -85,7 +86,7 @@ def add_parser(sub) -> None:
         elif name in ("compile", "activation_checkpointing", "tensorboard"):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         elif name == "betas":
-            g.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=text)
+            g.add_argument(flag, type=options.real, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=text)
         else:
             g.add_argument(flag, type=kinds.get(name, str), choices=choices.get(name), default=argparse.SUPPRESS,
                            metavar=metavars.get(name), help=text)

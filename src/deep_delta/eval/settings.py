@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
+from deep_delta.settings import parse_assignments
 from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
 # float32, or autocast over fp32 weights in bfloat16 / float16, as training runs (deep_delta.eval.timing)
@@ -56,10 +57,8 @@ class BenchSettings:
 
 def with_assignments(settings, assignments: Sequence[str]):
     """``settings`` (a :class:`BenchSettings` or ``KernelBenchSettings``) with ``KEY=VALUE`` ``assignments``
-    applied (YAML values, :func:`deep_delta.train.config.parse_assignments`): ``model.FIELD`` joins the
+    applied (YAML values, :func:`deep_delta.settings.parse_assignments`): ``model.FIELD`` joins the
     ``overrides`` of every variant's DDLConfig, any other key sets that field of ``settings``."""
-    from deep_delta.train.config import parse_assignments
-
     values = parse_assignments(list(assignments))
     model = values.pop("model", {})
     allowed = [f.name for f in fields(settings) if f.name != "overrides"]

@@ -84,7 +84,7 @@ class TaskSettings:
 
     def with_assignments(self, assignments: list[str]) -> TaskSettings:
         """These settings with ``KEY=VALUE`` strings applied (values parsed as YAML, as ``ddl train --set``)."""
-        from deep_delta.train.config import parse_assignment
+        from deep_delta.settings import parse_assignment
 
         values = self.to_dict()
         fields = {f.name for f in dataclasses.fields(self)} - {"model", "task"}
@@ -124,11 +124,12 @@ def model_config(task: Task, variant: str, settings: TaskSettings):
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
     overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **settings.model}
-    if overrides["vocab_size"] < task.vocab_size or overrides["max_position_embeddings"] < task.seq_len:
-        raise ValueError(f"`model.vocab_size` {overrides['vocab_size']} / `model.max_position_embeddings` "
-                         f"{overrides['max_position_embeddings']}; allowed: at least the task's vocabulary "
+    cfg = DDLConfig.from_variant(variant, settings.preset, **overrides)  # a value of the wrong type is named here
+    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
+        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
+                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
                          f"{task.vocab_size} and sequence length {task.seq_len}")
-    return DDLConfig.from_variant(variant, settings.preset, **overrides)
+    return cfg
 
 
 def resolve_task(name: str, settings: TaskSettings) -> Task:

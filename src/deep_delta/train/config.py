@@ -7,6 +7,7 @@ Unknown keys are refused (the error names the key and lists the allowed ones); t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from deep_delta.settings import parse_assignments, parse_number
 
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
@@ -179,32 +182,6 @@ class TrainConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def parse_assignment(item: str) -> tuple[str, Any]:
-    """One ``KEY=VALUE`` string (``ddl ... --set``) as ``(key, value)``: dashes in the key read as underscores,
-    the value parsed as YAML (an empty value is None)."""
-    key, sep, raw = item.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key:
-        raise ValueError(f"`assignments` got {item!r}; allowed: KEY=VALUE, e.g. model.hidden_size=64")
-    try:
-        return key, (yaml.safe_load(raw) if raw.strip() else None)
-    except yaml.YAMLError as e:
-        raise ValueError(f"`assignments` got {item!r}: the value is not valid YAML: {e}") from e
-
-
-def parse_assignments(assignments: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings (``ddl ... --set``) as settings (:func:`parse_assignment`); ``model.FIELD=VALUE``
-    goes into ``values["model"]`` (DDLConfig fields). Checking the keys is the caller's."""
-    values: dict[str, Any] = {}
-    for item in assignments:
-        key, value = parse_assignment(item)
-        if key.startswith("model."):
-            values.setdefault("model", {})[key[len("model."):]] = value
-        else:
-            values[key] = value
-    return values
-
-
 # ---------------------------------------------------------------------- named configs shipped with the package
 def config_root() -> Path:
     """Directory of the recipes shipped in ``deep_delta/configs`` (one YAML file per preset)."""
@@ -313,11 +290,13 @@ def _coerce(name: str, value: Any, kind) -> Any:
         return float(value)
     if float in kinds and isinstance(value, str):
         try:  # YAML 1.1 reads "1e-3" (no dot) as a string
-            return float(value)
+            return parse_number(value)
         except ValueError:
             pass
     if isinstance(value, bool) and bool not in kinds:
         raise _bad(name, value, _type_names(kinds))
+    if isinstance(value, float) and float in kinds and not math.isfinite(value):
+        raise _bad(name, value, "a finite number")
     if isinstance(value, kinds):
         return value
     raise _bad(name, value, _type_names(kinds))
