@@ -108,9 +108,9 @@ def test_shared_options_agree_everywhere(flag):
 
 
 def test_library_parameters_become_the_commands_flags():
-    msg = "`seq_len` got 0; `assignments` got 'x'; `prompts`: the prompt; `overrides`; `unknown_name`"
+    msg = "`seq_len` got 0; `assignments` got 'x'; `prompts`: the prompt; `model`; `unknown_name`"
     assert as_flags(msg, PARSER, ["eval", "loss"]) == ("--seq-len got 0; `assignments` got 'x'; `prompts`: the "
-                                                       "prompt; `overrides`; `unknown_name`")
+                                                       "prompt; --model; `unknown_name`")
     assert as_flags(msg, PARSER, ["bench"]).startswith("--seq-len got 0; --set got 'x'; `prompts`: the prompt; --set")
     assert "--prompt: the prompt" in as_flags(msg, PARSER, ["generate"])
     assert as_flags("`out_dir` x; `source` y", PARSER, ["export"]) == "--out x; --model y"

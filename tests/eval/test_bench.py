@@ -42,7 +42,7 @@ def test_cpu_peak_follows_allocations():
 
 def test_run_bench_rows_and_factors():
     s = BenchSettings(variants=["baseline", "ddl-cc"], batch_size=2, seq_len=16, steps=1, repeats=2,
-                      decode_tokens=4, overrides=SMALL)
+                      decode_tokens=4, model=SMALL)
     rows = run_bench(s)
     assert [r.variant for r in rows] == ["baseline", "ddl-cc"]
     for r in rows:
@@ -107,7 +107,7 @@ def test_bench_set_reaches_settings_and_models():
     args = build_parser().parse_args(["bench", "--set", "model.hidden_size=32", "--set", "model.vocab_size=64",
                                       "--set", "seed=3"])
     s = with_assignments(BenchSettings(), args.assignments)
-    assert s.overrides == {"hidden_size": 32, "vocab_size": 64} and s.seed == 3
+    assert s.model == {"hidden_size": 32, "vocab_size": 64} and s.seed == 3
     with pytest.raises(ValueError, match=r"^`assignments`: unknown setting\(s\) \['bogus'\]"):
         with_assignments(KernelBenchSettings(), ["bogus=1"])
 
@@ -170,7 +170,7 @@ def test_op_inputs_follow_autocast():
 
 
 def test_kernel_bench_tables():
-    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, overrides=SMALL)
+    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, model=SMALL)
     rows = run_step_bench(s)
     assert [r.variant for r in rows] == ["baseline", "ddl-cc"]  # the baseline is added first
     cc = rows[1]

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         variants=options.variant_list(args.variants), widths=args.widths, parametrizations=args.parametrizations,
         steps=args.steps, layers=args.layers, head_dim=args.head_dim, batch_size=args.batch_size,
         seq_len=args.seq_len, lr=args.lr, seeds=options.seed_list(args.seeds, 0), device=str(resolve_device(args.device)),
-        model_overrides=overrides.get("model", {}),
+        model=overrides.get("model", {}),
     )
     threads = options.apply_threads(args.threads)
     print(f"ddl coord-check: {', '.join(settings.variants)} at widths {' '.join(map(str, settings.widths))}, "

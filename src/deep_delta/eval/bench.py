@@ -58,7 +58,7 @@ class _Subject(StepSubject):
 
     def __init__(self, variant: str, s: BenchSettings, device: torch.device):
         super().__init__(variant, s.preset, batch_size=s.batch_size, seq_len=s.seq_len, device=device,
-                         dtype=s.dtype, overrides=s.overrides, seed=s.seed)
+                         dtype=s.dtype, overrides=s.model, seed=s.seed)
         self.s = s
 
     @torch.no_grad()

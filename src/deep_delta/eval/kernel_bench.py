@@ -213,7 +213,7 @@ def run_step_bench(settings: KernelBenchSettings, progress: Callable[[str], None
     s = settings.resolved()
     device = torch.device(s.device)
     say = progress or (lambda msg: None)
-    overrides = {"max_position_embeddings": s.seq_len, **s.overrides}
+    overrides = {"max_position_embeddings": s.seq_len, **s.model}
     subjects = {}
     for v in s.variants:
         say(f"building {v}")

@@ -28,7 +28,7 @@ class BenchSettings:
     warmup: int = 1
     decode_tokens: int = 32
     seed: int = 0
-    overrides: dict = field(default_factory=dict)  # extra DDLConfig fields for every variant
+    model: dict = field(default_factory=dict)  # DDLConfig fields set for every variant
 
     def resolved(self) -> BenchSettings:
         """A copy with the device, batch size and sequence length filled in; ``ValueError`` naming the field
@@ -36,12 +36,12 @@ class BenchSettings:
         from deep_delta.eval.step_bench import check_variants
         from deep_delta.eval.timing import bench_device, check_dtype, check_int
 
-        variants = check_variants(self.variants, self.preset, self.overrides)
+        variants = check_variants(self.variants, self.preset, self.model)
         check_dtype(self.dtype)
         device = str(bench_device(self.device))
         b, t = DEFAULT_SHAPES.get(self.preset, (8, 1024))
         b = self.batch_size if self.batch_size is not None else b  # 0 is refused, not the default
-        ctx = self.overrides.get("max_position_embeddings", PRESETS[self.preset]["max_position_embeddings"])
+        ctx = self.model.get("max_position_embeddings", PRESETS[self.preset]["max_position_embeddings"])
         t = self.seq_len if self.seq_len is not None else min(t, ctx)
         for name, value, lo in (("batch_size", b, 1), ("seq_len", t, 2), ("steps", self.steps, 1),
                                 ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
@@ -52,21 +52,21 @@ class BenchSettings:
         if self.decode_tokens >= t:
             raise ValueError(f"`decode_tokens` got {self.decode_tokens}; allowed: 1..{t - 1} (below `seq_len`)")
         return BenchSettings(self.preset, variants, device, self.dtype, b, t, self.steps, self.repeats,
-                             self.warmup, self.decode_tokens, self.seed, dict(self.overrides))
+                             self.warmup, self.decode_tokens, self.seed, dict(self.model))
 
 
 def with_assignments(settings, assignments: Sequence[str]):
     """``settings`` (a :class:`BenchSettings` or ``KernelBenchSettings``) with ``KEY=VALUE`` ``assignments``
     applied (YAML values, :func:`deep_delta.settings.parse_assignments`): ``model.FIELD`` joins the
-    ``overrides`` of every variant's DDLConfig, any other key sets that field of ``settings``."""
+    ``model`` (DDLConfig fields) of every variant, any other key sets that field of ``settings``."""
     values = parse_assignments(list(assignments))
     model = values.pop("model", {})
-    allowed = [f.name for f in fields(settings) if f.name != "overrides"]
+    allowed = [f.name for f in fields(settings) if f.name != "model"]
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise ValueError(f"`assignments`: unknown setting(s) {unknown}; allowed: model.FIELD (a DDLConfig field), "
                          f"{', '.join(allowed)}")
-    return replace(settings, **values, overrides={**settings.overrides, **model})
+    return replace(settings, **values, model={**settings.model, **model})
 
 
 @dataclass
@@ -83,7 +83,7 @@ class KernelBenchSettings:
     ops: bool = True  # the op table
     steps: bool = True  # the training-step table
     seed: int = 0
-    overrides: dict = field(default_factory=dict)  # extra DDLConfig fields for the step table's models
+    model: dict = field(default_factory=dict)  # DDLConfig fields set for the step table's models
 
     def resolved(self) -> KernelBenchSettings:
         """A copy with the device resolved, ``compile`` decided and the baseline among the variants;
@@ -94,7 +94,7 @@ class KernelBenchSettings:
         variants = list(self.variants)
         if "baseline" not in variants:
             variants.insert(0, "baseline")
-        overrides = {"max_position_embeddings": self.seq_len, **self.overrides}
+        overrides = {"max_position_embeddings": self.seq_len, **self.model}
         check_int("batch_size", self.batch_size, 1)
         check_int("seq_len", self.seq_len, 1)
         check_int("repeats", self.repeats, 1)
@@ -104,4 +104,4 @@ class KernelBenchSettings:
         device = bench_device(self.device)
         compile_ = self.compile if self.compile is not None else device.type == "cuda"
         return replace(self, variants=variants, device=str(device), compile=bool(compile_),
-                       overrides=dict(self.overrides))
+                       model=dict(self.model))

@@ -58,7 +58,7 @@ MUP_ORDER = {name: 0.0 for name in ACTIVATIONS} | {"kTx": 0.5, "v": 0.5}
 def model_config(variant: str, width: int, parametrization: str, s: CoordCheckSettings) -> DDLConfig:
     fields = dict(hidden_size=width, num_hidden_layers=s.layers, num_attention_heads=width // s.head_dim,
                   vocab_size=257, max_position_embeddings=max(s.seq_len, 16), parametrization=parametrization)
-    return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model_overrides})
+    return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model})
 
 
 def text_batches(batch_size: int, seq_len: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,7 +20,7 @@ MUP_SLOPE_BOUND = 0.5
 @dataclass
 class CoordCheckSettings:
     """What a coordinate check runs; every model is ``variant`` at ``layers`` blocks of ``width / head_dim``
-    heads of ``head_dim``, vocabulary 257 (bytes) and ``model_overrides`` (any DDLConfig field)."""
+    heads of ``head_dim``, vocabulary 257 (bytes) and ``model`` (any DDLConfig field)."""
 
     variants: Sequence[str] = ("baseline", "ddl-cc")
     widths: Sequence[int] = (64, 128, 256, 512, 1024)
@@ -33,7 +33,7 @@ class CoordCheckSettings:
     lr: float = 1e-2
     seeds: Sequence[int] = (0,)
     device: str = "cpu"
-    model_overrides: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         unknown = [v for v in self.variants if v not in VARIANTS]
