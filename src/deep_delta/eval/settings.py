@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from deep_delta.settings import parse_assignments
+from deep_delta.settings import check_fields, parse_assignments
 from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
 # float32, or autocast over fp32 weights in bfloat16 / float16, as training runs (deep_delta.eval.timing)
@@ -29,6 +29,9 @@ class BenchSettings:
     decode_tokens: int = 32
     seed: int = 0
     model: dict = field(default_factory=dict)  # DDLConfig fields set for every variant
+
+    def __post_init__(self):
+        check_fields(self)
 
     def resolved(self) -> BenchSettings:
         """A copy with the device, batch size and sequence length filled in; ``ValueError`` naming the field
@@ -84,6 +87,9 @@ class KernelBenchSettings:
     steps: bool = True  # the training-step table
     seed: int = 0
     model: dict = field(default_factory=dict)  # DDLConfig fields set for the step table's models
+
+    def __post_init__(self):
+        check_fields(self)
 
     def resolved(self) -> KernelBenchSettings:
         """A copy with the device resolved, ``compile`` decided and the baseline among the variants;

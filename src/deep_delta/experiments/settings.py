@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deep_delta.settings import check_fields
 from deep_delta.variants import VARIANTS
 
 PARAMETRIZATIONS = ("sp", "mup")
@@ -34,6 +35,9 @@ class CoordCheckSettings:
     seeds: Sequence[int] = (0,)
     device: str = "cpu"
     model: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_fields(self)
 
     def validate(self) -> None:
         unknown = [v for v in self.variants if v not in VARIANTS]

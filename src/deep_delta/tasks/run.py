@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from deep_delta.settings import check_fields
 from deep_delta.tasks import TASKS, Batch, Task, accuracy_by_difficulty, data_rng, get_task
 
 # The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
@@ -53,16 +54,7 @@ class TaskSettings:
     task: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise _bad(f.name, value, "an integer")
-            if f.type == "float":
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                    raise _bad(f.name, value, "a number")
-                setattr(self, f.name, float(value))
-            if f.type.startswith("dict") and not isinstance(value, dict):
-                raise _bad(f.name, value, "a mapping of names to values")
+        check_fields(self)  # the types, from the annotations
         for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise _bad(name, getattr(self, name), "an integer >= 1")

@@ -7,7 +7,6 @@ Unknown keys are refused (the error names the key and lists the allowed ones); t
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from deep_delta.settings import parse_assignments, parse_number
+from deep_delta.settings import check_fields, parse_assignments
 
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
@@ -79,8 +78,7 @@ class TrainConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Check types and ranges; raise ValueError naming the field, the value and what is allowed."""
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), _FIELD_TYPES[f.name]))
+        check_fields(self)  # the types, from the annotations
         from deep_delta.models.ddl.configuration_ddl import DDLConfig
         from deep_delta.variants import PRESETS, VARIANTS
 
@@ -257,55 +255,8 @@ def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any]
     return cfg
 
 
-# ---------------------------------------------------------------------- type checking
-_FIELD_TYPES = {
-    "variant": str, "preset": str, "model": dict, "data": (str, type(None)), "out": str,
-    "steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": (int, type(None)), "seq_len": int,
-    "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "betas": "betas",
-    "grad_clip": float, "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int,
-    "seed": int, "device": str, "dtype": str, "compile": bool,
-    "activation_checkpointing": bool, "distributed": str, "tensorboard": bool,
-    "peak_flops": (float, type(None)),
-}
-
-
 def _bad(name: str, got: Any, allowed: str) -> ValueError:
     return ValueError(f"TrainConfig: `{name}` got {got!r}; allowed: {allowed}")
-
-
-def _coerce(name: str, value: Any, kind) -> Any:
-    """``value`` checked against ``kind`` (ints accepted for floats, PathLike for str)."""
-    if kind == "betas":
-        if isinstance(value, (list, tuple)) and len(value) == 2 and all(
-            isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
-        ):
-            return (float(value[0]), float(value[1]))
-        raise _bad(name, value, "a list of two floats, e.g. [0.9, 0.95]")
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if value is None and type(None) in kinds:
-        return None
-    if str in kinds and isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if float in kinds and isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
-            return parse_number(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) and bool not in kinds:
-        raise _bad(name, value, _type_names(kinds))
-    if isinstance(value, float) and float in kinds and not math.isfinite(value):
-        raise _bad(name, value, "a finite number")
-    if isinstance(value, kinds):
-        return value
-    raise _bad(name, value, _type_names(kinds))
-
-
-def _type_names(kinds: tuple) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
-             type(None): "null"}
-    return " or ".join(names[k] for k in kinds)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
