@@ -60,3 +60,22 @@ def test_an_annotation_without_a_check_is_a_bug_not_a_pass():
 
     with pytest.raises(NotImplementedError, match="no check for the annotation"):
         check_fields(Odd())
+
+
+def test_ddl_train_has_one_flag_per_field_with_the_help_kept_beside_the_field():
+    import argparse
+
+    from deep_delta.cli.main import build_parser, command_parser
+
+    train = command_parser(build_parser(), ["train"])
+    group = next(g for g in train._action_groups if g.title.startswith("settings"))
+    flags = {a.option_strings[0]: a for a in group._group_actions}
+    fields = [f for f in dataclasses.fields(TrainConfig) if f.name != "model"]
+    assert sorted(flags) == sorted("--" + f.name.replace("_", "-") for f in fields)
+    for f in fields:
+        a = flags["--" + f.name.replace("_", "-")]
+        assert f.metadata["help"] in a.help and a.default == argparse.SUPPRESS, f.name
+        if "choices" in f.metadata:
+            assert list(a.choices) == list(f.metadata["choices"]), f.name
+    args = train.parse_args(["--lr", "2e-3", "--betas", "0.8", "0.9", "--no-compile", "--peak-flops", "1e12"])
+    assert (args.lr, args.betas, args.compile, args.peak_flops) == (2e-3, [0.8, 0.9], False, 1e12)

@@ -16,9 +16,16 @@ from typing import Any
 import yaml
 
 from deep_delta.settings import check_fields, parse_assignments
+from deep_delta.variants import PRESETS, VARIANTS
 
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
+
+
+def _setting(default: Any, help: str, **flag: Any) -> Any:
+    """A TrainConfig field: its default, and the help (with ``metavar`` or ``choices``) of its ``ddl train``
+    flag, kept beside it."""
+    return field(default=default, metadata={"help": help, **flag})
 
 
 @dataclass
@@ -42,35 +49,42 @@ class TrainConfig:
     instead of all, for one more forward of the blocks per step. Gradients equal the plain run's.
     """
 
-    variant: str = "baseline"
-    preset: str = "tiny"
+    # Each field's metadata holds the help of its `ddl train` flag (--field-name), and its metavar or choices;
+    # the command line builds its flags from them (deep_delta/cli/train.py). `model` is set with --set model.X.
+    variant: str = _setting("baseline", "model variant", choices=tuple(VARIANTS))
+    preset: str = _setting("tiny", "model size: tiny (CPU), small (124M), medium (353M)", choices=tuple(PRESETS))
     model: dict[str, Any] = field(default_factory=dict)
-    data: str | None = None
-    out: str = "runs/train"
-    steps: int = 1000
-    batch_size: int = 8
-    grad_accum: int = 1
-    global_batch_size: int | None = None
-    seq_len: int = 256
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_batches: int = 20
-    save_every: int = 1000
-    keep: int = 2
-    log_every: int = 10
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    distributed: str = "auto"
-    tensorboard: bool = False
-    peak_flops: float | None = None
+    data: str | None = _setting(None, "prepared data directory (none: the embedded text, prepared once into a "
+                                "cache)", metavar="DIR")
+    out: str = _setting("runs/train", "run directory: metrics.jsonl, run.json, checkpoints/", metavar="DIR")
+    steps: int = _setting(1000, "total optimizer steps of the run (also the length of the cosine schedule)")
+    batch_size: int = _setting(8, "sequences per micro-batch on each process", metavar="B")
+    grad_accum: int = _setting(1, "micro-batches per optimizer step (ignored when --global-batch-size is set)")
+    global_batch_size: int | None = _setting(None, "sequences per optimizer step over all processes; derives "
+                                             "grad_accum")
+    seq_len: int = _setting(256, "tokens per sequence", metavar="T")
+    lr: float = _setting(1e-3, "peak learning rate")
+    min_lr_ratio: float = _setting(0.1, "final learning rate as a fraction of --lr")
+    warmup_steps: int = _setting(100, "linear warm-up steps")
+    weight_decay: float = _setting(0.1, "AdamW weight decay on matrices")
+    betas: tuple[float, float] = _setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
+    grad_clip: float = _setting(1.0, "clip the gradient norm to this (0: off)")
+    eval_every: int = _setting(250, "validate every N steps (0: only at the end)")
+    eval_batches: int = _setting(20, "validation batches per evaluation")
+    save_every: int = _setting(1000, "checkpoint every N steps (0: only at the end)")
+    keep: int = _setting(2, "keep the newest K checkpoints")
+    log_every: int = _setting(10, "print / update the progress bar every N steps (0: never)")
+    seed: int = _setting(0, "seed of the initialisation and the data order", metavar="S")
+    device: str = _setting("auto", "; under torchrun, cuda is each process's LOCAL_RANK GPU")  # after --device's
+    dtype: str = _setting("auto", "", choices=DTYPES)  # the text of --dtype everywhere (cli/options.add_dtype)
+    compile: bool = _setting(False, "torch.compile each block")
+    activation_checkpointing: bool = _setting(False, "checkpoint each block: rerun its forward in backward (less "
+                                              "activation memory)")
+    distributed: str = _setting("auto", "under torchrun: auto (DDP when several processes), none, ddp or fsdp "
+                                "(FSDP2)", choices=DISTRIBUTED)
+    tensorboard: bool = _setting(False, "also write TensorBoard scalars to OUT/tensorboard")
+    peak_flops: float | None = _setting(None, "peak FLOP/s of one device for MFU (none: looked up for known GPUs; "
+                                        "none on CPU)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,15 +94,13 @@ class TrainConfig:
         """Check types and ranges; raise ValueError naming the field, the value and what is allowed."""
         check_fields(self)  # the types, from the annotations
         from deep_delta.models.ddl.configuration_ddl import DDLConfig
-        from deep_delta.variants import PRESETS, VARIANTS
 
-        _choice("variant", self.variant, tuple(VARIANTS))
-        _choice("preset", self.preset, tuple(PRESETS))
         from deep_delta.runtime import check_device
 
+        for f in dataclasses.fields(self):
+            if "choices" in f.metadata:
+                _choice(f.name, getattr(self, f.name), f.metadata["choices"])
         check_device(self.device)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("distributed", self.distributed, DISTRIBUTED)
         known = DDLConfig.field_names() - {"variant", "preset"}
         unknown = sorted(set(self.model) - known)
         if unknown:
@@ -194,8 +206,6 @@ def recipes() -> list[str]:
 def available_configs() -> list[str]:
     """Names of the shipped configs, ``RECIPE/VARIANT`` (e.g. ``small/ddl-cc``, usable as ``--config``): every
     recipe with every variant."""
-    from deep_delta.variants import VARIANTS
-
     return [f"{r}/{v}" for r in recipes() for v in sorted(VARIANTS)]
 
 
@@ -209,8 +219,6 @@ def resolve_config(spec: str | os.PathLike) -> Path:
 
 
 def _split_name(spec: str | os.PathLike) -> tuple[str, str | None]:
-    from deep_delta.variants import VARIANTS
-
     name = str(spec).removesuffix(".yaml")
     recipe, _, variant = name.partition("/")
     if recipe in recipes() and (not variant or variant in VARIANTS):
