@@ -94,7 +94,6 @@ class TrainConfig:
         """Check types and ranges; raise ValueError naming the field, the value and what is allowed."""
         check_fields(self)  # the types, from the annotations
         from deep_delta.models.ddl.configuration_ddl import DDLConfig
-
         from deep_delta.runtime import check_device
 
         for f in dataclasses.fields(self):
