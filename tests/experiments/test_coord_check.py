@@ -49,5 +49,9 @@ def test_mup_without_its_learning_rate_scaling_fails_the_check(one_thread):
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="`widths` got"):
         run_coord_check(CoordCheckSettings(widths=(48, 64), head_dim=32))
+    with pytest.raises(ValueError, match=r"`widths` got \[32, 32\]; allowed: two or more different"):
+        run_coord_check(CoordCheckSettings(widths=(32, 32)))  # no slope from one width (a ZeroDivisionError)
+    with pytest.raises(ValueError, match="`head_dim` got 0; allowed: an integer >= 1"):
+        run_coord_check(CoordCheckSettings(head_dim=0))  # checked before it divides the widths
     with pytest.raises(ValueError, match="`variants` got"):
         run_coord_check(CoordCheckSettings(variants=("nope",)))

@@ -46,12 +46,12 @@ class CoordCheckSettings:
         bad = [p for p in self.parametrizations if p not in PARAMETRIZATIONS]
         if bad or not self.parametrizations:
             raise ValueError(f"`parametrizations` got {list(self.parametrizations)!r}; allowed: sp, mup")
-        if len(self.widths) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
-            raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more multiples of "
-                             f"head_dim={self.head_dim}")
         for name in ("steps", "layers", "head_dim", "batch_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` got {getattr(self, name)!r}; allowed: an integer >= 1")
+        if len(set(self.widths)) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
+            raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more different multiples of "
+                             f"head_dim={self.head_dim} (a slope needs two widths)")
         if not self.lr > 0:
             raise ValueError(f"`lr` got {self.lr!r}; allowed: a float > 0")
         if not self.seeds:
