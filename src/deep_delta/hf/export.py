@@ -4,7 +4,7 @@ The directory holds config.json, model.safetensors, generation_config.json, the 
 (tokenizer.json + tokenizer_config.json), a short model card (README.md), checksums.json (the SHA-256 of the
 weights, verified whenever the directory is loaded) and ddl_export.json, the marker that says ``ddl export``
 wrote the directory and which files it wrote: ``--overwrite`` replaces only such a directory. It loads with
-``AutoModelForCausalLM.from_pretrained(dir)`` after ``import deep_delta`` and
+``AutoModelForCausalLM.from_pretrained(dir)`` after ``import deep_delta.models`` and
 ``AutoTokenizer.from_pretrained(dir)`` (no import needed).
 """
 
