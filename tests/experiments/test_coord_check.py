@@ -8,13 +8,8 @@ import json
 import pytest
 import torch
 
-from deep_delta.experiments.coord_check import (
-    MUP_SLOPE_BOUND,
-    CoordCheckSettings,
-    format_table,
-    run_coord_check,
-    violations,
-)
+from deep_delta.experiments.coord_check import format_table, run_coord_check, violations
+from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
 # 64 tokens a step: widths above the tokens per step are where muP's limit is near (a readout's update sums
 # over tokens, and their cross terms ~ sqrt(tokens * d) stop mattering once d > tokens).
@@ -54,6 +49,10 @@ def test_mup_without_its_learning_rate_scaling_fails_the_check(one_thread):
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="`widths` got"):
         run_coord_check(CoordCheckSettings(widths=(48, 64), head_dim=32))
+    with pytest.raises(ValueError, match=r"`widths` got \[32, 32\]; allowed: two or more different"):
+        run_coord_check(CoordCheckSettings(widths=(32, 32)))  # no slope from one width (a ZeroDivisionError)
+    with pytest.raises(ValueError, match="`head_dim` got 0; allowed: an integer >= 1"):
+        run_coord_check(CoordCheckSettings(head_dim=0))  # checked before it divides the widths
     with pytest.raises(ValueError, match="`variants` got"):
         run_coord_check(CoordCheckSettings(variants=("nope",)))
 

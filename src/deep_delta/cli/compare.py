@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 
 from deep_delta.cli import options
-from deep_delta.cli.options import seed_list  # noqa: F401 (also imported from here by cli/tasks.py)
 
 
 def add_parser(sub) -> None:
     from deep_delta.experiments.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
     from deep_delta.train.config import DTYPES
+    from deep_delta.variants import PRESETS
 
     d = COMPARE_DEFAULTS
     p = sub.add_parser(
@@ -29,19 +28,19 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", default=None, choices=list(PRESETS), help=f"(default {d['preset']}) model size")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
     p.add_argument("--data", default=None, metavar="DIR", help="prepared data directory (default: the embedded text)")
-    p.add_argument("--steps", type=int, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
+    p.add_argument("--steps", type=options.integer, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
     options.add_batch(p, f"(default {d['batch_size']}) sequences per step", f"(default {d['seq_len']}) tokens per "
                       "sequence")
-    p.add_argument("--lr", type=float, default=None, help=f"(default {d['lr']}) peak learning rate")
-    p.add_argument("--warmup-steps", type=int, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
-    p.add_argument("--eval-every", type=int, default=None, help=f"(default {d['eval_every']}) validate every N steps")
-    p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
+    p.add_argument("--lr", type=options.real, default=None, help=f"(default {d['lr']}) peak learning rate")
+    p.add_argument("--warmup-steps", type=options.integer, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
+    p.add_argument("--eval-every", type=options.integer, default=None, help=f"(default {d['eval_every']}) validate every N steps")
+    p.add_argument("--eval-batches", type=options.integer, default=None, help=f"(default {d['eval_batches']}) validation batches")
     options.add_seed(p, f"(default {d['seed']}) seed of initialisation and data order")
     options.add_seeds(p, "several paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 "
                       "(--seeds 3); every variant trains with every seed, and the table shows mean +- sd, the paired "
                       "difference to the baseline with its 95%% t-interval, and the seeds in which it was lower "
                       "(default: the one --seed)")
-    p.add_argument("--time-repeats", type=int, default=5, metavar="R",
+    p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
     options.add_device(p, default=None)

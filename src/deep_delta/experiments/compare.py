@@ -19,11 +19,10 @@ from typing import Any
 
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
-from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
-from deep_delta.train.checkpoint import run_lock
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
 from deep_delta.train.provenance import data_fingerprint
+from deep_delta.variants import DEFAULT_VARIANTS, paper_name
 
 # The main job's defaults: the tiny preset (d=256, 4 layers, 4 heads) on the embedded text, sized so that the
 # four default variants finish in about ten minutes on 2 CPU cores (see docs/training.md for the measurement).
@@ -128,6 +127,8 @@ def run_compare(
         check_reusable(cfg, fingerprint, overwrite=overwrite)
     refuse_replaced_dir(out)
     refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png"))
+    from deep_delta.train.checkpoint import run_lock
+
     with run_lock(out, "ddl compare"):
         if base.wandb:
             _remember_group(out, base.wandb_group)
@@ -284,14 +285,12 @@ def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | N
 
 
 def _variant_row(variant: str, results: list[dict]) -> dict[str, Any]:
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
     val_mean, val_sd = mean_sd([r["val_loss"] for r in results])
     ppl_mean, _ = mean_sd([r["val_ppl"] for r in results])
     rates = [r["tokens_per_s"] for r in results if r["tokens_per_s"]]
     failed = [(f"seed {r['seed']}: " if len(results) > 1 else "") + r["diverged"] for r in results if r["diverged"]]
     return {
-        "variant": variant, "name": PAPER_NAMES.get(variant, variant), "parameters": results[0]["parameters"],
+        "variant": variant, "name": paper_name(variant), "parameters": results[0]["parameters"],
         "steps": results[0]["steps"], "tokens": results[0]["tokens"],
         "final_train_loss": mean_sd([r["final_train_loss"] for r in results])[0],
         "val_loss": val_mean, "val_loss_sd": val_sd, "val_ppl": ppl_mean,
@@ -470,12 +469,10 @@ def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
     seeds = seeds or [0]
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, v in enumerate(variants):
-        color, label = f"C{i}", PAPER_NAMES.get(v, v)
+        color, label = f"C{i}", paper_name(v)
         records = [read_metrics(d) for d in _run_dirs(Path(out), v, seeds)]
         train = []
         for recs in records:

@@ -17,7 +17,6 @@ the tile it has just written instead of making another pass over it.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from torch import nn
@@ -138,16 +137,11 @@ class DeltaResidual(nn.Module):
                 f"got {tuple(x_in.shape)}"
             )
 
-    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, read: nn.Module | None = None,
-                **branch_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, **branch_kwargs) -> torch.Tensor:
         """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns the new state, x's shape.
 
-        ``read=`` is deprecated: use :meth:`update_and_read`, which always returns ``(x_new, x_in_next)``.
+        The next sublayer's read of the new state, fused with the update: :meth:`update_and_read`.
         """
-        if read is not None:
-            warnings.warn("DeltaResidual: `forward(..., read=)` is deprecated; use `update_and_read(x, read, ...)`",
-                          DeprecationWarning, stacklevel=2)
-            return self.update_and_read(x, read, *branch_args, x_in=x_in, **branch_kwargs)
         self._check(x, x_in)
         out = self._update_inputs(x, x_in, branch_args, branch_kwargs)
         if self.disable:

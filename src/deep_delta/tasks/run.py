@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from deep_delta.settings import check_fields
 from deep_delta.tasks import TASKS, Batch, Task, accuracy_by_difficulty, data_rng, get_task
 
 # The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
@@ -54,16 +55,7 @@ class TaskSettings:
     task: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise _bad(f.name, value, "an integer")
-            if f.type == "float":
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                    raise _bad(f.name, value, "a number")
-                setattr(self, f.name, float(value))
-            if f.type.startswith("dict") and not isinstance(value, dict):
-                raise _bad(f.name, value, "a mapping of names to values")
+        check_fields(self)  # the types, from the annotations
         for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise _bad(name, getattr(self, name), "an integer >= 1")
@@ -85,7 +77,7 @@ class TaskSettings:
 
     def with_assignments(self, assignments: list[str]) -> TaskSettings:
         """These settings with ``KEY=VALUE`` strings applied (values parsed as YAML, as ``ddl train --set``)."""
-        from deep_delta.train.config import parse_assignment
+        from deep_delta.settings import parse_assignment
 
         values = self.to_dict()
         fields = {f.name for f in dataclasses.fields(self)} - {"model", "task"}
@@ -125,11 +117,12 @@ def model_config(task: Task, variant: str, settings: TaskSettings):
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
     overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **settings.model}
-    if overrides["vocab_size"] < task.vocab_size or overrides["max_position_embeddings"] < task.seq_len:
-        raise ValueError(f"`model.vocab_size` {overrides['vocab_size']} / `model.max_position_embeddings` "
-                         f"{overrides['max_position_embeddings']}; allowed: at least the task's vocabulary "
+    cfg = DDLConfig.from_variant(variant, settings.preset, **overrides)  # a value of the wrong type is named here
+    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
+        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
+                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
                          f"{task.vocab_size} and sequence length {task.seq_len}")
-    return DDLConfig.from_variant(variant, settings.preset, **overrides)
+    return cfg
 
 
 def resolve_task(name: str, settings: TaskSettings) -> Task:
