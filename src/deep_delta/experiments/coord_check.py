@@ -162,7 +162,7 @@ class ActivationRecorder:
         src = x if module.value_channels == 1 else (kwargs.get("x_in") if kwargs.get("x_in") is not None
                                                     else x.mean(-1))
         self._add("read", src)
-        if module.disable:
+        if module.additive:
             return
         c = module.norm(src)
         self.on = False  # the branch again, unrecorded: the residual does not hand out its k
