@@ -32,6 +32,7 @@ def add_parser(sub) -> None:
     options.add_batch(p, f"(default {d['batch_size']}) sequences per step", f"(default {d['seq_len']}) tokens per "
                       "sequence")
     p.add_argument("--lr", type=float, default=None, help=f"(default {d['lr']}) peak learning rate")
+    options.add_lrs(p, "every variant")
     p.add_argument("--warmup-steps", type=int, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
     p.add_argument("--eval-every", type=int, default=None, help=f"(default {d['eval_every']}) validate every N steps")
     p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
@@ -60,9 +61,16 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.experiments.compare import COMPARE_DEFAULTS, format_table, run_compare, verdicts
+    from deep_delta.experiments.compare import (
+        COMPARE_DEFAULTS,
+        format_table,
+        run_compare,
+        run_lr_grid,
+        verdicts,
+    )
     from deep_delta.train.config import load_config
 
+    lrs = options.lr_grid(args.lrs, args.lr, args.assignments)
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
              "eval_batches", "seed", "device", "dtype")
     given = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
@@ -74,20 +82,31 @@ def run(args: argparse.Namespace) -> int:
     variants = options.variant_list(args.variants)
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
+    grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
     print(f"ddl compare: {', '.join(variants)} at preset {base.preset}, {base.steps} steps x "
-          f"{base.batch_size} x {base.seq_len} tokens each, paired seeds {', '.join(map(str, seeds))}; "
+          f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
-    summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
-                          progress=not args.no_progress, time_repeats=args.time_repeats)
+    if lrs is None:
+        summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
+                              progress=not args.no_progress, time_repeats=args.time_repeats)
+    else:
+        summary = run_lr_grid(base, variants, args.out, lrs, seeds=seeds, overwrite=args.overwrite,
+                              progress=not args.no_progress, time_repeats=args.time_repeats)
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)
     print(f"{tokens:,} training tokens per variant; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
+    if lrs is not None:
+        from deep_delta.experiments.lr_grid import grid_table
+
+        print("final validation loss at every lr (bold: each variant's chosen lr, on validation loss)")
+        print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: format(x, ".4f")) + "\n")
     print(format_table(summary))
     print("\n".join(verdicts(summary)))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:
         print(f"ddl compare: {r['variant']} diverged: {r['diverged']}", file=sys.stderr)
-    print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png")
+    plot = ", lr_sensitivity.png" if lrs is not None else ""
+    print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png{plot}")
     return 1 if failed else 0

@@ -211,11 +211,19 @@ def train_steps(model, optimizer, schedule, task: Task, seed: int, settings: Tas
     return {"loss_curve": loss_curve, "accuracy_curve": acc_curve, "steps_done": step, "diverged": diverged}
 
 
+def validation_set(task: Task, settings: TaskSettings) -> Batch:
+    """``settings.eval_size`` held-out sequences of the train split (never a test sequence), from a stream of
+    their own (``test_seed``, "validation"), not the training stream: what an lr grid chooses on."""
+    return task.generate(data_rng(settings.test_seed, f"{task.name}/validation"), settings.eval_size, "train")
+
+
 def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, device: str = "auto",
-              progress: bool = True, desc: str | None = None, test: Batch | None = None) -> dict[str, Any]:
-    """Train ``variant`` on ``task`` with ``seed`` for ``settings.steps`` steps, evaluate on the fixed test set;
-    the result record (accuracy by difficulty, loss and accuracy curves, time) as :func:`run_task_study`
-    stores it. A non-finite loss stops training there; the record names the step under ``"diverged"``."""
+              progress: bool = True, desc: str | None = None, test: Batch | None = None,
+              validation: Batch | None = None) -> dict[str, Any]:
+    """Train ``variant`` on ``task`` with ``seed`` for ``settings.steps`` steps, evaluate on the validation set
+    (:func:`validation_set`) and the fixed test set; the result record (accuracy by difficulty, validation
+    accuracy and loss, loss and accuracy curves, time) as :func:`run_task_study` stores it. A non-finite loss
+    stops training there; the record names the step under ``"diverged"``."""
     import torch
 
     from deep_delta.models import count_parameters
@@ -223,6 +231,7 @@ def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, de
 
     dev = resolve_device(device)
     test = task.test_set(settings.test_seed, settings.test_size) if test is None else test
+    validation = validation_set(task, settings) if validation is None else validation
     model, optimizer, schedule = build_run(task, variant, seed, settings, dev)
     t0 = time.perf_counter()
     with _bar(settings.steps, desc or f"{task.name} {variant} seed {seed}", progress) as bar:
@@ -230,11 +239,13 @@ def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, de
                               test.take(slice(0, settings.eval_size)))
     train_s = time.perf_counter() - t0
     final = evaluate(model, task, test, dev)
+    held_out = evaluate(model, task, validation, dev)
     return {
         **run_identity(task, variant, seed, settings),
         "accuracy": {"overall": final["overall"], "correct": final["correct"], "total": final["total"],
                      "by_difficulty": {str(k): v for k, v in final["by_difficulty"].items()}},
-        "test_loss": final["loss"], "chance": task.chance, "levels": list(task.levels),
+        "test_loss": final["loss"], "validation": {"overall": held_out["overall"], "loss": held_out["loss"]},
+        "chance": task.chance, "levels": list(task.levels),
         "level_names": list(task.level_names), "difficulty_name": task.difficulty_name, **trained,
         "parameters": count_parameters(model), "model_config": model.config.to_diff_dict(),
         "train_s": train_s, "wall_s": time.perf_counter() - t0, "device": str(dev),
@@ -328,11 +339,12 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
         if done:
             say(f"reusing {len(done)} finished result(s) in {out}")
         test = task.test_set(settings.test_seed, settings.test_size)
+        validation = validation_set(task, settings)
         shortcuts = score_shortcuts(task, test)
         for i, (variant, seed) in enumerate(todo, 1):
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
-                               test=test)
+                               test=test, validation=validation)
             atomic_write(result_path(out, variant, seed), json.dumps(record, indent=1) + "\n")
             done[variant, seed] = record
             acc = record["accuracy"]["overall"]
@@ -342,4 +354,81 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                 write_outputs(out, summarize(task, variants, seeds, done, settings, shortcuts))
         summary = summarize(task, variants, seeds, done, settings, shortcuts)
         write_outputs(out, summary)
+    return summary
+
+
+# ---------------------------------------------------------------------- an lr grid: variants x lrs x seeds
+def grid_points(task: Task, variants: list[str], seeds: list[int], lrs: list[float],
+                records: dict[tuple[str, float, int], dict]) -> list[dict]:
+    """The grid points of :mod:`deep_delta.experiments.lr_grid` from the (variant, lr, seed) records: the value
+    is the validation accuracy (never the test accuracy); a run diverged when its training loss was
+    non-finite or its last logged training loss was above ``DIVERGENCE_FACTOR`` x ln(vocabulary size), a
+    uniform guess's loss being ln(vocabulary size)."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, divergence
+
+    limit = DIVERGENCE_FACTOR * math.log(task.vocab_size)
+    points = []
+    for lr in lrs:
+        for seed in seeds:
+            for variant in variants:
+                record = records[variant, lr, seed]
+                if "validation" not in record:
+                    raise ValueError(f"the result of {variant} seed {seed} at lr {lr:g} has no validation accuracy "
+                                     "(made before the lr grid existed); retrain it with `overwrite`")
+                last = record["loss_curve"][-1][1] if record["loss_curve"] else None
+                why = record.get("diverged") or divergence(last, limit, "training loss")
+                points.append({"variant": variant, "lr": lr, "seed": seed, "diverged": why,
+                               "value": None if why else record["validation"]["overall"]})
+    return points
+
+
+def run_task_lr_grid(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
+                     out: str | os.PathLike, lrs: list[float], *, device: str = "auto", overwrite: bool = False,
+                     progress: bool = True, say=print) -> dict[str, Any]:
+    """:func:`run_task_study` at every lr of ``lrs`` (in ``out/lr_<lr>``, each resumable as usual), then each
+    variant at its own best lr, chosen on the validation accuracy alone (:func:`validation_set`), and its
+    test accuracy at that lr, paired by seed against the baseline at its own best lr. Writes ``tasks.md``,
+    ``tasks.json``, ``tasks.png`` and ``lr_sensitivity.png`` in ``out``; returns the summary."""
+    from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, lr_dir
+    from deep_delta.tasks.report import write_outputs
+    from deep_delta.train.checkpoint import run_lock
+
+    lrs = check_lrs(lrs)
+    task = resolve_task(task_name, settings)
+    out = Path(out)
+    records = {}
+    with run_lock(out, f"ddl tasks run {task_name} --lrs"):
+        for i, lr in enumerate(lrs, 1):
+            say(f"lr {lr:g} ({i}/{len(lrs)} of the grid): {lr_dir(out, lr)}")
+            run_task_study(task_name, variants, seeds, dataclasses.replace(settings, lr=lr), lr_dir(out, lr),
+                           device=device, overwrite=overwrite, progress=progress, say=say)
+            for seed in seeds:
+                for variant in variants:
+                    records[variant, lr, seed] = load_result(result_path(lr_dir(out, lr), variant, seed))
+        points = grid_points(task, variants, seeds, lrs, records)
+        chosen = choose_lrs(points, variants, lrs, higher_is_better=True)
+        summary = summarize_grid(task, variants, seeds, lrs, settings, records, points, chosen)
+        write_outputs(out, summary)
+    return summary
+
+
+def summarize_grid(task: Task, variants: list[str], seeds: list[int], lrs: list[float], settings: TaskSettings,
+                   records: dict[tuple[str, float, int], dict], points: list[dict], chosen: dict) -> dict[str, Any]:
+    """The study's summary (:func:`deep_delta.tasks.report.summarize`) over each variant's runs at its chosen
+    lr, with the grid: ``lr_selection`` (the grid, the method, the choice and every lr's mean) and ``lr_grid``
+    (every point). A variant with no lr free of divergence has no results; its row says why."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR
+    from deep_delta.tasks.report import summarize
+
+    at_best = {(v, s): records[v, chosen[v]["lr"], s] for v in variants if chosen[v]["lr"] is not None
+               for s in seeds}
+    summary = summarize(task, variants, seeds, at_best, settings)
+    for row in summary["rows"]:
+        c = chosen[row["variant"]]
+        row["lr"] = c["lr"]
+        if c["lr"] is None:
+            row["diverged"] = {s: c["why"] for s in seeds}
+    summary["lr_selection"] = {"method": "per-variant best on the validation accuracy", "lrs": lrs,
+                               "chosen": chosen, "divergence_limit": DIVERGENCE_FACTOR * math.log(task.vocab_size)}
+    summary["lr_grid"] = points
     return summary
