@@ -117,3 +117,13 @@ def test_the_sensitivity_plot_draws_every_point_of_every_seed():
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_a_report_without_a_grid_says_one_shared_lr():
+    from deep_delta.tasks.report import format_report, summarize
+
+    task = get_task("shell-game")
+    settings = TaskSettings(test_size=16, lr=3e-3)
+    record = fake_record("baseline", 3e-3, 0, 0.5, 0.5, len(task.levels))
+    report = format_report(summarize(task, ["baseline"], [0], {("baseline", 0): record}, settings))
+    assert "Learning rate: one shared lr (0.003) for every variant, not tuned per variant" in report

@@ -77,6 +77,7 @@ def test_grid_reports_each_variant_at_its_best_validation_lr_and_reuses_runs(tmp
         in report
     assert "| baseline |" in report and "| diverged |" in report and "lr_sensitivity.png" in report
     assert "(diverged in seed(s) 1)" in report
+    assert "Learning rate: one shared lr (0.001) for every variant" in (out / "lr_0.001" / "compare.md").read_text()
     assert "final validation loss at every lr" in printed
     for name in ("lr_sensitivity.png", "curves.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"

@@ -19,7 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, grid_table, selection_sentence
+from deep_delta.experiments.lr_grid import (
+    DIVERGENCE_FACTOR,
+    grid_table,
+    selection_sentence,
+    shared_lr_sentence,
+)
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.fsutil import save_figure
 from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
@@ -466,9 +471,10 @@ def format_report(summary: dict[str, Any]) -> str:
     lines = [
         "# Variant comparison",
         "",
-        *([] if grid is None else [selection_sentence(grid["lrs"], "final validation loss") + " The loss "
-                                   "reported is the same validation loss the lr was chosen on (slightly "
-                                   "optimistic, for every variant alike).", ""]),
+        (shared_lr_sentence(s.get("lr")) if grid is None else
+         selection_sentence(grid["lrs"], "final validation loss") + " The loss reported is the same validation "
+         "loss the lr was chosen on (slightly optimistic, for every variant alike)."),
+        "",
         format_table(summary),
         "",
         *verdicts(summary),

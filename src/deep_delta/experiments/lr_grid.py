@@ -159,3 +159,10 @@ def selection_sentence(lrs: Sequence[float], metric: str) -> str:
     return (f"Learning rate: each variant at its own best lr of the grid {', '.join(f'{lr:g}' for lr in lrs)}, "
             f"chosen on the {metric} alone (the best mean over seeds among the lrs at which no seed diverged); "
             "the numbers below are that lr's runs, paired by seed.")
+
+
+def shared_lr_sentence(lr: float | None) -> str:
+    """The header line of a report without a grid."""
+    return (f"Learning rate: one shared lr ({lr:g}) for every variant, not tuned per variant (`--lrs` tunes it: "
+            "each variant at its own best lr on validation data)." if lr is not None else
+            "Learning rate: one shared lr for every variant, not tuned per variant.")

@@ -10,7 +10,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, grid_table, plot_sensitivity, selection_sentence
+from deep_delta.experiments.lr_grid import (
+    DIVERGENCE_FACTOR,
+    grid_table,
+    plot_sensitivity,
+    selection_sentence,
+    shared_lr_sentence,
+)
 from deep_delta.experiments.stats import mean_sd, paired_difference
 from deep_delta.fsutil import save_figure
 from deep_delta.tasks.base import Task
@@ -120,9 +126,10 @@ def format_report(summary: dict[str, Any]) -> str:
     n_done = max((len(r["seeds"]) for r in s["rows"]), default=0)
     lines = [
         f"# Mechanism task `{s['task']}`", "",
-        *([] if grid is None else [selection_sentence(grid["lrs"], "validation accuracy") + " The validation "
-                                   f"set: {st['eval_size']} held-out sequences of the train split, never the test "
-                                   "set.", ""]),
+        (shared_lr_sentence(st["lr"]) if grid is None else
+         selection_sentence(grid["lrs"], "validation accuracy") + f" The validation set: {st['eval_size']} "
+         "held-out sequences of the train split, never the test set."),
+        "",
         f"{s['summary']}. Probes: {s['probes']}.", "",
         f"Task parameters: {', '.join(f'{k}={v}' for k, v in s['task_params'].items())}; "
         f"{s['seq_len']} tokens per sequence, vocabulary {s['vocab_size']}.",
