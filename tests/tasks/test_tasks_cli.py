@@ -123,7 +123,7 @@ def test_an_lr_grid_keeps_every_run_with_its_lr_and_chooses_on_validation(tmp_pa
         best = max(lrs, key=lambda lr: records[lr]["validation"]["overall"])  # a tie keeps the first
         assert row["lr"] == chosen[v]["lr"] == best
         assert row["overall_per_seed"] == [records[best]["accuracy"]["overall"]]
-    assert len(summary["lr_grid"]) == 2 * 2
+    assert len(summary["lr_grid"]) == 2 * 2 and summary["settings"]["lr"] is None
     report = (tmp_path / "tasks.md").read_text()
     assert "chosen on the validation accuracy alone" in report
     assert "The validation set: 16 held-out sequences of the train split, never the test set." in report

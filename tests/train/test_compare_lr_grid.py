@@ -52,7 +52,7 @@ def test_grid_reports_each_variant_at_its_best_validation_lr_and_reuses_runs(tmp
     printed = capsys.readouterr().out
     summary = json.loads((out / "compare.json").read_text())
     grid = summary["lr_selection"]
-    assert grid["lrs"] == lrs and len(summary["lr_grid"]) == 2 * 3 * 2
+    assert grid["lrs"] == lrs and len(summary["lr_grid"]) == 2 * 3 * 2 and summary["settings"]["lr"] is None
     for p in summary["lr_grid"]:
         run = out / f"lr_{p['lr']:g}" / f"seed_{p['seed']}" / p["variant"]
         assert json.loads((run / "run.json").read_text())["train_config"]["lr"] == p["lr"]

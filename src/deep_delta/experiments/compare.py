@@ -195,7 +195,8 @@ def run_lr_grid(
         ref = next((r for r in rows if r["variant"] == "baseline"), rows[0])
         for r in rows:
             _compare_to(r, ref, timing)
-        summary = {"rows": rows, "reference": ref["variant"], "seeds": seeds, "settings": base.to_dict(),
+        settings = {**base.to_dict(), "lr": None}  # no one lr: each row has its own
+        summary = {"rows": rows, "reference": ref["variant"], "seeds": seeds, "settings": settings,
                    "timing": timing, "machine": _machine(),
                    "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
                                     "divergence_limit": limit, "chosen": chosen},

@@ -431,4 +431,5 @@ def summarize_grid(task: Task, variants: list[str], seeds: list[int], lrs: list[
     summary["lr_selection"] = {"method": "per-variant best on the validation accuracy", "lrs": lrs,
                                "chosen": chosen, "divergence_limit": DIVERGENCE_FACTOR * math.log(task.vocab_size)}
     summary["lr_grid"] = points
+    summary["settings"]["lr"] = None  # no one lr: each row has its own
     return summary
