@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from deep_delta.data.sources import default_texts
-from deep_delta.experiments.coord_check import CoordCheckSettings, model_config
+from deep_delta.experiments.coord_check import model_config
+from deep_delta.experiments.settings import CoordCheckSettings
 from deep_delta.fsutil import atomic_write, save_figure
 from deep_delta.models import DDLForCausalLM
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
@@ -44,7 +45,7 @@ def windows(tokens: torch.Tensor, batch: int, seq: int, g: torch.Generator) -> t
 
 def train_one(variant: str, param: str, width: int, lr: float, args, train, val) -> dict:
     s = CoordCheckSettings(variants=(variant,), widths=(width, width), layers=args.layers, head_dim=args.head_dim,
-                           seq_len=args.seq_len, model_overrides={"mup_base_width": min(args.widths)})
+                           seq_len=args.seq_len, model={"mup_base_width": min(args.widths)})
     cfg = model_config(variant, width, param, s)
     torch.manual_seed(args.seed)
     model = DDLForCausalLM(cfg).train()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -141,3 +142,47 @@ def as_os_error(error: BaseException, path: str | os.PathLike) -> BaseException:
     if not full:
         return error
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+# Directories our own commands rotate or replace as a whole: ``ddl train`` prunes checkpoints and
+# ``--overwrite`` removes ``checkpoints/``; ``ddl export --overwrite`` swaps a model directory; ``ddl data prepare
+# --overwrite`` swaps a data directory. A file written inside one of them by another command is lost silently.
+_MODEL_FILES = ("config.json", "model.safetensors")
+
+
+def replaced_dir(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """The directory at or above ``path`` that one of our commands rotates or replaces, and what it is
+    ("the checkpoints of a training run", "a model directory", "a prepared data directory"); None when there is
+    none. ``path`` need not exist."""
+    p = Path(os.path.abspath(path))
+    for d in (p, *p.parents):
+        if d.name == "checkpoints" and ((d / "LATEST").is_file() or any(d.glob("step_*"))):
+            return d, "the checkpoints of a training run (rotated by `ddl train`)"
+        if (d / "ddl_export.json").is_file() or all((d / f).is_file() for f in _MODEL_FILES):
+            return d, "a model directory (replaced by `ddl export --overwrite`, or a checkpoint rotated by `ddl train`)"
+        if (d / "meta.json").is_file() and any(d.glob("*_000000.bin")):
+            return d, "a prepared data directory (replaced by `ddl data prepare --overwrite`)"
+    return None
+
+
+def refuse_replaced_dir(out: str | os.PathLike, name: str = "out") -> None:
+    """Refuse to write derived outputs at ``out`` (the parameter ``name``) inside a directory that
+    :func:`replaced_dir` finds: they would be lost when that directory is rotated or replaced."""
+    found = replaced_dir(out)
+    if found is not None:
+        where, what = found
+        raise ValueError(f"`{name}` got {out}, which is inside {where}, {what}: what is written there is lost when "
+                         f"it is replaced; allowed: a directory outside it (choose one with `{name}`)")
+
+
+def refuse_unwritable_results(paths: Iterable[str | os.PathLike]) -> None:
+    """Before a long computation, not after it: each of ``paths`` (the result files it will write) must be
+    writable as a file: neither a directory itself nor below a regular file."""
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a directory, but a result file of that name is written there; move "
+                                    "or remove it, or choose another output")
+        blocker = next((d for d in path.parents if d.exists() and not d.is_dir()), None)
+        if blocker is not None:
+            raise NotADirectoryError(f"{blocker} is a file, but the result {path} is to be written below it; choose "
+                                     "another output")

@@ -207,3 +207,47 @@ def test_property_ranks_and_resume(tmp_path_factory, sizes, seq_len, batch, worl
         x, y = resumed.next_batch()
         assert torch.equal(x, single.next_batch()[0])
         assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def _prepared_with_a_bad_last_shard(tmp_path):
+    """A prepared byte-level directory (shard records in meta.json) whose last train shard had one token changed
+    to 300 after preparation (the byte tokenizer has 257 ids); its size and header are unchanged."""
+    from deep_delta.data import ByteTokenizer, write_dataset
+    from deep_delta.data.shards import HEADER_BYTES
+
+    d = tmp_path / "data"
+    write_dataset(["a document of plain text. " * 60 for _ in range(4)], ByteTokenizer(), d, val_fraction=0.25,
+                  shard_tokens=1000)
+    last = sorted(d.glob("train_*.bin"))[-1]
+    raw = bytearray(last.read_bytes())
+    raw[HEADER_BYTES + 10: HEADER_BYTES + 12] = np.array([300], dtype="<u2").tobytes()
+    last.write_bytes(bytes(raw))
+    return d, last
+
+
+def test_a_shard_changed_after_preparation_is_named_when_it_is_mapped(tmp_path):
+    """Before: the loader trusted meta.json's largest id and never checked the tokens it mapped (an IndexError in
+    the embedding, or nothing at all when no batch reached the shard)."""
+    d, last = _prepared_with_a_bad_last_shard(tmp_path)
+    loader = TokenLoader(d, "train", 2, 16, vocab_size=257)  # a fast start: only headers are read here
+    loader.check_tokens_in_background()
+    with pytest.raises(ShardError, match=rf"{last.name} holds token id 300, but the model's vocabulary has 257"):
+        loader.wait_for_token_check()
+    with pytest.raises(ShardError, match=last.name):  # and the next batch does not pretend otherwise
+        loader.next_batch()
+    every = TokenLoader(d, "train", 2, 16, vocab_size=257)  # mapped by a batch: the same check, once per shard
+    with pytest.raises(ShardError, match=last.name):
+        for _ in range(every.num_windows):
+            every.next_batch()
+
+
+def test_a_short_training_run_names_a_changed_shard_it_never_reads(tmp_path, capsys):
+    from deep_delta.cli.main import main
+
+    d, last = _prepared_with_a_bad_last_shard(tmp_path)
+    code = main(["train", "--variant", "baseline", "--preset", "tiny", "--data", str(d), "--out", str(tmp_path / "r"),
+                 "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--eval-every", "0", "--device", "cpu",
+                 "--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=1", "--set",
+                 "model.num_attention_heads=2", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{last} holds token id 300" in err and "Traceback" not in err

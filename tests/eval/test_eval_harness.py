@@ -114,7 +114,7 @@ def test_offline_task_through_ddl_eval_lm_eval(tmp_path, offline, capsys):
     run, model = make_run(tmp_path / "run", variant="ddl-cc", max_position_embeddings=128)
     out = tmp_path / "res" / "table.md"
     argv = ["eval", "lm-eval", "--model", str(run), "--name", "toy-cc", "--tasks", "ddl_toy_mc",
-            "--include-path", str(tasks_dir), "--num-fewshot", "0,1", "--batch-size", "4", "--device", "cpu",
+            "--include-path", str(tasks_dir), "--num-fewshot", "0", "1", "--batch-size", "4", "--device", "cpu",
             "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -138,7 +138,7 @@ def test_offline_task_through_ddl_eval_lm_eval(tmp_path, offline, capsys):
 
 def test_unknown_task_lists_close_matches(tmp_path, capsys):
     run, _ = make_run(tmp_path / "run")
-    assert main(["eval", "lm-eval", "--model", str(run), "--tasks", "arc_easy,hellaswagg",
+    assert main(["eval", "lm-eval", "--model", str(run), "--tasks", "arc_easy", "hellaswagg",
                  "--out", str(tmp_path / "t.md")]) == 2
     err = capsys.readouterr().err
     assert "lm-eval does not know the task 'hellaswagg'; close matches: hellaswag" in err

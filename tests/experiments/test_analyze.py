@@ -21,7 +21,7 @@ def _model(variant: str, logit: float, value_scale: float = 0.0) -> DDLForCausal
     model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **TINY)).eval()
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, DeltaResidual) and not m.disable:
+            if isinstance(m, DeltaResidual) and not m.additive:
                 m.value_scale = value_scale
                 for name, p in m.gate.named_parameters():
                     p.fill_(logit) if name.endswith("bias") else p.zero_()
@@ -109,3 +109,72 @@ def test_cli_writes_json_table_and_figures(tmp_path, capsys):
     assert "| layers.0.attn |" in capsys.readouterr().out
     for png in ("beta_regimes.png", "beta_quantiles.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def _run_with_checkpoint(tmp_path):
+    """A run directory laid out as training writes it: RUN/checkpoints/step_0000003 (a model) and LATEST."""
+    from safetensors.torch import save_file
+
+    from deep_delta.fsutil import write_checksums
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_0000003"
+    torch.manual_seed(0)
+    DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **{**TINY, "vocab_size": 257})).save_pretrained(step)
+    (step / "train_state.json").write_text("{}")  # the training state is not read by analyze
+    save_file({}, str(step / "train_state.safetensors"))
+    (step / "train_meta.json").write_text(json.dumps({"step": 3, "tokenizer": "byte"}))
+    write_checksums(step)
+    (run / "checkpoints" / "LATEST").write_text("step_0000003\n")
+    return run, step
+
+
+def _data(tmp_path):
+    from deep_delta.data import ByteTokenizer, write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(["some text to read " * 40, "another document here " * 40], ByteTokenizer(), data,
+                  val_fraction=0.5)
+    return data
+
+
+ARGS = ["--batch-size", "2", "--seq-len", "16", "--batches", "1", "--no-progress", "--device", "cpu"]
+
+
+def test_analyzing_a_checkpoint_writes_beside_the_checkpoints_never_inside_them(tmp_path, capsys):
+    """Before: `ddl analyze --model RUN/checkpoints/step_N` wrote step_N/analysis/, which the next resume's
+    rotation deleted with the checkpoint."""
+    from deep_delta.cli.main import main
+
+    run, step = _run_with_checkpoint(tmp_path)
+    data = _data(tmp_path)
+    assert main(["analyze", "--model", str(step), "--data", str(data), *ARGS]) == 0
+    assert not (step / "analysis").exists()
+    assert (run / "analysis" / "step_0000003" / "analysis.json").is_file()
+    assert main(["analyze", "--model", str(run), "--data", str(data), *ARGS]) == 0
+    assert (run / "analysis" / "analysis.json").is_file()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("inside", ["checkpoints", "checkpoints/step_0000003/analysis", "data/figures"])
+def test_an_out_inside_a_rotated_or_replaced_directory_is_refused_naming_out(tmp_path, capsys, inside):
+    from deep_delta.cli.main import main
+
+    run, step = _run_with_checkpoint(tmp_path)
+    data = _data(tmp_path)
+    out = (run if inside.startswith("checkpoints") else tmp_path) / inside
+    assert main(["analyze", "--model", str(step), "--data", str(data), "--out", str(out), *ARGS]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "lost" in err and "Traceback" not in err
+    assert not (out / "analysis.json").exists()
+
+
+def test_data_that_is_a_file_is_named_as_a_file(tmp_path, capsys):
+    from deep_delta.cli.main import main
+
+    _, step = _run_with_checkpoint(tmp_path)
+    text = tmp_path / "notes.txt"
+    text.write_text("plain text, not prepared")
+    assert main(["analyze", "--model", str(step), "--data", str(text), "--out", str(tmp_path / "an"), *ARGS]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and "prepared data directory" in err and "does not exist" not in err

@@ -8,13 +8,8 @@ import json
 import pytest
 import torch
 
-from deep_delta.experiments.coord_check import (
-    MUP_SLOPE_BOUND,
-    CoordCheckSettings,
-    format_table,
-    run_coord_check,
-    violations,
-)
+from deep_delta.experiments.coord_check import format_table, run_coord_check, violations
+from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
 # 64 tokens a step: widths above the tokens per step are where muP's limit is near (a readout's update sums
 # over tokens, and their cross terms ~ sqrt(tokens * d) stop mattering once d > tokens).
@@ -54,5 +49,48 @@ def test_mup_without_its_learning_rate_scaling_fails_the_check(one_thread):
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="`widths` got"):
         run_coord_check(CoordCheckSettings(widths=(48, 64), head_dim=32))
+    with pytest.raises(ValueError, match=r"`widths` got \[32, 32\]; allowed: two or more different"):
+        run_coord_check(CoordCheckSettings(widths=(32, 32)))  # no slope from one width (a ZeroDivisionError)
+    with pytest.raises(ValueError, match="`head_dim` got 0; allowed: an integer >= 1"):
+        run_coord_check(CoordCheckSettings(head_dim=0))  # checked before it divides the widths
     with pytest.raises(ValueError, match="`variants` got"):
         run_coord_check(CoordCheckSettings(variants=("nope",)))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--widths", "32", "32"], "--widths got [32, 32]; allowed: two or more different multiples of --head-dim"),
+    (["--head-dim", "0"], "--head-dim got 0; allowed: an integer >= 1"),
+    (["--widths", "32", "1048576"], "a model of width 1048576 needs at least"),  # ~400 TB: refused by estimate
+], ids=["same-width-twice", "head-dim-0", "width-beyond-memory"])
+def test_bad_widths_are_one_line_errors_before_anything_is_allocated(tmp_path, capsys, argv, says):
+    """Before: ZeroDivisionError (--widths 32 32, --head-dim 0) and an unmapped RuntimeError from a 4 TB
+    allocation, each a traceback."""
+    from deep_delta.cli.main import main
+
+    assert main(["coord-check", *argv, "--out", str(tmp_path / "cc"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "cc").exists()
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried to "
+                 "allocate 4398046511104 bytes."),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 TiB."),
+    MemoryError(),
+], ids=["cpu-allocator", "cuda", "python"])
+def test_an_allocation_that_fails_is_named_out_of_memory(error):
+    from deep_delta.cli.main import describe_error
+
+    message, code = describe_error(error)
+    assert message.startswith("out of memory") and code == 1
+
+
+def test_a_result_path_that_is_a_directory_is_refused_before_the_models_train(tmp_path, capsys, monkeypatch):
+    import deep_delta.experiments.coord_check as cc
+    from deep_delta.cli.main import main
+
+    monkeypatch.setattr(cc, "measure", lambda *a, **k: pytest.fail("a model trained before the outputs were checked"))
+    (tmp_path / "cc" / "coord_check.md").mkdir(parents=True)
+    assert main(["coord-check", "--widths", "32", "64", "--out", str(tmp_path / "cc"), "--device", "cpu"]) == 2
+    assert f"{tmp_path / 'cc' / 'coord_check.md'} is a directory" in capsys.readouterr().err

@@ -266,3 +266,22 @@ def test_checkpoint_bit_flip_is_refused(tmp_path, capsys):
     write_checksums(ckpt)  # whether or not the trainer wrote one, the record of the original weights
     _flip_last_byte(ckpt / "model.safetensors")
     cli_error(capsys, ["generate", "--model", str(run), "--prompt", "x"], str(ckpt / "model.safetensors"))
+
+
+@pytest.mark.parametrize("command", ["analyze", "eval-loss"])
+def test_commands_without_a_tokenizer_option_never_tell_to_set_one(tmp_path, say_yes, capsys, command):
+    """Before: `ddl analyze` and `ddl eval loss` on a model whose saved tokenizer is custom code refused, telling
+    the user to set a `tokenizer` flag these commands do not have. They read token ids only: they go on without
+    it, saying so; a command that has --tokenizer still refuses and names it."""
+    marker = tmp_path / "planted-code-ran"
+    model = _plant(hf_dir(tmp_path / "m"), marker, model_type="deep_delta")
+    (model / "tokenizer.json").write_text("{broken")  # only the custom class could read it
+    argv = {**_commands(model, tmp_path), "analyze": [
+        "analyze", "--model", str(model), "--data", str(tmp_path / "data"), "--batch-size", "1", "--seq-len", "8",
+        "--batches", "1", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "an")]}[command]
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="custom code named in auto_map.*reads token ids only, so it goes on"):
+        assert main(argv) == 0
+    assert "tokenizer" not in capsys.readouterr().err
+    assert not marker.exists()
+    cli_error(capsys, _commands(model, tmp_path)["generate"], "custom code", "set --tokenizer to byte or gpt2")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
-from deep_delta.models.ddl.configuration_ddl import VARIANTS
+from deep_delta.variants import VARIANTS
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 

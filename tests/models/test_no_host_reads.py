@@ -15,7 +15,7 @@ import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.models.ddl import output_cache
-from deep_delta.models.ddl.configuration_ddl import VARIANTS
+from deep_delta.variants import VARIANTS
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 HOST_READS = ("item", "tolist", "__int__", "__bool__", "__float__", "__index__")

@@ -125,12 +125,9 @@ def test_delta_residual_read_errors():
         DeltaResidual(d, torch.nn.Linear(d, d)).update_and_read(torch.randn(1, 3, d), ChannelCompressor(d, 1))
 
 
-def test_delta_residual_read_keyword_is_a_deprecated_alias():
+def test_delta_residual_forward_takes_no_read_keyword():
+    """The fused read has one entry point, update_and_read; forward passes unknown keywords to the branch."""
     d = 8
     res = DeltaResidual(d, torch.nn.Linear(d, d), value_channels=2)
-    cc = ChannelCompressor(d, 2)
-    x = torch.randn(1, 3, d, 2)
-    with pytest.warns(DeprecationWarning, match="use `update_and_read"):
-        out, read = res(x, read=cc)
-    want_out, want_read = res.update_and_read(x, cc)
-    assert torch.equal(out, want_out) and torch.equal(read, want_read)
+    with pytest.raises(TypeError, match="read"):
+        res(torch.randn(1, 3, d, 2), read=ChannelCompressor(d, 2))

@@ -68,6 +68,11 @@ def test_beta_max_reaches_the_model(tmp_path):
     (["tasks", "run", "recall", "--steps", "0"], "--steps got 0; allowed: an integer >= 1"),
     (["tasks", "run", "recall", "--set", "task.num_pairs=40"], "`num_pairs` got 40; allowed: at most num_keys=16"),
     (["tasks", "run", "recall", "--seeds", "0"], "--seeds got [0]; allowed: a count N >= 1"),
+    # task spaces too small to fill the test set (before: RuntimeError, a traceback)
+    (["tasks", "run", "shell-game", "--set", "task.num_cups=2", "--set", "task.num_swaps=1", "--set",
+      "test_size=48"], "task shell-game (num_cups=2, num_swaps=1): could not draw 48 test sequences"),
+    (["tasks", "run", "pointer-chase", "--set", "task.num_symbols=2", "--set", "task.num_hops=1", "--set",
+      "test_size=48"], "these parameters allow too few distinct sequences to fill the test split"),
 ])
 def test_bad_input_names_the_field(argv, expected, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
@@ -136,7 +141,7 @@ def test_an_lr_grid_keeps_every_run_with_its_lr_and_chooses_on_validation(tmp_pa
 
 @pytest.mark.parametrize("extra, expected", [
     (["--lrs", "1e-3", "--set", "lr=2e-3"], "--lrs got 0.001 together with one learning rate (--set lr=2e-3)"),
-    (["--lrs", "1e-3", "inf"], "--lrs got [inf] (not a finite number > 0)"),
+    (["--lrs", "1e-3", "0"], "--lrs got [0.0] (not a finite number > 0)"),
     (["--lrs", "2e-3", "2e-3"], "--lrs got [0.002] more than once"),
 ])
 def test_a_bad_lr_grid_is_refused(extra, expected, capsys, tmp_path):
@@ -154,3 +159,115 @@ def test_the_validation_set_is_held_out_training_distribution_never_test():
     assert len(validation) == 64 and all(split_of(row) == "train" for row in validation.inputs)
     test = {row.tobytes() for row in task.test_set(settings.test_seed, settings.test_size).inputs}
     assert not any(row.tobytes() in test for row in validation.inputs)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished micro study (one variant, one seed): its directory and the result file's text."""
+    out = tmp_path_factory.mktemp("study")
+    assert main(["tasks", "run", "shell-game", "--variants", "ddl-dv1", "--seeds", "1", "--out", str(out),
+                 *MICRO]) == 0
+    return out, (out / "ddl-dv1-seed0.json").read_text()
+
+
+def _edit_and_rerun(finished, capsys, edit):
+    out, text = finished
+    record = json.loads(text)
+    edit(record)
+    (out / "ddl-dv1-seed0.json").write_text(json.dumps(record, indent=1))
+    capsys.readouterr()
+    try:
+        code = main(["tasks", "run", "shell-game", "--variants", "ddl-dv1", "--seeds", "1", "--out", str(out),
+                     *MICRO])
+    finally:
+        (out / "ddl-dv1-seed0.json").write_text(text)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def test_an_accuracy_edited_by_hand_is_refused(finished, capsys):
+    """Before: a result whose accuracy was raised by hand (counts left alone) was reported as it was."""
+
+    def raise_accuracy(record):
+        record["accuracy"]["overall"] = 0.99
+
+    code, err = _edit_and_rerun(finished, capsys, raise_accuracy)
+    assert code == 2 and "do not match its `checksum`" in err and "ddl-dv1-seed0.json" in err
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda r: r["accuracy"].__setitem__("overall", 0.99), "field 'accuracy.overall' got 0.99; allowed: "),
+    (lambda r: r["accuracy"].__setitem__("overall", None), "field 'accuracy.overall' got None"),
+    (lambda r: r["accuracy"]["by_difficulty"].pop("3"), "field 'accuracy.by_difficulty.3' got None"),
+    (lambda r: r["accuracy"]["by_difficulty"]["2"].__setitem__("correct", 10**6),
+     "field 'accuracy.by_difficulty.2.accuracy' got"),
+    (lambda r: r.pop("train_s"), "field 'train_s' got None; allowed: a number"),
+], ids=["accuracy-raised", "accuracy-null", "level-missing", "count-changed", "field-missing"])
+def test_a_result_without_a_checksum_is_checked_against_its_counts(finished, capsys, edit, says):
+    """Results written before checksums (or with it removed) are checked field by field: a JSON that parses but
+    lacks fields or whose accuracy disagrees with its counts is a one-line error, not a KeyError / TypeError."""
+
+    def without_checksum(record):
+        record.pop("checksum")
+        edit(record)
+
+    code, err = _edit_and_rerun(finished, capsys, without_checksum)
+    assert code == 2 and says in err and "delete it, or retrain it with --overwrite" in err, err
+
+
+def test_an_untouched_result_without_a_checksum_is_reused(finished, capsys, monkeypatch):
+    monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    code, _ = _edit_and_rerun(finished, capsys, lambda r: r.pop("checksum"))
+    assert code == 0
+
+
+@pytest.mark.parametrize("blocked", ["ddl-dv1-seed0.json", "tasks.md"])
+def test_a_result_path_that_is_a_directory_is_refused_before_training(tmp_path, capsys, monkeypatch, blocked):
+    """Before: found by the write after the whole run had trained."""
+    monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("trained before the outputs were checked"))
+    (tmp_path / blocked).mkdir()
+    assert run_micro(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / blocked} is a directory" in err and "Traceback" not in err
+
+
+def test_sigterm_keeps_every_finished_result_and_says_how_to_continue(tmp_path):
+    """Before: SIGTERM killed `ddl tasks run` silently, the run in progress lost with no word of what was kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = ["tasks", "run", "shell-game", "--variants", "baseline", "ddl-dv1", "--seeds", "1", "--out",
+            str(tmp_path), *MICRO, "--steps", "400"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "deep_delta.cli.main", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    first = tmp_path / "baseline-seed0.json"
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "tasks.md").is_file():  # the summary after the first run: the second is starting
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the first run did not finish"
+        time.sleep(0.05)
+    time.sleep(1.0)  # well inside the second run's 400 steps
+    kept = first.read_bytes()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM; the run in progress (ddl-dv1 seed 0) is lost; 1 finished result(s) are kept" in err, err
+    assert f"Continue with: ddl {' '.join(argv[:4])}" in err and "Traceback" not in err
+    assert first.read_bytes() == kept and not (tmp_path / "ddl-dv1-seed0.json").exists()
+
+
+def test_an_out_inside_a_prepared_data_directory_is_refused(tmp_path, capsys):
+    """`ddl data prepare --overwrite` replaces a data directory whole: a study written inside it would go with it."""
+    from deep_delta.data import ByteTokenizer, write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(["some text " * 50], ByteTokenizer(), data, val_fraction=0)
+    assert run_micro(data / "study") == 2
+    err = capsys.readouterr().err
+    assert f"--out got {data / 'study'}, which is inside {data}, a prepared data directory" in err, err
+    assert not (data / "study").exists()

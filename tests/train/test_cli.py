@@ -99,7 +99,7 @@ def test_compare_end_to_end(tmp_path, data_dir, capsys):
     assert (out / "ddl-cc" / "metrics.jsonl").read_text() == before
     # a different budget is refused without --overwrite
     assert main([*args[:6], "3", *args[7:]]) == 2
-    assert "holds a run of 2 steps, this comparison asks for 3" in capsys.readouterr().err
+    assert "was made with other settings (steps: run has 2, now 3)" in capsys.readouterr().err
 
 
 def test_non_finite_loss_exits_1_naming_the_step(tmp_path, data_dir, capsys, monkeypatch):

@@ -103,7 +103,6 @@ def test_a_variant_diverged_at_every_lr_is_reported_as_such(tmp_path, data_dir, 
                                         "either the grid or one lr, not both"),
     (["--lrs", "1e-3", "--set", "lr=2e-3"], "(--set lr=2e-3)"),
     (["--lrs", "1e-3", "0"], "--lrs got [0.0] (not a finite number > 0)"),
-    (["--lrs", "nan"], "--lrs got [nan]"),
     (["--lrs", "1e-3", "1e-3"], "--lrs got [0.001] more than once"),
 ])
 def test_bad_grids_are_refused_before_anything_runs(tmp_path, data_dir, capsys, extra, expected):
@@ -111,3 +110,10 @@ def test_bad_grids_are_refused_before_anything_runs(tmp_path, data_dir, capsys, 
     assert main(micro(out, data_dir, *extra)) == 2
     assert expected in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_non_finite_lr_is_refused_by_the_parser(tmp_path, data_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(micro(tmp_path / "bad", data_dir, "--lrs", "1e-3", "nan"))
+    assert e.value.code == 2 and "--lrs" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

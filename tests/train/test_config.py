@@ -59,7 +59,7 @@ def test_global_batch_size_derives_accumulation():
 
 def test_every_shipped_config_loads_and_names_resolve():
     names = available_configs()
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
     for preset in ("tiny", "small", "medium"):
         for v in VARIANTS:

@@ -11,9 +11,9 @@ import pytest
 
 from deep_delta.cli.main import main
 from deep_delta.data import read_meta
-from deep_delta.data.meta import data_fingerprint
 from deep_delta.train import TrainConfig
 from deep_delta.train.metrics import read_metrics
+from deep_delta.train.provenance import data_fingerprint
 from deep_delta.train.trainer import train
 from deep_delta.train.wandb_sink import WANDB_FILE, WandbSink, has_credentials, resolve_mode, start_wandb
 
@@ -35,7 +35,7 @@ def test_a_run_logs_its_config_every_step_validation_and_summary(tmp_path, make_
     assert (config["variant"], config["preset"], config["steps"], config["lr"]) == ("ddl-cc", "tiny", 4, cfg.lr)
     assert config["parameters"] == result.parameters
     assert config["model"]["hidden_size"] == 32 and config["model"]["variant"] == "ddl-cc"
-    assert config["data"]["fingerprint"] == data_fingerprint(read_meta(data_dir))
+    assert config["data"]["fingerprint"] == data_fingerprint(data_dir, read_meta(data_dir))
     assert config["data"]["tokenizer"] == "byte" and config["tokens_per_step"] == 4 * 32
     records = read_metrics(tmp_path / "run")
     steps = [{k: r[k] for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s")} for r in records if "loss" in r]

@@ -4,6 +4,7 @@ coefficients), per sublayer, over a data sample."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from deep_delta.cli import options
 
@@ -29,8 +30,11 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="val", help="split to read (default val)")
     options.add_batch(p, "windows per batch (default 8)", "tokens per window (default: the model's context, "
                       "at most 256)", batch_default=8)
-    p.add_argument("--batches", type=int, default=4, metavar="N", help="batches to analyse (default 4)")
-    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: MODEL/analysis, or runs/analysis)")
+    p.add_argument("--batches", type=options.integer, default=4, metavar="N", help="batches to analyse (default 4)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory, never inside a checkpoint, model or data directory (those are rotated or "
+                   "replaced by our commands). Default: RUN/analysis for a run, RUN/analysis/step_N for one of its "
+                   "checkpoints, runs/analysis/NAME for another model directory")
     options.add_device(p)
     options.add_threads(p)
     options.add_progress(p)
@@ -39,25 +43,25 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from deep_delta.data import TokenLoader, default_data_dir
     from deep_delta.experiments.analyze import analyze_model, format_analysis, plot_analysis
-    from deep_delta.fsutil import atomic_write
-    from deep_delta.hf.loading import load_model, quiet_transformers
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
+    from deep_delta.hf.loading import load_model, quiet_transformers, resolve_model_dir
 
+    out = Path(args.out) if args.out else default_out(resolve_model_dir(args.model))
+    refuse_replaced_dir(out)  # before the model runs: a refused --out costs nothing
+    refuse_unwritable_results([out / "analysis.json", out / "analysis.md"])
+    data = Path(args.data) if args.data else default_data_dir()
     quiet_transformers()
     options.apply_threads(args.threads)
     loaded = load_model(args.model, device=args.device, dtype="float32", require_tokenizer=False)
     model = loaded.model
     seq_len = args.seq_len or min(256, model.config.max_position_embeddings)
-    data = Path(args.data) if args.data else default_data_dir()
     loader = TokenLoader(data, args.split, args.batch_size, seq_len, vocab_size=model.config.vocab_size)
     device = next(model.parameters()).device
     report = analyze_model(model, loader.eval_batches(args.batches), device=device, progress=not args.no_progress)
     report.update(model=str(args.model), data=str(data), split=args.split, seq_len=seq_len)
-    out = Path(args.out) if args.out else (Path(args.model) / "analysis" if Path(args.model).is_dir()
-                                           else Path("runs/analysis"))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "analysis.json", json.dumps(report, indent=2))
     table = format_analysis(report)
@@ -68,3 +72,14 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {out}/analysis.json, analysis.md, " + ", ".join(f.name for f in figures))
     return 0
+
+
+def default_out(source) -> Path:
+    """Where the analysis of ``source`` (a :class:`~deep_delta.hf.loading.ModelSource`) goes without ``--out``:
+    RUN/analysis for a run, RUN/analysis/step_N for one of its checkpoints (training rotates the checkpoints, not
+    the run directory), runs/analysis/NAME for any other model directory (export replaces those)."""
+    ckpt = source.model_dir.resolve()
+    if ckpt.parent.name == "checkpoints":
+        run = ckpt.parent.parent
+        return run / "analysis" if source.kind == "run" else run / "analysis" / ckpt.name
+    return Path("runs/analysis") / ckpt.name

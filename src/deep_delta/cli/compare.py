@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 
 from deep_delta.cli import options
-from deep_delta.cli.options import seed_list  # noqa: F401 (also imported from here by cli/tasks.py)
 
 
 def add_parser(sub) -> None:
     from deep_delta.experiments.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
     from deep_delta.train.config import DTYPES
+    from deep_delta.variants import PRESETS
 
     d = COMPARE_DEFAULTS
     p = sub.add_parser(
@@ -22,35 +21,36 @@ def add_parser(sub) -> None:
         "perplexity, training tokens/s, differences to the baseline) and write OUT/compare.md, "
         "OUT/compare.json and OUT/curves.png. With no arguments: baseline, ddl-dv1, ddl-tc and ddl-cc at "
         "the tiny preset on the embedded text, about ten minutes on 2 CPU cores. Finished runs in OUT with "
-        "the same settings are reused and interrupted ones continued; other settings need --overwrite.",
+        "the same settings and data are reused and interrupted ones continued; a run made with any other setting "
+        "that changes results (--eval-batches, --steps, --dtype, ...) or other data is refused unless --overwrite.",
     )
     options.add_variants(p, DEFAULT_VARIANTS)
     p.add_argument("--preset", default=None, choices=list(PRESETS), help=f"(default {d['preset']}) model size")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
     p.add_argument("--data", default=None, metavar="DIR", help="prepared data directory (default: the embedded text)")
-    p.add_argument("--steps", type=int, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
+    p.add_argument("--steps", type=options.integer, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
     options.add_batch(p, f"(default {d['batch_size']}) sequences per step", f"(default {d['seq_len']}) tokens per "
                       "sequence")
-    p.add_argument("--lr", type=float, default=None, help=f"(default {d['lr']}) peak learning rate")
+    p.add_argument("--lr", type=options.real, default=None, help=f"(default {d['lr']}) peak learning rate")
     options.add_lrs(p, "every variant")
-    p.add_argument("--warmup-steps", type=int, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
-    p.add_argument("--eval-every", type=int, default=None, help=f"(default {d['eval_every']}) validate every N steps")
-    p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
+    p.add_argument("--warmup-steps", type=options.integer, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
+    p.add_argument("--eval-every", type=options.integer, default=None, help=f"(default {d['eval_every']}) validate every N steps")
+    p.add_argument("--eval-batches", type=options.integer, default=None, help=f"(default {d['eval_batches']}) validation batches")
     options.add_seed(p, f"(default {d['seed']}) seed of initialisation and data order")
     options.add_seeds(p, "several paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 "
                       "(--seeds 3); every variant trains with every seed, and the table shows mean +- sd, the paired "
                       "difference to the baseline with its 95%% t-interval, and the seeds in which it was lower "
                       "(default: the one --seed)")
-    p.add_argument("--widths", type=int, nargs="+", default=None, metavar="W",
+    p.add_argument("--widths", type=options.integer, nargs="+", default=None, metavar="W",
                    help="the width / length study: run the whole comparison at each model width (hidden size; "
                    "the preset's layers and heads stay) in OUT/d<W>_s<STEPS>/ and write OUT/scaling.md, "
                    "scaling.json and scaling.png (the difference to the baseline against width and compute, with "
                    "95%% t-intervals); with --lrs each variant is at its own best lr at every point (default: the "
                    "preset's width)")
-    p.add_argument("--lengths", type=int, nargs="+", default=None, metavar="STEPS",
+    p.add_argument("--lengths", type=options.integer, nargs="+", default=None, metavar="STEPS",
                    help="training lengths (optimizer steps) of the width / length study (default: the one "
                    "--steps)")
-    p.add_argument("--time-repeats", type=int, default=5, metavar="R",
+    p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
     options.add_device(p, default=None)

@@ -8,7 +8,7 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.experiments.coord_check import MUP_SLOPE_BOUND, CoordCheckSettings
+    from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
     d = CoordCheckSettings()
     p = sub.add_parser(
@@ -23,20 +23,20 @@ def add_parser(sub) -> None:
         "than --bound (docs/mup.md).",
     )
     options.add_variants(p, list(d.variants))
-    p.add_argument("--widths", type=int, nargs="+", default=list(d.widths), metavar="W",
+    p.add_argument("--widths", type=options.integer, nargs="+", default=list(d.widths), metavar="W",
                    help=f"hidden sizes, multiples of --head-dim (default {' '.join(map(str, d.widths))})")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
+    p.add_argument("--steps", type=options.integer, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
     p.add_argument("--parametrizations", nargs="+", default=list(d.parametrizations), choices=["sp", "mup"],
                    help="which to run (default: sp mup)")
-    p.add_argument("--layers", type=int, default=d.layers, help=f"blocks (default {d.layers})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head size, fixed across widths "
+    p.add_argument("--layers", type=options.integer, default=d.layers, help=f"blocks (default {d.layers})")
+    p.add_argument("--head-dim", type=options.integer, default=d.head_dim, help=f"head size, fixed across widths "
                    f"(default {d.head_dim})")
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default {d.seq_len})",
                       batch_default=d.batch_size, seq_default=d.seq_len)
-    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
+    p.add_argument("--lr", type=options.real, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
     options.add_seeds(p, "seeds averaged per point: a list, or one number N for seeds 0..N-1 (default 1)",
                       default=[1])
-    p.add_argument("--bound", type=float, default=MUP_SLOPE_BOUND,
+    p.add_argument("--bound", type=options.real, default=MUP_SLOPE_BOUND,
                    help=f"largest |slope - muP order| at the last step that passes (default {MUP_SLOPE_BOUND})")
     p.add_argument("--out", default="runs/coord_check", help="output directory (default runs/coord_check)")
     options.add_device(p)
@@ -50,16 +50,11 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from deep_delta.experiments.coord_check import (
-        CoordCheckSettings,
-        format_table,
-        plot,
-        run_coord_check,
-        violations,
-    )
-    from deep_delta.fsutil import atomic_write
+    from deep_delta.experiments.coord_check import format_table, plot, run_coord_check, violations
+    from deep_delta.experiments.settings import CoordCheckSettings
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.runtime import resolve_device
-    from deep_delta.train.config import parse_assignments
+    from deep_delta.settings import parse_assignments
 
     overrides = parse_assignments(args.assignments)
     bad = [k for k in overrides if k != "model"]
@@ -69,14 +64,16 @@ def run(args: argparse.Namespace) -> int:
         variants=options.variant_list(args.variants), widths=args.widths, parametrizations=args.parametrizations,
         steps=args.steps, layers=args.layers, head_dim=args.head_dim, batch_size=args.batch_size,
         seq_len=args.seq_len, lr=args.lr, seeds=options.seed_list(args.seeds, 0), device=str(resolve_device(args.device)),
-        model_overrides=overrides.get("model", {}),
+        model=overrides.get("model", {}),
     )
+    out = Path(args.out)
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(out / f"coord_check.{ext}" for ext in ("json", "md", "png"))
     threads = options.apply_threads(args.threads)
     print(f"ddl coord-check: {', '.join(settings.variants)} at widths {' '.join(map(str, settings.widths))}, "
           f"{settings.steps} steps, {' and '.join(settings.parametrizations)}, on {settings.device}"
           + (f" ({threads} threads)" if threads else ""), flush=True)
     report = run_coord_check(settings, progress=lambda line: print("  " + line, flush=True))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "coord_check.json", json.dumps(report, indent=2))
     table = format_table(report)

@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# How PyTorch words an allocation that failed (torch.OutOfMemoryError on a GPU, a plain RuntimeError on the CPU).
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory|not enough memory", re.IGNORECASE)
+
+
 def describe_error(error: BaseException) -> tuple[str, int] | None:
     """(one-line message, exit code) for a known failure class, None for anything else (a bug)."""
     from deep_delta.fsutil import as_os_error
@@ -70,15 +74,17 @@ def describe_error(error: BaseException) -> tuple[str, int] | None:
                "the command again: nothing half-written is kept", 1
     if isinstance(error, OSError) and (error.filename or error.strerror):
         return _os_message(error), 1
-    if isinstance(error, MemoryError):
-        return "out of memory (a smaller batch size, sequence length or model fits in less)", 1
+    if isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and _OUT_OF_MEMORY.search(str(error))):
+        what = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return f"out of memory{f' ({what})' if what else ''}: a smaller batch size, sequence length or model " \
+               "fits in less", 1
     return None
 
 
 # Python parameter names whose flag is not --<name-with-dashes> nor an option's dest (those two are found
 # without a table): the library's name -> the flag, where a command has that flag.
 PARAMETER_FLAGS = {
-    "overrides": "--set",  # the benchmarks' DDLConfig overrides come from --set model.FIELD=VALUE
+    "model": "--set",  # a command's DDLConfig fields come from --set model.FIELD=VALUE (where it has no --model)
 }
 
 
@@ -133,6 +139,15 @@ def _os_message(error: OSError) -> str:
     return str(error)
 
 
+# Exceptions that end a command after a signal, having kept its work; the message says what was kept.
+_STOPPED = (("deep_delta.train.trainer", "TrainingInterrupted"), ("deep_delta.tasks.run", "StudyInterrupted"))
+
+
+def _stopped_by_signal(error: BaseException) -> bool:
+    return any(module in sys.modules and isinstance(error, getattr(sys.modules[module], name))
+               for module, name in _STOPPED)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -152,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddl {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        trainer = sys.modules.get("deep_delta.train.trainer")
-        if trainer is not None and isinstance(e, trainer.TrainingInterrupted) and not debug:
+        if _stopped_by_signal(e) and not debug:
             again = list(sys.argv[1:] if argv is None else argv)
             if args.command == "train" and "--resume" not in again:
                 again.append("--resume")

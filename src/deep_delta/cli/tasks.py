@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     options.add_variants(rp, DEFAULT_TASK_VARIANTS)
     options.add_seeds(rp, "paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 (default 3)",
                       default=[3])
-    rp.add_argument("--steps", type=int, default=None, help=f"(default {d.steps}) optimizer steps per run")
+    rp.add_argument("--steps", type=options.integer, default=None, help=f"(default {d.steps}) optimizer steps per run")
     options.add_lrs(rp, "every variant")
     rp.add_argument("--out", default=None, help="output directory (default runs/tasks/TASK)")
     options.add_device(rp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deep_delta.data.meta import META_FILE, SPLIT_NAME, has_shard_records, read_meta
+from deep_delta.data.meta import META_FILE, SPLIT_NAME, has_shard_records, read_meta, require_data_dir
 from deep_delta.data.shards import ShardError, max_token_id, open_shard, read_header
 
 
@@ -96,7 +97,9 @@ class TokenLoader:
     (the tokenizer's) is an error naming the shard, the id and the vocabulary; so is one ``>= vocab_size`` (the
     model's) when that is given. With shard records in meta.json (size, largest id, checksum; written by
     ``prepare``) the largest ids come from the records and only each shard's 1 KiB header is read at start-up
-    (checked against the file size and its record); the tokens are mapped when a batch first needs them. Without
+    (checked against the file size and its record); the tokens are mapped when a batch first needs them (or by
+    :meth:`check_tokens_in_background`), and then checked once, in one vectorised pass, against the vocabularies
+    and the record's largest id: a shard changed after preparation is an error naming it. Without
     them every shard is opened and scanned, with a warning saying how to add them. The metadata is
     ``self.meta`` (None without one).
     """
@@ -126,8 +129,7 @@ class TokenLoader:
             raise ValueError(f"TokenLoader: split must be a name like 'train' or 'val', got {split!r}")
         self.data_dir = Path(data_dir)
         self.split = split
-        if not self.data_dir.is_dir():
-            raise FileNotFoundError(f"data directory {self.data_dir} does not exist (prepare it with `ddl data prepare`)")
+        require_data_dir(self.data_dir)
         meta_path = self.data_dir / META_FILE
         self.meta = read_meta(self.data_dir) if meta_path.exists() else None
         self.files = split_shards(self.data_dir, split)
@@ -137,6 +139,9 @@ class TokenLoader:
                 f"no '{split}' shards ({split}_000000.bin, ...) in {self.data_dir}; splits found: {have}; "
                 f"{missing_split_hint(split, self.meta)}"
             )
+        self._vocab_size, self._meta_path = vocab_size, meta_path
+        self._checker: threading.Thread | None = None
+        self._check_error: BaseException | None = None
         if has_shard_records(self.meta, split):
             counts = self._from_records(vocab_size, meta_path)
         else:
@@ -180,12 +185,14 @@ class TokenLoader:
                 raise error
         self._records = records
         self._shards = [None] * len(listed)
+        self._locks = [threading.Lock() for _ in listed]
         return [r["num_tokens"] for r in records]
 
     def _scan(self, vocab_size: int | None, meta_path: Path) -> list[int]:
         """Open every shard (headers checked) and, with a vocabulary to check against, read every token."""
         self._records = None
         self._shards = [open_shard(p) for p in self.files]
+        self._locks = [threading.Lock() for _ in self.files]
         if self.meta is not None:
             warnings.warn(f"{meta_path} has no shard records, so the '{self.split}' shards are read to check "
                           f"their token ids; add them once with `ddl data verify {self.data_dir} "
@@ -198,17 +205,57 @@ class TokenLoader:
         return [len(t) for t in self._shards]
 
     def _shard(self, s: int) -> np.ndarray:
-        """Shard ``s``, opened (header checked against its record) on first use."""
+        """Shard ``s``, opened on first use: its header checked against its record and, once, every token against
+        the vocabularies (one vectorised pass: the record's largest id is what preparation wrote, the tokens are
+        what is there now)."""
         tokens = self._shards[s]
-        if tokens is None:
-            tokens = open_shard(self.files[s])
-            rec = self._records[s]
-            if len(tokens) != rec["num_tokens"]:
-                raise ShardError(f"token shard {self.files[s]} has a header of {len(tokens)} tokens, but "
-                                 f"{self.data_dir / META_FILE} records {rec['num_tokens']}; check the directory with "
-                                 f"`ddl data verify {self.data_dir}`")
-            self._shards[s] = tokens
-        return tokens
+        if tokens is not None:
+            return tokens
+        with self._locks[s]:  # the background check (check_tokens_in_background) may be mapping it right now
+            if self._shards[s] is None:
+                path, rec = self.files[s], self._records[s]
+                tokens = open_shard(path)
+                if len(tokens) != rec["num_tokens"]:
+                    raise ShardError(f"token shard {path} has a header of {len(tokens)} tokens, but "
+                                     f"{self._meta_path} records {rec['num_tokens']}; check the directory with "
+                                     f"`ddl data verify {self.data_dir}`")
+                top = max_token_id(tokens)
+                error = token_id_error(path, top, self._vocab_size, self.meta, self._meta_path)
+                if error is None and top != rec["max_token_id"]:
+                    error = ShardError(f"token shard {path} holds ids up to {top}, but {self._meta_path} records "
+                                       f"{rec['max_token_id']}: its tokens were changed after preparation; check "
+                                       f"the directory with `ddl data verify {self.data_dir}`")
+                if error is not None:
+                    raise error
+                self._shards[s] = tokens
+        return self._shards[s]
+
+    def check_tokens_in_background(self) -> None:
+        """Map and check every shard not yet mapped (:meth:`_shard`) in a background thread, so that a damaged
+        shard is named even by a run whose batches never reach it, without a pass over the data before the first
+        step. The first error found is raised by the next :meth:`next_batch` or by :meth:`wait_for_token_check`."""
+        if self._checker is not None or all(t is not None for t in self._shards):
+            return
+
+        def check() -> None:
+            try:
+                for s in range(len(self._shards)):
+                    self._shard(s)
+            except BaseException as e:  # kept for the training thread to raise
+                self._check_error = e
+
+        self._checker = threading.Thread(target=check, name=f"check {self.split} shards", daemon=True)
+        self._checker.start()
+
+    def wait_for_token_check(self) -> None:
+        """Wait for :meth:`check_tokens_in_background` to finish; raise the error it found, if any."""
+        if self._checker is not None:
+            self._checker.join()
+        self._raise_check_error()
+
+    def _raise_check_error(self) -> None:
+        if self._check_error is not None:
+            raise self._check_error
 
     # ------------------------------------------------------------------ reading
     def _window(self, index: int) -> np.ndarray:
@@ -242,6 +289,7 @@ class TokenLoader:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next training batch of this rank: ``x, y`` int64 tensors of shape (B, T), ``y[:, t] = x[:, t + 1]``
         in the token stream (the next-token targets)."""
+        self._raise_check_error()
         need = self.batch_size * self.world_size
         taken = []
         while need > 0:

@@ -7,7 +7,6 @@ when the file is read: before a model is sized from it or a path is built from i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -129,6 +128,18 @@ def has_shard_records(meta: dict | None, split: str) -> bool:
     return bool(info and info.get("shards")) and all(all(k in s for k in SHARD_RECORD) for s in info["shards"])
 
 
+def require_data_dir(data_dir: str | os.PathLike) -> Path:
+    """``data_dir`` as a Path when it is a directory; else ``FileNotFoundError`` (nothing there) or
+    ``NotADirectoryError`` (a file there) saying that a prepared data directory was expected."""
+    d = Path(data_dir)
+    if d.is_dir():
+        return d
+    if d.exists():
+        raise NotADirectoryError(f"{d} is a file, not a directory; expected a prepared data directory (made by "
+                                 "`ddl data prepare`, holding meta.json and the token shards)")
+    raise FileNotFoundError(f"data directory {d} does not exist (prepare one with `ddl data prepare`)")
+
+
 def read_meta(data_dir: str | os.PathLike) -> dict:
     """``meta.json`` of a prepared data directory, its values checked (:func:`validate_meta`).
 
@@ -147,16 +158,3 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object, got {type(meta).__name__}")
     return validate_meta(meta, path)
-
-
-def data_fingerprint(meta: dict) -> str:
-    """16 hex digits that name a prepared data set: the SHA-256 of its tokenizer, vocabulary and every shard's
-    split, file name, token count and recorded SHA-256 (``meta.json``'s shard records). Two directories with the
-    same fingerprint hold the same tokens; data prepared before shard checksums were recorded is named by its
-    files and token counts alone."""
-    shards = sorted(
-        (split, shard.get("file"), shard.get("num_tokens"), shard.get("sha256"))
-        for split, info in (meta.get("splits") or {}).items() for shard in info.get("shards", [])
-    )
-    text = json.dumps({"tokenizer": meta.get("tokenizer"), "vocab_size": meta.get("vocab_size"), "shards": shards})
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

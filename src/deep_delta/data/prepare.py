@@ -39,7 +39,7 @@ import numpy as np
 
 from deep_delta.data.errors import DataError
 from deep_delta.data.loader import available_splits, split_shards, token_id_error
-from deep_delta.data.meta import META_FILE, read_meta, validate_meta
+from deep_delta.data.meta import META_FILE, read_meta, require_data_dir, validate_meta
 from deep_delta.data.shards import (
     CHECKSUM,
     MAX_TOKEN_ID,
@@ -414,8 +414,7 @@ def inspect_data_dir(data_dir: str | os.PathLike, *, scan_ids: bool = True) -> D
     id ``>=`` the tokenizer's ``vocab_size`` (``scan_ids``: reads every shard), an unusable ``meta.json``.
     Raises ``FileNotFoundError`` only when ``data_dir`` is not a directory."""
     d = Path(data_dir)
-    if not d.is_dir():
-        raise FileNotFoundError(f"data directory {d} does not exist")
+    require_data_dir(d)
     report = DataDirReport(meta=None, raw_meta=None)
     meta_path = d / META_FILE
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from deep_delta.data.loader import available_splits, split_shards
-from deep_delta.data.meta import META_FILE, SHARD_RECORD, read_meta, validate_meta
+from deep_delta.data.meta import META_FILE, SHARD_RECORD, read_meta, require_data_dir, validate_meta
 from deep_delta.data.shards import CHECKSUM, HEADER_BYTES, ShardError, read_header
 from deep_delta.fsutil import atomic_write
 
@@ -84,8 +84,7 @@ def verify_data_dir(data_dir: str | os.PathLike, *, write_metadata: bool = False
     records to ``meta.json`` when no problem was found. Raises ``FileNotFoundError`` when ``data_dir`` is not
     a directory."""
     d = Path(data_dir)
-    if not d.is_dir():
-        raise FileNotFoundError(f"data directory {d} does not exist")
+    require_data_dir(d)
     report, meta_path, meta = VerifyReport(), d / META_FILE, None
     try:
         meta = read_meta(d)

@@ -300,9 +300,11 @@ def write_results(path: str | os.PathLike, table: str, runs: Sequence[HarnessRun
     """Write the markdown table to ``path`` and the full lm-eval results beside it (``.json``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((header + "\n\n" if header else "") + table + "\n")
+    from deep_delta.fsutil import atomic_write
+
+    atomic_write(path, (header + "\n\n" if header else "") + table + "\n")
     raw = {r.name: {str(s): v for s, v in r.raw.items()} for r in runs}
-    path.with_suffix(".json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
+    atomic_write(path.with_suffix(".json"), json.dumps(raw, indent=2, default=str) + "\n")
     return path
 
 

@@ -26,11 +26,11 @@ from deep_delta.experiments.lr_grid import (
     shared_lr_sentence,
 )
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
-from deep_delta.fsutil import save_figure
-from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
-from deep_delta.train.checkpoint import run_lock
+from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
+from deep_delta.train.provenance import data_fingerprint
+from deep_delta.variants import DEFAULT_VARIANTS, paper_name
 
 # The main job's defaults: the tiny preset (d=256, 4 layers, 4 heads) on the embedded text, sized so that the
 # four default variants finish in about ten minutes on 2 CPU cores (see docs/training.md for the measurement).
@@ -70,17 +70,30 @@ def wandb_group(base: TrainConfig, out: Path) -> str:
     return base.wandb_group or read_wandb_file(out).get("group") or f"{out.resolve().name}-{generate_id()}"
 
 
-def _check_same_budget(cfg: TrainConfig, *, overwrite: bool) -> None:
-    """A run reused by compare must have been trained for the same number of steps."""
+REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
+                "it was made with, `overwrite` to retrain it, or another `out`")
+
+
+def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) -> None:
+    """A run that compare continues or reuses must have been made with every result-changing setting of ``cfg``
+    (all but :data:`~deep_delta.train.trainer.RESULT_NEUTRAL`: the budget, the validation batches, the dtype, ...)
+    and from the same data; else it is refused, naming the differences, before anything trains."""
+    from deep_delta.train.provenance import check_belongs, check_same_data
+    from deep_delta.train.trainer import RESULT_NEUTRAL
+
     run_file = Path(cfg.out) / "run.json"
     if overwrite or not run_file.is_file():
         return
-    saved = json.loads(run_file.read_text()).get("train_config", {})
-    if saved.get("steps") != cfg.steps:
-        raise FileExistsError(
-            f"{cfg.out} holds a run of {saved.get('steps')} steps, this comparison asks for {cfg.steps}; pass "
-            "`overwrite` to retrain it, or another `out`"
-        )
+    try:
+        run = json.loads(run_file.read_text())
+    except ValueError as e:
+        raise ValueError(f"{run_file} is not valid JSON ({e}); retrain the run with `overwrite`") from None
+    what = f"the run in {cfg.out}"
+    # the data is compared by its fingerprint, not by how its path was spelled
+    check_belongs(run.get("train_config", {}), cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
+                  skip=RESULT_NEUTRAL | {"data"}, has="run has")
+    check_same_data(run.get("data", {}).get("fingerprint"), data_fingerprint, what=what, data_dir=cfg.data or
+                    "the default data", remedy=REUSE_REMEDY)
 
 
 def run_compare(
@@ -113,9 +126,17 @@ def run_compare(
         raise ValueError(f"compare: `seeds` got {seeds!r}; allowed: one or more integers >= 0")
     if base.wandb:
         base = replace(base, wandb_group=wandb_group(base, out))
+    from deep_delta.train.trainer import _resolve_data
+
     runs = {(v, s): compare_config(base, v, out, s, len(seeds) > 1) for s in seeds for v in variants}
+    data_dir, data_meta = _resolve_data(base)
+    fingerprint = data_fingerprint(data_dir, data_meta)
     for cfg in runs.values():  # validated before anything runs
-        _check_same_budget(cfg, overwrite=overwrite)
+        check_reusable(cfg, fingerprint, overwrite=overwrite)
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png"))
+    from deep_delta.train.checkpoint import run_lock
+
     with run_lock(out, "ddl compare"):
         if base.wandb:
             _remember_group(out, base.wandb_group)
@@ -123,6 +144,7 @@ def run_compare(
         diverged = _train_all(runs, len(variants), overwrite=overwrite, progress=progress, quiet=quiet)
         timing = measure_step_times(base, variants, repeats=time_repeats) if time_repeats else None
         summary = summarize(out, variants, base, seeds=seeds, diverged=diverged, step_times=timing)
+        summary["data_fingerprint"] = fingerprint
         summary["wall_s"] = time.perf_counter() - t0
         write_outputs(out, summary)
         if base.wandb:
@@ -158,14 +180,20 @@ def run_lr_grid(
     seeds = list(dict.fromkeys([base.seed] if seeds is None else seeds))
     if not variants:
         raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
+    data_dir, data_meta = _resolve_data(base)
+    fingerprint = data_fingerprint(data_dir, data_meta)
     for lr in lrs:  # every stored run is checked before anything trains
         for s in seeds:
             for v in variants:
-                _check_same_budget(compare_config(replace(base, lr=lr), v, lr_dir(out, lr), s, len(seeds) > 1),
-                                   overwrite=overwrite)
-    vocab = build_model_config(base, int(_resolve_data(base)[1]["vocab_size"])).vocab_size
-    limit = DIVERGENCE_FACTOR * math.log(vocab)
+                check_reusable(compare_config(replace(base, lr=lr), v, lr_dir(out, lr), s, len(seeds) > 1),
+                               fingerprint, overwrite=overwrite)
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png",
+                                                      "lr_sensitivity.png"))
+    limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, int(data_meta["vocab_size"])).vocab_size)
     t0 = time.perf_counter()
+    from deep_delta.train.checkpoint import run_lock
+
     with run_lock(out, "ddl compare --lrs"):
         per_lr = {}
         for i, lr in enumerate(lrs, 1):
@@ -200,7 +228,7 @@ def run_lr_grid(
                    "timing": timing, "machine": _machine(),
                    "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
                                     "divergence_limit": limit, "chosen": chosen},
-                   "lr_grid": points, "wall_s": time.perf_counter() - t0}
+                   "lr_grid": points, "data_fingerprint": fingerprint, "wall_s": time.perf_counter() - t0}
         write_outputs(out, summary)
     return summary
 
@@ -291,10 +319,17 @@ def _median_tokens_per_s(records: list[dict]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def _seed_result(run_dir: Path, seed: int, diverged: str | None) -> dict[str, Any]:
+def _seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: int | None = None) -> dict[str, Any]:
     records = read_metrics(run_dir)
     train_recs = [r for r in records if "loss" in r]
     vals = [r for r in records if "val_loss" in r]
+    measured = sorted({r["eval_batches"] for r in vals if "eval_batches" in r})  # older records have none
+    if eval_batches is not None and measured and measured != [eval_batches]:
+        from deep_delta.train.provenance import StoredResultMismatch
+
+        raise StoredResultMismatch(
+            f"{run_dir / 'metrics.jsonl'} holds validation losses measured on {' and '.join(map(str, measured))} "
+            f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None
     return {
@@ -327,8 +362,8 @@ def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | N
     per_seed_dirs = len(seeds) > 1
     rows = []
     for v in variants:
-        results = [_seed_result(out / f"seed_{s}" / v if per_seed_dirs else out / v, s, diverged.get((v, s)))
-                   for s in seeds]
+        results = [_seed_result(out / f"seed_{s}" / v if per_seed_dirs else out / v, s, diverged.get((v, s)),
+                                base.eval_batches if base is not None else None) for s in seeds]
         rows.append(_variant_row(v, results))
     ref = next((r for r in rows if r["variant"] == "baseline"), rows[0])
     for r in rows:
@@ -339,14 +374,12 @@ def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | N
 
 
 def _variant_row(variant: str, results: list[dict]) -> dict[str, Any]:
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
     val_mean, val_sd = mean_sd([r["val_loss"] for r in results])
     ppl_mean, _ = mean_sd([r["val_ppl"] for r in results])
     rates = [r["tokens_per_s"] for r in results if r["tokens_per_s"]]
     failed = [(f"seed {r['seed']}: " if len(results) > 1 else "") + r["diverged"] for r in results if r["diverged"]]
     return {
-        "variant": variant, "name": PAPER_NAMES.get(variant, variant), "parameters": results[0]["parameters"],
+        "variant": variant, "name": paper_name(variant), "parameters": results[0]["parameters"],
         "steps": results[0]["steps"], "tokens": results[0]["tokens"],
         "final_train_loss": mean_sd([r["final_train_loss"] for r in results])[0],
         "val_loss": val_mean, "val_loss_sd": val_sd, "val_ppl": ppl_mean,
@@ -548,12 +581,10 @@ def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
     seeds = seeds or [0]
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, v in enumerate(variants):
-        color, label = f"C{i}", PAPER_NAMES.get(v, v)
+        color, label = f"C{i}", paper_name(v)
         root = roots.get(v) if roots is not None else Path(out)
         if root is None:
             continue

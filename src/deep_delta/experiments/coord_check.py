@@ -13,23 +13,23 @@ and MLP outputs) grow with it. docs/mup.md reads the result.
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import nn
 
+from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual
-from deep_delta.models.ddl.configuration_ddl import VARIANTS, DDLConfig
+from deep_delta.models.ddl.configuration_ddl import DDLConfig
 from deep_delta.models.ddl.modeling_ddl import Attention, DDLForCausalLM, SwiGLU
 from deep_delta.ops.delta.naive import unit_direction
 from deep_delta.ops.hyper import stream_read_reference
-
-PARAMETRIZATIONS = ("sp", "mup")
 
 # What is recorded, in plot order. Every one is a mean |value| over batch, tokens (and layers, channels):
 #   embedding  the token embeddings (B, T, d)
@@ -56,47 +56,47 @@ ACTIVATIONS = ("embedding", "attn_out", "mlp_out", "update", "state", "read", "k
 MUP_ORDER = {name: 0.0 for name in ACTIVATIONS} | {"kTx": 0.5, "v": 0.5}
 
 
-@dataclass
-class CoordCheckSettings:
-    """What a coordinate check runs; every model is ``variant`` at ``layers`` blocks of ``width / head_dim``
-    heads of ``head_dim``, vocabulary 257 (bytes) and ``model_overrides`` (any DDLConfig field)."""
-
-    variants: Sequence[str] = ("baseline", "ddl-cc")
-    widths: Sequence[int] = (64, 128, 256, 512, 1024)
-    parametrizations: Sequence[str] = PARAMETRIZATIONS
-    steps: int = 4
-    layers: int = 2
-    head_dim: int = 32
-    batch_size: int = 4
-    seq_len: int = 64
-    lr: float = 1e-2
-    seeds: Sequence[int] = (0,)
-    device: str = "cpu"
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        unknown = [v for v in self.variants if v not in VARIANTS]
-        if unknown or not self.variants:
-            raise ValueError(f"`variants` got {list(self.variants)!r}; allowed: one or more of {', '.join(VARIANTS)}")
-        bad = [p for p in self.parametrizations if p not in PARAMETRIZATIONS]
-        if bad or not self.parametrizations:
-            raise ValueError(f"`parametrizations` got {list(self.parametrizations)!r}; allowed: sp, mup")
-        if len(self.widths) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
-            raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more multiples of "
-                             f"head_dim={self.head_dim}")
-        for name in ("steps", "layers", "head_dim", "batch_size", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` got {getattr(self, name)!r}; allowed: an integer >= 1")
-        if not self.lr > 0:
-            raise ValueError(f"`lr` got {self.lr!r}; allowed: a float > 0")
-        if not self.seeds:
-            raise ValueError("`seeds` got an empty list; allowed: one or more integers")
-
-
 def model_config(variant: str, width: int, parametrization: str, s: CoordCheckSettings) -> DDLConfig:
     fields = dict(hidden_size=width, num_hidden_layers=s.layers, num_attention_heads=width // s.head_dim,
                   vocab_size=257, max_position_embeddings=max(s.seq_len, 16), parametrization=parametrization)
-    return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model_overrides})
+    return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model})
+
+
+# Bytes per parameter while a model trains here: fp32 weight, gradient and AdamW's two moments.
+TRAIN_BYTES_PER_PARAMETER = 16
+
+
+def memory_needed(cfg: DDLConfig, s: CoordCheckSettings) -> int:
+    """A lower bound on the bytes one model of ``cfg`` needs in :func:`measure`: its parameters (counted on the
+    meta device: nothing is allocated) at :data:`TRAIN_BYTES_PER_PARAMETER`, plus one fp32 activation of
+    (batch, seq_len, width) per block."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in DDLForCausalLM(cfg).parameters())
+    return params * TRAIN_BYTES_PER_PARAMETER + 4 * s.batch_size * s.seq_len * cfg.hidden_size * s.layers
+
+
+def device_memory(device: str) -> int | None:
+    """The total memory of ``device`` in bytes (a GPU's, or the machine's RAM for the CPU); None if unknown."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(s: CoordCheckSettings) -> None:
+    """Refuse, before anything is allocated, a width whose model cannot fit in the device's memory."""
+    total = device_memory(s.device)
+    if total is None:
+        return
+    width = max(s.widths)
+    need = max(memory_needed(model_config(v, width, p, s), s) for v in s.variants for p in s.parametrizations)
+    if need > total:
+        raise ValueError(f"`widths` got {list(s.widths)!r}: a model of width {width} needs at least "
+                         f"{need / 2**30:,.1f} GiB (weights, gradients and AdamW state), more than the "
+                         f"{total / 2**30:,.1f} GiB of {s.device}; allowed: smaller widths")
 
 
 def text_batches(batch_size: int, seq_len: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -162,7 +162,7 @@ class ActivationRecorder:
         src = x if module.value_channels == 1 else (kwargs.get("x_in") if kwargs.get("x_in") is not None
                                                     else x.mean(-1))
         self._add("read", src)
-        if module.disable:
+        if module.additive:
             return
         c = module.norm(src)
         self.on = False  # the branch again, unrecorded: the residual does not hand out its k
@@ -274,6 +274,7 @@ def run_coord_check(s: CoordCheckSettings, progress: Callable[[str], None] | Non
     "slopes": slopes(...)}`` (widths as strings, for JSON).
     """
     s.validate()
+    check_memory(s)
     results: dict[str, Any] = {}
     for param in s.parametrizations:
         for variant in s.variants:
@@ -302,12 +303,6 @@ def slopes(results: dict[str, Any]) -> dict[str, Any]:
                              for t in range(len(by_width[widths[0]]))]
             out.setdefault(param, {})[variant] = per
     return out
-
-
-# How far a slope under muP may stray from its order at the last step. Measured (docs/mup.md) at widths 32..256,
-# 3 steps of 2 x 32 tokens, seeds 0, 1, 2: muP within 0.42 of its order; sp and muP without its learning-rate
-# scaling 0.68 to 1.85 above it in the attention and MLP outputs (sp logits 0.93 to 1.16).
-MUP_SLOPE_BOUND = 0.5
 
 
 def violations(report: dict[str, Any], bound: float = MUP_SLOPE_BOUND, parametrization: str = "mup") -> list[str]:

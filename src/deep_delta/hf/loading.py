@@ -15,6 +15,7 @@ one-line message naming the file and the cause.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,23 +106,28 @@ def resolve_model_dir(path: str | os.PathLike) -> ModelSource:
     raise _not_a_model(p)
 
 
+# What a caller that can choose another tokenizer is told when the saved one cannot be used.
+CHOOSE_TOKENIZER = "set `tokenizer` to byte or gpt2 to use a built-in tokenizer"
+
+
 def load_tokenizer(source: ModelSource, name: str | None = None, model_max_length: int | None = None,
-                   config=None):
+                   config=None, hint: str = CHOOSE_TOKENIZER):
     """The tokenizer for ``source``: ``name`` if given, else the saved tokenizer.json, else the training
     tokenizer named in train_meta.json. Returns (tokenizer or None, name or None).
 
-    ``config``: the model's DDLConfig, handed to AutoTokenizer so that it does not read config.json itself."""
+    ``config``: the model's DDLConfig, handed to AutoTokenizer so that it does not read config.json itself.
+    ``hint``: what the error says to do when the saved tokenizer cannot be used."""
     if name is not None:
         return _build(name, model_max_length), name
     if (source.model_dir / "tokenizer.json").is_file():
-        return _saved_tokenizer(source.model_dir, config), source.train_meta.get("tokenizer")
+        return _saved_tokenizer(source.model_dir, config, hint), source.train_meta.get("tokenizer")
     meta_name = source.train_meta.get("tokenizer")
     if meta_name is not None:
         return _build(meta_name, model_max_length), meta_name
     return None, None
 
 
-def _saved_tokenizer(model_dir: Path, config=None):
+def _saved_tokenizer(model_dir: Path, config=None, hint: str = CHOOSE_TOKENIZER):
     """The tokenizer saved in ``model_dir``; a tokenizer class named in its auto_map is never imported."""
     from transformers import AutoTokenizer
 
@@ -139,13 +145,13 @@ def _saved_tokenizer(model_dir: Path, config=None):
         if custom:
             raise ValueError(
                 f"{tcfg}: the tokenizer class is custom code named in auto_map, and code from a model directory is "
-                "never run; set `tokenizer` to byte or gpt2 to use a built-in tokenizer"
+                f"never run; {hint}"
             ) from None
         why = _one_line(e)
         why = why if len(why) <= 300 else why[:300] + " ..."
         raise ValueError(
             f"{model_dir / 'tokenizer.json'}: the tokenizer saved with the model does not load ({type(e).__name__}: "
-            f"{why}); set `tokenizer` to byte or gpt2 to use a built-in one"
+            f"{why}); {hint}"
         ) from None
 
 
@@ -170,7 +176,8 @@ def load_model(
     """Load the DDL model at ``path`` (see :func:`resolve_model_dir`) in eval mode, with its tokenizer.
 
     ``tokenizer`` ("byte" | "gpt2") overrides the saved one. With ``require_tokenizer`` a model without a
-    known tokenizer is an error naming how to provide one.
+    known tokenizer is an error naming how to provide one. Without it (a command that reads token ids only, and has
+    no tokenizer option), a saved tokenizer that cannot be used is a warning saying so, and ``tokenizer`` is None.
     """
     source = resolve_model_dir(path)
     dev = resolve_device(device)
@@ -178,7 +185,15 @@ def load_model(
     model = load_ddl_model(source.model_dir, dtype=dt)
     model.to(dev)
     config = model.config
-    tok, tok_name = load_tokenizer(source, tokenizer, config.max_position_embeddings, config)
+    if require_tokenizer or tokenizer is not None:
+        tok, tok_name = load_tokenizer(source, tokenizer, config.max_position_embeddings, config)
+    else:
+        try:
+            tok, tok_name = load_tokenizer(source, None, config.max_position_embeddings, config,
+                                           hint="this command reads token ids only, so it goes on without it")
+        except ValueError as e:
+            warnings.warn(str(e), stacklevel=2)
+            tok, tok_name = None, source.train_meta.get("tokenizer")
     if tok is None and require_tokenizer:
         raise ValueError(
             f"{source.model_dir}: no tokenizer found (no tokenizer.json, no 'tokenizer' in {TRAIN_META}); "

@@ -27,6 +27,7 @@ NO_LEVEL = -1  # difficulty of such a position
 PAD, BOS, SEP = 0, 1, 2
 SPECIALS = 3
 TEST_BUCKETS = 8  # one hash bucket in TEST_BUCKETS holds the test sequences
+GIVE_UP_ROUNDS = 20  # rounds of drawing without one sequence of the split: the task's space is too small
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,11 @@ def sequence_hash(row: np.ndarray) -> bytes:
 
 def split_of(row: np.ndarray) -> str:
     """"test" when the sequence's hash falls in the test bucket, else "train": the split by construction."""
-    return "test" if int.from_bytes(sequence_hash(row), "little") % TEST_BUCKETS == 0 else "train"
+    return _bucket_of(sequence_hash(row))
+
+
+def _bucket_of(digest: bytes) -> str:
+    return "test" if int.from_bytes(digest, "little") % TEST_BUCKETS == 0 else "train"
 
 
 def data_rng(seed: int, stream: str) -> np.random.Generator:
@@ -144,17 +149,28 @@ class Task:
         if split not in ("train", "test"):
             raise ValueError(f"`split` got {split!r}; allowed: train | test")
         _positive("n", n, 0)
-        parts, have = [], 0
-        for _ in range(1000):
+        parts, have, drawn, seen = [], 0, 0, set()
+        for round_ in range(1000):
             if have >= n:
                 break
+            if have == 0 and round_ == GIVE_UP_ROUNDS:
+                raise self._too_small(n, split, drawn, len(seen))
             batch = self.sample(rng, max(16, (n - have) * 5 // 4), split)
-            keep = np.array([split_of(row) == split for row in batch.inputs], dtype=bool)
+            hashes = [sequence_hash(row) for row in batch.inputs]
+            seen.update(hashes)
+            keep = np.array([_bucket_of(h) == split for h in hashes], dtype=bool)
             parts.append(batch.take(keep))
-            have += int(keep.sum())
+            have, drawn = have + int(keep.sum()), drawn + len(batch)
         else:
-            raise RuntimeError(f"task {self.name}: could not draw {n} {split} sequences (space too small?)")
+            raise self._too_small(n, split, drawn, len(seen))
         return Batch.concat(parts).take(slice(0, n)) if parts else self.sample(rng, 0, split)
+
+    def _too_small(self, n: int, split: str, drawn: int, distinct: int) -> ValueError:
+        params = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return ValueError(f"task {self.name} ({params}): could not draw {n} {split} sequences from {drawn:,} drawn "
+                          f"({distinct:,} distinct); these parameters allow too few distinct sequences to fill the {split} split "
+                          f"(1 in {TEST_BUCKETS} sequences is a test sequence); allowed: larger parameters (see "
+                          f"`ddl tasks list`), or a smaller `test_size`")
 
     def test_set(self, seed: int, size: int) -> Batch:
         """The fixed evaluation set: ``size`` test sequences from ``seed`` (every level represented)."""

@@ -12,6 +12,7 @@ training sequences (a numpy stream of s), the same for every variant; the test s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from deep_delta.settings import check_fields
 from deep_delta.tasks import TASKS, Batch, Task, accuracy_by_difficulty, data_rng, get_task
 
 # The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
@@ -53,16 +55,7 @@ class TaskSettings:
     task: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise _bad(f.name, value, "an integer")
-            if f.type == "float":
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                    raise _bad(f.name, value, "a number")
-                setattr(self, f.name, float(value))
-            if f.type.startswith("dict") and not isinstance(value, dict):
-                raise _bad(f.name, value, "a mapping of names to values")
+        check_fields(self)  # the types, from the annotations
         for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise _bad(name, getattr(self, name), "an integer >= 1")
@@ -84,7 +77,7 @@ class TaskSettings:
 
     def with_assignments(self, assignments: list[str]) -> TaskSettings:
         """These settings with ``KEY=VALUE`` strings applied (values parsed as YAML, as ``ddl train --set``)."""
-        from deep_delta.train.config import parse_assignment
+        from deep_delta.settings import parse_assignment
 
         values = self.to_dict()
         fields = {f.name for f in dataclasses.fields(self)} - {"model", "task"}
@@ -124,11 +117,12 @@ def model_config(task: Task, variant: str, settings: TaskSettings):
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
     overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **settings.model}
-    if overrides["vocab_size"] < task.vocab_size or overrides["max_position_embeddings"] < task.seq_len:
-        raise ValueError(f"`model.vocab_size` {overrides['vocab_size']} / `model.max_position_embeddings` "
-                         f"{overrides['max_position_embeddings']}; allowed: at least the task's vocabulary "
+    cfg = DDLConfig.from_variant(variant, settings.preset, **overrides)  # a value of the wrong type is named here
+    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
+        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
+                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
                          f"{task.vocab_size} and sequence length {task.seq_len}")
-    return DDLConfig.from_variant(variant, settings.preset, **overrides)
+    return cfg
 
 
 def resolve_task(name: str, settings: TaskSettings) -> Task:
@@ -281,13 +275,58 @@ class _bar:
 
 
 # ---------------------------------------------------------------------- a study: variants x seeds
+class StudyInterrupted(Exception):
+    """SIGINT or SIGTERM stopped a study; the message says what was kept (every finished result) and what was
+    lost (the run in training). ``exit_code`` is 128 + the signal, as shells report it."""
+
+    def __init__(self, signum: int, kept: str):
+        import signal
+
+        self.signum, self.exit_code = signum, 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; {kept}")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(kept):
+    """While a study trains (main thread only), SIGINT and SIGTERM stop it at once with :class:`StudyInterrupted`,
+    whose message is ``kept()``: a run of a task is short, so it is retrained rather than checkpointed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise StudyInterrupted(signum, kept())
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def result_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
     return Path(out) / f"{variant}-seed{seed}.json"
 
 
+CHECKSUM = "checksum"  # of every other entry of a result file: an edit of any number is found
+
+
+def result_checksum(record: dict[str, Any]) -> str:
+    """SHA-256 of ``record`` without its checksum, as canonical JSON (floats round-trip through JSON exactly)."""
+    import hashlib
+
+    body = {k: v for k, v in record.items() if k != CHECKSUM}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def load_result(path: Path) -> dict[str, Any] | None:
     """A finished result file, or None where there is none. A file that cannot be read as a result is an error
-    naming it (results are written atomically: a partial file means something else wrote there)."""
+    naming it (results are written atomically: a partial file means something else wrote there), and so is one
+    whose checksum does not match what it holds (edited by hand). :func:`check_result` checks its fields."""
     if not path.is_file():
         return None
     try:
@@ -296,12 +335,68 @@ def load_result(path: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path} is not a valid result file ({e}); delete it or retrain with `overwrite`") from None
     if not isinstance(record, dict) or "accuracy" not in record or "settings" not in record:
         raise ValueError(f"{path} is not a task result file; delete it or use `overwrite`")
+    if CHECKSUM in record and record[CHECKSUM] != result_checksum(record):
+        raise ValueError(f"{path}: its numbers do not match its `{CHECKSUM}`: the file was changed after it was "
+                         f"written; delete it, or retrain it with `overwrite`")
     return record
 
 
-def _differences(saved: dict, mine: dict) -> list[str]:
-    keys = sorted(set(saved) | set(mine))
-    return [f"{k}: file has {saved.get(k)!r}, now {mine.get(k)!r}" for k in keys if saved.get(k) != mine.get(k)]
+def check_result(record: dict[str, Any], path: Path, task: Task) -> None:
+    """A result is used only when every field the report reads is there with a usable value, and its accuracies
+    are the ones its counts give (overall and per level; the levels' counts add up to the overall ones)."""
+
+    def bad(field: str, got: Any, allowed: str) -> ValueError:
+        return ValueError(f"{path}: field {field!r} got {got!r}; allowed: {allowed}. The file is damaged or was "
+                          f"edited: delete it, or retrain it with `overwrite`")
+
+    def count(field: str, value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(field, value, "an integer >= 0")
+        return value
+
+    def share(field: str, value: Any, correct: int, total: int) -> None:
+        expected = correct / total if total else None
+        if expected is None and value is not None:
+            raise bad(field, value, "null (no scored position)")
+        if expected is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                     or not math.isclose(value, expected, rel_tol=1e-12, abs_tol=1e-15)):
+            raise bad(field, value, f"{expected!r}, the share its counts give ({correct} / {total})")
+
+    acc = record["accuracy"]
+    if not isinstance(acc, dict):
+        raise bad("accuracy", acc, "an object with overall, correct, total and by_difficulty")
+    correct, total = count("accuracy.correct", acc.get("correct")), count("accuracy.total", acc.get("total"))
+    share("accuracy.overall", acc.get("overall"), correct, total)
+    levels = acc.get("by_difficulty")
+    if not isinstance(levels, dict):
+        raise bad("accuracy.by_difficulty", levels, "an object with one entry per level")
+    sums = [0, 0]
+    for level in map(str, task.levels):
+        entry = levels.get(level)
+        where = f"accuracy.by_difficulty.{level}"
+        if not isinstance(entry, dict):
+            raise bad(where, entry, "an object with accuracy, correct and total")
+        c, t = count(f"{where}.correct", entry.get("correct")), count(f"{where}.total", entry.get("total"))
+        share(f"{where}.accuracy", entry.get("accuracy"), c, t)
+        sums = [sums[0] + c, sums[1] + t]
+    if sums != [correct, total]:
+        raise bad("accuracy.correct / total", [correct, total], f"the sums over the levels, {sums}")
+    for name, ok, allowed in (
+        ("test_loss", lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+         "a number or null"),  # NaN after a diverged run
+        ("train_s", _is_number, "a number"),
+        ("parameters", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("steps_done", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("diverged", lambda v: v is None or isinstance(v, str), "null or a message"),
+        ("loss_curve", lambda v: isinstance(v, list), "a list of [step, loss]"),
+        ("accuracy_curve", lambda v: isinstance(v, list), "a list of [step, accuracy]"),
+    ):
+        if not ok(record.get(name)):
+            raise bad(name, record.get(name), allowed)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
@@ -311,9 +406,10 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     (``out/VARIANT-seedS.json``) as it finishes, and after each one the summary (``tasks.md``,
     ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
     are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
-    from deep_delta.fsutil import atomic_write
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
     from deep_delta.train.checkpoint import run_lock
+    from deep_delta.train.provenance import check_belongs
 
     if task_name not in TASKS:
         raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
@@ -329,24 +425,35 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
             if saved is None:
                 todo.append((variant, seed))
                 continue
-            diff = _differences({k: saved.get(k) for k in ("task", "task_params", "variant", "seed", "settings")},
-                                run_identity(task, variant, seed, settings))
-            if diff:
-                raise FileExistsError(f"{path} holds a result made with other settings ({'; '.join(diff)}); use "
-                                      "another output directory, or `overwrite` to retrain it")
+            check_belongs({k: saved.get(k) for k in ("task", "task_params", "variant", "seed", "settings")},
+                          run_identity(task, variant, seed, settings), what=f"the result {path}", has="file has",
+                          remedy="use another output directory, or `overwrite` to retrain it")
+            check_result(saved, path, task)
             done[variant, seed] = saved
-    with run_lock(out, f"ddl tasks run {task_name}"):
+    refuse_replaced_dir(out)
+    refuse_unwritable_results([*(result_path(out, v, s) for v, s in todo), *(out / f"tasks.{ext}"
+                                                                            for ext in ("md", "json", "png"))])
+    test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
+    validation = validation_set(task, settings)
+    shortcuts = score_shortcuts(task, test)
+    running: list[str] = []  # the (variant, seed) in training, for the message of an interrupted study
+
+    def kept() -> str:
+        lost = f"the run in progress ({running[0]}) is lost; " if running else ""
+        return f"{lost}{len(done)} finished result(s) are kept in {out} and are reused when the study is run again"
+
+    with run_lock(out, f"ddl tasks run {task_name}"), _stop_on_signals(kept):
         if done:
             say(f"reusing {len(done)} finished result(s) in {out}")
-        test = task.test_set(settings.test_seed, settings.test_size)
-        validation = validation_set(task, settings)
-        shortcuts = score_shortcuts(task, test)
         for i, (variant, seed) in enumerate(todo, 1):
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
+            running[:] = [f"{variant} seed {seed}"]
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
                                test=test, validation=validation)
+            record[CHECKSUM] = result_checksum(record)
             atomic_write(result_path(out, variant, seed), json.dumps(record, indent=1) + "\n")
             done[variant, seed] = record
+            running.clear()
             acc = record["accuracy"]["overall"]
             say(f"{desc}: test accuracy {100 * acc:.1f}% (chance {100 * task.chance:.1f}%), "
                 f"{record['train_s']:.0f} s" + (f"; {record['diverged']}" if record["diverged"] else ""))

@@ -18,6 +18,7 @@ import shutil
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from deep_delta.models.utils import count_parameters
 from deep_delta.train import checkpoint as ckpt
 from deep_delta.train import distributed as distr
+from deep_delta.train import provenance
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import METRICS_FILE, MetricsLog, flops_per_token, peak_flops, truncate_metrics
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
@@ -38,6 +40,13 @@ RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_batches", "save_every", "keep", "log_every", "device", "dtype", "compile",
     "activation_checkpointing", "distributed", "tensorboard", "peak_flops", "out",
     "wandb", "wandb_project", "wandb_run_name", "wandb_group",
+})
+# Settings that change nothing in a run's numbers (where it is written, how often it is logged or saved, how it is
+# executed); every other TrainConfig field, the data and RESUMABLE_CHANGES' eval_batches / eval_every / steps /
+# dtype / device among them, changes a result that `ddl compare` reuses (provenance.check_belongs).
+RESULT_NEUTRAL = frozenset({
+    "out", "log_every", "save_every", "keep", "tensorboard", "peak_flops", "compile", "activation_checkpointing",
+    "distributed", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
 })
 # config.json entries that describe the file, not the model: a resumed run may differ in these.
 _CONFIG_BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
@@ -77,7 +86,8 @@ def model_vocab_size(preset_vocab: int, data_vocab: int) -> int:
 
 def build_model_config(cfg: TrainConfig, data_vocab: int):
     """``DDLConfig`` of the run: variant at preset, vocabulary sized to the data, ``cfg.model`` overrides."""
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, DDLConfig
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.variants import PRESETS
 
     overrides = dict(cfg.model)
     if "vocab_size" in overrides:
@@ -106,10 +116,10 @@ def build_model(model_config):
 
 def _resolve_data(cfg: TrainConfig) -> tuple[Path, dict]:
     from deep_delta.data import default_data_dir, read_meta
+    from deep_delta.data.meta import require_data_dir
 
     data_dir = Path(cfg.data).expanduser() if cfg.data else default_data_dir()
-    if not data_dir.is_dir():
-        raise FileNotFoundError(f"data directory {data_dir} does not exist (prepare one with `ddl data prepare`)")
+    require_data_dir(data_dir)
     meta = read_meta(data_dir)
     for key in ("tokenizer", "vocab_size"):
         if key not in meta:
@@ -124,8 +134,7 @@ def _run_identity(cfg: TrainConfig | dict, data_dir: Path | str) -> dict[str, An
 
 
 def _differences(saved: dict, mine: dict, skip: frozenset = frozenset()) -> list[str]:
-    keys = sorted(k for k in set(saved) | set(mine) if k not in skip and saved.get(k) != mine.get(k))
-    return [f"{k}: run has {saved.get(k)!r}, now {mine.get(k)!r}" for k in keys]
+    return provenance.differences(saved, mine, skip=skip, has="run has")
 
 
 def _holds_run(out: Path) -> bool:
@@ -161,8 +170,11 @@ def _refuse_other_run(out: Path, diff: list[str], what: str = "a different run")
         )
 
 
-def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir: Path, model_config) -> None:
-    """Resume trusts the checkpoint, not run.json: its model config and run settings must be the requested ones."""
+def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir: Path, model_config,
+                             data_fingerprint: str | None = None) -> None:
+    """Resume trusts the checkpoint, not run.json: its model config and run settings must be the requested ones,
+    and (``data_fingerprint`` given) the data the one it was trained on. A checkpoint written before data
+    fingerprints were recorded resumes with a warning that its data could not be checked."""
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
     try:
@@ -175,6 +187,11 @@ def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir:
         saved = _run_identity(meta["train_config"], meta.get("data_dir", meta["train_config"].get("data")))
         _refuse_other_run(Path(cfg.out), _differences(saved, _run_identity(cfg, data_dir)),
                           f"a checkpoint of another run ({path})")
+    if data_fingerprint is not None and not provenance.check_same_data(
+            meta.get("data_fingerprint"), data_fingerprint, what=f"checkpoint {path}", data_dir=data_dir,
+            remedy="resume on the data it was trained on, or start a new run (`overwrite`, or another `out`)"):
+        warnings.warn(f"checkpoint {path} was written before checkpoints recorded their data, so resuming cannot "
+                      f"check that {data_dir} holds the data it was trained on", stacklevel=2)
 
 
 def _clear_run(out: Path) -> None:
@@ -270,6 +287,7 @@ class Trainer:
         self.end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         self.say = (lambda *a: None) if (quiet or not self.info.is_main) else _printer()
         self.data_dir, self.data_meta = _resolve_data(cfg)
+        self.data_fingerprint = provenance.data_fingerprint(self.data_dir, self.data_meta)
         self.model_config = build_model_config(cfg, int(self.data_meta["vocab_size"]))
         self.accum = cfg.accumulation(self.info.world_size)
         loader = dict(seed=cfg.seed, rank=self.info.rank, world_size=self.info.world_size,
@@ -303,6 +321,9 @@ class Trainer:
             self.setup()
             stack.push(self._close_metrics)
             self._announce()
+            loaders = [loader for loader in (self.train_loader, self.val_loader) if loader is not None]
+            for loader in loaders:  # every shard's tokens, beside the training: a short run names a bad one too
+                loader.check_tokens_in_background()
             stop = stack.enter_context(_StopSignals())
             bar = stack.enter_context(self._progress_bar())
             while self.step < self.end:
@@ -310,6 +331,8 @@ class Trainer:
                 if self._agree_to_stop(stop):
                     self.save(self.step)
                     raise TrainingInterrupted(stop.requested, self.step, ckpt.latest_checkpoint(self.out))
+            for loader in loaders:
+                loader.wait_for_token_check()
             result = self._result(time.perf_counter() - t_start)
             self.metrics.summary({"step": result.step, "val_loss": result.val_loss, "val_ppl": result.val_ppl,
                                   "parameters": result.parameters, "tokens": result.step * self.tokens_per_step,
@@ -349,7 +372,8 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.out) if (self.resume and not self.overwrite) else None
         restored = ckpt.load_checkpoint(latest) if latest is not None else None
         if restored is not None:
-            check_checkpoint_matches(latest, restored["meta"], cfg, self.data_dir, self.model_config)
+            check_checkpoint_matches(latest, restored["meta"], cfg, self.data_dir, self.model_config,
+                                     self.data_fingerprint)
             self.train_loader.load_state_dict(restored["state"]["data"])  # refuses a changed data set
         torch.manual_seed(cfg.seed)
         self.model = self._load_weights(latest) if restored is not None else build_model(self.model_config)
@@ -398,7 +422,7 @@ class Trainer:
                 "train_config": self.cfg.to_dict(),
                 "model_config": self.model_config.to_diff_dict(),
                 "data": {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
-                         "vocab_size": int(self.data_meta["vocab_size"])},
+                         "vocab_size": int(self.data_meta["vocab_size"]), "fingerprint": self.data_fingerprint},
                 "world_size": self.info.world_size,
                 "parameters": self.n_params,
             }, indent=2, sort_keys=True))
@@ -410,7 +434,6 @@ class Trainer:
     def _start_wandb(self):
         """The run's W&B run (rank 0): its config, the model, parameter count and data fingerprint; a resumed
         run continues the W&B run whose id ``OUT/wandb.json`` holds. None (said in one line) without one."""
-        from deep_delta.data.meta import data_fingerprint
         from deep_delta.train.wandb_sink import read_wandb_file, start_wandb, write_wandb_file
 
         cfg = self.cfg
@@ -420,7 +443,7 @@ class Trainer:
                   "tokens_per_step": self.tokens_per_step,
                   "data": {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
                            "vocab_size": int(self.data_meta["vocab_size"]),
-                           "fingerprint": data_fingerprint(self.data_meta)}}
+                           "fingerprint": self.data_fingerprint}}
         name = cfg.wandb_run_name or f"{cfg.variant}-{cfg.preset}-s{cfg.seed}"
         sink = start_wandb(project=cfg.wandb_project, name=name, group=cfg.wandb_group, config=config,
                            directory=self.out, run_id=saved.get("id"), say=self.say)
@@ -490,7 +513,7 @@ class Trainer:
         if self.val_loader is not None and ((cfg.eval_every and step % cfg.eval_every == 0) or step == self.end):
             self.val_loss, self.val_ppl = self.evaluate()
             self.metrics.log({"step": step, "val_loss": self.val_loss, "val_ppl": self.val_ppl,
-                              "tokens": step * self.tokens_per_step})
+                              "tokens": step * self.tokens_per_step, "eval_batches": cfg.eval_batches})
             msg = f"step {step}/{cfg.steps}: val_loss {self.val_loss:.4f}, val_ppl {self.val_ppl:.2f}"
             if bar is not None:
                 bar.set_postfix({"loss": f"{record['loss']:.4f}", "val": f"{self.val_loss:.4f}"}, refresh=True)
@@ -535,6 +558,7 @@ class Trainer:
                 "variant": self.cfg.variant, "preset": self.cfg.preset, "tokenizer": self.data_meta["tokenizer"],
                 "data_dir": str(self.data_dir), "vocab_size": self.model_config.vocab_size,
                 "tokens": at * self.tokens_per_step, "train_config": self.cfg.to_dict(),
+                "data_fingerprint": self.data_fingerprint,
             })
         distr.barrier(self.info)
         self.last_saved = at

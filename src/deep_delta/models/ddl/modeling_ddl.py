@@ -142,7 +142,7 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
         k_eps=config.k_eps,
         norm_eps=config.rms_norm_eps,
         vmap_rank=config.vmap_rank,
-        disable=not config.is_delta,
+        additive=not config.is_delta,
         backend=config.delta_backend,
     )
 
@@ -409,7 +409,7 @@ class DDLPreTrainedModel(PreTrainedModel):
             _mup_readout_init_(module.proj.weight, cfg)
         elif isinstance(module, DeltaResidual):
             module.reset_projections(std)  # its gate was met first (a child)
-            if not module.disable:
+            if not module.additive:
                 _mup_readout_init_(module.value_proj.weight, cfg)
         elif isinstance(module, HyperResidual):  # HC draws nothing; mHC's phi over its fan-in n*d
             module.reset_parameters(cfg.hidden_init_scale / math.sqrt(module.streams * cfg.hidden_size))

@@ -1,0 +1,79 @@
+"""Does a stored result belong to these settings? The one check behind every rerun and resume.
+
+A training checkpoint, a run of ``ddl compare`` and a result of ``ddl tasks run`` are each stored with the
+settings that made them and, where they read prepared data, a fingerprint of that data
+(:func:`data_fingerprint`: the tokenizer and every shard's name, token count and SHA-256 as ``meta.json`` records
+them). Before a stored result is continued or reused, :func:`check_belongs` compares what was stored with what is
+asked now and refuses, naming each difference, when any setting that changes the result differs: a rerun never
+puts numbers made under other settings, or from other data, beside new ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from deep_delta.fsutil import sha256_file
+
+
+class StoredResultMismatch(FileExistsError):
+    """A stored result (checkpoint, run, task result) was made with other settings or other data than the ones
+    asked for now; the message names each difference and what to do."""
+
+
+def data_fingerprint(data_dir: str | os.PathLike, meta: dict) -> str:
+    """A SHA-256 over what a prepared data directory holds: its tokenizer and vocabulary, and per split each shard's
+    name, token count and checksum. The checksums come from ``meta.json``'s shard records (written by ``ddl data
+    prepare``); a shard without one is hashed from its file. Two directories prepared from different text differ
+    here even when their token counts agree."""
+    data_dir = Path(data_dir)
+    entries: list[Any] = [meta.get("tokenizer"), meta.get("vocab_size")]
+    splits = meta.get("splits")
+    if isinstance(splits, dict) and splits:
+        for name in sorted(splits):
+            for shard in splits[name].get("shards", []):
+                digest = shard.get("sha256") or sha256_file(data_dir / shard["file"])
+                entries.append([name, shard["file"], shard["num_tokens"], digest])
+    else:  # a directory without split records: every shard file as it is
+        entries += [[p.name, sha256_file(p)] for p in sorted(data_dir.glob("*.bin"))]
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
+def differences(stored: dict, wanted: dict, *, skip: Iterable[str] = (), has: str = "stored") -> list[str]:
+    """``key: <has> <stored value>, now <wanted value>`` for every key whose values differ (sorted; keys in
+    ``skip`` ignored; a key missing on one side counts as None)."""
+    skip = set(skip)
+    keys = sorted(k for k in set(stored) | set(wanted) if k not in skip and stored.get(k) != wanted.get(k))
+    return [f"{k}: {has} {stored.get(k)!r}, now {wanted.get(k)!r}" for k in keys]
+
+
+def check_belongs(stored: dict, wanted: dict, *, what: str, remedy: str, skip: Iterable[str] = (),
+                  has: str = "stored") -> None:
+    """Refuse (:class:`StoredResultMismatch`) to continue or reuse ``what`` when ``stored`` (its recorded settings)
+    and ``wanted`` (the settings asked for now) differ in any key but ``skip``; the message names each difference,
+    then ``remedy``."""
+    diff = differences(stored, wanted, skip=skip, has=has)
+    if diff:
+        raise StoredResultMismatch(f"{what} was made with other settings ({'; '.join(diff)}); {remedy}")
+
+
+def check_same_data(stored: str | None, current: str, *, what: str, data_dir: str | os.PathLike,
+                    remedy: str) -> bool:
+    """Refuse to continue or reuse ``what`` (made from data with fingerprint ``stored``) on ``data_dir`` (fingerprint
+    ``current``) when they differ. Returns False when ``what`` has no fingerprint (written before fingerprints were
+    recorded): the caller says that the data could not be checked."""
+    if stored is None:
+        return False
+    if stored != current:
+        raise StoredResultMismatch(
+            f"{what} was made from other data than {data_dir} holds now (data fingerprint {stored[:12]}, now "
+            f"{current[:12]}: the shards' checksums in meta.json differ, so the directory was prepared again or "
+            f"changed); {remedy}")
+    return True
+
+
+__all__ = ["StoredResultMismatch", "check_belongs", "check_same_data", "data_fingerprint", "differences"]
