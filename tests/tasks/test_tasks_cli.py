@@ -271,3 +271,14 @@ def test_an_out_inside_a_prepared_data_directory_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--out got {data / 'study'}, which is inside {data}, a prepared data directory" in err, err
     assert not (data / "study").exists()
+
+
+def test_an_lr_grid_checks_every_lrs_stored_results_before_training(finished, tmp_path, capsys):
+    _, text = finished  # a result made at the default lr 2e-3, put where the grid keeps its lr 4e-3 runs
+    (tmp_path / "lr_0.004").mkdir()
+    (tmp_path / "lr_0.004" / "ddl-dv1-seed0.json").write_text(text)
+    assert main(["tasks", "run", "shell-game", "--variants", "ddl-dv1", "--seeds", "1", "--out", str(tmp_path),
+                 *MICRO, "--lrs", "1e-3", "4e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "lr_0.004/ddl-dv1-seed0.json" in err and "0.002" in err and "0.004" in err, err
+    assert not (tmp_path / "lr_0.001").exists()  # nothing trained

@@ -399,24 +399,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
-                   out: str | os.PathLike, *, device: str = "auto", overwrite: bool = False, progress: bool = True,
-                   say=print) -> dict[str, Any]:
-    """Train and evaluate every (variant, seed) of ``task_name`` not yet finished in ``out``; write each result
-    (``out/VARIANT-seedS.json``) as it finishes, and after each one the summary (``tasks.md``,
-    ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
-    are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
-    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
-    from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
-    from deep_delta.train.checkpoint import run_lock
+def finished_results(task: Task, variants: list[str], seeds: list[int], settings: TaskSettings, out: Path, *,
+                     overwrite: bool) -> tuple[list[tuple[str, int]], dict[tuple[str, int], dict]]:
+    """The (variant, seed) runs still to train in ``out`` and the finished results to reuse; a result made with
+    other settings (or edited after it was written) is refused, naming the differences."""
     from deep_delta.train.provenance import check_belongs
 
-    if task_name not in TASKS:
-        raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
-    task = resolve_task(task_name, settings)
-    for variant in variants:  # every config is checked before anything trains
-        model_config(task, variant, settings)
-    out = Path(out)
     todo, done = [], {}
     for seed in seeds:
         for variant in variants:
@@ -430,6 +418,27 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                           remedy="use another output directory, or `overwrite` to retrain it")
             check_result(saved, path, task)
             done[variant, seed] = saved
+    return todo, done
+
+
+def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
+                   out: str | os.PathLike, *, device: str = "auto", overwrite: bool = False, progress: bool = True,
+                   say=print) -> dict[str, Any]:
+    """Train and evaluate every (variant, seed) of ``task_name`` not yet finished in ``out``; write each result
+    (``out/VARIANT-seedS.json``) as it finishes, and after each one the summary (``tasks.md``,
+    ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
+    are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
+    from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
+    from deep_delta.train.checkpoint import run_lock
+
+    if task_name not in TASKS:
+        raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
+    task = resolve_task(task_name, settings)
+    for variant in variants:  # every config is checked before anything trains
+        model_config(task, variant, settings)
+    out = Path(out)
+    todo, done = finished_results(task, variants, seeds, settings, out, overwrite=overwrite)
     refuse_replaced_dir(out)
     refuse_unwritable_results([*(result_path(out, v, s) for v, s in todo), *(out / f"tasks.{ext}"
                                                                             for ext in ("md", "json", "png"))])
@@ -503,6 +512,9 @@ def run_task_lr_grid(task_name: str, variants: list[str], seeds: list[int], sett
     lrs = check_lrs(lrs)
     task = resolve_task(task_name, settings)
     out = Path(out)
+    for lr in lrs:  # every lr's stored results are checked before anything trains
+        finished_results(task, variants, seeds, dataclasses.replace(settings, lr=lr), lr_dir(out, lr),
+                         overwrite=overwrite)
     records = {}
     with run_lock(out, f"ddl tasks run {task_name} --lrs"):
         for i, lr in enumerate(lrs, 1):
