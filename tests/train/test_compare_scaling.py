@@ -49,3 +49,11 @@ def test_bad_study_sizes_are_refused(tmp_path, data_dir, capsys, extra, expected
     assert main(micro(out, data_dir, *extra)) == 2
     assert expected in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_study_whose_summary_cannot_be_written_is_refused_before_training(tmp_path, data_dir, capsys):
+    out = tmp_path / "study"
+    (out / "scaling.md").mkdir(parents=True)
+    assert main(micro(out, data_dir, "--widths", "16", "--lengths", "2")) != 0
+    assert "scaling.md is a directory" in capsys.readouterr().err
+    assert not (out / "d16_s2").exists()

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deep_delta.fsutil import atomic_write, save_figure
+from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results, save_figure
 from deep_delta.train.config import TrainConfig
 
 
@@ -51,6 +51,8 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
     widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
     for w in widths:  # a width the heads cannot divide is refused before anything trains
         DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(Path(out) / f"scaling.{ext}" for ext in ("md", "json", "png"))
     studies = {}
     for i, (w, n) in enumerate([(w, n) for w in widths for n in lengths], 1):
         cfg = replace(base, steps=n, model={**base.model, "hidden_size": w})
