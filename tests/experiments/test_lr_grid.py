@@ -27,7 +27,7 @@ def test_a_bad_grid_is_refused_naming_what_it_got(lrs, why):
 
 def test_divergence_is_non_finite_or_above_the_limit():
     assert divergence(1.0, 2.0) is None
-    assert "non-finite" in divergence(math.nan, 2.0) and "non-finite" in divergence(None, 2.0)
+    assert "non-finite" in divergence(math.nan, 2.0) and divergence(None, 2.0, "val loss") == "no final val loss"
     assert "above the divergence limit" in divergence(2.5, 2.0)
 
 

@@ -168,9 +168,9 @@ def run_lr_grid(
     one), then each variant at its own best lr, chosen on the final validation loss alone
     (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference at its own
     best lr. A run diverges when its loss is non-finite or its final validation loss is above
-    ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked "diverged". Writes ``compare.md``,
-    ``compare.json``, ``curves.png`` (each variant at its chosen lr) and ``lr_sensitivity.png`` in ``out``;
-    returns the summary."""
+    ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked
+    "diverged". Writes ``compare.md``, ``compare.json``, ``curves.png`` (each variant at its chosen lr) and
+    ``lr_sensitivity.png`` in ``out``; returns the summary."""
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, check_lrs, choose_lrs, divergence, lr_dir
     from deep_delta.train.trainer import _resolve_data, build_model_config
 

@@ -47,8 +47,11 @@ def lr_dir(out: str | os.PathLike, lr: float) -> Path:
 
 
 def divergence(loss: float | None, limit: float, what: str = "loss") -> str | None:
-    """Why a run with final ``loss`` counts as diverged (None, NaN or inf; or above ``limit``), or None."""
-    if loss is None or not math.isfinite(loss):
+    """Why a run with final ``loss`` counts as diverged (NaN or inf, or above ``limit``; None: the run has no
+    such loss to judge by), or None."""
+    if loss is None:
+        return f"no final {what}"
+    if not math.isfinite(loss):
         return f"non-finite {what} ({loss})"
     if loss > limit:
         return f"{what} {loss:.4f} above the divergence limit {limit:.4f}"
