@@ -165,3 +165,26 @@ def wandb_project(args: argparse.Namespace) -> str | None:
 
         raise UsageError("--wandb-project given, but W&B logging is off; add --wandb")
     return args.wandb_project
+
+
+def add_lrs(p: argparse.ArgumentParser, what: str) -> None:
+    """``--lrs LR ...``: a learning-rate grid; :func:`lr_grid` reads it."""
+    p.add_argument("--lrs", type=real, nargs="+", default=None, metavar="LR",
+                   help=f"a learning-rate grid (--lrs 5e-4 1e-3 2e-3 4e-3): {what} is trained at every lr and "
+                   "every seed, and reported at its own best lr, chosen on validation data only; also writes "
+                   "the sensitivity plot OUT/lr_sensitivity.png (default: one lr)")
+
+
+def lr_grid(lrs: list[float] | None, lr: float | None, assignments: list[str]) -> list[float] | None:
+    """``--lrs`` checked (finite, > 0, distinct), and refused beside a single lr (``--lr`` or ``--set lr=...``):
+    one of them would be ignored. None without ``--lrs``."""
+    if lrs is None:
+        return None
+    from deep_delta.experiments.lr_grid import check_lrs
+
+    single = ([f"--lr {lr:g}"] if lr is not None else []) + [
+        f"--set {a}" for a in assignments if a.partition("=")[0].strip() == "lr"]
+    if single:
+        raise ValueError(f"`lrs` got {' '.join(f'{x:g}' for x in lrs)} together with one learning rate "
+                         f"({', '.join(single)}); allowed: either the grid or one lr, not both")
+    return check_lrs(lrs)

@@ -10,6 +10,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from deep_delta.experiments.lr_grid import (
+    DIVERGENCE_FACTOR,
+    grid_table,
+    plot_sensitivity,
+    selection_sentence,
+    shared_lr_sentence,
+)
 from deep_delta.experiments.stats import mean_sd, paired_difference
 from deep_delta.fsutil import save_figure
 from deep_delta.tasks.base import Task
@@ -107,15 +114,22 @@ def format_table(summary: dict[str, Any]) -> str:
 def format_report(summary: dict[str, Any]) -> str:
     s, st, m = summary, summary["settings"], summary["machine"]
     model = ", ".join(f"{k} {v}" for k, v in st["model"].items())
+    grid = s.get("lr_selection")
+    lr_text = (f"lr {st['lr']:g}" if grid is None else "lr per variant (" + ", ".join(
+        f"{paper_name(r['variant'])} {'none' if r['lr'] is None else format(r['lr'], 'g')}" for r in s["rows"]) + ")")
     seeds = s["seeds"]
     n_done = max((len(r["seeds"]) for r in s["rows"]), default=0)
     lines = [
         f"# Mechanism task `{s['task']}`", "",
+        (shared_lr_sentence(st["lr"]) if grid is None else
+         selection_sentence(grid["lrs"], "validation accuracy") + f" The validation set: {st['eval_size']} "
+         "held-out sequences of the train split, never the test set."),
+        "",
         f"{s['summary']}. Probes: {s['probes']}.", "",
         f"Task parameters: {', '.join(f'{k}={v}' for k, v in s['task_params'].items())}; "
         f"{s['seq_len']} tokens per sequence, vocabulary {s['vocab_size']}.",
         f"Model: preset {st['preset']} with {model}. Training: {st['steps']} steps x {st['batch_size']} fresh "
-        f"sequences, AdamW lr {st['lr']:g} (warm-up {st['warmup_steps']}, cosine to {st['min_lr_ratio']:g}x), "
+        f"sequences, AdamW {lr_text} (warm-up {st['warmup_steps']}, cosine to {st['min_lr_ratio']:g}x), "
         f"weight decay {st['weight_decay']:g}, clip {st['grad_clip']:g}. Test: a fixed set of up to "
         f"{st['test_size']} held-out sequences (test seed {st['test_seed']}).",
         f"Machine: {m['processor']}, {m['cpu_count']} CPU(s), {m['torch_threads']} torch thread(s), device "
@@ -148,6 +162,15 @@ def format_report(summary: dict[str, Any]) -> str:
     for r in s["rows"]:
         for seed, why in r["diverged"].items():
             lines.append(f"\n{paper_name(r['variant'])} seed {seed}: {why}.")
+    if grid is not None:
+        lines += ["", "## Validation accuracy (%) at every lr", "",
+                  grid_table(grid["chosen"], grid["lrs"], lambda x: f"{100 * x:.1f}"), "",
+                  "Mean +- sd over the seeds of the accuracy on the validation set; bold: the chosen lr. A run "
+                  "counts as diverged when its training loss was non-finite or its last logged training loss was "
+                  f"above {grid['divergence_limit']:.3f} = {DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform "
+                  "guess's loss being ln(vocabulary size); an lr at "
+                  "which any seed diverged is not chosen. Each lr's own study is in `lr_<lr>/tasks.md`.", "",
+                  "![validation accuracy against lr](lr_sensitivity.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -209,6 +232,10 @@ def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:
         tmp = out / ".tasks.tmp.png"
         plot(summary, tmp)
         os.replace(tmp, out / "tasks.png")
+        if summary.get("lr_selection"):
+            plot_sensitivity(summary["lr_grid"], summary["variants"], out / "lr_sensitivity.png",
+                             "validation accuracy (fraction correct)",
+                             f"{summary['task']}: validation accuracy against lr, {len(summary['seeds'])} seed(s)")
     atomic_write(out / "tasks.json", json.dumps(summary, indent=1) + "\n")
     atomic_write(out / "tasks.md", format_report(summary))
 
