@@ -161,9 +161,13 @@ def main() -> None:
                   + "  |g| emb " + " ".join(f"{r['median_grad_emb']:.1e}" for r in last)
                   + "  |g| q " + " ".join(f"{r['median_grad_q']:.1e}" for r in last)
                   + f"  ({time.time() - t0:.0f}s)", flush=True)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(record, indent=1))
+    write_record(a.out, record)
+
+
+def write_record(path: str | None, record: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

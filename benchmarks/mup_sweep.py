@@ -13,7 +13,7 @@ every run, e.g. model.tie_word_embeddings=false (muP with its zero-init readout,
     nice -n 10 .venv/bin/python benchmarks/mup_sweep.py --out benchmarks/mup_sweep
     # writes OUT/mup_sweep.json, OUT/mup_sweep.md (table, best lr per width) and OUT/mup_sweep.png
 
-The transfer sweep of issue 25 (item 3; not run yet; 7-30 hours on the shared 2-core CPU, see docs/mup.md):
+The transfer sweep of issue 25 (item 3; not run yet: about 23 hours on the shared 2-core CPU, docs/mup.md):
 
     nice -n 10 .venv/bin/python benchmarks/mup_sweep.py --steps 300 --warmup 30 --seeds 0 1 \
         --widths 64 128 256 512 --lrs 0.001 0.002 0.004 0.008 0.016 0.032 0.064 0.128 \
