@@ -13,7 +13,8 @@ def add_parser(sub) -> None:
     d = CoordCheckSettings()
     p = sub.add_parser(
         "coord-check",
-        help="muP coordinate check: how each activation's size moves with the width, sp and mup side by side",
+        help="muP coordinate check: how each activation's size and change since init move with the width, sp and "
+        "mup side by side",
         description="For each VARIANT, width and parametrization (sp, mup), train a fresh model a few AdamW steps "
         "on the embedded text and record, on one fixed probe batch at init and after each step, the size mean "
         "|x_t| and the change since init mean |x_t - x_0| of each activation type (embedding, attention and MLP "
@@ -38,7 +39,8 @@ def add_parser(sub) -> None:
     options.add_seeds(p, "seeds averaged per point: a list, or one number N for seeds 0..N-1 (default 1)",
                       default=[1])
     p.add_argument("--bound", type=float, default=MUP_SLOPE_BOUND,
-                   help=f"largest |slope of a change - muP order| after the last step that passes (default {MUP_SLOPE_BOUND})")
+                   help=f"largest |slope of a change - muP order| after the last step that passes "
+                   f"(default {MUP_SLOPE_BOUND})")
     p.add_argument("--out", default="runs/coord_check", help="output directory (default runs/coord_check)")
     options.add_device(p)
     options.add_threads(p)
@@ -87,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
                else f"mup: {len(failed)} change slope(s) beyond {args.bound}: " + "; ".join(failed))
     if "mup" not in settings.parametrizations:
         verdict = "mup not run"
-    atomic_write(out / "coord_check.md", f"# ddl coord-check\n\nLog-log slopes against width of each activation's size mean |x_t| and its "
-                 f"change since init mean |x_t - x_0| (the checked one), on a fixed probe batch "
-                 f"(widths {' '.join(map(str, settings.widths))}).\n\n{table}\n\n{verdict}\n"
+    atomic_write(out / "coord_check.md", "# ddl coord-check\n\nLog-log slopes against width of each activation's "
+                 "size mean |x_t| and its change since init mean |x_t - x_0| (the checked one), on a fixed probe "
+                 f"batch (widths {' '.join(map(str, settings.widths))}).\n\n{table}\n\n{verdict}\n"
                  + ("\n![coordinate check](coord_check.png)\n" if drawn else ""))
     print()
     print(table)
