@@ -343,7 +343,7 @@ def violations(report: dict[str, Any], bound: float = MUP_SLOPE_BOUND, parametri
     out = []
     for variant, per in report["slopes"].get(parametrization, {}).items():
         for name, values in per["change"].items():
-            if abs(values[-1] - MUP_ORDER[name]) > bound:
+            if not abs(values[-1] - MUP_ORDER[name]) <= bound:  # nan (e.g. a saturated gate's logit) fails
                 out.append(f"{variant}/{name}: {values[-1]:+.2f} (muP order {MUP_ORDER[name]:+.1f})")
     return out
 
