@@ -57,7 +57,8 @@ def add_parser(sub) -> None:
     options.add_dtype(p, weights=False, default=None, choices=DTYPES)
     options.add_threads(p)
     p.add_argument("--config", metavar="FILE|NAME",
-                   help="start from this YAML config instead of the compare defaults (flags above still apply)")
+                   help="start from this YAML file or recipe (small/baseline) instead of the recipe compare, "
+                   "whose values the (default ...) above show (flags above still apply)")
     options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
     options.add_wandb(p, "every run (one W&B group per comparison) and the comparison table and curves")
