@@ -22,8 +22,7 @@ from deep_delta.eval.kernel_bench import (
 )
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
 from deep_delta.eval.step_bench import StepSubject, cpu_transient_peak
-
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+from helpers import DEBUG
 
 
 def test_cpu_peak_follows_allocations():
@@ -42,11 +41,11 @@ def test_cpu_peak_follows_allocations():
 
 def test_run_bench_rows_and_factors():
     s = BenchSettings(variants=["baseline", "ddl-cc"], batch_size=2, seq_len=16, steps=1, repeats=2,
-                      decode_tokens=4, model=SMALL)
+                      decode_tokens=4, model=DEBUG)
     rows = run_bench(s)
     assert [r.variant for r in rows] == ["baseline", "ddl-cc"]
     for r in rows:
-        model = DDLForCausalLM(DDLConfig.from_variant(r.variant, "tiny", **SMALL))
+        model = DDLForCausalLM(DDLConfig.from_variant(r.variant, "tiny", **DEBUG))
         assert r.params == sum(p.numel() for p in model.parameters())
         # weights + grads + 2 AdamW moments in fp32 at least, plus the step's activations
         assert r.peak_memory_bytes > 4 * 4 * r.params
@@ -146,7 +145,7 @@ def test_step_subject_runs_the_trainers_optimizer_step(monkeypatch):
         return real(model, optimizer, batches, **kw)
 
     monkeypatch.setattr(trainer, "optimizer_step", spy)
-    sub = StepSubject("ddl-cc", batch_size=2, seq_len=8, overrides=SMALL, dtype="bfloat16")
+    sub = StepSubject("ddl-cc", batch_size=2, seq_len=8, overrides=DEBUG, dtype="bfloat16")
     before = [p.detach().clone() for p in sub.model.parameters()]
     sub.train_step()
     assert len(seen) == 1 and seen[0]["grad_clip"] == 1.0  # the training default
@@ -170,7 +169,7 @@ def test_op_inputs_follow_autocast():
 
 
 def test_kernel_bench_tables():
-    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, model=SMALL)
+    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, model=DEBUG)
     rows = run_step_bench(s)
     assert [r.variant for r in rows] == ["baseline", "ddl-cc"]  # the baseline is added first
     cc = rows[1]

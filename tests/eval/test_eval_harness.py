@@ -8,11 +8,12 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from eval_helpers import make_run, tiny_model
+from eval_helpers import make_run
 
 from deep_delta.cli.main import main
 from deep_delta.eval import harness
 from deep_delta.hf import byte_tokenizer
+from helpers import tiny_model
 
 DOCS = [
     ("What color is a clear sky at noon?", ["blue", "green", "red", "black"], 0),

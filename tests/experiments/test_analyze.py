@@ -9,8 +9,9 @@ import torch
 
 from deep_delta.experiments.analyze import analyze_model
 from deep_delta.models import DDLConfig, DDLForCausalLM
+from helpers import DEBUG
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32, vocab_size=64)
+TINY = {**DEBUG, "max_position_embeddings": 32}
 
 
 def _model(variant: str, logit: float, value_scale: float = 0.0) -> DDLForCausalLM:

@@ -12,8 +12,7 @@ import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.variants import VARIANTS
-
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+from helpers import DEBUG
 
 
 def block_inputs(model: DDLForCausalLM, b: int = 2, t: int = 8):
@@ -38,7 +37,7 @@ def run_block(block, x, rope, **kwargs):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_block_compiles_as_one_graph(variant):
     torch.manual_seed(0)
-    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **SMALL)).train()
+    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **DEBUG)).train()
     block = model.model.layers[0]
     x, rope = block_inputs(model)
     kwargs = {}

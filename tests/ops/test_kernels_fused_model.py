@@ -25,9 +25,9 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.delta_residual import DeltaResidual  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
+from helpers import DEBUG
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 
 
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -59,7 +59,7 @@ def count_fused(monkeypatch):
 @pytest.mark.parametrize("variant", ["ddl-cc", "ddl-cc-noec"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
-    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **SMALL)
+    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE)
     ids = torch.randint(0, 64, (2, 7), device=DEVICE)
     mask = None
@@ -83,7 +83,7 @@ def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
 
 
 def test_fused_reads_are_not_used_for_token_compressors(count_fused):
-    cfg = DDLConfig.from_variant("ddl-tc", "tiny", **SMALL)
+    cfg = DDLConfig.from_variant("ddl-tc", "tiny", **DEBUG)
     model = DDLForCausalLM(cfg)
     _run(model, torch.randint(0, 64, (2, 5)))
     assert count_fused == []

@@ -8,11 +8,11 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.experiments.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
-    from deep_delta.train.config import DTYPES
-    from deep_delta.variants import PRESETS
+    from deep_delta.train.config import DTYPES, TrainConfig
+    from deep_delta.train.recipes import compare
+    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
-    d = COMPARE_DEFAULTS
+    d = {**TrainConfig.defaults(), **compare()}
     p = sub.add_parser(
         "compare",
         help="train several variants with the same seed, data and budget and compare them (the main job)",
@@ -57,7 +57,8 @@ def add_parser(sub) -> None:
     options.add_dtype(p, weights=False, default=None, choices=DTYPES)
     options.add_threads(p)
     p.add_argument("--config", metavar="FILE|NAME",
-                   help="start from this YAML config instead of the compare defaults (flags above still apply)")
+                   help="start from this YAML file or recipe (small/baseline) instead of the recipe compare, "
+                   "whose values the (default ...) above show (flags above still apply)")
     options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
     options.add_wandb(p, "every run (one W&B group per comparison) and the comparison table and curves")
@@ -70,13 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.experiments.compare import (
-        COMPARE_DEFAULTS,
-        format_table,
-        run_compare,
-        run_lr_grid,
-        verdicts,
-    )
+    from deep_delta.experiments.compare import format_table, run_compare, run_lr_grid, verdicts
     from deep_delta.train.config import load_config
 
     lrs = options.lr_grid(args.lrs, args.lr, args.assignments)
@@ -86,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
     project = options.wandb_project(args)
     if args.wandb:
         given.update(wandb=True, **({"wandb_project": project} if project else {}))
-    settings = given if args.config else {**COMPARE_DEFAULTS, **given}
-    base = load_config(args.config, settings, args.assignments)
+    base = load_config(args.config or "compare", given, args.assignments)  # the recipe `compare` by default
     variants = options.variant_list(args.variants)
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)

@@ -1,4 +1,4 @@
-"""``ddl train``: train a variant from a YAML config and/or command-line settings (also under torchrun)."""
+"""``ddl train``: train a variant from a recipe or a YAML file and/or command-line settings (also under torchrun)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
         "plus the training state). Run it under `torchrun --nproc_per_node N` for DDP or --distributed fsdp.",
     )
     p.add_argument("--config", metavar="FILE|NAME",
-                   help="YAML config: a path, or a shipped name (tiny/ddl-cc; see --list-configs); default: none")
+                   help="a YAML file, or a shipped recipe RECIPE or RECIPE/VARIANT (tiny/ddl-cc; see "
+                   "--list-configs); default: none")
     options.add_set(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its latest checkpoint up to --steps (fresh if none)")

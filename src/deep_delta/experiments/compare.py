@@ -32,24 +32,6 @@ from deep_delta.train.metrics import read_metrics
 from deep_delta.train.provenance import data_fingerprint
 from deep_delta.variants import DEFAULT_VARIANTS, paper_name
 
-# The main job's defaults: the tiny preset (d=256, 4 layers, 4 heads) on the embedded text, sized so that the
-# four default variants finish in about ten minutes on 2 CPU cores (see docs/training.md for the measurement).
-COMPARE_DEFAULTS: dict[str, Any] = dict(
-    preset="tiny",
-    steps=600,
-    batch_size=16,
-    seq_len=64,
-    lr=2e-3,
-    min_lr_ratio=0.1,
-    warmup_steps=60,
-    eval_every=100,
-    eval_batches=16,
-    save_every=100,  # an interrupted `ddl compare` continues from here
-    keep=1,
-    log_every=5,
-    seed=0,
-)
-
 
 def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None = None,
                    per_seed_dirs: bool = False) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""Training: ``TrainConfig`` (YAML + overrides), the trainer, atomic checkpoints, torchrun (DDP / FSDP2).
+"""Training: ``TrainConfig`` (recipes, YAML, overrides), the trainer, atomic checkpoints, torchrun (DDP / FSDP2).
 
     from deep_delta.train import TrainConfig, train, latest_checkpoint, load_checkpoint
 
@@ -16,7 +16,6 @@ _PUBLIC = {
     "TrainConfig": "deep_delta.train.config",
     "available_configs": "deep_delta.train.config",
     "load_config": "deep_delta.train.config",
-    "resolve_config": "deep_delta.train.config",
     "NonFiniteLossError": "deep_delta.train.trainer",
     "TrainResult": "deep_delta.train.trainer",
     "train": "deep_delta.train.trainer",

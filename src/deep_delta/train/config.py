@@ -1,6 +1,8 @@
-"""``TrainConfig``: every setting of a training run, loaded from YAML with command-line overrides.
+"""``TrainConfig``: every setting of a training run, from a shipped recipe or a YAML file with command-line
+overrides.
 
-Precedence: dataclass defaults < YAML file (``--config``) < command-line flags and ``--set key=value``.
+Precedence: dataclass defaults < ``--config`` (a recipe of :mod:`deep_delta.train.recipes`, or a YAML file)
+< command-line flags and ``--set key=value``.
 Unknown keys are refused (the error names the key and lists the allowed ones); types are checked.
 """
 
@@ -9,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from deep_delta.settings import check_fields, parse_assignments
+from deep_delta.train.recipes import RECIPES
 from deep_delta.variants import PRESETS, VARIANTS
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -208,15 +210,10 @@ class TrainConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-# ---------------------------------------------------------------------- named configs shipped with the package
-def config_root() -> Path:
-    """Directory of the recipes shipped in ``deep_delta/configs`` (one YAML file per preset)."""
-    return Path(str(resources.files("deep_delta") / "configs"))
-
-
+# ---------------------------------------------------------------------- recipes shipped with the package
 def recipes() -> list[str]:
-    """Names of the shipped recipes: ``tiny``, ``small``, ``medium``."""
-    return sorted(p.stem for p in config_root().glob("*.yaml"))
+    """Names of the shipped recipes (``deep_delta/train/recipes.py``): ``debug``, ``tiny``, ``small``, ..."""
+    return sorted(RECIPES)
 
 
 def available_configs() -> list[str]:
@@ -225,35 +222,22 @@ def available_configs() -> list[str]:
     return [f"{r}/{v}" for r in recipes() for v in sorted(VARIANTS)]
 
 
-def resolve_config(spec: str | os.PathLike) -> Path:
-    """The YAML file behind ``spec``: a path, or the recipe of a shipped name (``small/ddl-cc`` -> small.yaml)."""
+def config_values(spec: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """The settings of ``spec`` and their origin: a YAML file, a recipe (``small``: its settings) or a name
+    ``RECIPE/VARIANT`` (``small/ddl-cc``: the recipe with that variant, run directory ``runs/small/ddl-cc``)."""
     path = Path(spec)
     if path.is_file():
-        return path
-    recipe, _ = _split_name(spec)
-    return config_root() / f"{recipe}.yaml"
-
-
-def _split_name(spec: str | os.PathLike) -> tuple[str, str | None]:
-    name = str(spec).removesuffix(".yaml")
-    recipe, _, variant = name.partition("/")
-    if recipe in recipes() and (not variant or variant in VARIANTS):
-        return recipe, variant or None
-    raise FileNotFoundError(
-        f"config {str(spec)!r}: no such file, and not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
-        f"with RECIPE one of {', '.join(recipes())} and VARIANT one of {', '.join(sorted(VARIANTS))} "
-        f"(e.g. {available_configs()[0]})"
-    )
-
-
-def config_values(spec: str | os.PathLike) -> tuple[dict[str, Any], str]:
-    """The settings of ``spec`` (a YAML path, a recipe ``small`` or a name ``small/ddl-cc``) and their origin."""
-    path = Path(spec)
-    values = _read_yaml(path if path.is_file() else resolve_config(spec))
-    if not path.is_file():
-        recipe, variant = _split_name(spec)
-        if variant is not None:
-            values = {**values, "variant": variant, "out": f"runs/{recipe}/{variant}"}
+        return _read_yaml(path), f" (from {spec})"
+    name, _, variant = str(spec).partition("/")
+    if name not in RECIPES or (variant and variant not in VARIANTS):
+        raise FileNotFoundError(
+            f"config {str(spec)!r}: no such file, and not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
+            f"with RECIPE one of {', '.join(recipes())} and VARIANT one of {', '.join(sorted(VARIANTS))} "
+            f"(e.g. {available_configs()[0]})"
+        )
+    values = RECIPES[name]()
+    if variant:
+        values = {**values, "variant": variant, "out": f"runs/{name}/{variant}"}
     return values, f" (from {spec})"
 
 
@@ -267,7 +251,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None,
                 assignments: list[str] | None = None) -> TrainConfig:
-    """Defaults < ``spec`` (YAML path, recipe or shipped name) < ``overrides`` (field -> value) < ``assignments``."""
+    """Defaults < ``spec`` (YAML path, recipe or ``RECIPE/VARIANT``) < ``overrides`` (field -> value) <
+    ``assignments``."""
     cfg = TrainConfig()
     if spec:
         values, origin = config_values(spec)
