@@ -148,6 +148,15 @@ def _stopped_by_signal(error: BaseException) -> bool:
                for module, name in _STOPPED)
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush into a closed pipe says nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a captured stdout in tests)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -166,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"ddl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`ddl ... | head`): stop quietly, as other tools do
+        _quiet_stdout()
+        return 141
     except Exception as e:
         if _stopped_by_signal(e) and not debug:
             again = list(sys.argv[1:] if argv is None else argv)
