@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
+from deep_delta.ops.launch import counting_dry, launch, record
 
 MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
 
@@ -139,6 +140,14 @@ def _delta_bwd_kernel(
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
 
 
+def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The per-program weight-gradient partials (P, ...) summed over programs, in ``dtype`` (a torch op, counted
+    by :func:`deep_delta.ops.launch.record`)."""
+    out = part.sum(0).to(dtype)
+    record("partial_sum", (part,), (out,))
+    return out
+
+
 def interpreted() -> bool:
     """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
     return type(_delta_fwd_kernel).__name__ == "InterpretedFunction"
@@ -147,6 +156,8 @@ def interpreted() -> bool:
 def check_device(name: str, t: torch.Tensor) -> None:
     """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter only."""
     if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
+        return
+    if counting_dry():  # counting launch traffic without launching (deep_delta.ops.launch)
         return
     raise ValueError(
         f"{name}: backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before "
@@ -181,9 +192,10 @@ def triton_forward(
     has_read = c is not None
     xin = torch.empty(n, d, dtype=x.dtype, device=x.device) if has_read else None
     delta = torch.empty(n, dv, dtype=torch.float32, device=x.device) if want_delta else None
-    _delta_fwd_kernel[(triton.cdiv(n, rows),)](
-        x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
-        out if delta is None else delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d),
+    launch(
+        _delta_fwd_kernel, (triton.cdiv(n, rows),),
+        (x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
+         out if delta is None else delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
         HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
     )
     return out, xin, delta
@@ -213,12 +225,12 @@ def triton_backward(
         c_arg = c.contiguous()
     else:
         gin, gc_part, c_arg = g, g, g  # unused placeholders
-    _delta_bwd_kernel[grid](
-        x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part,
-        n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d),
-        HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+    launch(
+        _delta_bwd_kernel, grid,
+        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
     )
-    return gx, gk, gv, gbeta, gc_part.sum(0).to(c.dtype) if has_read else None
+    return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
 
 
 class DeltaUpdateTriton(torch.autograd.Function):
