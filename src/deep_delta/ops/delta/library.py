@@ -8,7 +8,7 @@ kernels), so the whole model compiles with ``fullgraph=True`` and the same kerne
 | ``deep_delta::delta_update(x, k, v, beta, k_eps) -> x'`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
 | ``deep_delta::delta_update_read(x, k, v, beta, c, k_eps) -> (x', x_in)`` | Triton, fused | lean update, then the CC read |
 | ``deep_delta::delta_update_backward(g, x, k, v, beta, k_eps)`` | Triton | lean math |
-| ``deep_delta::delta_update_read_backward(g, g_in, x, k, v, beta, c, k_eps)`` | Triton, fused | lean math |
+| ``deep_delta::delta_update_read_backward(g, g_in, x, x', k, v, beta, c, k_eps)`` | Triton, fused | lean math |
 
 The two backward ops are what ``register_autograd`` calls (they have no autograd of their own: no double
 backward). Shapes are the flattened ones: x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), c (d, d_v), all
@@ -137,17 +137,16 @@ def _(g, x, k, v, beta, k_eps):
 
 
 def _update_read_backward_lean(
-    g: Tensor, gin: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
+    g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d). Lean math:
-    the read's gradient ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton
-    kernel does in registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
-    ``grad_c = sum_n g_in x'^T`` with the stored x' recomputed (one more pass than the kernel, which has x'
-    in registers)."""
+    """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
+    forward's new state (saved: it is the next update's input, alive anyway). Lean math: the read's gradient
+    ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton kernel does in
+    registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
+    ``grad_c = sum_n g_in x'^T``."""
     from deep_delta.ops.compress.lean import channel_read_weight_grad, read_gradient_rows
 
     ct = compute_dtype(x, k, v, beta)
-    out, _ = lean_forward(x, k, v, beta, k_eps)
     ge = read_gradient_rows(gin, x.shape[-1], ct)
     grad_c = channel_read_weight_grad(ge, out).to(c.dtype)
     total = torch.addcmul(g.to(ct), ge, c.to(ct))
@@ -160,16 +159,16 @@ delta_update_read_backward_op = torch.library.custom_op(
 )
 
 @delta_update_read_backward_op.register_kernel("cuda")
-def _delta_update_read_backward_cuda(g, gin, x, k, v, beta, c, k_eps):
+def _delta_update_read_backward_cuda(g, gin, x, out, k, v, beta, c, k_eps):
     if not _use_triton(x):
-        return _update_read_backward_lean(g, gin, x, k, v, beta, c, k_eps)
+        return _update_read_backward_lean(g, gin, x, out, k, v, beta, c, k_eps)
     from deep_delta.ops.delta.triton import triton_backward
 
     return triton_backward(g, gin, x, k, v, beta, c, k_eps)
 
 
 @delta_update_read_backward_op.register_fake
-def _(g, gin, x, k, v, beta, c, k_eps):
+def _(g, gin, x, out, k, v, beta, c, k_eps):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, k, v, beta, c))
 
 
@@ -182,20 +181,27 @@ def _save_inputs(ctx, inputs, output) -> None:
     ctx.k_eps = k_eps
 
 
+def _save_inputs_and_state(ctx, inputs, output) -> None:
+    """The fused op also saves its new state x' (the next update's input: no extra memory) for grad_c."""
+    x, k, v, beta, c, k_eps = inputs
+    ctx.save_for_backward(x, output[0], k, v, beta, c)
+    ctx.k_eps = k_eps
+
+
 def _delta_update_grad(ctx, g):
     return (*delta_update_backward_op(g.contiguous(), *ctx.saved_tensors, ctx.k_eps), None)
 
 
 def _delta_update_read_grad(ctx, g, gin):
-    x, k, v, beta, c = ctx.saved_tensors
+    x, out, k, v, beta, c = ctx.saved_tensors
     # an unused output's gradient may arrive as None
     g = torch.zeros_like(x) if g is None else g.contiguous()
     gin = x.new_zeros(x.shape[:-1]) if gin is None else gin.contiguous()
-    return (*delta_update_read_backward_op(g, gin, x, k, v, beta, c, ctx.k_eps), None)
+    return (*delta_update_read_backward_op(g, gin, x, out, k, v, beta, c, ctx.k_eps), None)
 
 
 delta_update_op.register_autograd(_delta_update_grad, setup_context=_save_inputs)
-delta_update_read_op.register_autograd(_delta_update_read_grad, setup_context=_save_inputs)
+delta_update_read_op.register_autograd(_delta_update_read_grad, setup_context=_save_inputs_and_state)
 
 OPS = (delta_update_op, delta_update_read_op, delta_update_backward_op, delta_update_read_backward_op)
 
