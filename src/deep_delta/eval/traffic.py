@@ -107,8 +107,9 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
         out.append(f"| {res.variant} | {res.hidden_size} | {res.value_channels} | {res.state_bytes} | {res.sublayers} "
                    f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} |")
     tokens = results[0].tokens if results else 0
-    out += ["", f"Counted (dry launches on CPU) at {tokens} tokens per step (the partial buffers of the weight "
-            "gradients grow with the number of programs, the rest is per token). Each tensor argument once; "
+    out += ["", f"Counted (dry launches on CPU) at {tokens} tokens per step. The partial buffers of the weight "
+            "gradients hold one fp32 (d, d_v) tile per program of 1 to 16 tokens (1 up to 4096 tokens), so their "
+            "bytes per token fall above 4096 tokens; the rest is per token. Each tensor argument once; "
             "compressor weights once per launch (L2-resident); the HC / mHC kernels and the non-DDL work "
             "(GEMMs, norms, attention) are not counted. Ideal: issue 24, per sublayer."]
     return "\n".join(out)
