@@ -4,10 +4,20 @@ For each variant, parametrization and width (hidden_size, heads of --head-dim, -
 vocabulary), train a fresh model for --steps AdamW steps (warm-up then cosine, weight decay 0.1, clip 1.0, the
 optimizer groups of ``deep_delta.train.optim.build_optimizer``: under muP the model's lr multipliers) on random
 windows of the first 90% of the embedded text, then report the mean loss over --val-batches fixed windows of
-the last 10%. Under muP the base width is the smallest width of the sweep (the proxy one tunes at).
+the last 10%. Under muP the base width is the smallest width of the sweep (the proxy one tunes at). Each
+(variant, parametrization, width, lr) runs once per seed in --seeds (the seed draws the init and the batches);
+the table gives the mean over seeds with each seed's value, the best lr by the mean, and says when that best
+lr is at the edge of the grid (the optimum not bracketed). --set model.FIELD=VALUE sets a model field for
+every run, e.g. model.tie_word_embeddings=false (muP with its zero-init readout, docs/mup.md).
 
     nice -n 10 .venv/bin/python benchmarks/mup_sweep.py --out benchmarks/mup_sweep
     # writes OUT/mup_sweep.json, OUT/mup_sweep.md (table, best lr per width) and OUT/mup_sweep.png
+
+The transfer sweep of issue 25 (item 3; not run yet: about 23 hours on the shared 2-core CPU, docs/mup.md):
+
+    nice -n 10 .venv/bin/python benchmarks/mup_sweep.py --steps 300 --warmup 30 --seeds 0 1 \
+        --widths 64 128 256 512 --lrs 0.001 0.002 0.004 0.008 0.016 0.032 0.064 0.128 \
+        --set model.tie_word_embeddings=false --out benchmarks/mup_sweep_transfer
 
 Every run is recorded as it finishes (OUT/mup_sweep.json), and a rerun skips the runs already there, so an
 interrupted sweep continues. docs/mup.md reports what ran on which machine.
@@ -24,7 +34,8 @@ from pathlib import Path
 import torch
 
 from deep_delta.data.sources import default_texts
-from deep_delta.experiments.coord_check import CoordCheckSettings, model_config
+from deep_delta.experiments.coord_check import model_config
+from deep_delta.experiments.settings import CoordCheckSettings
 from deep_delta.fsutil import atomic_write, save_figure
 from deep_delta.models import DDLForCausalLM
 from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
@@ -42,15 +53,15 @@ def windows(tokens: torch.Tensor, batch: int, seq: int, g: torch.Generator) -> t
     return w[:, :-1], w[:, 1:]
 
 
-def train_one(variant: str, param: str, width: int, lr: float, args, train, val) -> dict:
+def train_one(variant: str, param: str, width: int, lr: float, seed: int, args, train, val) -> dict:
     s = CoordCheckSettings(variants=(variant,), widths=(width, width), layers=args.layers, head_dim=args.head_dim,
-                           seq_len=args.seq_len, model_overrides={"mup_base_width": min(args.widths)})
+                           seq_len=args.seq_len, model={"mup_base_width": min(args.widths)} | args.model)
     cfg = model_config(variant, width, param, s)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = DDLForCausalLM(cfg).train()
     opt = build_optimizer(model, lr, 0.1, (0.9, 0.95))
     schedule = WarmupCosine(args.warmup, args.steps, 0.1)
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator().manual_seed(seed)
     t0, diverged, loss = time.perf_counter(), False, float("nan")
     for step in range(args.steps):
         x, y = windows(train, args.batch_size, args.seq_len, g)
@@ -74,37 +85,50 @@ def train_one(variant: str, param: str, width: int, lr: float, args, train, val)
                 x, y = windows(val, args.batch_size, args.seq_len, gv)
                 losses.append(model(x, shift_labels=y).loss.item())
             val_loss = sum(losses) / len(losses)
-    return {"variant": variant, "parametrization": param, "width": width, "lr": lr, "train_loss": loss,
+    return {"variant": variant, "parametrization": param, "width": width, "lr": lr, "seed": seed, "train_loss": loss,
             "val_loss": val_loss, "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def best_lrs(runs: list[dict]) -> dict:
-    best: dict = {}
+def mean_losses(runs: list[dict]) -> dict:
+    """{(variant, param, width, lr): (mean validation loss over seeds, [each seed's])}; a diverged seed makes the
+    mean inf."""
+    by: dict = {}
     for r in runs:
-        if r["diverged"] or not math.isfinite(r["val_loss"]):
-            continue
-        key = (r["variant"], r["parametrization"], r["width"])
-        if key not in best or r["val_loss"] < best[key]["val_loss"]:
-            best[key] = r
-    return best
+        loss = r["val_loss"] if not r["diverged"] and math.isfinite(r["val_loss"]) else math.inf
+        by.setdefault((r["variant"], r["parametrization"], r["width"], r["lr"]), []).append(loss)
+    return {k: (sum(v) / len(v), v) for k, v in by.items()}
+
+
+def best_lrs(runs: list[dict]) -> dict:
+    """{(variant, param, width): (best lr by the mean over seeds, whether it is at the edge of the grid run)}."""
+    means = mean_losses(runs)
+    best: dict = {}
+    for (variant, param, width, lr), (mean, _) in means.items():
+        key = (variant, param, width)
+        if math.isfinite(mean) and (key not in best or mean < means[key + (best[key],)][0]):
+            best[key] = lr
+    return {k: (lr, lr in (min(x[3] for x in means if x[:3] == k), max(x[3] for x in means if x[:3] == k)))
+            for k, lr in best.items()}
 
 
 def table(runs: list[dict], lrs: list[float]) -> str:
     lines = ["| variant | param | width | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |",
              "| --- | --- | ---: | " + " | ".join("---:" for _ in lrs) + " | ---: |"]
-    best = best_lrs(runs)
-    keys = sorted({(r["variant"], r["parametrization"], r["width"]) for r in runs},
-                  key=lambda k: (k[0], k[1], k[2]))
-    for key in keys:
+    means, best = mean_losses(runs), best_lrs(runs)
+    for key in sorted({k[:3] for k in means}):
         cells = []
         for lr in lrs:
-            r = next((r for r in runs if (r["variant"], r["parametrization"], r["width"]) == key and r["lr"] == lr),
-                     None)
-            cells.append("-" if r is None else ("diverged" if r["diverged"] else f"{r['val_loss']:.3f}"))
+            if key + (lr,) not in means:
+                cells.append("-")
+                continue
+            mean, each = means[key + (lr,)]
+            seeds = "/".join("div" if not math.isfinite(v) else f"{v:.2f}" for v in each)
+            cells.append(("diverged" if not math.isfinite(mean) else f"{mean:.3f}")
+                         + (f" ({seeds})" if len(each) > 1 else ""))
         b = best.get(key)
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {b['lr']:g} |"
-                     if b else f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " | - |")
+        tail = "-" if b is None else f"{b[0]:g}" + (" (grid edge)" if b[1] else "")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {tail} |")
     return "\n".join(lines)
 
 
@@ -121,8 +145,8 @@ def plot(runs: list[dict], path: Path) -> bool:
     widths = sorted({r["width"] for r in runs})
     for ax, (variant, param) in zip(axes[0], panels):
         for i, w in enumerate(widths):
-            pts = sorted((r["lr"], r["val_loss"]) for r in runs if (r["variant"], r["parametrization"], r["width"])
-                         == (variant, param, w) and not r["diverged"])
+            pts = sorted((k[3], m) for k, (m, _) in mean_losses(runs).items()
+                         if k[:3] == (variant, param, w) and math.isfinite(m))
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=f"width {w}", color=plt.cm.viridis(i / max(1, len(widths) - 1)))
         ax.set_xscale("log")
@@ -148,16 +172,24 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--val-batches", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="model.FIELD=VALUE",
+                   help="a model (DDLConfig) field for every run, e.g. model.tie_word_embeddings=false; repeatable")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="benchmarks/mup_sweep")
     args = p.parse_args()
+    from deep_delta.train.config import parse_assignments
+
+    sets = parse_assignments(args.assignments)
+    if set(sets) - {"model"}:
+        p.error("--set takes model.FIELD=VALUE only")
+    args.model = sets.get("model", {})
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = out / "mup_sweep.json"
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "threads", "lrs", "widths", "variants",
-                                                                  "parametrizations")}
+                                                                  "parametrizations", "seeds", "assignments")}
     runs: list[dict] = []
     if record.exists():
         old = json.loads(record.read_text())
@@ -168,14 +200,15 @@ def main() -> int:
         for param in args.parametrizations:
             for width in args.widths:
                 for lr in args.lrs:
-                    if any((r["variant"], r["parametrization"], r["width"], r["lr"]) == (variant, param, width, lr)
-                           for r in runs):
-                        continue
-                    r = train_one(variant, param, width, lr, args, train, val)
-                    runs.append(r)
-                    print(f"{variant} {param} width {width} lr {lr:g}: val {r['val_loss']:.4f} "
-                          f"({'diverged, ' if r['diverged'] else ''}{r['seconds']} s)", flush=True)
-                    atomic_write(record, json.dumps({"settings": settings, "runs": runs}, indent=2))
+                    for seed in args.seeds:
+                        if any((r["variant"], r["parametrization"], r["width"], r["lr"], r.get("seed", 0))
+                               == (variant, param, width, lr, seed) for r in runs):
+                            continue
+                        r = train_one(variant, param, width, lr, seed, args, train, val)
+                        runs.append(r)
+                        print(f"{variant} {param} width {width} lr {lr:g} seed {seed}: val {r['val_loss']:.4f} "
+                              f"({'diverged, ' if r['diverged'] else ''}{r['seconds']} s)", flush=True)
+                        atomic_write(record, json.dumps({"settings": settings, "runs": runs}, indent=2))
     lrs = sorted({r["lr"] for r in runs})
     md = table(runs, lrs)
     drawn = plot(runs, out / "mup_sweep.png")

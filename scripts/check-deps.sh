@@ -16,7 +16,7 @@ shift || true
 PY=${PYTHON:-python3}
 LOCK=requirements.lock
 # the lowest releases pyproject.toml admits (keep in step with its ranges)
-LOWEST=("transformers==5.4.0" "lm-eval==0.4.5" "accelerate==0.26.0")
+LOWEST=("transformers==5.23.0" "lm-eval==0.4.10" "accelerate==1.1.0")
 NEWEST=(transformers lm-eval accelerate)
 case "$end" in
   lowest | newest) ;;

@@ -1,9 +1,9 @@
 """The ``ddl`` console command's entry point.
 
-Importing the package loads PyTorch and transformers, which takes seconds; a Ctrl-C in that time would
-surface as a KeyboardInterrupt traceback from deep inside an import. This module lives outside the package
-so that the import itself runs under a guard: an interrupt during start-up prints one line and exits 130,
-like an interrupt anywhere else in ``ddl``.
+A Ctrl-C while the command line's modules import would surface as a KeyboardInterrupt traceback from
+inside an import. This module lives outside the package so that the import itself runs under a guard: an
+interrupt during start-up prints one line and exits 130, like an interrupt anywhere else in ``ddl`` (PyTorch
+and transformers load later, when a command runs, under :func:`deep_delta.cli.main.main`'s own guard).
 """
 
 from __future__ import annotations

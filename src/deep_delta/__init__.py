@@ -1,23 +1,32 @@
 """Deep Delta Learning (arXiv:2601.00417) for PyTorch.
 
     from deep_delta import DDLConfig, DDLForCausalLM, DeltaResidual, delta_update
+
+``import deep_delta`` itself loads nothing heavy: the names below are imported from their modules on first
+use, so that ``ddl --help`` (whose parser lives in :mod:`deep_delta.cli`) starts without PyTorch or
+transformers. ``model_type="deep_delta"`` is registered with the transformers Auto classes as soon as both
+deep_delta and transformers are imported, in either order (:func:`deep_delta._lazy.import_after`), so
+``import deep_delta`` then ``AutoModelForCausalLM.from_pretrained(...)`` works as with any model package.
 """
 
-from deep_delta.layers import ChannelCompressor, DeltaResidual, StateExpander, TokenConvCompressor
-from deep_delta.models import DDLCache, DDLConfig, DDLForCausalLM, DDLModel
-from deep_delta.ops import delta_operator, delta_update
+from deep_delta._lazy import import_after, lazy_names
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ChannelCompressor",
-    "DDLCache",
-    "DDLConfig",
-    "DDLForCausalLM",
-    "DDLModel",
-    "DeltaResidual",
-    "StateExpander",
-    "TokenConvCompressor",
-    "delta_operator",
-    "delta_update",
-]
+# public name -> the module that defines it
+_PUBLIC = {
+    "ChannelCompressor": "deep_delta.layers",
+    "DeltaResidual": "deep_delta.layers",
+    "StateExpander": "deep_delta.layers",
+    "TokenConvCompressor": "deep_delta.layers",
+    "DDLCache": "deep_delta.models",
+    "DDLConfig": "deep_delta.models",
+    "DDLForCausalLM": "deep_delta.models",
+    "DDLModel": "deep_delta.models",
+    "delta_operator": "deep_delta.ops",
+    "delta_update": "deep_delta.ops",
+}
+
+__all__ = sorted(_PUBLIC)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
+import_after("transformers", "deep_delta.models")

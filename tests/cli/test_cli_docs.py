@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from deep_delta.cli.main import as_flags, build_parser, command_path
-from deep_delta.cli.options import DTYPE_CHOICES
-from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
+from deep_delta.cli.options import DTYPE_CHOICES, integer
+from deep_delta.variants import PRESETS, VARIANTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -24,10 +24,10 @@ SHARED = {
     "--threads": dict(metavar="N|auto", choices=None, nargs=None, type=None),
     "--set": dict(metavar="KEY=VALUE", choices=None, nargs=None, type=None, dest="assignments"),
     "--variants": dict(metavar="VARIANT", choices=None, nargs="+", type=None),
-    "--batch-size": dict(metavar="B", choices=None, nargs=None, type=int),
-    "--seq-len": dict(metavar="T", choices=None, nargs=None, type=int),
-    "--seed": dict(metavar="S", choices=None, nargs=None, type=int),
-    "--seeds": dict(metavar="S", choices=None, nargs="+", type=int),
+    "--batch-size": dict(metavar="B", choices=None, nargs=None, type=integer),
+    "--seq-len": dict(metavar="T", choices=None, nargs=None, type=integer),
+    "--seed": dict(metavar="S", choices=None, nargs=None, type=integer),
+    "--seeds": dict(metavar="S", choices=None, nargs="+", type=integer),
     "--model": dict(metavar="PATH", choices=None, nargs=None, type=None),
     "--dtype": dict(metavar=None, nargs=None, type=None),  # choices: checked below
     "--data": dict(metavar="DIR", choices=None, nargs=None),
@@ -108,23 +108,24 @@ def test_shared_options_agree_everywhere(flag):
 
 
 def test_library_parameters_become_the_commands_flags():
-    msg = "`seq_len` got 0; `assignments` got 'x'; `prompts`: the prompt; `overrides`; `unknown_name`"
+    msg = "`seq_len` got 0; `assignments` got 'x'; `prompts`: the prompt; `model`; `unknown_name`"
     assert as_flags(msg, PARSER, ["eval", "loss"]) == ("--seq-len got 0; `assignments` got 'x'; `prompts`: the "
-                                                       "prompt; `overrides`; `unknown_name`")
+                                                       "prompt; --model; `unknown_name`")
     assert as_flags(msg, PARSER, ["bench"]).startswith("--seq-len got 0; --set got 'x'; `prompts`: the prompt; --set")
     assert "--prompt: the prompt" in as_flags(msg, PARSER, ["generate"])
     assert as_flags("`out_dir` x; `source` y", PARSER, ["export"]) == "--out x; --model y"
     assert as_flags("`num_fewshot` got -1", PARSER, ["eval", "lm-eval"]) == "--num-fewshot got -1"
-    assert as_flags("`batch` got 0", PARSER, ["bench-kernels"]) == "`batch` got 0"  # hidden aliases are never named
+    assert as_flags("`batch` got 0", PARSER, ["bench-kernels"]) == "`batch` got 0"  # no flag has that dest
     args = PARSER.parse_args(["eval", "loss", "--model", "m", "--data", "d"])
     assert command_path(PARSER, args) == ["eval", "loss"]
 
 
-def test_list_options_take_spaces_and_the_older_commas():
-    from deep_delta.cli.options import split_list, variant_list
+def test_list_options_are_space_separated():
+    from deep_delta.cli.options import variant_list
 
-    a = PARSER.parse_args(["bench-kernels", "--variants", "baseline,ddl-cc"])
-    b = PARSER.parse_args(["bench-kernels", "--variants", "baseline", "ddl-cc"])
-    assert variant_list(a.variants) == variant_list(b.variants) == ["baseline", "ddl-cc"]
-    lm = PARSER.parse_args(["eval", "lm-eval", "--model", "m", "--num-fewshot", "0,1", "--tasks", "a", "b,c"])
-    assert split_list(lm.num_fewshot) == ["0", "1"] and split_list(lm.tasks) == ["a", "b", "c"]
+    b = PARSER.parse_args(["bench-kernels", "--variants", "baseline", "ddl-cc", "baseline"])
+    assert variant_list(b.variants) == ["baseline", "ddl-cc"]
+    with pytest.raises(ValueError, match="`variants` got 'baseline,ddl-cc'"):  # one list form, not two
+        variant_list(PARSER.parse_args(["bench-kernels", "--variants", "baseline,ddl-cc"]).variants)
+    lm = PARSER.parse_args(["eval", "lm-eval", "--model", "m", "--num-fewshot", "0", "1", "--tasks", "a", "b"])
+    assert lm.num_fewshot == ["0", "1"] and lm.tasks == ["a", "b"]

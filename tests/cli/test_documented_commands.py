@@ -1,5 +1,4 @@
-"""Every `ddl` command in README.md's code blocks and in scripts/*.sh still parses, without a deprecated
-spelling (those print a note on stderr)."""
+"""Every `ddl` command in README.md's code blocks and in scripts/*.sh still parses."""
 
 from __future__ import annotations
 
@@ -55,6 +54,4 @@ def test_the_readme_commands_are_found():
 def test_documented_command_parses(source, argv, capsys):
     args = PARSER.parse_args(shlex.split(argv))
     assert getattr(args, "func", None), f"{source}: `ddl {argv}` names no command"
-    assert "deprecated" not in capsys.readouterr().err, f"{source}: `ddl {argv}` uses a deprecated spelling"
-    if getattr(args, "old_source", None) is not None:  # ddl export's positional form notes itself when run
-        pytest.fail(f"{source}: `ddl {argv}` uses the deprecated positional form of ddl export")
+    assert not capsys.readouterr().err, f"{source}: `ddl {argv}` printed on stderr while parsing"

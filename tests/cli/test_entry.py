@@ -1,4 +1,4 @@
-"""The `ddl` entry point: an interrupt while the package is still importing prints one line, no traceback."""
+"""The `ddl` entry point: an interrupt while modules are still importing prints one line, no traceback."""
 
 from __future__ import annotations
 
@@ -6,29 +6,35 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
-def test_ctrl_c_during_start_up_prints_one_line():
-    # A finder that raises KeyboardInterrupt when torch is first imported: the moment a user's Ctrl-C lands
-    # during `ddl data prepare` start-up (importing torch takes seconds).
+
+# A finder that raises KeyboardInterrupt when MODULE is first imported: the moment a user's Ctrl-C lands while
+# `ddl` starts (the parser's modules) or while a command starts (PyTorch, which takes seconds).
+@pytest.mark.parametrize(("module", "argv", "said"), [
+    ("deep_delta.cli.main", ["data", "prepare", "--help"], "ddl: interrupted\n"),
+    ("torch", ["info", "--variant", "baseline"], "ddl info: interrupted\n"),
+])
+def test_ctrl_c_during_start_up_prints_one_line(module, argv, said):
     script = textwrap.dedent(
-        """
+        f"""
         import sys
 
         class Interrupt:
             def find_spec(self, name, path=None, target=None):
-                if name == "torch":
+                if name == {module!r}:
                     raise KeyboardInterrupt
                 return None
 
         sys.meta_path.insert(0, Interrupt())
         import deep_delta_cli
-        sys.argv = ["ddl", "data", "prepare", "--help"]
+        sys.argv = ["ddl", *{argv!r}]
         sys.exit(deep_delta_cli.main())
         """
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 130, r.stderr
-    assert r.stderr == "ddl: interrupted\n"
+    assert r.stderr == said
     assert "Traceback" not in r.stdout + r.stderr
 
 

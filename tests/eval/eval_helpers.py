@@ -1,25 +1,11 @@
-"""Tiny models, runs and byte-level data for the evaluation tests (everything in tmp_path, offline)."""
+"""Runs and byte-level data for the evaluation tests (everything in tmp_path, offline)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from deep_delta import DDLConfig, DDLForCausalLM
-
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=320, max_position_embeddings=64)
-
-
-def tiny_model(variant: str = "ddl-cc", seed: int = 0, **overrides) -> DDLForCausalLM:
-    """A tiny model with weights moved off their init (so every branch matters), in eval mode."""
-    torch.manual_seed(seed)
-    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**TINY, **overrides}))
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model.eval()
+from deep_delta import DDLForCausalLM
+from helpers import tiny_model
 
 
 def make_run(root: Path, variant: str = "ddl-cc", tokenizer: str = "byte", **overrides) -> tuple[Path, DDLForCausalLM]:

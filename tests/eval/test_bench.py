@@ -12,18 +12,17 @@ import torch
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.cli.main import main
 from deep_delta.eval import timing
-from deep_delta.eval.bench import BenchSettings, bench_table, cpu_transient_peak, run_bench
+from deep_delta.eval.bench import bench_table, run_bench
 from deep_delta.eval.kernel_bench import (
-    KernelBenchSettings,
     op_inputs,
     op_table,
     run_op_bench,
     run_step_bench,
     step_table,
 )
-from deep_delta.eval.step_bench import StepSubject
-
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
+from deep_delta.eval.step_bench import StepSubject, cpu_transient_peak
+from helpers import DEBUG
 
 
 def test_cpu_peak_follows_allocations():
@@ -42,11 +41,11 @@ def test_cpu_peak_follows_allocations():
 
 def test_run_bench_rows_and_factors():
     s = BenchSettings(variants=["baseline", "ddl-cc"], batch_size=2, seq_len=16, steps=1, repeats=2,
-                      decode_tokens=4, overrides=SMALL)
+                      decode_tokens=4, model=DEBUG)
     rows = run_bench(s)
     assert [r.variant for r in rows] == ["baseline", "ddl-cc"]
     for r in rows:
-        model = DDLForCausalLM(DDLConfig.from_variant(r.variant, "tiny", **SMALL))
+        model = DDLForCausalLM(DDLConfig.from_variant(r.variant, "tiny", **DEBUG))
         assert r.params == sum(p.numel() for p in model.parameters())
         # weights + grads + 2 AdamW moments in fp32 at least, plus the step's activations
         assert r.peak_memory_bytes > 4 * 4 * r.params
@@ -80,14 +79,14 @@ def test_ddl_bench_cli_writes_markdown_and_json(tmp_path, capsys):
     ("args", "msg"),
     [
         (["--variants", "baseline", "ddl-xx"], "error: --variants got 'ddl-xx'; allowed: one or more of baseline"),
-        (["--variants", "baseline,ddl-xx"], "error: --variants got 'ddl-xx'"),  # the older comma list
         (["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
         (["--seq-len", "999"], r"error: --seq-len got 999; allowed: 2..256"),
         (["--decode-tokens", "300"], "error: --decode-tokens got 300"),
         (["--set", "model.hidden_sise=3"], r"unknown field\(s\) \['hidden_sise'\]"),
         (["--set", "oops"], "error: --set got 'oops'; allowed: KEY=VALUE"),
         (["--set", "sede=1"], r"error: --set: unknown setting\(s\) \['sede'\]; allowed: model.FIELD"),
-        (["--override", "hidden_sise=3"], r"unknown field\(s\) \['hidden_sise'\]"),  # the deprecated spelling
+        (["--override", "hidden_sise=3"], "unrecognized arguments: --override"),
+        (["--threads", "0"], "error: --threads got '0'; allowed: an integer >= 1 or 'auto'"),
         (["--threads", "-1"], "error: --threads got '-1'; allowed: an integer >= 1 or 'auto'"),
     ],
 )
@@ -100,15 +99,14 @@ def test_bench_bad_arguments(args, msg, capsys):
     assert re.search(msg, capsys.readouterr().err)
 
 
-def test_bench_set_reaches_settings_and_models_and_override_is_a_deprecated_alias(capsys):
+def test_bench_set_reaches_settings_and_models():
     from deep_delta.cli.main import build_parser
-    from deep_delta.eval.bench import with_assignments
+    from deep_delta.eval.settings import with_assignments
 
-    args = build_parser().parse_args(["bench", "--override", "hidden_size=32", "--set", "model.vocab_size=64",
+    args = build_parser().parse_args(["bench", "--set", "model.hidden_size=32", "--set", "model.vocab_size=64",
                                       "--set", "seed=3"])
-    assert "ddl bench: --override is deprecated; use --set model.FIELD=VALUE" in capsys.readouterr().err
     s = with_assignments(BenchSettings(), args.assignments)
-    assert s.overrides == {"hidden_size": 32, "vocab_size": 64} and s.seed == 3
+    assert s.model == {"hidden_size": 32, "vocab_size": 64} and s.seed == 3
     with pytest.raises(ValueError, match=r"^`assignments`: unknown setting\(s\) \['bogus'\]"):
         with_assignments(KernelBenchSettings(), ["bogus=1"])
 
@@ -147,7 +145,7 @@ def test_step_subject_runs_the_trainers_optimizer_step(monkeypatch):
         return real(model, optimizer, batches, **kw)
 
     monkeypatch.setattr(trainer, "optimizer_step", spy)
-    sub = StepSubject("ddl-cc", batch_size=2, seq_len=8, overrides=SMALL, dtype="bfloat16")
+    sub = StepSubject("ddl-cc", batch_size=2, seq_len=8, overrides=DEBUG, dtype="bfloat16")
     before = [p.detach().clone() for p in sub.model.parameters()]
     sub.train_step()
     assert len(seen) == 1 and seen[0]["grad_clip"] == 1.0  # the training default
@@ -171,7 +169,7 @@ def test_op_inputs_follow_autocast():
 
 
 def test_kernel_bench_tables():
-    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, overrides=SMALL)
+    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, model=DEBUG)
     rows = run_step_bench(s)
     assert [r.variant for r in rows] == ["baseline", "ddl-cc"]  # the baseline is added first
     cc = rows[1]
@@ -195,11 +193,10 @@ def test_ddl_bench_kernels_cli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "### Training step" in printed and "1 x 8 tokens, float32" in printed
     assert out.read_text().strip() == printed.strip()
-    # the old spellings still work, with a note; the header says what bfloat16 means
-    assert main(["bench-kernels", "--device", "cpu", "--batch", "1", "--seq", "4", "--repeats", "1", "--warmup", "0",
-                 "--skip-steps", "--dtype", "bfloat16"]) == 0
+    # the header says what bfloat16 means
+    assert main(["bench-kernels", "--device", "cpu", "--batch-size", "1", "--seq-len", "4", "--repeats", "1",
+                 "--warmup", "0", "--skip-steps", "--dtype", "bfloat16"]) == 0
     cap = capsys.readouterr()
-    assert "--batch is deprecated; use --batch-size" in cap.err and "--seq is deprecated; use --seq-len" in cap.err
     assert "(1 x 4 tokens, d=256, d_v=4, bfloat16 autocast" in cap.out
     assert main(["bench-kernels", "--device", "cpu", "--batch-size", "0"]) == 2
     assert re.search(r"batch.size.? got 0; allowed: an integer >= 1", capsys.readouterr().err)

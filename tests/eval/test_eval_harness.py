@@ -8,11 +8,12 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from eval_helpers import make_run, tiny_model
+from eval_helpers import make_run
 
 from deep_delta.cli.main import main
 from deep_delta.eval import harness
 from deep_delta.hf import byte_tokenizer
+from helpers import tiny_model
 
 DOCS = [
     ("What color is a clear sky at noon?", ["blue", "green", "red", "black"], 0),
@@ -114,7 +115,7 @@ def test_offline_task_through_ddl_eval_lm_eval(tmp_path, offline, capsys):
     run, model = make_run(tmp_path / "run", variant="ddl-cc", max_position_embeddings=128)
     out = tmp_path / "res" / "table.md"
     argv = ["eval", "lm-eval", "--model", str(run), "--name", "toy-cc", "--tasks", "ddl_toy_mc",
-            "--include-path", str(tasks_dir), "--num-fewshot", "0,1", "--batch-size", "4", "--device", "cpu",
+            "--include-path", str(tasks_dir), "--num-fewshot", "0", "1", "--batch-size", "4", "--device", "cpu",
             "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -138,7 +139,7 @@ def test_offline_task_through_ddl_eval_lm_eval(tmp_path, offline, capsys):
 
 def test_unknown_task_lists_close_matches(tmp_path, capsys):
     run, _ = make_run(tmp_path / "run")
-    assert main(["eval", "lm-eval", "--model", str(run), "--tasks", "arc_easy,hellaswagg",
+    assert main(["eval", "lm-eval", "--model", str(run), "--tasks", "arc_easy", "hellaswagg",
                  "--out", str(tmp_path / "t.md")]) == 2
     err = capsys.readouterr().err
     assert "lm-eval does not know the task 'hellaswagg'; close matches: hellaswag" in err

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from eval_helpers import make_byte_data, make_run, tiny_model
+from eval_helpers import make_byte_data, make_run
 
 from deep_delta.cli.main import main
 from deep_delta.data import open_shard
 from deep_delta.eval import evaluate_loss
+from helpers import tiny_model
 
 
 def _reference_loss(model, data_dir, seq_len: int, max_windows: int | None = None) -> tuple[float, int]:

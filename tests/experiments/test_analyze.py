@@ -9,8 +9,9 @@ import torch
 
 from deep_delta.experiments.analyze import analyze_model
 from deep_delta.models import DDLConfig, DDLForCausalLM
+from helpers import DEBUG
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32, vocab_size=64)
+TINY = {**DEBUG, "max_position_embeddings": 32}
 
 
 def _model(variant: str, logit: float, value_scale: float = 0.0) -> DDLForCausalLM:
@@ -21,7 +22,7 @@ def _model(variant: str, logit: float, value_scale: float = 0.0) -> DDLForCausal
     model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **TINY)).eval()
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, DeltaResidual) and not m.disable:
+            if isinstance(m, DeltaResidual) and not m.additive:
                 m.value_scale = value_scale
                 for name, p in m.gate.named_parameters():
                     p.fill_(logit) if name.endswith("bias") else p.zero_()

@@ -12,8 +12,9 @@ import torch
 from deep_delta.experiments.analyze import analyze_model, format_analysis, stream_drift
 from deep_delta.layers.hyper_connections import HyperResidual
 from deep_delta.models import DDLConfig, DDLForCausalLM
+from helpers import DEBUG
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32, vocab_size=64)
+TINY = {**DEBUG, "max_position_embeddings": 32}
 N = 4  # streams, the variants' default
 NAMES = [f"model.layers.{b}.{s}" for b in range(2) for s in ("attn", "mlp")]
 

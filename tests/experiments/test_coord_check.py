@@ -8,13 +8,8 @@ import json
 import pytest
 import torch
 
-from deep_delta.experiments.coord_check import (
-    MUP_SLOPE_BOUND,
-    CoordCheckSettings,
-    format_table,
-    run_coord_check,
-    violations,
-)
+from deep_delta.experiments.coord_check import format_table, run_coord_check, violations
+from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
 # 64 tokens a step: widths above the tokens per step are where muP's limit is near (a readout's update sums
 # over tokens, and their cross terms ~ sqrt(tokens * d) stop mattering once d > tokens).
@@ -34,13 +29,16 @@ def test_mup_keeps_the_width_exponents_and_sp_does_not(one_thread):
     report = run_coord_check(CoordCheckSettings(**SMALL))
     assert violations(report) == [], format_table(report)
     for variant in SMALL["variants"]:
-        # sp: Adam moves each readout weight by ~lr whatever the width, so logits grow ~ width
-        assert report["slopes"]["sp"][variant]["logits"][-1] > MUP_SLOPE_BOUND, format_table(report)
-        # and so do the attention and MLP outputs; muP stays within the bound there too
-        assert report["slopes"]["sp"][variant]["mlp_out"][-1] > 2 * MUP_SLOPE_BOUND, format_table(report)
+        change = report["slopes"]["sp"][variant]["change"]
+        # sp: Adam moves each weight by ~lr whatever the width, so what a layer's update changes grows ~ width
+        assert change["logits"][-1] > MUP_SLOPE_BOUND, format_table(report)
+        assert change["mlp_out"][-1] > 2 * MUP_SLOPE_BOUND, format_table(report)
+        # the sizes are kept beside the changes, one slope per recorded forward (init, then after each step)
+        assert len(report["slopes"]["mup"][variant]["size"]["logits"]) == SMALL["steps"] + 1
+        assert len(report["slopes"]["mup"][variant]["change"]["logits"]) == SMALL["steps"]
     # the DDL write k v^T: without v ~ sqrt(d) its per-coordinate size would fall like 1/sqrt(d), as under sp
-    assert report["slopes"]["sp"]["ddl-cc"]["update"][-1] < -0.45
-    assert report["slopes"]["mup"]["ddl-cc"]["update"][-1] > -0.4
+    assert report["slopes"]["sp"]["ddl-cc"]["change"]["update"][-1] < -0.4
+    assert report["slopes"]["mup"]["ddl-cc"]["change"]["update"][-1] > -0.3
     json.dumps(report)  # the CLI writes it as JSON
 
 
@@ -51,15 +49,57 @@ def test_mup_without_its_learning_rate_scaling_fails_the_check(one_thread):
         format_table(report)
 
 
+CLI = ["coord-check", "--variants", "baseline", "--widths", "32", "64", "128", "256", "--steps", "3",
+       "--batch-size", "2", "--seq-len", "32", "--parametrizations", "mup", "--threads", "1"]
+
+
+def test_the_command_exits_1_on_a_broken_mup_rule(tmp_path, monkeypatch, one_thread, capsys):
+    from deep_delta.cli.main import main
+    from deep_delta.models.ddl.modeling_ddl import DDLPreTrainedModel
+
+    assert main(CLI + ["--out", str(tmp_path / "right")]) == 0
+    assert "mup: every change's slope within" in capsys.readouterr().out
+    # a broken rule: the hidden matrices at the base learning rate whatever the width
+    monkeypatch.setattr(DDLPreTrainedModel, "lr_multipliers", lambda self: {})
+    assert main(CLI + ["--out", str(tmp_path / "broken")]) == 1
+    out = capsys.readouterr().out
+    assert "change slope(s) beyond" in out and "baseline/mlp_out" in out
+    assert "change last" in (tmp_path / "broken" / "coord_check.md").read_text()
+
+
+# The logits' change after a few small AdamW steps (lr 2e-4: Adam's first steps stay in the linear regime),
+# widths 32..256 at base 256. Tied, the LM head is the embedding, whose random init reads the body's change
+# on every token, a part that shrinks like width^-1/2 under muP; untied, muP's zero-init head (docs/mup.md).
+LOGITS = dict(SMALL, lr=2e-4)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_mup_logit_change_is_flat_with_an_untied_zero_head(tied, one_thread):
+    params = ("mup",) if tied else ("sp", "mup")
+    report = run_coord_check(CoordCheckSettings(**LOGITS, parametrizations=params,
+                                                model={"tie_word_embeddings": tied}))
+    for variant in LOGITS["variants"]:
+        mup = report["slopes"]["mup"][variant]["change"]["logits"][-1]
+        if tied:
+            assert mup < -0.3, format_table(report)  # the rule before: fails the muP promise
+        else:
+            assert abs(mup) <= 0.3, format_table(report)
+            assert report["slopes"]["sp"][variant]["change"]["logits"][-1] > 0.6, format_table(report)
+
+
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="`widths` got"):
         run_coord_check(CoordCheckSettings(widths=(48, 64), head_dim=32))
+    with pytest.raises(ValueError, match=r"`widths` got \[32, 32\]; allowed: two or more different"):
+        run_coord_check(CoordCheckSettings(widths=(32, 32)))  # no slope from one width (a ZeroDivisionError)
+    with pytest.raises(ValueError, match="`head_dim` got 0; allowed: an integer >= 1"):
+        run_coord_check(CoordCheckSettings(head_dim=0))  # checked before it divides the widths
     with pytest.raises(ValueError, match="`variants` got"):
         run_coord_check(CoordCheckSettings(variants=("nope",)))
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--widths", "32", "32"], "--widths got [32, 32]; allowed: two or more different multiples of --head-dim"),
+    (["--widths", "32", "32"], "--widths got [32, 32]; allowed: two or more different multiples of"),
     (["--head-dim", "0"], "--head-dim got 0; allowed: an integer >= 1"),
     (["--widths", "32", "1048576"], "a model of width 1048576 needs at least"),  # ~400 TB: refused by estimate
 ], ids=["same-width-twice", "head-dim-0", "width-beyond-memory"])

@@ -1,4 +1,4 @@
-"""Tiny models and training-run directories for the Hugging Face tests (everything in tmp_path, offline).
+"""Training-run and model directories for the Hugging Face tests (everything in tmp_path, offline).
 
 A module with its own name (not conftest) so tests import it without clashing with other test folders."""
 
@@ -6,28 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from deep_delta import DDLConfig, DDLForCausalLM
-
-# vocab 320 > 257 byte ids: the byte tokenizer fits; context 64 keeps every forward in milliseconds
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=320, max_position_embeddings=64)
-
-
-def tiny_model(variant: str, *, perturb: float = 0.1, seed: int = 0, **overrides) -> DDLForCausalLM:
-    """A tiny model in eval mode whose weights are moved away from their init.
-
-    At init the token convolutions (EC, TC) are identities and the gates constant, so a cache that lost the
-    token history would go unnoticed; the perturbation makes every tap and gate matter.
-    """
-    torch.manual_seed(seed)
-    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**TINY, **overrides}))
-    if perturb:
-        g = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(perturb * torch.randn(p.shape, generator=g))
-    return model.eval()
+from deep_delta import DDLForCausalLM
+from helpers import tiny_model
 
 
 def make_run(root: Path, variant: str = "ddl-tc", tokenizer: str = "byte", step: int = 7) -> tuple[Path, DDLForCausalLM]:

@@ -99,17 +99,11 @@ def test_export_of_an_hf_dir_writes_the_marker_and_an_empty_out_dir_is_fine(tmp_
     export_model(src, out, overwrite=True)
 
 
-def test_export_positional_form_still_works_with_a_deprecation_note(tmp_path, capsys):
-    run, _ = make_run(tmp_path / "run")
-    capsys.readouterr()
-    assert main(["export", str(run), str(tmp_path / "a")]) == 0  # the older `ddl export RUN OUT_DIR`
-    err = capsys.readouterr().err
-    assert "ddl export: `ddl export RUN_OR_DIR OUT_DIR` is deprecated; use ddl export --model RUN_OR_DIR --out DIR" \
-        in err and err.count("deprecated") == 1
-    assert (tmp_path / "a" / "model.safetensors").is_file()
-    cli_error(capsys, ["export", "--model", str(run)], "required: --out")
-    cli_error(capsys, ["export", "--out", str(tmp_path / "b")], "required: --model")
-    capsys.readouterr()
-    assert main(["export", "--model", str(run), "--out", str(tmp_path / "b"), str(tmp_path / "c")]) == 2
-    assert "--model given twice" in capsys.readouterr().err
-    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+@pytest.mark.parametrize(("argv", "missing"), [(["--model", "RUN"], "--out"), (["--out", "B"], "--model"),
+                                               (["RUN", "A"], "--model, --out")])  # no positional form
+def test_export_takes_model_and_out_as_flags_only(tmp_path, capsys, argv, missing):
+    argv = [str(tmp_path / a) if a.isupper() else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(["export", *argv])
+    assert e.value.code == 2 and f"the following arguments are required: {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "A").exists() and not (tmp_path / "B").exists()

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_helpers import cli_error, hf_dir, make_run, tiny_model
+from hf_helpers import cli_error, hf_dir, make_run
 
 from deep_delta.cli.main import main
 from deep_delta.hf import SamplingOptions, byte_tokenizer, generate_text, load_model
-from deep_delta.models import VARIANTS, DDLCache
+from deep_delta.models import DDLCache
 from deep_delta.models.ddl import output_cache
+from deep_delta.variants import VARIANTS
+from helpers import tiny_model
 
 ATOL, RTOL = 1e-5, 1e-5
 VARIANT_IDS = list(VARIANTS)

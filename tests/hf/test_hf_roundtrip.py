@@ -8,13 +8,14 @@ import re
 
 import pytest
 import torch
-from hf_helpers import make_run, tiny_model
+from hf_helpers import make_run
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-import deep_delta  # noqa: F401  (registers the Auto classes)
+import deep_delta.models  # noqa: F401  (registers the Auto classes)
 from deep_delta.cli.main import main
 from deep_delta.hf import export_model, load_model, resolve_model_dir
-from deep_delta.models import VARIANTS
+from deep_delta.variants import VARIANTS
+from helpers import tiny_model
 
 NOT_A_MODEL = re.escape(
     "is not a model directory: expected config.json + model.safetensors, or a training run with checkpoints/LATEST"

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_helpers import cli_error, hf_dir, make_run, tiny_model
+from hf_helpers import cli_error, hf_dir, make_run
 from safetensors.torch import load_file
 
 from deep_delta.cli.main import main
 from deep_delta.hf import load_model, resolve_model_dir
+from helpers import tiny_model
 
 # ---------------------------------------------------------------------- 1. code in a model directory never runs
 PLANTED = """import pathlib

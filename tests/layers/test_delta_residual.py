@@ -141,7 +141,7 @@ def test_expanded_state_update_uses_x_in():
 def test_disable_is_the_additive_residual():
     d = 12
     branch = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
-    layer = DeltaResidual(d, branch, disable=True)
+    layer = DeltaResidual(d, branch, additive=True)
     x = torch.randn(2, 5, d)
     assert torch.equal(layer(x), x + branch(layer.norm(x)))
     assert not hasattr(layer, "gate")
@@ -157,7 +157,7 @@ def test_branch_receives_extra_arguments():
         def forward(self, c, scale, *, shift=0.0):
             return self.lin(c) * scale + shift
 
-    layer = DeltaResidual(4, Scaled(), disable=True)
+    layer = DeltaResidual(4, Scaled(), additive=True)
     x = torch.randn(3, 4)
     torch.testing.assert_close(layer(x, 2.0, shift=1.0), x + layer.branch.lin(layer.norm(x)) * 2.0 + 1.0)
 
@@ -203,8 +203,8 @@ def test_constructor_errors_name_the_argument():
         DeltaResidual(8, nn.Identity(), value_channels=0)
     with pytest.raises(ValueError, match=r"`residual_map` must be one of \('k', 'v'\), got 'q'"):
         DeltaResidual(8, nn.Identity(), residual_map="q")
-    with pytest.raises(ValueError, match=r"`disable=True` .* needs value_channels=1, got 4"):
-        DeltaResidual(8, nn.Identity(), value_channels=4, disable=True)
+    with pytest.raises(ValueError, match=r"`additive=True` .* needs value_channels=1, got 4"):
+        DeltaResidual(8, nn.Identity(), value_channels=4, additive=True)
     with pytest.raises(ValueError, match=r"`backend` must be one of .*, got 'cuda'"):
         DeltaResidual(8, nn.Identity(), backend="cuda")
 

@@ -21,7 +21,7 @@ def branch(d: int, seed: int = 0) -> nn.Module:
 
 
 def additive(d: int, seed: int = 0) -> DeltaResidual:
-    return DeltaResidual(d, branch(d, seed), disable=True)
+    return DeltaResidual(d, branch(d, seed), additive=True)
 
 
 @pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])

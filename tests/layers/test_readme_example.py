@@ -26,7 +26,7 @@ class Net(nn.Module):
     def __init__(self, d=64, depth=4, ddl=True):
         super().__init__()
         # x <- x + beta k (v - k^T x) with k = MyMLP(RMSNorm(x)); ddl=False: x <- x + MyMLP(RMSNorm(x))
-        self.blocks = nn.ModuleList(DeltaResidual(d, MyMLP(d), disable=not ddl) for _ in range(depth))
+        self.blocks = nn.ModuleList(DeltaResidual(d, MyMLP(d), additive=not ddl) for _ in range(depth))
         self.head = nn.Linear(d, 1)
 
     def forward(self, x):                     # x: (batch, d)

@@ -13,14 +13,13 @@ import pytest
 import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
-from deep_delta.models.ddl.configuration_ddl import VARIANTS
-
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+from deep_delta.variants import VARIANTS
+from helpers import DEBUG
 
 
 def build(variant: str, **overrides) -> DDLForCausalLM:
     torch.manual_seed(0)
-    return DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**SMALL, **overrides})).train()
+    return DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**DEBUG, **overrides})).train()
 
 
 def loss_and_grads(model: DDLForCausalLM, ids: torch.Tensor, mask: torch.Tensor | None = None):

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
-from deep_delta.models.ddl.configuration_ddl import VARIANTS
-
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+from deep_delta.variants import VARIANTS
+from helpers import DEBUG
 
 
 def block_inputs(model: DDLForCausalLM, b: int = 2, t: int = 8):
@@ -38,7 +37,7 @@ def run_block(block, x, rope, **kwargs):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_block_compiles_as_one_graph(variant):
     torch.manual_seed(0)
-    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **SMALL)).train()
+    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **DEBUG)).train()
     block = model.model.layers[0]
     x, rope = block_inputs(model)
     kwargs = {}
@@ -76,12 +75,12 @@ def test_variant_groups_cover_every_variant():
 @pytest.mark.parametrize("variants", VARIANT_GROUPS, ids=["-".join(g) for g in VARIANT_GROUPS])
 def test_whole_model_compiles_fullgraph_with_inductor(variants, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_DEBUG_COMPILE", "1")
-    ids = torch.randint(0, SMALL["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, DEBUG["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(0))
     for variant in variants:
         torch.manual_seed(0)
         # 3 Sinkhorn-Knopp rounds, not 20: mHC's lean backward recomputes the rounds (O(iters^2)) and the
         # unrolled graph was most of this test's time; the code path is the same
-        model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", hc_sinkhorn_iters=3, **SMALL)).train()
+        model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", hc_sinkhorn_iters=3, **DEBUG)).train()
         loss = model(ids, labels=ids).loss
         loss.backward()
         want = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -103,8 +102,8 @@ def test_recompute_states_in_a_compiled_model_forward_is_refused():
     """The tape's saved-tensor hooks cannot be traced: a compiled DDLModel.forward says so instead of running
     without the rebuild (it used to switch the tape off silently)."""
     torch.manual_seed(0)
-    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", recompute_states=True, **SMALL)).train()
-    ids = torch.randint(0, SMALL["vocab_size"], (2, 8))
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", recompute_states=True, **DEBUG)).train()
+    ids = torch.randint(0, DEBUG["vocab_size"], (2, 8))
     torch._dynamo.reset()
     with pytest.raises(Exception, match="`recompute_states` cannot run inside a compiled DDLModel.forward"):
         torch.compile(model, fullgraph=True, backend="eager")(ids, labels=ids)
@@ -118,8 +117,8 @@ def test_recompute_states_with_compiled_blocks(variant):
     from deep_delta.ops.delta.recompute import observe
 
     torch.manual_seed(0)
-    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **SMALL)).train()
-    ids = torch.randint(0, SMALL["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(0))
+    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **DEBUG)).train()
+    ids = torch.randint(0, DEBUG["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(0))
     model(ids, labels=ids).loss.backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)

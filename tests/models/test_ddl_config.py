@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deep_delta import DDLConfig
-from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS, PAPER_NAMES, PRESETS, VARIANTS
+from deep_delta.variants import DEFAULT_VARIANTS, PAPER_NAMES, PRESETS, VARIANTS
 
 # SPEC section 2: name -> (d_v, compressor, EC)
 TABLE = {

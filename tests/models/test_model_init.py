@@ -16,16 +16,15 @@ from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.layers import BetaGate, DeltaResidual
 from deep_delta.layers.gate import gate_bias_for
 from deep_delta.models import count_parameters
-
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
+from helpers import DEBUG
 
 
 @pytest.mark.parametrize("beta_init", [0.3, 1.0, 1.7])
 @pytest.mark.parametrize("gate", ["linear", "mlp"])
 def test_beta_init_reaches_every_gate(beta_init, gate):
-    model = DDLForCausalLM(DDLConfig.from_variant("ddl-tc", "tiny", beta_init=beta_init, gate=gate, **SMALL))
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-tc", "tiny", beta_init=beta_init, gate=gate, **DEBUG))
     gates = [m for m in model.modules() if isinstance(m, BetaGate)]
-    assert len(gates) == 2 * SMALL["num_hidden_layers"]
+    assert len(gates) == 2 * DEBUG["num_hidden_layers"]
     for g in gates:
         assert g.proj.bias.item() == pytest.approx(gate_bias_for(beta_init), abs=1e-7)
 
@@ -33,7 +32,7 @@ def test_beta_init_reaches_every_gate(beta_init, gate):
 def test_residual_projections_use_the_hidden_std():
     """The residual's own projections get the model's hidden std (hidden_init_scale / sqrt(d)) from
     ``reset_projections``; at d = 32 with a 64-wide draw per matrix the sample std is within 30%."""
-    cfg = DDLConfig.from_variant("ddl-dv1-vmap", "tiny", **{**SMALL, "hidden_size": 64})
+    cfg = DDLConfig.from_variant("ddl-dv1-vmap", "tiny", **{**DEBUG, "hidden_size": 64})
     model = DDLForCausalLM(cfg)
     std = cfg.hidden_init_scale / cfg.hidden_size**0.5
     for res in (m for m in model.modules() if isinstance(m, DeltaResidual)):
@@ -43,7 +42,7 @@ def test_residual_projections_use_the_hidden_std():
 
 def test_missing_keys_are_initialised_and_the_rest_loaded(tmp_path):
     torch.manual_seed(0)
-    model = DDLForCausalLM(DDLConfig.from_variant("ddl-tc", "tiny", beta_init=0.5, **SMALL))
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-tc", "tiny", beta_init=0.5, **DEBUG))
     with torch.no_grad():  # away from the init, so that a re-initialised tensor would show
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -51,7 +50,7 @@ def test_missing_keys_are_initialised_and_the_rest_loaded(tmp_path):
     weights = tmp_path / "model.safetensors"
     state = load_file(weights)
     dropped = {k for k in state if k.endswith("gate.proj.bias") or k == "model.final_compressor.conv_weight"}
-    assert len(dropped) == 2 * SMALL["num_hidden_layers"] + 1
+    assert len(dropped) == 2 * DEBUG["num_hidden_layers"] + 1
     save_file({k: v for k, v in state.items() if k not in dropped}, weights, metadata={"format": "pt"})
 
     back = DDLForCausalLM.from_pretrained(tmp_path)
@@ -66,7 +65,7 @@ def test_missing_keys_are_initialised_and_the_rest_loaded(tmp_path):
 
 
 def test_count_parameters_counts_the_tied_embedding_once():
-    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **SMALL))
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **DEBUG))
     assert model.lm_head.weight is model.model.embed_tokens.weight
     unique = {p.data_ptr(): p.numel() for p in model.parameters()}
     assert count_parameters(model) == sum(unique.values()) == model.num_parameters()

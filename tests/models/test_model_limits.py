@@ -14,15 +14,15 @@ import torch
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.layers import ChannelCompressor, StateExpander, TokenConvCompressor
 from deep_delta.models.ddl import output_cache
-from deep_delta.models.ddl.configuration_ddl import VARIANTS
+from deep_delta.variants import VARIANTS
+from helpers import DEBUG
 
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 EXPANDED = [v for v in VARIANTS if DDLConfig.from_variant(v).value_channels > 1]
 
 
 def build(variant: str, **overrides) -> DDLForCausalLM:
     torch.manual_seed(0)
-    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**SMALL, **overrides}))
+    model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**DEBUG, **overrides}))
     return model.eval()
 
 

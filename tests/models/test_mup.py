@@ -119,6 +119,25 @@ def test_mup_logits_and_readouts():
     assert math.isclose(mup_cc.config.mup_width_mult, 4.0)
 
 
+def test_mup_untied_lm_head_starts_at_zero_and_keeps_its_rate(tmp_path):
+    # muP's readout init (docs/mup.md); a tied head is the embedding and keeps its init; sp draws it as before
+    torch.manual_seed(0)
+    mup = DDLForCausalLM(_tiny("baseline", parametrization="mup", mup_base_width=16, tie_word_embeddings=False))
+    assert mup.lm_head.weight is not mup.model.embed_tokens.weight
+    assert not mup.lm_head.weight.any() and mup.model.embed_tokens.weight.std() > 0.01
+    assert "lm_head.weight" not in mup.lr_multipliers()  # lr unscaled: its 1/m is the logit multiplier
+    torch.manual_seed(0)
+    sp = DDLForCausalLM(_tiny("baseline", tie_word_embeddings=False))
+    assert sp.lm_head.weight.std() > 0.01
+    torch.manual_seed(0)
+    tied = DDLForCausalLM(_tiny("baseline", parametrization="mup", mup_base_width=16))
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight and tied.lm_head.weight.std() > 0.01
+    with torch.no_grad():
+        mup.lm_head.weight.normal_()  # trained: a reload keeps it (the init does not touch loaded tensors)
+    mup.save_pretrained(tmp_path)
+    assert torch.equal(DDLForCausalLM.from_pretrained(tmp_path).lm_head.weight, mup.lm_head.weight)
+
+
 def test_mup_model_reloads_identically(tmp_path):
     from deep_delta.models.ddl.weights import load_ddl_model
 

@@ -15,9 +15,9 @@ import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
 from deep_delta.models.ddl import output_cache
-from deep_delta.models.ddl.configuration_ddl import VARIANTS
+from deep_delta.variants import VARIANTS
+from helpers import DEBUG
 
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 HOST_READS = ("item", "tolist", "__int__", "__bool__", "__float__", "__index__")
 
 
@@ -47,7 +47,7 @@ def no_host_reads():
 
 def build(variant: str, **overrides) -> DDLForCausalLM:
     torch.manual_seed(0)
-    return DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**SMALL, **overrides}))
+    return DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **{**DEBUG, **overrides}))
 
 
 def test_the_guard_catches_host_reads():

@@ -25,9 +25,9 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.delta_residual import DeltaResidual  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
+from helpers import DEBUG
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 
 
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -59,7 +59,7 @@ def count_fused(monkeypatch):
 @pytest.mark.parametrize("variant", ["ddl-cc", "ddl-cc-noec"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
-    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **SMALL)
+    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE)
     ids = torch.randint(0, 64, (2, 7), device=DEVICE)
     mask = None
@@ -83,7 +83,7 @@ def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
 
 
 def test_fused_reads_are_not_used_for_token_compressors(count_fused):
-    cfg = DDLConfig.from_variant("ddl-tc", "tiny", **SMALL)
+    cfg = DDLConfig.from_variant("ddl-tc", "tiny", **DEBUG)
     model = DDLForCausalLM(cfg)
     _run(model, torch.randint(0, 64, (2, 5)))
     assert count_fused == []
@@ -125,12 +125,9 @@ def test_delta_residual_read_errors():
         DeltaResidual(d, torch.nn.Linear(d, d)).update_and_read(torch.randn(1, 3, d), ChannelCompressor(d, 1))
 
 
-def test_delta_residual_read_keyword_is_a_deprecated_alias():
+def test_delta_residual_forward_takes_no_read_keyword():
+    """The fused read has one entry point, update_and_read; forward passes unknown keywords to the branch."""
     d = 8
     res = DeltaResidual(d, torch.nn.Linear(d, d), value_channels=2)
-    cc = ChannelCompressor(d, 2)
-    x = torch.randn(1, 3, d, 2)
-    with pytest.warns(DeprecationWarning, match="use `update_and_read"):
-        out, read = res(x, read=cc)
-    want_out, want_read = res.update_and_read(x, cc)
-    assert torch.equal(out, want_out) and torch.equal(read, want_read)
+    with pytest.raises(TypeError, match="read"):
+        res(torch.randn(1, 3, d, 2), read=ChannelCompressor(d, 2))

@@ -27,9 +27,9 @@ from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
 from deep_delta.ops import delta_update  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 from deep_delta.ops.delta.recompute import StateTape  # noqa: E402
+from helpers import DEBUG
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, max_position_embeddings=64)
 
 
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -98,7 +98,7 @@ def test_tapes_do_not_nest():
      ("ddl-cc", "triton"), ("ddl-tc", "triton")],
 )
 def test_model_recompute_states_matches_and_saves_memory(variant, backend):
-    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **SMALL)
+    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE).train()
     ids = torch.randint(0, 64, (2, 9), device=DEVICE)
     tgt = torch.randint(0, 64, (2, 9), device=DEVICE)
@@ -124,11 +124,11 @@ def test_model_recompute_states_matches_and_saves_memory(variant, backend):
 
 
 def test_config_field_turns_recompute_on():
-    cfg = DDLConfig.from_variant("ddl-cc", "tiny", recompute_states=True, **SMALL)
+    cfg = DDLConfig.from_variant("ddl-cc", "tiny", recompute_states=True, **DEBUG)
     model = DDLForCausalLM(cfg).train()
     assert model.model.recompute_states is True
     ids = torch.randint(0, 64, (2, 9))
     on = saved_activation_bytes(model, ids, ids)
     model.model.recompute_states = False
     assert on < saved_activation_bytes(model, ids, ids)
-    assert DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **SMALL)).model.recompute_states is False
+    assert DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", **DEBUG)).model.recompute_states is False

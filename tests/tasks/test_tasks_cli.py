@@ -116,6 +116,51 @@ def test_untrained_model_is_near_chance():
     assert result["overall"] < 2 * task.chance and result["total"] == 300 * 5
 
 
+def test_an_lr_grid_keeps_every_run_with_its_lr_and_chooses_on_validation(tmp_path, capsys):
+    lrs = [1e-3, 4e-3]
+    assert run_micro(tmp_path, "--lrs", *map(str, lrs)) == 0
+    summary = json.loads((tmp_path / "tasks.json").read_text())
+    chosen = summary["lr_selection"]["chosen"]
+    for row in summary["rows"]:
+        v = row["variant"]
+        records = {lr: json.loads((tmp_path / f"lr_{lr:g}" / f"{v}-seed0.json").read_text()) for lr in lrs}
+        assert all(r["settings"]["lr"] == lr for lr, r in records.items())
+        best = max(lrs, key=lambda lr: records[lr]["validation"]["overall"])  # a tie keeps the first
+        assert row["lr"] == chosen[v]["lr"] == best
+        assert row["overall_per_seed"] == [records[best]["accuracy"]["overall"]]
+    assert len(summary["lr_grid"]) == 2 * 2 and summary["settings"]["lr"] is None
+    report = (tmp_path / "tasks.md").read_text()
+    assert "chosen on the validation accuracy alone" in report
+    assert "The validation set: 16 held-out sequences of the train split, never the test set." in report
+    assert (tmp_path / "lr_sensitivity.png").stat().st_size > 0 and (tmp_path / "lr_0.001" / "tasks.md").is_file()
+    before = {p: p.read_bytes() for p in tmp_path.glob("lr_*/*-seed0.json")}
+    assert run_micro(tmp_path, "--lrs", *map(str, lrs)) == 0  # a rerun trains nothing
+    assert {p: p.read_bytes() for p in tmp_path.glob("lr_*/*-seed0.json")} == before
+    assert "validation accuracy (%) at every lr" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--lrs", "1e-3", "--set", "lr=2e-3"], "--lrs got 0.001 together with one learning rate (--set lr=2e-3)"),
+    (["--lrs", "1e-3", "0"], "--lrs got [0.0] (not a finite number > 0)"),
+    (["--lrs", "2e-3", "2e-3"], "--lrs got [0.002] more than once"),
+])
+def test_a_bad_lr_grid_is_refused(extra, expected, capsys, tmp_path):
+    assert main(["tasks", "run", "recall", *extra, "--out", str(tmp_path / "out")]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_validation_set_is_held_out_training_distribution_never_test():
+    from deep_delta.tasks import split_of
+    from deep_delta.tasks.run import validation_set
+
+    task, settings = get_task("shell-game"), TaskSettings(eval_size=64, test_size=64)
+    validation = validation_set(task, settings)
+    assert len(validation) == 64 and all(split_of(row) == "train" for row in validation.inputs)
+    test = {row.tobytes() for row in task.test_set(settings.test_seed, settings.test_size).inputs}
+    assert not any(row.tobytes() in test for row in validation.inputs)
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished micro study (one variant, one seed): its directory and the result file's text."""
@@ -226,3 +271,14 @@ def test_an_out_inside_a_prepared_data_directory_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--out got {data / 'study'}, which is inside {data}, a prepared data directory" in err, err
     assert not (data / "study").exists()
+
+
+def test_an_lr_grid_checks_every_lrs_stored_results_before_training(finished, tmp_path, capsys):
+    _, text = finished  # a result made at the default lr 2e-3, put where the grid keeps its lr 4e-3 runs
+    (tmp_path / "lr_0.004").mkdir()
+    (tmp_path / "lr_0.004" / "ddl-dv1-seed0.json").write_text(text)
+    assert main(["tasks", "run", "shell-game", "--variants", "ddl-dv1", "--seeds", "1", "--out", str(tmp_path),
+                 *MICRO, "--lrs", "1e-3", "4e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "lr_0.004/ddl-dv1-seed0.json" in err and "0.002" in err and "0.004" in err, err
+    assert not (tmp_path / "lr_0.001").exists()  # nothing trained

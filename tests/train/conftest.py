@@ -1,4 +1,5 @@
-"""Shared fixtures of the training tests: a small byte-level data set written in tmp_path, tiny models."""
+"""Shared fixtures of the training tests: a small byte-level data set written in tmp_path, and runs of the
+``debug`` recipe (a training step in milliseconds on one CPU core) on it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from deep_delta.data import ByteTokenizer, write_dataset
-
-# A model small enough that a training step takes milliseconds on one CPU core.
-TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64)
+from deep_delta.train.recipes import debug
 
 
 def _documents() -> list[str]:
@@ -30,11 +29,10 @@ def data_dir(tmp_path_factory) -> Path:
 def tiny_config(data_dir: Path, out: Path, **overrides):
     from deep_delta.train import TrainConfig
 
-    settings = dict(variant="ddl-cc", preset="tiny", model=dict(TINY_MODEL), data=str(data_dir), out=str(out),
-                    steps=6, batch_size=4, seq_len=32, warmup_steps=2, eval_every=3, eval_batches=2, save_every=3,
-                    log_every=0, device="cpu")
-    settings.update(overrides)
-    return TrainConfig(**settings)
+    """The ``debug`` recipe's run of ddl-cc on ``data_dir`` into ``out``, on the CPU, silent, with ``overrides``."""
+    settings = {**debug(), "variant": "ddl-cc", "data": str(data_dir), "out": str(out), "log_every": 0,
+                "device": "cpu"}
+    return TrainConfig(**{**settings, **overrides})
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -49,7 +47,7 @@ def snapshot(root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def tiny_model() -> dict:
-    return dict(TINY_MODEL)
+    return debug()["model"]
 
 
 @pytest.fixture

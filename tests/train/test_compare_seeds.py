@@ -91,6 +91,6 @@ def test_multi_seed_compare_writes_per_seed_numbers_and_continues(tmp_path, data
 
 @pytest.mark.parametrize("given, want", [(None, [4]), ([3], [0, 1, 2]), ([0, 2, 5], [0, 2, 5]), ([1], [0])])
 def test_seed_list(given, want):
-    from deep_delta.cli.compare import seed_list
+    from deep_delta.cli.options import seed_list
 
     assert seed_list(given, 4) == want

@@ -2,8 +2,36 @@ from __future__ import annotations
 
 import pytest
 
-from deep_delta.train import TrainConfig, available_configs, load_config, resolve_config
-from deep_delta.train.config import config_root
+from deep_delta.train import TrainConfig, available_configs, load_config
+from deep_delta.train.recipes import RECIPES
+
+# TrainConfig's defaults, and what each shipped recipe changes, as the YAML recipes (deep_delta/configs/*.yaml)
+# and COMPARE_DEFAULTS gave them before the recipes became Python functions; a recipe or a default that moves
+# fails here.
+DEFAULTS = {
+    "variant": "baseline", "preset": "tiny", "model": {}, "data": None, "out": "runs/train", "steps": 1000,
+    "batch_size": 8, "grad_accum": 1, "global_batch_size": None, "seq_len": 256, "lr": 0.001, "min_lr_ratio": 0.1,
+    "warmup_steps": 100, "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "eval_every": 250,
+    "eval_batches": 20, "save_every": 1000, "keep": 2, "log_every": 10, "seed": 0, "device": "auto",
+    "dtype": "auto", "compile": False, "activation_checkpointing": False, "distributed": "auto",
+    "tensorboard": False, "peak_flops": None, "wandb": False, "wandb_project": None, "wandb_run_name": None,
+    "wandb_group": None,
+}
+PAPER = {"model": {"parametrization": "mup", "mup_base_width": 256}, "data": "data/fineweb-edu-gpt2",
+         "steps": 100000, "global_batch_size": 480, "seq_len": 1024, "warmup_steps": 2000, "eval_every": 1000,
+         "eval_batches": 100, "save_every": 5000}
+PINNED = {
+    "tiny": {"steps": 600, "batch_size": 16, "seq_len": 128, "warmup_steps": 50, "eval_every": 100,
+             "save_every": 200},
+    "small": {**PAPER, "preset": "small", "batch_size": 20},
+    "medium": {**PAPER, "preset": "medium", "batch_size": 10},
+    "compare": {"steps": 600, "batch_size": 16, "seq_len": 64, "lr": 0.002, "warmup_steps": 60, "eval_every": 100,
+                "eval_batches": 16, "save_every": 100, "keep": 1, "log_every": 5},
+    "debug": {"model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                        "max_position_embeddings": 64},
+              "steps": 6, "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "eval_every": 3, "eval_batches": 2,
+              "save_every": 3},
+}
 
 
 def test_defaults_match_the_brief():
@@ -59,34 +87,45 @@ def test_global_batch_size_derives_accumulation():
 
 def test_every_shipped_config_loads_and_names_resolve():
     names = available_configs()
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
-    for preset in ("tiny", "small", "medium"):
+    for recipe in ("debug", "tiny", "compare", "small", "medium"):
         for v in VARIANTS:
-            assert f"{preset}/{v}" in names
+            assert f"{recipe}/{v}" in names
     for n in names:
         c = load_config(n)
-        assert c.preset == n.split("/")[0] and c.variant == n.split("/")[1]
-        assert c.out == f"runs/{n}"
-    assert len(names) == 3 * len(VARIANTS)
-    assert resolve_config("small/ddl-cc") == config_root() / "small.yaml"
-    assert resolve_config("small/ddl-cc.yaml") == resolve_config("small/ddl-cc")
+        assert c.variant == n.split("/")[1] and c.out == f"runs/{n}"
+    assert len(names) == 5 * len(VARIANTS)
     assert load_config("small").variant == "baseline"  # a recipe alone: the variant is the default or a flag
-    for bad in ("large/ddl-cc", "small/ddl-xx"):
-        with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: RECIPE or RECIPE/VARIANT"):
-            resolve_config(bad)
+    for bad in ("large/ddl-cc", "small/ddl-xx", "small/ddl-cc.yaml", "configs/small.yaml"):
+        with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
+                           "with RECIPE one of compare, debug, medium, small, tiny and VARIANT one of baseline"):
+            load_config(bad)
 
 
-def test_recipes_are_the_one_source_of_the_shipped_settings():
-    """A shipped name differs from its recipe in variant and out only."""
-    import yaml
-
+def test_recipes_give_the_settings_the_yaml_recipes_gave():
+    """Every RECIPE/VARIANT is the pinned recipe with its variant and run directory; a recipe states only what
+    differs from the defaults."""
+    assert TrainConfig.defaults() == DEFAULTS == TrainConfig().to_dict()
+    assert set(RECIPES) == set(PINNED)
     for n in available_configs():
         recipe, variant = n.split("/")
-        plain = TrainConfig.from_yaml(config_root() / f"{recipe}.yaml").to_dict()
-        named = load_config(n).to_dict()
-        assert {k for k in named if named[k] != plain[k]} <= {"variant", "out"}
-        assert "variant" not in yaml.safe_load((config_root() / f"{recipe}.yaml").read_text())
+        assert load_config(n).to_dict() == {**DEFAULTS, **PINNED[recipe], "variant": variant, "out": f"runs/{n}"}
+    for name, make in RECIPES.items():
+        assert load_config(name).to_dict() == {**DEFAULTS, **PINNED[name]}
+        stated = make()
+        assert "variant" not in stated and "out" not in stated
+        assert all(value != DEFAULTS[key] for key, value in stated.items()), name
+
+
+def test_a_users_yaml_file_is_read_and_checked(tmp_path):
+    f = tmp_path / "small"  # a file wins over the recipe of the same name
+    f.write_text("preset: medium\nsteps: 7\n")
+    c = load_config(f)
+    assert (c.preset, c.steps, c.seq_len) == ("medium", 7, 256)
+    f.write_text("stepz: 7\n")
+    with pytest.raises(ValueError, match=rf"TrainConfig \(from {f}\): unknown key\(s\) \['stepz'\]"):
+        load_config(f)
 
 
 @pytest.mark.parametrize("preset", ["small", "medium"])

@@ -19,6 +19,7 @@ import torch
 from deep_delta.models import DDLForCausalLM
 from deep_delta.train import latest_checkpoint, train
 from deep_delta.train.metrics import read_metrics
+from helpers import DEBUG_MODEL
 
 MODEL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=2", "--set",
          "model.num_attention_heads=2", "--set", "model.max_position_embeddings=64"]
@@ -50,8 +51,7 @@ def single_runs(tmp_path_factory, data_dir):
         if (parametrization, variant) not in runs:
             out = tmp_path_factory.mktemp(f"single-{parametrization}-{variant}") / "run"
             extra = MUP if parametrization == "mup" else {}
-            cfg = TrainConfig(variant=variant, model=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                           max_position_embeddings=64, **extra),
+            cfg = TrainConfig(variant=variant, model={**DEBUG_MODEL, **extra},
                               data=str(data_dir), out=str(out), steps=4, batch_size=4, seq_len=32, warmup_steps=1,
                               eval_every=2, eval_batches=2, log_every=0, device="cpu")
             train(cfg, progress=False, quiet=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta import DDLConfig, DDLForCausalLM
+from deep_delta import DDLForCausalLM
 from deep_delta.train import distributed as distr
+from helpers import debug_config
 
 
 def test_policy_dtypes():
@@ -21,9 +22,7 @@ def test_fsdp_bf16_step_computes_in_bf16_and_keeps_fp32_master_weights():
     info = distr.setup("fsdp", "cpu")
     try:
         torch.manual_seed(0)
-        model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc", "tiny", hidden_size=32, num_hidden_layers=2,
-                                                      num_attention_heads=2, vocab_size=64,
-                                                      max_position_embeddings=64)).train()
+        model = DDLForCausalLM(debug_config("ddl-cc")).train()
         seen = []
         model.model.layers[0].attn.branch.q_proj.register_forward_hook(lambda m, a, o: seen.append(m.weight.dtype))
         wrapped = distr.parallelize(model, info, bf16=True)

@@ -9,6 +9,7 @@ import pytest
 from deep_delta.train import TrainConfig, train
 from deep_delta.train import trainer as trainer_mod
 from deep_delta.train.metrics import read_metrics
+from helpers import DEBUG_MODEL
 
 
 def _losses(out):
@@ -54,7 +55,7 @@ def test_fsdp_with_activation_checkpointing_matches_one_plain_process(tmp_path, 
     import subprocess
     import sys
 
-    model = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64)
+    model = dict(DEBUG_MODEL)
     single = TrainConfig(variant="ddl-cc", model=model, data=str(data_dir), out=str(tmp_path / "single"), steps=3,
                          batch_size=4, seq_len=32, warmup_steps=1, eval_every=0, log_every=0, device="cpu")
     train(single, progress=False, quiet=True)

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="val", help="split to read (default val)")
     options.add_batch(p, "windows per batch (default 8)", "tokens per window (default: the model's context, "
                       "at most 256)", batch_default=8)
-    p.add_argument("--batches", type=int, default=4, metavar="N", help="batches to analyse (default 4)")
+    p.add_argument("--batches", type=options.integer, default=4, metavar="N", help="batches to analyse (default 4)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory, never inside a checkpoint, model or data directory (those are rotated or "
                    "replaced by our commands). Default: RUN/analysis for a run, RUN/analysis/step_N for one of its "

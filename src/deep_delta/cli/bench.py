@@ -9,9 +9,8 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.eval.bench import DEFAULT_SHAPES, DEFAULT_VARIANTS
-    from deep_delta.eval.timing import BENCH_DTYPES
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
+    from deep_delta.eval.settings import BENCH_DTYPE_NAMES, DEFAULT_SHAPES
+    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
     shapes = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
     p = sub.add_parser(
@@ -26,21 +25,19 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model size (default tiny)")
     options.add_variants(p, DEFAULT_VARIANTS)
     options.add_device(p)
-    options.add_dtype(p, weights=False, default="float32", choices=tuple(BENCH_DTYPES))
+    options.add_dtype(p, weights=False, default="float32", choices=BENCH_DTYPE_NAMES)
     options.add_batch(p, f"sequences per batch (default: {shapes})", "tokens per sequence (default: see "
                       "--batch-size, at most the model's context)")
-    p.add_argument("--steps", type=int, default=2, metavar="N", help="timed train steps per repeat (default 2)")
-    p.add_argument("--repeats", type=int, default=5, metavar="R",
+    p.add_argument("--steps", type=options.integer, default=2, metavar="N", help="timed train steps per repeat (default 2)")
+    p.add_argument("--repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved repeats; the median is reported (default 5)")
-    p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
-    p.add_argument("--decode-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--warmup", type=options.integer, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
+    p.add_argument("--decode-tokens", type=options.integer, default=32, metavar="N",
                    help="decode steps timed per repeat (default 32)")
     # 1 thread: steady on a shared machine, where several OpenMP threads spin against other jobs
     options.add_threads(p, default="1")
     options.add_set(p, help=options.SET_HELP + "; model.FIELD applies to every variant, other keys are bench "
                     "settings (e.g. seed=1)")
-    options.add_deprecated_alias(p, "--override", "--set model.FIELD=VALUE", dest="assignments", append=True,
-                                 convert=lambda item: f"model.{item}")
     p.add_argument("--out", default="bench.md", metavar="FILE", help="markdown file to write (default bench.md)")
     p.set_defaults(func=run)
 
@@ -48,7 +45,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from deep_delta.eval.bench import BenchSettings, bench_table, run_bench, with_assignments, write_bench
+    from deep_delta.eval.bench import bench_table, run_bench, write_bench
+    from deep_delta.eval.settings import BenchSettings, with_assignments
 
     settings = BenchSettings(
         preset=args.preset,
@@ -67,12 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     threads = torch.get_num_threads()
     t0 = time.perf_counter()
-    spec = args.threads
-    if spec == "0":  # the older "torch's own choice"
-        options.deprecated("ddl bench", "--threads 0", "--threads N or --threads auto")
-        spec = None
     try:
-        options.apply_threads(spec)
+        options.apply_threads(args.threads)
         rows = run_bench(settings, progress=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
         print(bench_table(rows, settings))  # the header names the thread count used
         out = write_bench(args.out, rows, settings)

@@ -13,9 +13,8 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.eval.kernel_bench import DEFAULT_VARIANTS, KernelBenchSettings
-    from deep_delta.eval.timing import BENCH_DTYPES
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
+    from deep_delta.eval.settings import BENCH_DTYPE_NAMES, KernelBenchSettings
+    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
     d = KernelBenchSettings()
     p = sub.add_parser(
@@ -31,15 +30,13 @@ def add_parser(sub) -> None:
         "--repeats rounds. --dtype bfloat16 is autocast over fp32 weights, as in training and `ddl bench`.",
     )
     options.add_device(p)
-    options.add_dtype(p, weights=False, default=d.dtype, choices=tuple(BENCH_DTYPES))
+    options.add_dtype(p, weights=False, default=d.dtype, choices=BENCH_DTYPE_NAMES)
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS), help=f"model size (default {d.preset})")
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default "
                       f"{d.seq_len})", batch_default=d.batch_size, seq_default=d.seq_len)
-    options.add_deprecated_alias(p, "--batch", "--batch-size", dest="batch_size", type=int)
-    options.add_deprecated_alias(p, "--seq", "--seq-len", dest="seq_len", type=int)
     options.add_variants(p, DEFAULT_VARIANTS)
-    p.add_argument("--repeats", type=int, default=d.repeats, metavar="R", help=f"timed rounds (default {d.repeats})")
-    p.add_argument("--warmup", type=int, default=d.warmup, metavar="W",
+    p.add_argument("--repeats", type=options.integer, default=d.repeats, metavar="R", help=f"timed rounds (default {d.repeats})")
+    p.add_argument("--warmup", type=options.integer, default=d.warmup, metavar="W",
                    help=f"untimed rounds first (default {d.warmup})")
     options.add_threads(p, default=None)  # set for this run only
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
@@ -60,8 +57,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from deep_delta.eval.bench import with_assignments
-    from deep_delta.eval.kernel_bench import KernelBenchSettings, kernel_bench_report
+    from deep_delta.eval.kernel_bench import kernel_bench_report
+    from deep_delta.eval.settings import KernelBenchSettings, with_assignments
 
     settings = KernelBenchSettings(
         preset=args.preset,

@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 
 from deep_delta.cli import options
-from deep_delta.cli.options import seed_list  # noqa: F401 (also imported from here by cli/tasks.py)
 
 
 def add_parser(sub) -> None:
-    from deep_delta.experiments.compare import COMPARE_DEFAULTS, DEFAULT_VARIANTS
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
-    from deep_delta.train.config import DTYPES
+    from deep_delta.train.config import DTYPES, TrainConfig
+    from deep_delta.train.recipes import compare
+    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
-    d = COMPARE_DEFAULTS
+    d = {**TrainConfig.defaults(), **compare()}
     p = sub.add_parser(
         "compare",
         help="train several variants with the same seed, data and budget and compare them (the main job)",
@@ -29,26 +28,37 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", default=None, choices=list(PRESETS), help=f"(default {d['preset']}) model size")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
     p.add_argument("--data", default=None, metavar="DIR", help="prepared data directory (default: the embedded text)")
-    p.add_argument("--steps", type=int, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
+    p.add_argument("--steps", type=options.integer, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
     options.add_batch(p, f"(default {d['batch_size']}) sequences per step", f"(default {d['seq_len']}) tokens per "
                       "sequence")
-    p.add_argument("--lr", type=float, default=None, help=f"(default {d['lr']}) peak learning rate")
-    p.add_argument("--warmup-steps", type=int, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
-    p.add_argument("--eval-every", type=int, default=None, help=f"(default {d['eval_every']}) validate every N steps")
-    p.add_argument("--eval-batches", type=int, default=None, help=f"(default {d['eval_batches']}) validation batches")
+    p.add_argument("--lr", type=options.real, default=None, help=f"(default {d['lr']}) peak learning rate")
+    options.add_lrs(p, "every variant")
+    p.add_argument("--warmup-steps", type=options.integer, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
+    p.add_argument("--eval-every", type=options.integer, default=None, help=f"(default {d['eval_every']}) validate every N steps")
+    p.add_argument("--eval-batches", type=options.integer, default=None, help=f"(default {d['eval_batches']}) validation batches")
     options.add_seed(p, f"(default {d['seed']}) seed of initialisation and data order")
     options.add_seeds(p, "several paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 "
                       "(--seeds 3); every variant trains with every seed, and the table shows mean +- sd, the paired "
                       "difference to the baseline with its 95%% t-interval, and the seeds in which it was lower "
                       "(default: the one --seed)")
-    p.add_argument("--time-repeats", type=int, default=5, metavar="R",
+    p.add_argument("--widths", type=options.integer, nargs="+", default=None, metavar="W",
+                   help="the width / length study: run the whole comparison at each model width (hidden size; "
+                   "the preset's layers and heads stay) in OUT/d<W>_s<STEPS>/ and write OUT/scaling.md, "
+                   "scaling.json and scaling.png (the difference to the baseline against width and compute, with "
+                   "95%% t-intervals); with --lrs each variant is at its own best lr at every point (default: the "
+                   "preset's width)")
+    p.add_argument("--lengths", type=options.integer, nargs="+", default=None, metavar="STEPS",
+                   help="training lengths (optimizer steps) of the width / length study (default: the one "
+                   "--steps)")
+    p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
     options.add_device(p, default=None)
     options.add_dtype(p, weights=False, default=None, choices=DTYPES)
     options.add_threads(p)
     p.add_argument("--config", metavar="FILE|NAME",
-                   help="start from this YAML config instead of the compare defaults (flags above still apply)")
+                   help="start from this YAML file or recipe (small/baseline) instead of the recipe compare, "
+                   "whose values the (default ...) above show (flags above still apply)")
     options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
     options.add_wandb(p, "every run (one W&B group per comparison) and the comparison table and curves")
@@ -61,34 +71,68 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.experiments.compare import COMPARE_DEFAULTS, format_table, run_compare, verdicts
+    from deep_delta.experiments.compare import format_table, run_compare, run_lr_grid, verdicts
     from deep_delta.train.config import load_config
 
+    lrs = options.lr_grid(args.lrs, args.lr, args.assignments)
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
              "eval_batches", "seed", "device", "dtype")
     given = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     project = options.wandb_project(args)
     if args.wandb:
         given.update(wandb=True, **({"wandb_project": project} if project else {}))
-    settings = given if args.config else {**COMPARE_DEFAULTS, **given}
-    base = load_config(args.config, settings, args.assignments)
+    base = load_config(args.config or "compare", given, args.assignments)  # the recipe `compare` by default
     variants = options.variant_list(args.variants)
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
+    grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
     print(f"ddl compare: {', '.join(variants)} at preset {base.preset}, {base.steps} steps x "
-          f"{base.batch_size} x {base.seq_len} tokens each, paired seeds {', '.join(map(str, seeds))}; "
+          f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
-    summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
-                          progress=not args.no_progress, time_repeats=args.time_repeats)
+    if args.widths is not None or args.lengths is not None:
+        return _run_scaling(args, base, variants, seeds, lrs)
+    if lrs is None:
+        summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
+                              progress=not args.no_progress, time_repeats=args.time_repeats)
+    else:
+        summary = run_lr_grid(base, variants, args.out, lrs, seeds=seeds, overwrite=args.overwrite,
+                              progress=not args.no_progress, time_repeats=args.time_repeats)
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)
     print(f"{tokens:,} training tokens per variant; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
+    if lrs is not None:
+        from deep_delta.experiments.lr_grid import grid_table
+
+        print("final validation loss at every lr (bold: each variant's chosen lr, on validation loss)")
+        print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: format(x, ".4f")) + "\n")
     print(format_table(summary))
     print("\n".join(verdicts(summary)))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:
         print(f"ddl compare: {r['variant']} diverged: {r['diverged']}", file=sys.stderr)
-    print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png")
+    plot = ", lr_sensitivity.png" if lrs is not None else ""
+    print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png{plot}")
     return 1 if failed else 0
+
+
+def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: list[int], lrs) -> int:
+    """``--widths`` / ``--lengths``: the comparison at every (width, length), then the study's summary."""
+    from deep_delta.experiments.scaling import format_scaling, run_scaling
+    from deep_delta.models.ddl.configuration_ddl import PRESETS
+
+    keys = {a.partition("=")[0].strip() for a in args.assignments}
+    if args.widths is not None and "model.hidden_size" in keys:
+        raise ValueError("`widths` and `--set model.hidden_size=...` were both given; allowed: one of them")
+    if args.lengths is not None and (args.steps is not None or "steps" in keys):
+        raise ValueError("`lengths` and one length (`steps`, or --set steps=...) were both given; allowed: one "
+                         "of them")
+    widths = args.widths or [base.model.get("hidden_size", PRESETS[base.preset]["hidden_size"])]
+    summary = run_scaling(base, variants, args.out, widths=widths, lengths=args.lengths or [base.steps], lrs=lrs,
+                          seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress,
+                          time_repeats=args.time_repeats)
+    print()
+    print(format_scaling(summary))
+    print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")
+    return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0

@@ -8,36 +8,39 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.experiments.coord_check import MUP_SLOPE_BOUND, CoordCheckSettings
+    from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
     d = CoordCheckSettings()
     p = sub.add_parser(
         "coord-check",
-        help="muP coordinate check: how each activation's size moves with the width, sp and mup side by side",
+        help="muP coordinate check: how each activation's size and change since init move with the width, sp and "
+        "mup side by side",
         description="For each VARIANT, width and parametrization (sp, mup), train a fresh model a few AdamW steps "
-        "on the embedded text and record the mean |value| of each activation type (embedding, attention and MLP "
+        "on the embedded text and record, on one fixed probe batch at init and after each step, the size mean "
+        "|x_t| and the change since init mean |x_t - x_0| of each activation type (embedding, attention and MLP "
         "outputs, residual update, state X, read x_in, k^T X, v, beta and their pre-activations, the dynamic "
-        "HC / mHC coefficients' pre-activations, logits) before each update. Width = hidden_size at a fixed head "
-        "size and depth. Prints the log-log slope of each type against width and writes OUT/coord_check.json, "
-        "OUT/coord_check.md and OUT/coord_check.png. Exits 1 when a slope under mup misses its muP order by more "
-        "than --bound (docs/mup.md).",
+        "HC / mHC coefficients' pre-activations, logits). Width = hidden_size at a fixed head size and depth. "
+        "Prints the log-log slopes of both against width and writes OUT/coord_check.json, OUT/coord_check.md and "
+        "OUT/coord_check.png. Exits 1 when the slope of a change under mup after the last step misses its muP "
+        "order by more than --bound (docs/mup.md).",
     )
     options.add_variants(p, list(d.variants))
-    p.add_argument("--widths", type=int, nargs="+", default=list(d.widths), metavar="W",
+    p.add_argument("--widths", type=options.integer, nargs="+", default=list(d.widths), metavar="W",
                    help=f"hidden sizes, multiples of --head-dim (default {' '.join(map(str, d.widths))})")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
+    p.add_argument("--steps", type=options.integer, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
     p.add_argument("--parametrizations", nargs="+", default=list(d.parametrizations), choices=["sp", "mup"],
                    help="which to run (default: sp mup)")
-    p.add_argument("--layers", type=int, default=d.layers, help=f"blocks (default {d.layers})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head size, fixed across widths "
+    p.add_argument("--layers", type=options.integer, default=d.layers, help=f"blocks (default {d.layers})")
+    p.add_argument("--head-dim", type=options.integer, default=d.head_dim, help=f"head size, fixed across widths "
                    f"(default {d.head_dim})")
     options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default {d.seq_len})",
                       batch_default=d.batch_size, seq_default=d.seq_len)
-    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
+    p.add_argument("--lr", type=options.real, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
     options.add_seeds(p, "seeds averaged per point: a list, or one number N for seeds 0..N-1 (default 1)",
                       default=[1])
-    p.add_argument("--bound", type=float, default=MUP_SLOPE_BOUND,
-                   help=f"largest |slope - muP order| at the last step that passes (default {MUP_SLOPE_BOUND})")
+    p.add_argument("--bound", type=options.real, default=MUP_SLOPE_BOUND,
+                   help=f"largest |slope of a change - muP order| after the last step that passes "
+                   f"(default {MUP_SLOPE_BOUND})")
     p.add_argument("--out", default="runs/coord_check", help="output directory (default runs/coord_check)")
     options.add_device(p)
     options.add_threads(p)
@@ -50,16 +53,11 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from deep_delta.experiments.coord_check import (
-        CoordCheckSettings,
-        format_table,
-        plot,
-        run_coord_check,
-        violations,
-    )
+    from deep_delta.experiments.coord_check import format_table, plot, run_coord_check, violations
+    from deep_delta.experiments.settings import CoordCheckSettings
     from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.runtime import resolve_device
-    from deep_delta.train.config import parse_assignments
+    from deep_delta.settings import parse_assignments
 
     overrides = parse_assignments(args.assignments)
     bad = [k for k in overrides if k != "model"]
@@ -69,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         variants=options.variant_list(args.variants), widths=args.widths, parametrizations=args.parametrizations,
         steps=args.steps, layers=args.layers, head_dim=args.head_dim, batch_size=args.batch_size,
         seq_len=args.seq_len, lr=args.lr, seeds=options.seed_list(args.seeds, 0), device=str(resolve_device(args.device)),
-        model_overrides=overrides.get("model", {}),
+        model=overrides.get("model", {}),
     )
     out = Path(args.out)
     refuse_replaced_dir(out)
@@ -84,12 +82,13 @@ def run(args: argparse.Namespace) -> int:
     table = format_table(report)
     drawn = plot(report, out / "coord_check.png")
     failed = violations(report, args.bound) if "mup" in settings.parametrizations else []
-    verdict = (f"mup: every slope within {args.bound} of its muP order at the last step" if not failed
-               else f"mup: {len(failed)} slope(s) beyond {args.bound}: " + "; ".join(failed))
+    verdict = (f"mup: every change's slope within {args.bound} of its muP order after the last step" if not failed
+               else f"mup: {len(failed)} change slope(s) beyond {args.bound}: " + "; ".join(failed))
     if "mup" not in settings.parametrizations:
         verdict = "mup not run"
-    atomic_write(out / "coord_check.md", f"# ddl coord-check\n\nLog-log slope of mean |activation| against width "
-                 f"(widths {' '.join(map(str, settings.widths))}).\n\n{table}\n\n{verdict}\n"
+    atomic_write(out / "coord_check.md", "# ddl coord-check\n\nLog-log slopes against width of each activation's "
+                 "size mean |x_t| and its change since init mean |x_t - x_0| (the checked one), on a fixed probe "
+                 f"batch (widths {' '.join(map(str, settings.widths))}).\n\n{table}\n\n{verdict}\n"
                  + ("\n![coordinate check](coord_check.png)\n" if drawn else ""))
     print()
     print(table)

@@ -12,20 +12,24 @@ _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 
 def count(text: str) -> int:
     """A positive token count: ``1000000``, ``1_000_000``, ``1e6``, ``500k``, ``10M``, ``2B``."""
+    from deep_delta.settings import parse_number
+
     t = text.replace("_", "").strip()
     m = _COUNT.fullmatch(t)
     try:
-        value = float(m.group(1)) * _SCALE[m.group(2).lower()] if m else float(t)
+        value = parse_number(m.group(1)) * _SCALE[m.group(2).lower()] if m else parse_number(t)
     except ValueError:
-        value = float("nan")
+        value = 0.0
     if not value >= 1 or value != int(value):
         raise argparse.ArgumentTypeError(f"expected a positive whole number such as 1000000, 1e6, 500k or 10M, got {text!r}")
     return int(value)
 
 
 def fraction(text: str) -> float:
+    from deep_delta.settings import parse_number
+
     try:
-        value = float(text)
+        value = parse_number(text)
     except ValueError:
         value = -1.0
     if not 0 <= value < 1:

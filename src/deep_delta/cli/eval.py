@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     options.add_model(lo)
     lo.add_argument("--data", required=True, metavar="DIR", help="prepared data directory")
     lo.add_argument("--split", default="val", help="split to evaluate (default val)")
-    lo.add_argument("--max-batches", type=int, default=None, metavar="N", help="evaluate at most N batches")
+    lo.add_argument("--max-batches", type=options.integer, default=None, metavar="N", help="evaluate at most N batches")
     options.add_batch(lo, "sequences per batch (default 8)", "tokens per sequence (default: the model's context)",
                       batch_default=8)
     options.add_device(lo)
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
                     help=f"lm-eval tasks, space-separated (default: {' '.join(PAPER_TASKS)})")
     lm.add_argument("--num-fewshot", nargs="+", default=["0", "1"], metavar="N",
                     help="few-shot counts, space-separated; one table row per model and count (default 0 1)")
-    lm.add_argument("--limit", type=float, default=None, metavar="N",
+    lm.add_argument("--limit", type=options.real, default=None, metavar="N",
                     help="at most N examples per task (N < 1: that fraction); for quick checks only")
     options.add_batch(lm, "requests scored per forward (default 8)", None, batch_default=8)
     options.add_device(lm)
@@ -134,7 +134,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     from deep_delta.eval import harness
     from deep_delta.fsutil import refuse_unwritable_results
     from deep_delta.hf.loading import load_model, quiet_transformers
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
+    from deep_delta.variants import paper_name
 
     quiet_transformers()
 
@@ -144,8 +144,8 @@ def run_lm_eval(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     project = options.wandb_project(args)
     options.apply_threads(args.threads)
-    shots = _int_list(options.split_list(args.num_fewshot), "--num-fewshot")
-    tasks = options.split_list(args.tasks)
+    shots = _int_list(args.num_fewshot, "--num-fewshot")
+    tasks = list(args.tasks)
     if args.name is not None and len(args.name) != len(args.model):
         raise ValueError(f"--name: got {len(args.name)} names for {len(args.model)} --model paths; give one per model")
     if args.limit is not None and args.limit <= 0:
@@ -158,7 +158,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     for i, path in enumerate(args.model):
         loaded = load_model(path, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
         cfg = loaded.model.config
-        name = args.name[i] if args.name else PAPER_NAMES.get(cfg.variant or "", str(path))
+        name = args.name[i] if args.name else paper_name(cfg.variant) if cfg.variant else str(path)
         lm = harness.make_harness_lm(loaded.model, loaded.tokenizer, batch_size=args.batch_size)
         try:
             runs.append(harness.evaluate_harness(lm, tasks, num_fewshot=shots, limit=limit,

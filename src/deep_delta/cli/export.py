@@ -15,15 +15,12 @@ def add_parser(sub) -> None:
         "or an HF directory) to --out with config.json, model.safetensors, generation_config.json, the "
         "tokenizer (tokenizer.json), a model card (README.md), checksums.json (verified at every load) and "
         "ddl_export.json (what export wrote). The directory then loads with AutoModelForCausalLM.from_pretrained "
-        "after `import deep_delta`, and with AutoTokenizer. Code in the source is never run; only safetensors "
-        "weights are read. (The older form `ddl export RUN_OR_DIR OUT_DIR` still works, with a deprecation note.)",
+        "after `import deep_delta.models`, and with AutoTokenizer. Code in the source is never run; only safetensors "
+        "weights are read.",
     )
-    options.add_model(p, required=False, dest="source")
-    p.add_argument("--out", dest="out_dir", metavar="DIR", default=None,
+    options.add_model(p, dest="source")
+    p.add_argument("--out", dest="out_dir", metavar="DIR", required=True,
                    help="directory to write (must not exist, or be empty; see --overwrite)")
-    # the older positional form, hidden: `ddl export RUN_OR_DIR OUT_DIR`
-    p.add_argument("old_source", nargs="?", default=None, help=argparse.SUPPRESS)
-    p.add_argument("old_out_dir", nargs="?", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tokenizer", default=None, choices=["byte", "gpt2"],
                    help="tokenizer to save (default: the one named in train_meta.json or saved with the model)")
     options.add_dtype(p, weights=True, default="float32", choices=("float32", "bfloat16", "float16"))
@@ -33,30 +30,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def source_and_out(args: argparse.Namespace) -> tuple[str, str]:
-    """--model and --out, or the deprecated positionals (with a note); both must be given, once each."""
-    from deep_delta.cli.main import UsageError
-
-    if args.old_source is not None:
-        options.deprecated("ddl export", "`ddl export RUN_OR_DIR OUT_DIR`", "ddl export --model RUN_OR_DIR --out DIR")
-    source, out = args.source, args.out_dir
-    for name, flag, old in (("source", "--model", args.old_source), ("out", "--out", args.old_out_dir)):
-        given = source if name == "source" else out
-        if old is not None and given is not None:
-            raise UsageError(f"{flag} given twice: as {flag} {given} and as the argument {old}")
-    source = source if source is not None else args.old_source
-    out = out if out is not None else args.old_out_dir
-    missing = [flag for flag, v in (("--model", source), ("--out", out)) if v is None]
-    if missing:
-        raise UsageError(f"the following arguments are required: {', '.join(missing)}")
-    return source, out
-
-
 def run(args: argparse.Namespace) -> int:
     from deep_delta.hf.export import export_model
     from deep_delta.hf.loading import quiet_transformers
 
-    source, out_dir = source_and_out(args)
+    source, out_dir = args.source, args.out_dir
     quiet_transformers()
     out = export_model(source, out_dir, tokenizer=args.tokenizer, dtype=args.dtype, overwrite=args.overwrite)
     files = ", ".join(sorted(p.name for p in out.iterdir()))

@@ -19,13 +19,13 @@ def add_parser(sub) -> None:
     options.add_model(p)
     p.add_argument("--prompt", dest="prompts", action="append", required=True, metavar="TEXT",
                    help="prompt text; repeat for a batch (left-padded). An empty prompt starts from end-of-text")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate (default 64)")
+    p.add_argument("--max-new-tokens", type=options.integer, default=64, metavar="N", help="tokens to generate (default 64)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding (argmax); ignores the sampling options")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T",
+    p.add_argument("--temperature", type=options.real, default=1.0, metavar="T",
                    help="sampling temperature (default 1.0; 0 = greedy)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K",
+    p.add_argument("--top-k", type=options.integer, default=None, metavar="K",
                    help="sample among the K most likely tokens (default: all)")
-    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: smallest set with mass P (default: off)")
+    p.add_argument("--top-p", type=options.real, default=None, metavar="P", help="nucleus sampling: smallest set with mass P (default: off)")
     options.add_seed(p, "random seed for sampling (default: not seeded)")
     options.add_device(p)
     options.add_dtype(p, weights=True)

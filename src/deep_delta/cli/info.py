@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
+    from deep_delta.variants import PRESETS, VARIANTS
 
     p = sub.add_parser(
         "info",
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from deep_delta.models import DDLConfig, DDLForCausalLM, count_parameters
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
+    from deep_delta.variants import paper_name
 
     cfg = DDLConfig.from_variant(args.variant, args.preset)
     with torch.device("meta"):
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     base_cfg = DDLConfig.from_variant("baseline", args.preset)
     with torch.device("meta"):
         base = count_parameters(DDLForCausalLM(base_cfg))
-    print(f"variant   {args.variant} ({PAPER_NAMES[args.variant]})")
+    print(f"variant   {args.variant} ({paper_name(args.variant)})")
     print(f"preset    {args.preset}")
     keys = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
             "intermediate_size", "max_position_embeddings", "residual", "value_channels", "residual_map",

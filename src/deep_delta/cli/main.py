@@ -84,7 +84,7 @@ def describe_error(error: BaseException) -> tuple[str, int] | None:
 # Python parameter names whose flag is not --<name-with-dashes> nor an option's dest (those two are found
 # without a table): the library's name -> the flag, where a command has that flag.
 PARAMETER_FLAGS = {
-    "overrides": "--set",  # the benchmarks' DDLConfig overrides come from --set model.FIELD=VALUE
+    "model": "--set",  # a command's DDLConfig fields come from --set model.FIELD=VALUE (where it has no --model)
 }
 
 

@@ -1,17 +1,15 @@
 """The command-line grammar shared by every ``ddl`` subcommand: one flag name, one meaning (docs/cli.md).
 
 Each ``add_*`` helper adds one option to a parser with the same spelling, metavar, choices and help text in
-every command that has it; ``apply_threads``, ``variant_list`` and ``split_list`` turn parsed values into what
-the library takes. Old spellings stay as hidden aliases (:func:`add_deprecated_alias`) that say what replaced
-them. Library functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns those
-into these flags.
+every command that has it; :func:`integer` and :func:`real` are the types of every numeric option (finite,
+scientific notation read); ``apply_threads`` and ``variant_list`` turn parsed values into what the library
+takes. Library functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns
+those into these flags.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 
 # Every --dtype takes some of these (a command lists only what it can run); what the value means is stated
 # by add_dtype: the dtype of the weights, or the autocast compute dtype over float32 weights.
@@ -27,6 +25,26 @@ SET_HELP = ("override a setting: KEY=VALUE, the value parsed as YAML; model.FIEL
 def _shown(default) -> str:
     """How help text names a default: None or SUPPRESS (the config decides) read as the config default, auto."""
     return "auto" if default is None or default == argparse.SUPPRESS else str(default)
+
+
+def integer(text: str) -> int:
+    """The type of every integer option: ``1000`` or ``1e3`` (:func:`deep_delta.settings.parse_number`)."""
+    from deep_delta.settings import parse_number
+
+    try:
+        return parse_number(text, integer=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def real(text: str) -> float:
+    """The type of every real-valued option: a finite number, ``0.5`` or ``1e-3``; nan and inf are refused."""
+    from deep_delta.settings import parse_number
+
+    try:
+        return parse_number(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_device(p, default: str | None = "auto", note: str = "") -> None:
@@ -70,7 +88,7 @@ def add_set(p: argparse.ArgumentParser, help: str = SET_HELP) -> None:
 
 
 def add_variants(p: argparse.ArgumentParser, default: tuple[str, ...] | list[str]) -> None:
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    from deep_delta.variants import VARIANTS
 
     p.add_argument("--variants", nargs="+", default=list(default), metavar="VARIANT",
                    help=f"variants, space-separated, in table order (default: {' '.join(default)}); one of "
@@ -78,37 +96,30 @@ def add_variants(p: argparse.ArgumentParser, default: tuple[str, ...] | list[str
 
 
 def variant_list(values: list[str]) -> list[str]:
-    """``--variants`` values (space-separated; a comma list is accepted too), checked against the variants."""
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
+    """``--variants`` values (space-separated), checked against the variants; a repeated name counts once."""
+    from deep_delta.variants import VARIANTS
 
-    names = split_list(values)
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown or not names:
+    unknown = [v for v in values if v not in VARIANTS]
+    if unknown or not values:
         got = ", ".join(map(repr, unknown)) if unknown else "no variant names"
         raise ValueError(f"`variants` got {got}; allowed: one or more of {', '.join(VARIANTS)}")
-    return list(dict.fromkeys(names))
-
-
-def split_list(values: list[str] | str) -> list[str]:
-    """A list option's values, space-separated (``nargs="+"``); each may also be a comma list (the older form)."""
-    items = [values] if isinstance(values, str) else values
-    return [v.strip() for item in items for v in item.split(",") if v.strip()]
+    return list(dict.fromkeys(values))
 
 
 def add_batch(p, batch_help: str, seq_help: str | None, *, batch_default=None,
               seq_default=None) -> None:
-    p.add_argument("--batch-size", type=int, default=batch_default, metavar="B", help=batch_help)
+    p.add_argument("--batch-size", type=integer, default=batch_default, metavar="B", help=batch_help)
     if seq_help is not None:
-        p.add_argument("--seq-len", type=int, default=seq_default, metavar="T", help=seq_help)
+        p.add_argument("--seq-len", type=integer, default=seq_default, metavar="T", help=seq_help)
 
 
 def add_seed(p, help: str, default: int | None = None) -> None:
-    p.add_argument("--seed", type=int, default=default, metavar="S", help=help)
+    p.add_argument("--seed", type=integer, default=default, metavar="S", help=help)
 
 
 def add_seeds(p, help: str, default: list[int] | None = None) -> None:
     """``--seeds S ...``: several paired seeds, a list or one count N (seeds 0..N-1); :func:`seed_list` reads it."""
-    p.add_argument("--seeds", type=int, nargs="+", default=default, metavar="S", help=help)
+    p.add_argument("--seeds", type=integer, nargs="+", default=default, metavar="S", help=help)
 
 
 def seed_list(values: list[int] | None, seed: int) -> list[int]:
@@ -136,35 +147,6 @@ def add_model(p: argparse.ArgumentParser, required: bool = True, *, repeat: bool
     p.add_argument("--model", required=required, metavar="PATH", help=help, **kwargs)
 
 
-class DeprecatedAlias(argparse.Action):
-    """A hidden old spelling of a flag: stores (or appends, ``append``) into the new flag's dest, the value first
-    passed through ``convert``, and prints one line on stderr naming the replacement."""
-
-    def __init__(self, option_strings, dest, replacement: str, append: bool = False,
-                 convert: Callable[[str], object] | None = None, **kwargs):
-        self.replacement, self.append, self.convert = replacement, append, convert
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: {option_string} is deprecated; use {self.replacement}", file=sys.stderr)
-        if self.convert is not None:
-            values = self.convert(values)
-        if self.append:
-            values = [*(getattr(namespace, self.dest, None) or []), values]
-        setattr(namespace, self.dest, values)
-
-
-def add_deprecated_alias(p: argparse.ArgumentParser, old: str, replacement: str, dest: str, **kwargs) -> None:
-    """Keep ``old`` working, hidden from --help, as a deprecated spelling of ``replacement`` (same ``dest``)."""
-    p.add_argument(old, dest=dest, action=DeprecatedAlias, replacement=replacement, default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS, **kwargs)
-
-
-def deprecated(prog: str, old: str, replacement: str) -> None:
-    """The one-line note of a deprecated form that is not a flag (e.g. a positional argument)."""
-    print(f"{prog}: {old} is deprecated; use {replacement}", file=sys.stderr)
-
-
 def add_wandb(p: argparse.ArgumentParser, what: str) -> None:
     """``--wandb`` and ``--wandb-project P`` of a command that logs ``what`` to Weights & Biases; :func:`wandb_project`
     reads them."""
@@ -183,3 +165,26 @@ def wandb_project(args: argparse.Namespace) -> str | None:
 
         raise UsageError("--wandb-project given, but W&B logging is off; add --wandb")
     return args.wandb_project
+
+
+def add_lrs(p: argparse.ArgumentParser, what: str) -> None:
+    """``--lrs LR ...``: a learning-rate grid; :func:`lr_grid` reads it."""
+    p.add_argument("--lrs", type=real, nargs="+", default=None, metavar="LR",
+                   help=f"a learning-rate grid (--lrs 5e-4 1e-3 2e-3 4e-3): {what} is trained at every lr and "
+                   "every seed, and reported at its own best lr, chosen on validation data only; also writes "
+                   "the sensitivity plot OUT/lr_sensitivity.png (default: one lr)")
+
+
+def lr_grid(lrs: list[float] | None, lr: float | None, assignments: list[str]) -> list[float] | None:
+    """``--lrs`` checked (finite, > 0, distinct), and refused beside a single lr (``--lr`` or ``--set lr=...``):
+    one of them would be ignored. None without ``--lrs``."""
+    if lrs is None:
+        return None
+    from deep_delta.experiments.lr_grid import check_lrs
+
+    single = ([f"--lr {lr:g}"] if lr is not None else []) + [
+        f"--set {a}" for a in assignments if a.partition("=")[0].strip() == "lr"]
+    if single:
+        raise ValueError(f"`lrs` got {' '.join(f'{x:g}' for x in lrs)} together with one learning rate "
+                         f"({', '.join(single)}); allowed: either the grid or one lr, not both")
+    return check_lrs(lrs)

@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     options.add_variants(rp, DEFAULT_TASK_VARIANTS)
     options.add_seeds(rp, "paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 (default 3)",
                       default=[3])
-    rp.add_argument("--steps", type=int, default=None, help=f"(default {d.steps}) optimizer steps per run")
+    rp.add_argument("--steps", type=options.integer, default=None, help=f"(default {d.steps}) optimizer steps per run")
+    options.add_lrs(rp, "every variant")
     rp.add_argument("--out", default=None, help="output directory (default runs/tasks/TASK)")
     options.add_device(rp)
     options.add_threads(rp)
@@ -64,10 +65,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from deep_delta.tasks.report import format_table, log_to_wandb
-    from deep_delta.tasks.run import TaskSettings, model_config, resolve_task, run_task_study
+    from deep_delta.tasks.run import (
+        TaskSettings,
+        model_config,
+        resolve_task,
+        run_task_lr_grid,
+        run_task_study,
+    )
 
     project = options.wandb_project(args)
     assignments = ([f"steps={args.steps}"] if args.steps is not None else []) + args.assignments
+    lrs = options.lr_grid(args.lrs, None, args.assignments)
     settings = TaskSettings().with_assignments(assignments)
     task = resolve_task(args.task, settings)  # a bad name or parameter is refused before anything is printed
     variants = options.variant_list(args.variants)
@@ -76,12 +84,22 @@ def run(args: argparse.Namespace) -> int:
         model_config(task, variant, settings)
     options.apply_threads(args.threads)
     out = args.out or f"runs/tasks/{args.task}"
-    print(f"ddl tasks run {args.task}: {', '.join(variants)}, paired seeds {', '.join(map(str, seeds))}, "
+    grid = f", every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
+    print(f"ddl tasks run {args.task}: {', '.join(variants)}{grid}, paired seeds {', '.join(map(str, seeds))}, "
           f"{settings.steps} steps x {settings.batch_size} sequences; {torch.get_num_threads()} CPU thread(s); "
           f"results in {out}", flush=True)
-    summary = run_task_study(args.task, variants, seeds, settings, out, device=args.device,
-                             overwrite=args.overwrite, progress=not args.no_progress)
+    if lrs is None:
+        summary = run_task_study(args.task, variants, seeds, settings, out, device=args.device,
+                                 overwrite=args.overwrite, progress=not args.no_progress)
+    else:
+        summary = run_task_lr_grid(args.task, variants, seeds, settings, out, lrs, device=args.device,
+                                   overwrite=args.overwrite, progress=not args.no_progress)
     print()
+    if lrs is not None:
+        from deep_delta.experiments.lr_grid import grid_table
+
+        print("validation accuracy (%) at every lr (bold: each variant's chosen lr; test accuracy below is at it)")
+        print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: f"{100 * x:.1f}") + "\n")
     print(f"test accuracy (%) by {summary['difficulty_name']}, mean +- sd over seeds")
     print(format_table(summary))
     print(f"\nwrote {out}/tasks.md, {out}/tasks.json" + (", tasks.png" if _has_plot(out) else ""))

@@ -1,4 +1,4 @@
-"""``ddl train``: train a variant from a YAML config and/or command-line settings (also under torchrun)."""
+"""``ddl train``: train a variant from a recipe or a YAML file and/or command-line settings (also under torchrun)."""
 
 from __future__ import annotations
 
@@ -6,48 +6,10 @@ import argparse
 
 from deep_delta.cli import options
 
-# help of every TrainConfig field; the flag is --field-name, the default is TrainConfig's (added to the help)
-FIELD_HELP = {
-    "variant": "model variant",
-    "preset": "model size: tiny (CPU), small (124M), medium (353M)",
-    "data": "prepared data directory (none: the embedded text, prepared once into a cache)",
-    "out": "run directory: metrics.jsonl, run.json, checkpoints/",
-    "steps": "total optimizer steps of the run (also the length of the cosine schedule)",
-    "batch_size": "sequences per micro-batch on each process",
-    "grad_accum": "micro-batches per optimizer step (ignored when --global-batch-size is set)",
-    "global_batch_size": "sequences per optimizer step over all processes; derives grad_accum",
-    "seq_len": "tokens per sequence",
-    "lr": "peak learning rate",
-    "min_lr_ratio": "final learning rate as a fraction of --lr",
-    "warmup_steps": "linear warm-up steps",
-    "weight_decay": "AdamW weight decay on matrices",
-    "betas": "AdamW betas",
-    "grad_clip": "clip the gradient norm to this (0: off)",
-    "eval_every": "validate every N steps (0: only at the end)",
-    "eval_batches": "validation batches per evaluation",
-    "save_every": "checkpoint every N steps (0: only at the end)",
-    "keep": "keep the newest K checkpoints",
-    "log_every": "print / update the progress bar every N steps (0: never)",
-    "seed": "seed of the initialisation and the data order",
-    "device": "; under torchrun, cuda is each process's LOCAL_RANK GPU",  # after options.DEVICE_HELP
-    "dtype": "",  # options.add_dtype's text
-    "compile": "torch.compile each block",
-    "activation_checkpointing": "checkpoint each block: rerun its forward in backward (less activation memory)",
-    "distributed": "under torchrun: auto (DDP when several processes), none, ddp or fsdp (FSDP2)",
-    "tensorboard": "also write TensorBoard scalars to OUT/tensorboard",
-    "peak_flops": "peak FLOP/s of one device for MFU (none: looked up for known GPUs; none on CPU)",
-    "wandb": "also log to Weights & Biases (offline when no API key is configured; needs the wandb package)",
-    "wandb_project": "W&B project (none: deep-delta-learning)",
-    "wandb_run_name": "W&B run name (none: VARIANT-PRESET-sSEED)",
-    "wandb_group": "W&B group of the run (none: no group)",
-}
 WANDB_NAMES = ("wandb_project", "wandb_run_name", "wandb_group")
 
 
 def add_parser(sub) -> None:
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS
-    from deep_delta.train.config import DTYPES, TrainConfig
-
     p = sub.add_parser(
         "train",
         help="train a baseline or DDL model",
@@ -58,51 +20,69 @@ def add_parser(sub) -> None:
         "plus the training state). Run it under `torchrun --nproc_per_node N` for DDP or --distributed fsdp.",
     )
     p.add_argument("--config", metavar="FILE|NAME",
-                   help="YAML config: a path, or a shipped name (tiny/ddl-cc; see --list-configs); default: none")
+                   help="a YAML file, or a shipped recipe RECIPE or RECIPE/VARIANT (tiny/ddl-cc; see "
+                   "--list-configs); default: none")
     options.add_set(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its latest checkpoint up to --steps (fresh if none)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
-    p.add_argument("--stop-at", type=int, metavar="N",
+    p.add_argument("--stop-at", type=options.integer, metavar="N",
                    help="end this session after step N (checkpointed) without shortening the schedule")
     options.add_progress(p)
     options.add_threads(p, default=None)  # torchrun processes share the cores: PyTorch's choice unless asked
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--list-configs", action="store_true", help="list the shipped config names and exit")
     g = p.add_argument_group("settings (override the config file)")
-    choices = {"variant": list(VARIANTS), "preset": list(PRESETS),
-               "distributed": ["auto", "none", "ddp", "fsdp"]}
-    kinds = {"steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": int, "seq_len": int,
-             "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "grad_clip": float,
-             "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int, "seed": int,
-             "peak_flops": float}
-    metavars = {"batch_size": "B", "seq_len": "T", "seed": "S", "data": "DIR", "out": "DIR", "wandb_project": "P",
-                "wandb_run_name": "N", "wandb_group": "G"}
-    defaults = TrainConfig().to_dict()
-    for name, text in FIELD_HELP.items():
-        flag = "--" + name.replace("_", "-")
-        default = defaults[name]
-        if default is not None and name not in ("device", "dtype"):  # those two: the helpers' text
-            text = f"{text} (default {' '.join(map(str, default)) if name == 'betas' else default})"
-        if name == "device":
-            options.add_device(g, default=argparse.SUPPRESS, note=text)
-        elif name == "dtype":
-            options.add_dtype(g, weights=False, default=argparse.SUPPRESS, choices=DTYPES)
-        elif name in ("compile", "activation_checkpointing", "tensorboard", "wandb"):
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
-        elif name == "betas":
-            g.add_argument(flag, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=text)
-        else:
-            g.add_argument(flag, type=kinds.get(name, str), choices=choices.get(name), default=argparse.SUPPRESS,
-                           metavar=metavars.get(name), help=text)
+    for f in setting_fields():
+        add_setting(g, f)
     p.set_defaults(func=run)
+
+
+def setting_fields() -> list:
+    """The TrainConfig fields with a flag: every one whose metadata has its help (``model`` is set with --set)."""
+    import dataclasses
+
+    from deep_delta.train.config import TrainConfig
+
+    return [f for f in dataclasses.fields(TrainConfig) if "help" in f.metadata]
+
+
+def add_setting(g, f) -> None:
+    """The flag ``--field-name`` of TrainConfig field ``f``: its type from the annotation, its help, metavar and
+    choices from the field's metadata, its default (shown in the help) the field's."""
+    import typing
+
+    from deep_delta.train.config import TrainConfig
+
+    kind = typing.get_type_hints(TrainConfig)[f.name]
+    default = TrainConfig.defaults()[f.name]
+    text = f.metadata["help"]
+    if default is not None and f.name not in ("device", "dtype"):  # those two: the helpers' text
+        text = f"{text} (default {' '.join(map(str, default)) if isinstance(default, list) else default})"
+    flag, metavar = "--" + f.name.replace("_", "-"), f.metadata.get("metavar")
+    number = {int: options.integer, float: options.real}
+    if f.name == "device":
+        options.add_device(g, default=argparse.SUPPRESS, note=text)
+    elif f.name == "dtype":
+        options.add_dtype(g, weights=False, default=argparse.SUPPRESS, choices=f.metadata["choices"])
+    elif kind is bool:
+        g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
+    elif typing.get_origin(kind) is tuple:
+        (element,) = set(typing.get_args(kind))
+        g.add_argument(flag, type=number[element], nargs=len(typing.get_args(kind)), metavar=metavar,
+                       default=argparse.SUPPRESS, help=text)
+    else:
+        (plain,) = [k for k in typing.get_args(kind) or (kind,) if k is not type(None)]  # int | None -> int
+        choices = f.metadata.get("choices")
+        g.add_argument(flag, type=number.get(plain, str), choices=list(choices) if choices else None,
+                       default=argparse.SUPPRESS, metavar=metavar, help=text)
 
 
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig of a parsed command line: defaults < --config < flags < --set."""
     from deep_delta.train.config import load_config
 
-    overrides = {name: getattr(args, name) for name in FIELD_HELP if hasattr(args, name)}
+    overrides = {f.name: getattr(args, f.name) for f in setting_fields() if hasattr(args, f.name)}
     return load_config(args.config, overrides, args.assignments)
 
 

@@ -25,83 +25,19 @@ import json
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from deep_delta.eval.step_bench import StepSubject, check_variants, cpu_transient_peak
+from deep_delta.eval.settings import BenchSettings
+from deep_delta.eval.step_bench import StepSubject
 from deep_delta.eval.timing import (
-    BENCH_DTYPES,
-    bench_device,
-    check_dtype,
-    check_int,
     dtype_label,
     interleaved,
     timed,
 )
 from deep_delta.models.ddl import output_cache
-from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
-
-# (batch size, sequence length) per preset when not given
-DEFAULT_SHAPES = {"tiny": (4, 256), "small": (8, 1024), "medium": (8, 1024)}
-__all__ = ["BENCH_DTYPES", "DEFAULT_SHAPES", "DEFAULT_VARIANTS", "BenchRow", "BenchSettings", "bench_table",
-           "cpu_transient_peak", "run_bench", "with_assignments", "write_bench"]
-
-
-@dataclass
-class BenchSettings:
-    preset: str = "tiny"
-    variants: Sequence[str] = DEFAULT_VARIANTS
-    device: str = "auto"
-    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
-    batch_size: int | None = None
-    seq_len: int | None = None
-    steps: int = 2  # timed optimizer steps per repeat
-    repeats: int = 5
-    warmup: int = 1
-    decode_tokens: int = 32
-    seed: int = 0
-    overrides: dict = field(default_factory=dict)  # extra DDLConfig fields for every variant
-
-    def resolved(self) -> BenchSettings:
-        """A copy with the device, batch size and sequence length filled in; ``ValueError`` naming the field
-        for anything out of range."""
-        from deep_delta.models.ddl.configuration_ddl import PRESETS
-
-        variants = check_variants(self.variants, self.preset, self.overrides)
-        check_dtype(self.dtype)
-        device = str(bench_device(self.device))
-        b, t = DEFAULT_SHAPES.get(self.preset, (8, 1024))
-        b = self.batch_size if self.batch_size is not None else b  # 0 is refused, not the default
-        ctx = self.overrides.get("max_position_embeddings", PRESETS[self.preset]["max_position_embeddings"])
-        t = self.seq_len if self.seq_len is not None else min(t, ctx)
-        for name, value, lo in (("batch_size", b, 1), ("seq_len", t, 2), ("steps", self.steps, 1),
-                                ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
-                                ("decode_tokens", self.decode_tokens, 1)):
-            check_int(name, value, lo)
-        if t > ctx:
-            raise ValueError(f"`seq_len` got {t}; allowed: 2..{ctx} (the preset's context)")
-        if self.decode_tokens >= t:
-            raise ValueError(f"`decode_tokens` got {self.decode_tokens}; allowed: 1..{t - 1} (below `seq_len`)")
-        return BenchSettings(self.preset, variants, device, self.dtype, b, t, self.steps, self.repeats,
-                             self.warmup, self.decode_tokens, self.seed, dict(self.overrides))
-
-
-def with_assignments(settings, assignments: Sequence[str]):
-    """``settings`` (a :class:`BenchSettings` or ``KernelBenchSettings``) with ``KEY=VALUE`` ``assignments``
-    applied (YAML values, :func:`deep_delta.train.config.parse_assignments`): ``model.FIELD`` joins the
-    ``overrides`` of every variant's DDLConfig, any other key sets that field of ``settings``."""
-    from deep_delta.train.config import parse_assignments
-
-    values = parse_assignments(list(assignments))
-    model = values.pop("model", {})
-    allowed = [f.name for f in fields(settings) if f.name != "overrides"]
-    unknown = sorted(set(values) - set(allowed))
-    if unknown:
-        raise ValueError(f"`assignments`: unknown setting(s) {unknown}; allowed: model.FIELD (a DDLConfig field), "
-                         f"{', '.join(allowed)}")
-    return replace(settings, **values, overrides={**settings.overrides, **model})
 
 
 @dataclass
@@ -123,7 +59,7 @@ class _Subject(StepSubject):
 
     def __init__(self, variant: str, s: BenchSettings, device: torch.device):
         super().__init__(variant, s.preset, batch_size=s.batch_size, seq_len=s.seq_len, device=device,
-                         dtype=s.dtype, overrides=s.overrides, seed=s.seed)
+                         dtype=s.dtype, overrides=s.model, seed=s.seed)
         self.s = s
 
     @torch.no_grad()
@@ -163,7 +99,7 @@ class _Subject(StepSubject):
 
 def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = None) -> list[BenchRow]:
     """Measure every variant of ``settings``; returns one row per variant in the order given."""
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
+    from deep_delta.variants import paper_name
 
     s = settings.resolved()
     device = torch.device(s.device)
@@ -178,7 +114,7 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
         say(f"peak memory {v}")
         sm = {key: [x[key] for x in samples[v]] for key in ("train", "prefill", "decode")}
         rows.append(BenchRow(
-            v, PAPER_NAMES.get(v, v), sub.params,
+            v, paper_name(v), sub.params,
             statistics.median(sm["train"]), statistics.median(sm["prefill"]), statistics.median(sm["decode"]),
             sub.peak_train_memory(), sm["train"], sm["prefill"], sm["decode"],
         ))

@@ -22,62 +22,24 @@ from __future__ import annotations
 import platform
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from deep_delta.eval.step_bench import StepSubject, check_variants
+from deep_delta.eval.settings import KernelBenchSettings
+from deep_delta.eval.step_bench import StepSubject
 from deep_delta.eval.timing import (
     BENCH_DTYPES,
     autocast_for,
-    bench_device,
-    check_dtype,
-    check_int,
     dtype_label,
     interleaved,
     interleaved_medians,
     timed,
 )
-from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
 
 OPS = ("delta update", "CC read", "TC read", "EC expand", "HC write", "HC read", "Sinkhorn")
 IMPLS = ("ref", "lean", "compiled", "triton")
 VALUE_CHANNELS, TAPS = 4, 4  # d_v and kernel size of the op shapes
-
-
-@dataclass
-class KernelBenchSettings:
-    preset: str = "tiny"
-    variants: Sequence[str] = DEFAULT_VARIANTS  # the baseline is added first when missing
-    device: str = "auto"
-    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
-    batch_size: int = 4
-    seq_len: int = 256
-    repeats: int = 7
-    warmup: int = 2
-    compile: bool | None = None  # torch.compile of the reference ops; None: on CUDA only
-    ops: bool = True  # the op table
-    steps: bool = True  # the training-step table
-    seed: int = 0
-    overrides: dict = field(default_factory=dict)  # extra DDLConfig fields for the step table's models
-
-    def resolved(self) -> KernelBenchSettings:
-        """A copy with the device resolved, ``compile`` decided and the baseline among the variants;
-        ``ValueError`` naming the field for anything out of range."""
-        variants = list(self.variants)
-        if "baseline" not in variants:
-            variants.insert(0, "baseline")
-        overrides = {"max_position_embeddings": self.seq_len, **self.overrides}
-        check_int("batch_size", self.batch_size, 1)
-        check_int("seq_len", self.seq_len, 1)
-        check_int("repeats", self.repeats, 1)
-        check_int("warmup", self.warmup, 0)
-        variants = check_variants(variants, self.preset, overrides)
-        check_dtype(self.dtype)
-        device = bench_device(self.device)
-        compile_ = self.compile if self.compile is not None else device.type == "cuda"
-        return replace(self, variants=variants, device=str(device), compile=bool(compile_),
-                       overrides=dict(self.overrides))
 
 
 # ----------------------------------------------------------------------------------------------- ops
@@ -251,7 +213,7 @@ def run_step_bench(settings: KernelBenchSettings, progress: Callable[[str], None
     s = settings.resolved()
     device = torch.device(s.device)
     say = progress or (lambda msg: None)
-    overrides = {"max_position_embeddings": s.seq_len, **s.overrides}
+    overrides = {"max_position_embeddings": s.seq_len, **s.model}
     subjects = {}
     for v in s.variants:
         say(f"building {v}")

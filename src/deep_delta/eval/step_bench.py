@@ -160,7 +160,8 @@ def saved_activation_bytes(model, ids, tgt, *, autocast=None) -> int:
 def check_variants(variants, preset: str, overrides: dict | None = None) -> list[str]:
     """The variant names as a list, checked (known, no repeats) with ``preset`` and ``overrides``: a bad
     preset or override fails here, before any model is built."""
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS, DDLConfig
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.variants import PRESETS, VARIANTS
 
     if preset not in PRESETS:
         raise ValueError(f"`preset` got {preset!r}; allowed: {' | '.join(PRESETS)}")

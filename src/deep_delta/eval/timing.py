@@ -21,10 +21,14 @@ from typing import TypeVar
 
 import torch
 
+from deep_delta.eval.settings import BENCH_DTYPE_NAMES
+
 T = TypeVar("T")
 
-# dtype name -> autocast dtype over fp32 weights (None: plain fp32)
-BENCH_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# dtype name (BENCH_DTYPE_NAMES) -> autocast dtype over fp32 weights (None: plain fp32)
+BENCH_DTYPES: dict[str, torch.dtype | None] = {
+    name: None if name == "float32" else getattr(torch, name) for name in BENCH_DTYPE_NAMES
+}
 DTYPE_HELP = "float32, or bfloat16 / float16 autocast over fp32 weights, as in training"
 
 

@@ -123,7 +123,7 @@ def traffic_report(settings) -> str:
     variants = [v for v in settings.variants if DDLConfig.from_variant(v, settings.preset).is_delta]
     if not variants:
         raise ValueError(f"bench-kernels traffic: `variants` has no DDL delta variant, got {list(settings.variants)}")
-    model_overrides = {k: v for k, v in settings.overrides.items() if k != "delta_backend"}
+    model_overrides = {k: v for k, v in settings.model.items() if k != "delta_backend"}
     results = [step_traffic(v, settings.preset, settings.batch_size, settings.seq_len, settings.dtype,
                             **model_overrides) for v in variants]
     return traffic_markdown(results, settings.preset, settings.dtype)

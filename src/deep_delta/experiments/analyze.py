@@ -143,7 +143,7 @@ class DeltaProbe(Probe):
     def find(model):
         from deep_delta.layers.delta_residual import DeltaResidual
 
-        return [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual) and not m.disable]
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual) and not m.additive]
 
     def __init__(self, model, modules):
         super().__init__(model, modules)

@@ -2,7 +2,9 @@
 
 Outputs in ``OUT``: one run directory per variant (``OUT/<variant>/``, a normal training run), ``compare.md``
 (a Table-3-style table), ``compare.json`` (the same numbers plus settings and machine) and ``curves.png``
-(training and validation loss against optimizer steps).
+(training and validation loss against optimizer steps). With an lr grid (:func:`run_lr_grid`), one such
+comparison per lr in ``OUT/lr_<lr>/``, and in ``OUT`` the same outputs for each variant at its own best lr
+plus ``lr_sensitivity.png``.
 """
 
 from __future__ import annotations
@@ -17,31 +19,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from deep_delta.experiments.lr_grid import (
+    DIVERGENCE_FACTOR,
+    grid_table,
+    selection_sentence,
+    shared_lr_sentence,
+)
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
-from deep_delta.models.ddl.configuration_ddl import DEFAULT_VARIANTS
-from deep_delta.train.checkpoint import run_lock
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
 from deep_delta.train.provenance import data_fingerprint
-
-# The main job's defaults: the tiny preset (d=256, 4 layers, 4 heads) on the embedded text, sized so that the
-# four default variants finish in about ten minutes on 2 CPU cores (see docs/training.md for the measurement).
-COMPARE_DEFAULTS: dict[str, Any] = dict(
-    preset="tiny",
-    steps=600,
-    batch_size=16,
-    seq_len=64,
-    lr=2e-3,
-    min_lr_ratio=0.1,
-    warmup_steps=60,
-    eval_every=100,
-    eval_batches=16,
-    save_every=100,  # an interrupted `ddl compare` continues from here
-    keep=1,
-    log_every=5,
-    seed=0,
-)
+from deep_delta.variants import DEFAULT_VARIANTS, paper_name
 
 
 def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None = None,
@@ -128,6 +117,8 @@ def run_compare(
         check_reusable(cfg, fingerprint, overwrite=overwrite)
     refuse_replaced_dir(out)
     refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png"))
+    from deep_delta.train.checkpoint import run_lock
+
     with run_lock(out, "ddl compare"):
         if base.wandb:
             _remember_group(out, base.wandb_group)
@@ -140,6 +131,87 @@ def run_compare(
         write_outputs(out, summary)
         if base.wandb:
             log_to_wandb(out, summary, base, say=(lambda msg: None) if quiet else print)
+    return summary
+
+
+def run_lr_grid(
+    base: TrainConfig,
+    variants: list[str] | tuple[str, ...] = DEFAULT_VARIANTS,
+    out: str | os.PathLike = "runs/compare",
+    lrs: list[float] | tuple[float, ...] = (),
+    *,
+    seeds: list[int] | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    quiet: bool = False,
+    time_repeats: int = 5,
+) -> dict[str, Any]:
+    """:func:`run_compare` at every lr of ``lrs`` (``out/lr_<lr>``, a complete comparison each, resumable as
+    one), then each variant at its own best lr, chosen on the final validation loss alone
+    (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference at its own
+    best lr. A run diverges when its loss is non-finite or its final validation loss is above
+    ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked
+    "diverged". Writes ``compare.md``, ``compare.json``, ``curves.png`` (each variant at its chosen lr) and
+    ``lr_sensitivity.png`` in ``out``; returns the summary."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, check_lrs, choose_lrs, divergence, lr_dir
+    from deep_delta.train.trainer import _resolve_data, build_model_config
+
+    out = Path(out)
+    lrs = check_lrs(lrs)
+    variants = list(dict.fromkeys(variants))
+    seeds = list(dict.fromkeys([base.seed] if seeds is None else seeds))
+    if not variants:
+        raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
+    data_dir, data_meta = _resolve_data(base)
+    fingerprint = data_fingerprint(data_dir, data_meta)
+    for lr in lrs:  # every stored run is checked before anything trains
+        for s in seeds:
+            for v in variants:
+                check_reusable(compare_config(replace(base, lr=lr), v, lr_dir(out, lr), s, len(seeds) > 1),
+                               fingerprint, overwrite=overwrite)
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png",
+                                                      "lr_sensitivity.png"))
+    limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, int(data_meta["vocab_size"])).vocab_size)
+    t0 = time.perf_counter()
+    from deep_delta.train.checkpoint import run_lock
+
+    with run_lock(out, "ddl compare --lrs"):
+        per_lr = {}
+        for i, lr in enumerate(lrs, 1):
+            if not quiet:
+                print(f"lr {lr:g} ({i}/{len(lrs)} of the grid): {lr_dir(out, lr)}", flush=True)
+            per_lr[lr] = run_compare(replace(base, lr=lr), variants, lr_dir(out, lr), seeds=seeds,
+                                     overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=0)
+        points = []
+        for lr, at_lr in per_lr.items():
+            for row in at_lr["rows"]:
+                for x in row["per_seed"]:
+                    why = x["diverged"] or divergence(x["val_loss"], limit, "validation loss")
+                    points.append({"variant": row["variant"], "lr": lr, "seed": x["seed"],
+                                   "value": None if why else x["val_loss"], "diverged": why})
+        chosen = choose_lrs(points, variants, lrs, higher_is_better=False)
+        rows = []
+        for v in variants:
+            lr = chosen[v]["lr"]
+            at = next(r for r in per_lr[lrs[0] if lr is None else lr]["rows"] if r["variant"] == v)
+            results = at["per_seed"] if lr is not None else [
+                {**x, "val_loss": None, "val_ppl": None, "val_curve": [], "diverged": chosen[v]["why"]}
+                for x in at["per_seed"]]
+            rows.append({**_variant_row(v, results), "lr": lr})
+            if lr is None:
+                rows[-1]["diverged"] = chosen[v]["why"]
+        timing = measure_step_times(base, variants, repeats=time_repeats) if time_repeats else None
+        ref = next((r for r in rows if r["variant"] == "baseline"), rows[0])
+        for r in rows:
+            _compare_to(r, ref, timing)
+        settings = {**base.to_dict(), "lr": None}  # no one lr: each row has its own
+        summary = {"rows": rows, "reference": ref["variant"], "seeds": seeds, "settings": settings,
+                   "timing": timing, "machine": _machine(),
+                   "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
+                                    "divergence_limit": limit, "chosen": chosen},
+                   "lr_grid": points, "data_fingerprint": fingerprint, "wall_s": time.perf_counter() - t0}
+        write_outputs(out, summary)
     return summary
 
 
@@ -284,14 +356,12 @@ def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | N
 
 
 def _variant_row(variant: str, results: list[dict]) -> dict[str, Any]:
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
     val_mean, val_sd = mean_sd([r["val_loss"] for r in results])
     ppl_mean, _ = mean_sd([r["val_ppl"] for r in results])
     rates = [r["tokens_per_s"] for r in results if r["tokens_per_s"]]
     failed = [(f"seed {r['seed']}: " if len(results) > 1 else "") + r["diverged"] for r in results if r["diverged"]]
     return {
-        "variant": variant, "name": PAPER_NAMES.get(variant, variant), "parameters": results[0]["parameters"],
+        "variant": variant, "name": paper_name(variant), "parameters": results[0]["parameters"],
         "steps": results[0]["steps"], "tokens": results[0]["tokens"],
         "final_train_loss": mean_sd([r["final_train_loss"] for r in results])[0],
         "val_loss": val_mean, "val_loss_sd": val_sd, "val_ppl": ppl_mean,
@@ -397,7 +467,8 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         else:
             what = (f"not distinguishable from {ref} at this budget (d = {r['d_val_loss']:+.4f}, 95% CI {_ci(ci)} "
                     f"contains 0; lower in {r['wins']}/{n} seeds)")
-        lines.append(f"- {r['variant']}: {what}.")
+        at = f" at lr {r['lr']:g}" if r.get("lr") is not None else ""
+        lines.append(f"- {r['variant']}{at}: {what}.")
     return lines
 
 
@@ -410,8 +481,15 @@ def format_report(summary: dict[str, Any]) -> str:
     tokens = rows[0]["tokens"] if rows else 0
     notes = [f"- {r['variant']} diverged: {r['diverged']}" for r in rows if r.get("diverged")]
     timing = summary.get("timing")
+    grid = summary.get("lr_selection")
+    lr_text = (f"lr {s.get('lr')}" if grid is None else
+               "lr per variant (" + ", ".join(f"{r['variant']} {_fmt(r['lr'], 'g')}" for r in rows) + ")")
     lines = [
         "# Variant comparison",
+        "",
+        (shared_lr_sentence(s.get("lr")) if grid is None else
+         selection_sentence(grid["lrs"], "final validation loss") + " The loss reported is the same validation "
+         "loss the lr was chosen on (slightly optimistic, for every variant alike)."),
         "",
         format_table(summary),
         "",
@@ -436,7 +514,7 @@ def format_report(summary: dict[str, Any]) -> str:
         "",
         f"Seed s means the same initialisation seed and the same data order for every variant. Data "
         f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), lr {s.get('lr')} (warm-up "
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {lr_text} (warm-up "
         f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
         f"batches every {s.get('eval_every')} steps.",
         "",
@@ -447,6 +525,20 @@ def format_report(summary: dict[str, Any]) -> str:
         "![training and validation loss](curves.png)",
         "",
     ]
+    if grid is not None:
+        lines += [
+            "## Final validation loss at every lr",
+            "",
+            grid_table(grid["chosen"], grid["lrs"], lambda x: format(x, ".4f")),
+            "",
+            f"Mean +- sd over the seeds; bold: the chosen lr. A run counts as diverged when its loss was "
+            f"non-finite or its final validation loss was above {grid['divergence_limit']:.4f} = "
+            f"{DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform guess's loss; an lr at which any seed diverged is not chosen. Each lr's own "
+            "comparison is in `lr_<lr>/compare.md`.",
+            "",
+            "![final validation loss against lr](lr_sensitivity.png)",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -462,21 +554,23 @@ def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float]
 
 
 def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.PathLike,
-                seeds: list[int] | None = None) -> Path:
+                seeds: list[int] | None = None, roots: dict[str, Path | None] | None = None) -> Path:
     """Training loss (moving average) and validation loss against the step: the mean over seeds, with the
-    band between the lowest and highest seed."""
+    band between the lowest and highest seed. ``roots``: where each variant's runs are, when not in ``out``
+    (an lr grid: its chosen lr's directory; None leaves the variant out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
     seeds = seeds or [0]
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, v in enumerate(variants):
-        color, label = f"C{i}", PAPER_NAMES.get(v, v)
-        records = [read_metrics(d) for d in _run_dirs(Path(out), v, seeds)]
+        color, label = f"C{i}", paper_name(v)
+        root = roots.get(v) if roots is not None else Path(out)
+        if root is None:
+            continue
+        records = [read_metrics(d) for d in _run_dirs(root, v, seeds)]
         train = []
         for recs in records:
             pts = [(r["step"], r["loss"]) for r in recs if "loss" in r]
@@ -494,7 +588,8 @@ def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.Path
         ax.set_ylabel("loss (nats / token)")
         ax.set_title(title + (f", mean and range over {len(seeds)} seeds" if len(seeds) > 1 else ""))
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # none when every variant diverged
+            ax.legend()
     fig.tight_layout()
     return save_figure(fig, path, dpi=120)
 
@@ -511,14 +606,22 @@ def _moving_average(xs, window: int) -> list[float]:
 
 
 def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:
-    """compare.md, compare.json (every per-seed number) and curves.png, each replaced atomically."""
+    """compare.md, compare.json (every per-seed number) and curves.png, each replaced atomically; for an lr grid
+    also lr_sensitivity.png."""
+    from deep_delta.experiments.lr_grid import lr_dir, plot_sensitivity
     from deep_delta.fsutil import atomic_write
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     variants = [r["variant"] for r in summary["rows"]]
+    roots = None
+    if summary.get("lr_selection"):
+        roots = {r["variant"]: None if r["lr"] is None else lr_dir(out, r["lr"]) for r in summary["rows"]}
+        plot_sensitivity(summary["lr_grid"], variants, out / "lr_sensitivity.png",
+                         "final validation loss (nats / token)",
+                         f"validation loss against lr, {len(summary['seeds'])} seed(s) per point")
     tmp = out / ".curves.tmp.png"
-    plot_curves(out, variants, tmp, summary.get("seeds"))
+    plot_curves(out, variants, tmp, summary.get("seeds"), roots)
     os.replace(tmp, out / "curves.png")
     atomic_write(out / "compare.md", format_report(summary))
     atomic_write(out / "compare.json", json.dumps(summary, indent=2))

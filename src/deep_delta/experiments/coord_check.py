@@ -1,11 +1,13 @@
 """The muP coordinate check: how the size of each activation moves with the width during the first steps.
 
 For every parametrization ("sp", "mup"), variant and width, a fresh model (fixed head size, fixed depth, the
-width ``hidden_size`` varying) trains a few AdamW steps on the embedded text; before each update, forward hooks
-record the mean absolute value of each activation type (:data:`ACTIVATIONS`). Under muP every type should keep
-its size as the width grows (its log-log slope against width near its muP order, :data:`MUP_ORDER`); under the
-standard parametrization the outputs of layers whose updates sum over the width (the logits, the attention
-and MLP outputs) grow with it. docs/mup.md reads the result.
+width ``hidden_size`` varying) trains a few AdamW steps on the embedded text. At initialisation and after each
+update, forward hooks record each activation type (:data:`ACTIVATIONS`) on one fixed probe batch: its size,
+the mean |x_t|, and its change since initialisation, the mean |x_t - x_0|. Under muP both should keep their
+width exponent (the log-log slope against width near the muP order, :data:`MUP_ORDER`); under the standard
+parametrization the outputs of layers whose updates sum over the width (the logits, the attention and MLP
+outputs) grow with it. The pass criterion reads the changes: a size can look flat while the update shrinks,
+when the part set at initialisation dominates it. docs/mup.md reads the result.
 
 ``run_coord_check`` returns a JSON-able dict; ``slopes`` fits the log-log slopes; ``plot`` draws them.
 """
@@ -15,22 +17,21 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import nn
 
+from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual
-from deep_delta.models.ddl.configuration_ddl import VARIANTS, DDLConfig
+from deep_delta.models.ddl.configuration_ddl import DDLConfig
 from deep_delta.models.ddl.modeling_ddl import Attention, DDLForCausalLM, SwiGLU
 from deep_delta.ops.delta.naive import unit_direction
 from deep_delta.ops.hyper import stream_read_reference
-
-PARAMETRIZATIONS = ("sp", "mup")
 
 # What is recorded, in plot order. Every one is a mean |value| over batch, tokens (and layers, channels):
 #   embedding  the token embeddings (B, T, d)
@@ -57,47 +58,10 @@ ACTIVATIONS = ("embedding", "attn_out", "mlp_out", "update", "state", "read", "k
 MUP_ORDER = {name: 0.0 for name in ACTIVATIONS} | {"kTx": 0.5, "v": 0.5}
 
 
-@dataclass
-class CoordCheckSettings:
-    """What a coordinate check runs; every model is ``variant`` at ``layers`` blocks of ``width / head_dim``
-    heads of ``head_dim``, vocabulary 257 (bytes) and ``model_overrides`` (any DDLConfig field)."""
-
-    variants: Sequence[str] = ("baseline", "ddl-cc")
-    widths: Sequence[int] = (64, 128, 256, 512, 1024)
-    parametrizations: Sequence[str] = PARAMETRIZATIONS
-    steps: int = 4
-    layers: int = 2
-    head_dim: int = 32
-    batch_size: int = 4
-    seq_len: int = 64
-    lr: float = 1e-2
-    seeds: Sequence[int] = (0,)
-    device: str = "cpu"
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        unknown = [v for v in self.variants if v not in VARIANTS]
-        if unknown or not self.variants:
-            raise ValueError(f"`variants` got {list(self.variants)!r}; allowed: one or more of {', '.join(VARIANTS)}")
-        bad = [p for p in self.parametrizations if p not in PARAMETRIZATIONS]
-        if bad or not self.parametrizations:
-            raise ValueError(f"`parametrizations` got {list(self.parametrizations)!r}; allowed: sp, mup")
-        for name in ("steps", "layers", "head_dim", "batch_size", "seq_len"):  # head_dim before the widths use it
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` got {getattr(self, name)!r}; allowed: an integer >= 1")
-        if len(set(self.widths)) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
-            raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more different multiples of "
-                             f"`head_dim` ({self.head_dim}): a slope needs two widths")
-        if not self.lr > 0:
-            raise ValueError(f"`lr` got {self.lr!r}; allowed: a float > 0")
-        if not self.seeds:
-            raise ValueError("`seeds` got an empty list; allowed: one or more integers")
-
-
 def model_config(variant: str, width: int, parametrization: str, s: CoordCheckSettings) -> DDLConfig:
     fields = dict(hidden_size=width, num_hidden_layers=s.layers, num_attention_heads=width // s.head_dim,
                   vocab_size=257, max_position_embeddings=max(s.seq_len, 16), parametrization=parametrization)
-    return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model_overrides})
+    return DDLConfig.from_variant(variant, "tiny", **{**fields, **s.model})
 
 
 # Bytes per parameter while a model trains here: fp32 weight, gradient and AdamW's two moments.
@@ -152,10 +116,11 @@ def text_batches(batch_size: int, seq_len: int, count: int, seed: int) -> list[t
 
 
 class ActivationRecorder:
-    """Forward hooks that add the mean |value| of each activation type into ``sums`` while ``on``."""
+    """Forward hooks that keep each activation (detached, fp32) under its type in ``seen`` while ``on``, in the
+    order the forward meets them (so two forwards of one batch pair up call by call)."""
 
     def __init__(self, model: DDLForCausalLM):
-        self.sums: dict[str, list[float]] = defaultdict(list)
+        self.seen: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.on = False
         self.handles = [model.model.embed_tokens.register_forward_hook(self._plain("embedding")),
                         model.lm_head.register_forward_hook(self._plain("logits"))]
@@ -174,7 +139,7 @@ class ActivationRecorder:
                 self.handles.append(module.register_forward_hook(self._hyper))
 
     def _add(self, name: str, t: torch.Tensor) -> None:
-        self.sums[name].append(t.detach().float().abs().mean().item())
+        self.seen[name].append(t.detach().float().clone())
 
     def _plain(self, name: str) -> Callable:
         def hook(module, args, output):
@@ -200,7 +165,7 @@ class ActivationRecorder:
         src = x if module.value_channels == 1 else (kwargs.get("x_in") if kwargs.get("x_in") is not None
                                                     else x.mean(-1))
         self._add("read", src)
-        if module.disable:
+        if module.additive:
             return
         c = module.norm(src)
         self.on = False  # the branch again, unrecorded: the residual does not hand out its k
@@ -242,10 +207,10 @@ class ActivationRecorder:
             return out
         return update_and_read
 
-    def take(self) -> dict[str, float]:
-        """The mean of each type recorded since the last call (over layers and calls), and reset."""
-        out = {k: sum(v) / len(v) for k, v in self.sums.items() if v}
-        self.sums = defaultdict(list)
+    def take(self) -> dict[str, list[torch.Tensor]]:
+        """The activations recorded since the last call, by type, and reset."""
+        out = {k: v for k, v in self.seen.items() if v}
+        self.seen = defaultdict(list)
         return out
 
     def remove(self) -> None:
@@ -275,8 +240,10 @@ class _Patched:
 
 
 def measure(cfg: DDLConfig, s: CoordCheckSettings, seed: int,
-            lr_multipliers: Callable[[nn.Module], dict[str, float]] | None = None) -> list[dict[str, float]]:
-    """One model: the recorded means at each of ``s.steps`` forwards, an AdamW step (no decay) after each.
+            lr_multipliers: Callable[[nn.Module], dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """One model trained ``s.steps`` AdamW steps (no decay); ``s.steps + 1`` rows, at init and after each step:
+    ``{"size": {type: mean |x_t|}, "change": {type: mean |x_t - x_0|}, "loss": the probe batch's loss}``,
+    every activation read on one fixed probe batch (means over its tokens, layers and channels).
 
     ``lr_multipliers`` replaces the model's own (a test switches muP's learning-rate scaling off with it).
     """
@@ -289,14 +256,24 @@ def measure(cfg: DDLConfig, s: CoordCheckSettings, seed: int,
         model.lr_multipliers = lambda: lr_multipliers(model)
     optimizer = build_optimizer(model, s.lr, 0.0, (0.9, 0.95))
     recorder = ActivationRecorder(model)
-    rows = []
+    px, py = text_batches(s.batch_size, s.seq_len, 1, seed + 7919)[0]  # the probe: not a training batch
+    batches = text_batches(s.batch_size, s.seq_len, s.steps, seed)
+    rows, first = [], None
     try:
-        for x, y in text_batches(s.batch_size, s.seq_len, s.steps, seed):
+        for step in range(s.steps + 1):
             recorder.on = True
-            loss = model(x.to(device), shift_labels=y.to(device)).loss
+            with torch.no_grad():
+                loss = model(px.to(device), shift_labels=py.to(device)).loss
             recorder.on = False
-            rows.append(recorder.take() | {"loss": loss.item()})
-            loss.backward()
+            now = recorder.take()
+            first = first if first is not None else now
+            rows.append({"size": {k: _mean(a.abs() for a in v) for k, v in now.items()},
+                         "change": {k: _mean((a - a0).abs() for a, a0 in zip(v, first[k])) for k, v in now.items()},
+                         "loss": loss.item()})
+            if step == s.steps:
+                break
+            x, y = batches[step]
+            model(x.to(device), shift_labels=y.to(device)).loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     finally:
@@ -304,12 +281,17 @@ def measure(cfg: DDLConfig, s: CoordCheckSettings, seed: int,
     return rows
 
 
+def _mean(tensors) -> float:
+    values = [t.mean().item() for t in tensors]
+    return sum(values) / len(values)
+
+
 def run_coord_check(s: CoordCheckSettings, progress: Callable[[str], None] | None = None,
                     lr_multipliers: Callable[[nn.Module], dict[str, float]] | None = None) -> dict[str, Any]:
     """Every (parametrization, variant, width): the per-step means averaged over seeds.
 
-    Returns ``{"settings": ..., "results": {param: {variant: {width: [{type: mean, ...} per step]}}},
-    "slopes": slopes(...)}`` (widths as strings, for JSON).
+    Returns ``{"settings": ..., "results": {param: {variant: {width: [row per step, init first]}}},
+    "slopes": slopes(...)}`` (widths as strings, for JSON; a row as :func:`measure` returns it).
     """
     s.validate()
     check_memory(s)
@@ -319,60 +301,64 @@ def run_coord_check(s: CoordCheckSettings, progress: Callable[[str], None] | Non
             for width in s.widths:
                 cfg = model_config(variant, width, param, s)
                 runs = [measure(cfg, s, seed, lr_multipliers) for seed in s.seeds]
-                steps = [{k: sum(r[t][k] for r in runs) / len(runs) for k in runs[0][t]} for t in range(s.steps)]
+                steps = [{kind: {k: sum(r[t][kind][k] for r in runs) / len(runs) for k in runs[0][t][kind]}
+                          for kind in ("size", "change")} | {"loss": sum(r[t]["loss"] for r in runs) / len(runs)}
+                         for t in range(s.steps + 1)]
                 results.setdefault(param, {}).setdefault(variant, {})[str(width)] = steps
                 if progress is not None:
-                    progress(f"{param} {variant} width {width}: logits "
-                             + " ".join(f"{row['logits']:.3g}" for row in steps))
+                    progress(f"{param} {variant} width {width}: logits' size "
+                             + " ".join(f"{row['size']['logits']:.3g}" for row in steps) + ", change "
+                             + " ".join(f"{row['change']['logits']:.3g}" for row in steps[1:]))
     return {"settings": asdict(s) | {"mup_order": MUP_ORDER}, "results": results, "slopes": slopes(results)}
 
 
 def slopes(results: dict[str, Any]) -> dict[str, Any]:
-    """Least-squares slope of log(mean |a|) against log(width), per parametrization, variant, type and step."""
+    """Least-squares slope of log(mean) against log(width), per parametrization, variant, kind and type:
+    ``{param: {variant: {"size": {type: [slope at init, after step 1, ...]}, "change": {type: [slope after
+    step 1, ...]}}}}`` (the change at init is 0)."""
     out: dict[str, Any] = {}
     for param, by_variant in results.items():
         for variant, by_width in by_variant.items():
             widths = sorted(by_width, key=int)
             lx = [math.log(int(w)) for w in widths]
-            names = [n for n in ACTIVATIONS if n in by_width[widths[0]][0]]
-            per = {}
-            for name in names:
-                per[name] = [_slope(lx, [math.log(max(by_width[w][t][name], 1e-30)) for w in widths])
-                             for t in range(len(by_width[widths[0]]))]
+            rows = {w: by_width[w] for w in widths}
+            per: dict[str, Any] = {}
+            for kind, start in (("size", 0), ("change", 1)):
+                names = [n for n in ACTIVATIONS if n in rows[widths[0]][0][kind]]
+                per[kind] = {name: [_slope(lx, [math.log(max(rows[w][t][kind][name], 1e-30)) for w in widths])
+                                    for t in range(start, len(rows[widths[0]]))] for name in names}
             out.setdefault(param, {})[variant] = per
     return out
 
 
-# How far a slope under muP may stray from its order at the last step. Measured (docs/mup.md) at widths 32..256,
-# 3 steps of 2 x 32 tokens, seeds 0, 1, 2: muP within 0.42 of its order; sp and muP without its learning-rate
-# scaling 0.68 to 1.85 above it in the attention and MLP outputs (sp logits 0.93 to 1.16).
-MUP_SLOPE_BOUND = 0.5
-
-
 def violations(report: dict[str, Any], bound: float = MUP_SLOPE_BOUND, parametrization: str = "mup") -> list[str]:
-    """The types whose slope at the last recorded step misses its muP order by more than ``bound``, as
-    ``"variant/type: slope"``; [] when ``parametrization`` passes the coordinate check."""
+    """The types whose change since initialisation, after the last step, has a slope that misses its muP order
+    by more than ``bound``, as ``"variant/type: slope"``; [] when ``parametrization`` passes the check. (A type
+    that does not move, e.g. the embedding when nothing trains it, has no slope to check.)"""
     out = []
     for variant, per in report["slopes"].get(parametrization, {}).items():
-        for name, values in per.items():
-            if abs(values[-1] - MUP_ORDER[name]) > bound:
+        for name, values in per["change"].items():
+            if not abs(values[-1] - MUP_ORDER[name]) <= bound:  # nan (e.g. a saturated gate's logit) fails
                 out.append(f"{variant}/{name}: {values[-1]:+.2f} (muP order {MUP_ORDER[name]:+.1f})")
     return out
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """A Markdown table: the log-log slope against width of each type at the first and last step, per
-    variant, sp and mup side by side."""
+    """A Markdown table: per variant and type, the log-log slope against width of the size at init and after
+    the last step, and of the change since init after the last step (the checked one), sp and mup side by
+    side."""
     slopes_ = report["slopes"]
     params = list(slopes_)
-    lines = ["| variant | activation | muP order | " + " | ".join(f"{p} step 0 | {p} last" for p in params) + " |",
-             "| --- | --- | ---: | " + " | ".join("---: | ---:" for _ in params) + " |"]
+    lines = ["| variant | activation | muP order | "
+             + " | ".join(f"{p} size init | {p} size last | {p} change last" for p in params) + " |",
+             "| --- | --- | ---: | " + " | ".join("---: | ---: | ---:" for _ in params) + " |"]
     for variant in next(iter(slopes_.values())):
         for name in ACTIVATIONS:
-            if name not in slopes_[params[0]][variant]:
+            if name not in slopes_[params[0]][variant]["size"]:
                 continue
-            cells = " | ".join(f"{slopes_[p][variant][name][0]:+.2f} | {slopes_[p][variant][name][-1]:+.2f}"
-                               for p in params)
+            cells = " | ".join(f"{slopes_[p][variant]['size'][name][0]:+.2f} | "
+                               f"{slopes_[p][variant]['size'][name][-1]:+.2f} | "
+                               f"**{slopes_[p][variant]['change'][name][-1]:+.2f}**" for p in params)
             lines.append(f"| {variant} | {name} | {MUP_ORDER[name]:+.1f} | {cells} |")
     return "\n".join(lines)
 
@@ -383,8 +369,9 @@ def _slope(xs: list[float], ys: list[float]) -> float:
 
 
 def plot(report: dict[str, Any], path) -> bool:
-    """One row per (variant, parametrization), one panel per activation type: mean |a| against width, a line per
-    step. Returns False (and writes nothing) when matplotlib is not installed."""
+    """One row per (variant, parametrization), one panel per activation type: the change since init, mean
+    |a_t - a_0|, against width, a line per step. Returns False (and writes nothing) when matplotlib is not
+    installed."""
     try:
         import matplotlib
 
@@ -396,24 +383,25 @@ def plot(report: dict[str, Any], path) -> bool:
 
     results = report["results"]
     rows = [(v, p) for v in next(iter(results.values())) for p in results]
-    names = [n for n in ACTIVATIONS if any(n in results[p][v][w][0] for v, p in rows for w in results[p][v])]
+    names = [n for n in ACTIVATIONS if any(n in results[p][v][w][0]["change"] for v, p in rows for w in results[p][v])]
     fig, axes = plt.subplots(len(rows), len(names), figsize=(2.2 * len(names), 2.1 * len(rows)), squeeze=False)
     for i, (variant, param) in enumerate(rows):
         by_width = results[param][variant]
         widths = sorted(by_width, key=int)
         for j, name in enumerate(names):
             ax = axes[i][j]
-            if name not in by_width[widths[0]][0]:
+            if name not in by_width[widths[0]][0]["change"]:
                 ax.axis("off")
                 continue
-            for t in range(len(by_width[widths[0]])):
-                ax.plot([int(w) for w in widths], [by_width[w][t][name] for w in widths], marker=".",
-                        label=f"step {t}", color=plt.cm.viridis(t / max(1, len(by_width[widths[0]]) - 1)))
+            steps = len(by_width[widths[0]]) - 1
+            for t in range(1, steps + 1):
+                ax.plot([int(w) for w in widths], [by_width[w][t]["change"][name] for w in widths], marker=".",
+                        label=f"step {t}", color=plt.cm.viridis((t - 1) / max(1, steps - 1)))
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.tick_params(labelsize=6)
-            ax.set_title(name, fontsize=7)
+            ax.set_title(f"|{name}_t - {name}_0|", fontsize=7)
             if j == 0:
                 ax.set_ylabel(f"{variant}\n{param}", fontsize=8)
     axes[0][0].legend(fontsize=5)

@@ -29,7 +29,7 @@ WRITTEN_BY = "ddl export"
 
 def model_card(loaded: LoadedModel) -> str:
     """A short README.md for an exported model: what it is, how it was trained, how to load it."""
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
+    from deep_delta.variants import paper_name
 
     cfg = loaded.model.config
     meta = loaded.source.train_meta
@@ -41,7 +41,7 @@ def model_card(loaded: LoadedModel) -> str:
         "tags: [deep-delta-learning, ddl]",
         "---",
         "",
-        f"# {PAPER_NAMES.get(variant, variant)} ({variant}, preset {cfg.preset or 'custom'})",
+        f"# {paper_name(variant)} ({variant}, preset {cfg.preset or 'custom'})",
         "",
         "A decoder-only language model with the Deep Delta Learning residual (arXiv:2601.00417), exported by "
         "`ddl export` from the `deep-delta-learning` package.",

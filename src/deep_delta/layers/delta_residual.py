@@ -5,7 +5,7 @@
     v-Map:  k~ = phi_k(c),  v = s * sigmoid(w_p^T h)  (d_v = 1)  /  v = W_v h  (d_v > 1)
     beta = gate(c);  x <- x + beta k (v^T - k^T x)
 
-``disable=True`` swaps in the plain additive residual ``x + branch(RMSNorm(x))`` with the same
+``additive=True`` swaps in the plain additive residual ``x + branch(RMSNorm(x))`` with the same
 interface, so an A/B comparison needs no code change.
 
 ``update_and_read(x, compressor, ...)`` (d_v > 1, a :class:`ChannelCompressor`) also returns the next
@@ -17,7 +17,6 @@ the tile it has just written instead of making another pass over it.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from torch import nn
@@ -45,7 +44,7 @@ class DeltaResidual(nn.Module):
         value_scale: s in ``v = s * sigmoid(.)``.
         k_eps: eps guard of the direction normalisation.
         vmap_rank: rank of the low-rank phi_k branch of the v-Map.
-        disable: use the plain additive residual instead (d_v = 1 only).
+        additive: use the plain additive residual ``x + branch(RMSNorm(x))`` instead (d_v = 1 only): the baseline.
         backend: delta-update backend, "auto", "torch" or "triton".
     """
 
@@ -64,7 +63,7 @@ class DeltaResidual(nn.Module):
         k_eps: float = 1e-5,
         norm_eps: float = 1e-5,
         vmap_rank: int | None = None,
-        disable: bool = False,
+        additive: bool = False,
         backend: str = "auto",
     ):
         super().__init__()
@@ -72,16 +71,16 @@ class DeltaResidual(nn.Module):
             raise ValueError(f"DeltaResidual: `value_channels` must be >= 1, got {value_channels}")
         if residual_map not in RESIDUAL_MAPS:
             raise ValueError(f"DeltaResidual: `residual_map` must be one of {RESIDUAL_MAPS}, got {residual_map!r}")
-        if disable and value_channels != 1:
+        if additive and value_channels != 1:
             raise ValueError(
-                f"DeltaResidual: `disable=True` (additive residual) needs value_channels=1, got {value_channels}"
+                f"DeltaResidual: `additive=True` (additive residual) needs value_channels=1, got {value_channels}"
             )
         resolve_backend(backend, torch.device("cpu"))  # validates the name
         self.dim, self.value_channels, self.residual_map = dim, value_channels, residual_map
-        self.value_scale, self.k_eps, self.disable, self.backend = value_scale, k_eps, disable, backend
+        self.value_scale, self.k_eps, self.additive, self.backend = value_scale, k_eps, additive, backend
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
         self.branch = branch
-        if disable:
+        if additive:
             return
         self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max)
         if residual_map == "k":
@@ -99,7 +98,7 @@ class DeltaResidual(nn.Module):
 
         std: weight std, default ``0.5 / sqrt(dim)``. The branch and the norm keep their own init.
         """
-        if self.disable:
+        if self.additive:
             return
         std = std if std is not None else 0.5 / math.sqrt(self.dim)
         self.reset_projections(std)
@@ -112,7 +111,7 @@ class DeltaResidual(nn.Module):
         ``DDLPreTrainedModel._init_weights`` calls the gate's ``reset_parameters`` and then this, the order
         in which it meets the modules, so the model's init and this one are the same code.
         """
-        if self.disable:
+        if self.additive:
             return
         std = std if std is not None else 0.5 / math.sqrt(self.dim)
         for lin in (getattr(self, "key_down", None), getattr(self, "key_up", None), self.value_proj):
@@ -122,7 +121,7 @@ class DeltaResidual(nn.Module):
                     nn.init.zeros_(lin.bias)
 
     def extra_repr(self) -> str:
-        if self.disable:
+        if self.additive:
             return f"dim={self.dim}, additive"
         return f"dim={self.dim}, value_channels={self.value_channels}, map={self.residual_map}"
 
@@ -138,19 +137,14 @@ class DeltaResidual(nn.Module):
                 f"got {tuple(x_in.shape)}"
             )
 
-    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, read: nn.Module | None = None,
-                **branch_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, **branch_kwargs) -> torch.Tensor:
         """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns the new state, x's shape.
 
-        ``read=`` is deprecated: use :meth:`update_and_read`, which always returns ``(x_new, x_in_next)``.
+        The next sublayer's read of the new state, fused with the update: :meth:`update_and_read`.
         """
-        if read is not None:
-            warnings.warn("DeltaResidual: `forward(..., read=)` is deprecated; use `update_and_read(x, read, ...)`",
-                          DeprecationWarning, stacklevel=2)
-            return self.update_and_read(x, read, *branch_args, x_in=x_in, **branch_kwargs)
         self._check(x, x_in)
         out = self._update_inputs(x, x_in, branch_args, branch_kwargs)
-        if self.disable:
+        if self.additive:
             return x + out
         k, v, beta = out
         if self.value_channels == 1:
@@ -178,7 +172,7 @@ class DeltaResidual(nn.Module):
             src = x.mean(-1) if x_in is None else x_in
         c = self.norm(src)
         h = self.branch(c, *branch_args, **branch_kwargs)
-        if self.disable:
+        if self.additive:
             return h
         beta = self.gate(c)
         if self.residual_map == "k":
@@ -195,10 +189,10 @@ class DeltaResidual(nn.Module):
     def _check_read(self, read: nn.Module) -> None:
         from deep_delta.layers.compressors import ChannelCompressor
 
-        if self.disable or self.value_channels == 1:
+        if self.additive or self.value_channels == 1:
             raise ValueError(
                 "DeltaResidual: `read` (a fused next-sublayer read) needs a delta residual with value_channels > 1, "
-                f"got value_channels={self.value_channels}, disable={self.disable}"
+                f"got value_channels={self.value_channels}, additive={self.additive}"
             )
         if not isinstance(read, ChannelCompressor):
             raise ValueError(

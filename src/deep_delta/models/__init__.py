@@ -2,16 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from deep_delta.models.ddl import (
-    DEFAULT_VARIANTS,
-    PAPER_NAMES,
-    PRESETS,
-    VARIANTS,
-    DDLCache,
-    DDLConfig,
-    DDLForCausalLM,
-    DDLModel,
-)
+from deep_delta.models.ddl import DDLCache, DDLConfig, DDLForCausalLM, DDLModel
 from deep_delta.models.utils import count_parameters
 
 AutoConfig.register(DDLConfig.model_type, DDLConfig, exist_ok=True)
@@ -19,10 +10,6 @@ AutoModel.register(DDLConfig, DDLModel, exist_ok=True)
 AutoModelForCausalLM.register(DDLConfig, DDLForCausalLM, exist_ok=True)
 
 __all__ = [
-    "DEFAULT_VARIANTS",
-    "PAPER_NAMES",
-    "PRESETS",
-    "VARIANTS",
     "DDLCache",
     "DDLConfig",
     "DDLForCausalLM",

@@ -10,10 +10,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from deep_delta.experiments.lr_grid import (
+    DIVERGENCE_FACTOR,
+    grid_table,
+    plot_sensitivity,
+    selection_sentence,
+    shared_lr_sentence,
+)
 from deep_delta.experiments.stats import mean_sd, paired_difference
 from deep_delta.fsutil import save_figure
 from deep_delta.tasks.base import Task
 from deep_delta.tasks.metrics import accuracy_by_difficulty
+from deep_delta.variants import paper_name
 
 REFERENCE = "baseline"
 
@@ -81,12 +89,6 @@ def _pct(m: dict[str, float | None]) -> str:
     return f"{100 * m['mean']:.1f}" + (f" ± {100 * m['sd']:.1f}" if m["sd"] is not None else "")
 
 
-def _name(variant: str) -> str:
-    from deep_delta.models.ddl.configuration_ddl import PAPER_NAMES
-
-    return PAPER_NAMES.get(variant, variant)
-
-
 def format_table(summary: dict[str, Any]) -> str:
     """The markdown table: a row per variant, a column per difficulty level, then overall and test loss."""
     names = summary["level_names"]
@@ -94,7 +96,7 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in summary["rows"]:
         loss = r["test_loss"]
-        cells = [_name(r["variant"]), *(_pct(r["by_difficulty"][str(lv)]) for lv in summary["levels"]),
+        cells = [paper_name(r["variant"]), *(_pct(r["by_difficulty"][str(lv)]) for lv in summary["levels"]),
                  _pct(r["overall"]),
                  "–" if loss["mean"] is None else f"{loss['mean']:.3f}",
                  "–" if r["parameters"] is None else f"{r['parameters']:,}",
@@ -112,15 +114,22 @@ def format_table(summary: dict[str, Any]) -> str:
 def format_report(summary: dict[str, Any]) -> str:
     s, st, m = summary, summary["settings"], summary["machine"]
     model = ", ".join(f"{k} {v}" for k, v in st["model"].items())
+    grid = s.get("lr_selection")
+    lr_text = (f"lr {st['lr']:g}" if grid is None else "lr per variant (" + ", ".join(
+        f"{paper_name(r['variant'])} {'none' if r['lr'] is None else format(r['lr'], 'g')}" for r in s["rows"]) + ")")
     seeds = s["seeds"]
     n_done = max((len(r["seeds"]) for r in s["rows"]), default=0)
     lines = [
         f"# Mechanism task `{s['task']}`", "",
+        (shared_lr_sentence(st["lr"]) if grid is None else
+         selection_sentence(grid["lrs"], "validation accuracy") + f" The validation set: {st['eval_size']} "
+         "held-out sequences of the train split, never the test set."),
+        "",
         f"{s['summary']}. Probes: {s['probes']}.", "",
         f"Task parameters: {', '.join(f'{k}={v}' for k, v in s['task_params'].items())}; "
         f"{s['seq_len']} tokens per sequence, vocabulary {s['vocab_size']}.",
         f"Model: preset {st['preset']} with {model}. Training: {st['steps']} steps x {st['batch_size']} fresh "
-        f"sequences, AdamW lr {st['lr']:g} (warm-up {st['warmup_steps']}, cosine to {st['min_lr_ratio']:g}x), "
+        f"sequences, AdamW {lr_text} (warm-up {st['warmup_steps']}, cosine to {st['min_lr_ratio']:g}x), "
         f"weight decay {st['weight_decay']:g}, clip {st['grad_clip']:g}. Test: a fixed set of up to "
         f"{st['test_size']} held-out sequences (test seed {st['test_seed']}).",
         f"Machine: {m['processor']}, {m['cpu_count']} CPU(s), {m['torch_threads']} torch thread(s), device "
@@ -141,18 +150,27 @@ def format_report(summary: dict[str, Any]) -> str:
             if d["mean"] is None:
                 continue
             ci = f" [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if d["ci95"] else ""
-            lines.append(f"- {_name(r['variant'])}: {d['mean']:+.1f}{ci}, higher in {d['higher']} of {d['n']} "
+            lines.append(f"- {paper_name(r['variant'])}: {d['mean']:+.1f}{ci}, higher in {d['higher']} of {d['n']} "
                          "seeds")
         lines.append("")
     lines += ["Overall test accuracy (%) per seed:", "",
               "| variant | " + " | ".join(f"seed {x}" for x in seeds) + " |", "|" + " --- |" * (len(seeds) + 1)]
     for r in s["rows"]:
         per = dict(zip(r["seeds"], r["overall_per_seed"]))
-        lines.append(f"| {_name(r['variant'])} | "
+        lines.append(f"| {paper_name(r['variant'])} | "
                      + " | ".join("–" if x not in per else f"{100 * per[x]:.1f}" for x in seeds) + " |")
     for r in s["rows"]:
         for seed, why in r["diverged"].items():
-            lines.append(f"\n{_name(r['variant'])} seed {seed}: {why}.")
+            lines.append(f"\n{paper_name(r['variant'])} seed {seed}: {why}.")
+    if grid is not None:
+        lines += ["", "## Validation accuracy (%) at every lr", "",
+                  grid_table(grid["chosen"], grid["lrs"], lambda x: f"{100 * x:.1f}"), "",
+                  "Mean +- sd over the seeds of the accuracy on the validation set; bold: the chosen lr. A run "
+                  "counts as diverged when its training loss was non-finite or its last logged training loss was "
+                  f"above {grid['divergence_limit']:.3f} = {DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform "
+                  "guess's loss being ln(vocabulary size); an lr at "
+                  "which any seed diverged is not chosen. Each lr's own study is in `lr_<lr>/tasks.md`.", "",
+                  "![validation accuracy against lr](lr_sensitivity.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +187,7 @@ def plot(summary: dict[str, Any], path: str | os.PathLike) -> Path:
     for i, r in enumerate(summary["rows"]):
         if not r["seeds"]:
             continue
-        color, label = f"C{i}", _name(r["variant"])
+        color, label = f"C{i}", paper_name(r["variant"])
         cells = [r["by_difficulty"][str(lv)] for lv in summary["levels"]]
         ys = [100 * c["mean"] if c["mean"] is not None else float("nan") for c in cells]
         err = [100 * c["sd"] if c["sd"] is not None else 0.0 for c in cells]
@@ -214,6 +232,10 @@ def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:
         tmp = out / ".tasks.tmp.png"
         plot(summary, tmp)
         os.replace(tmp, out / "tasks.png")
+        if summary.get("lr_selection"):
+            plot_sensitivity(summary["lr_grid"], summary["variants"], out / "lr_sensitivity.png",
+                             "validation accuracy (fraction correct)",
+                             f"{summary['task']}: validation accuracy against lr, {len(summary['seeds'])} seed(s)")
     atomic_write(out / "tasks.json", json.dumps(summary, indent=1) + "\n")
     atomic_write(out / "tasks.md", format_report(summary))
 

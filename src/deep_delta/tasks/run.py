@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from deep_delta.settings import check_fields
 from deep_delta.tasks import TASKS, Batch, Task, accuracy_by_difficulty, data_rng, get_task
 
 # The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
@@ -54,16 +55,7 @@ class TaskSettings:
     task: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise _bad(f.name, value, "an integer")
-            if f.type == "float":
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                    raise _bad(f.name, value, "a number")
-                setattr(self, f.name, float(value))
-            if f.type.startswith("dict") and not isinstance(value, dict):
-                raise _bad(f.name, value, "a mapping of names to values")
+        check_fields(self)  # the types, from the annotations
         for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise _bad(name, getattr(self, name), "an integer >= 1")
@@ -85,7 +77,7 @@ class TaskSettings:
 
     def with_assignments(self, assignments: list[str]) -> TaskSettings:
         """These settings with ``KEY=VALUE`` strings applied (values parsed as YAML, as ``ddl train --set``)."""
-        from deep_delta.train.config import parse_assignment
+        from deep_delta.settings import parse_assignment
 
         values = self.to_dict()
         fields = {f.name for f in dataclasses.fields(self)} - {"model", "task"}
@@ -125,11 +117,12 @@ def model_config(task: Task, variant: str, settings: TaskSettings):
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
     overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **settings.model}
-    if overrides["vocab_size"] < task.vocab_size or overrides["max_position_embeddings"] < task.seq_len:
-        raise ValueError(f"`model.vocab_size` {overrides['vocab_size']} / `model.max_position_embeddings` "
-                         f"{overrides['max_position_embeddings']}; allowed: at least the task's vocabulary "
+    cfg = DDLConfig.from_variant(variant, settings.preset, **overrides)  # a value of the wrong type is named here
+    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
+        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
+                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
                          f"{task.vocab_size} and sequence length {task.seq_len}")
-    return DDLConfig.from_variant(variant, settings.preset, **overrides)
+    return cfg
 
 
 def resolve_task(name: str, settings: TaskSettings) -> Task:
@@ -212,11 +205,19 @@ def train_steps(model, optimizer, schedule, task: Task, seed: int, settings: Tas
     return {"loss_curve": loss_curve, "accuracy_curve": acc_curve, "steps_done": step, "diverged": diverged}
 
 
+def validation_set(task: Task, settings: TaskSettings) -> Batch:
+    """``settings.eval_size`` held-out sequences of the train split (never a test sequence), from a stream of
+    their own (``test_seed``, "validation"), not the training stream: what an lr grid chooses on."""
+    return task.generate(data_rng(settings.test_seed, f"{task.name}/validation"), settings.eval_size, "train")
+
+
 def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, device: str = "auto",
-              progress: bool = True, desc: str | None = None, test: Batch | None = None) -> dict[str, Any]:
-    """Train ``variant`` on ``task`` with ``seed`` for ``settings.steps`` steps, evaluate on the fixed test set;
-    the result record (accuracy by difficulty, loss and accuracy curves, time) as :func:`run_task_study`
-    stores it. A non-finite loss stops training there; the record names the step under ``"diverged"``."""
+              progress: bool = True, desc: str | None = None, test: Batch | None = None,
+              validation: Batch | None = None) -> dict[str, Any]:
+    """Train ``variant`` on ``task`` with ``seed`` for ``settings.steps`` steps, evaluate on the validation set
+    (:func:`validation_set`) and the fixed test set; the result record (accuracy by difficulty, validation
+    accuracy and loss, loss and accuracy curves, time) as :func:`run_task_study` stores it. A non-finite loss
+    stops training there; the record names the step under ``"diverged"``."""
     import torch
 
     from deep_delta.models import count_parameters
@@ -224,6 +225,7 @@ def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, de
 
     dev = resolve_device(device)
     test = task.test_set(settings.test_seed, settings.test_size) if test is None else test
+    validation = validation_set(task, settings) if validation is None else validation
     model, optimizer, schedule = build_run(task, variant, seed, settings, dev)
     t0 = time.perf_counter()
     with _bar(settings.steps, desc or f"{task.name} {variant} seed {seed}", progress) as bar:
@@ -231,11 +233,13 @@ def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, de
                               test.take(slice(0, settings.eval_size)))
     train_s = time.perf_counter() - t0
     final = evaluate(model, task, test, dev)
+    held_out = evaluate(model, task, validation, dev)
     return {
         **run_identity(task, variant, seed, settings),
         "accuracy": {"overall": final["overall"], "correct": final["correct"], "total": final["total"],
                      "by_difficulty": {str(k): v for k, v in final["by_difficulty"].items()}},
-        "test_loss": final["loss"], "chance": task.chance, "levels": list(task.levels),
+        "test_loss": final["loss"], "validation": {"overall": held_out["overall"], "loss": held_out["loss"]},
+        "chance": task.chance, "levels": list(task.levels),
         "level_names": list(task.level_names), "difficulty_name": task.difficulty_name, **trained,
         "parameters": count_parameters(model), "model_config": model.config.to_diff_dict(),
         "train_s": train_s, "wall_s": time.perf_counter() - t0, "device": str(dev),
@@ -395,24 +399,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
-                   out: str | os.PathLike, *, device: str = "auto", overwrite: bool = False, progress: bool = True,
-                   say=print) -> dict[str, Any]:
-    """Train and evaluate every (variant, seed) of ``task_name`` not yet finished in ``out``; write each result
-    (``out/VARIANT-seedS.json``) as it finishes, and after each one the summary (``tasks.md``,
-    ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
-    are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
-    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
-    from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
-    from deep_delta.train.checkpoint import run_lock
+def finished_results(task: Task, variants: list[str], seeds: list[int], settings: TaskSettings, out: Path, *,
+                     overwrite: bool) -> tuple[list[tuple[str, int]], dict[tuple[str, int], dict]]:
+    """The (variant, seed) runs still to train in ``out`` and the finished results to reuse; a result made with
+    other settings (or edited after it was written) is refused, naming the differences."""
     from deep_delta.train.provenance import check_belongs
 
-    if task_name not in TASKS:
-        raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
-    task = resolve_task(task_name, settings)
-    for variant in variants:  # every config is checked before anything trains
-        model_config(task, variant, settings)
-    out = Path(out)
     todo, done = [], {}
     for seed in seeds:
         for variant in variants:
@@ -426,10 +418,32 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                           remedy="use another output directory, or `overwrite` to retrain it")
             check_result(saved, path, task)
             done[variant, seed] = saved
+    return todo, done
+
+
+def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
+                   out: str | os.PathLike, *, device: str = "auto", overwrite: bool = False, progress: bool = True,
+                   say=print) -> dict[str, Any]:
+    """Train and evaluate every (variant, seed) of ``task_name`` not yet finished in ``out``; write each result
+    (``out/VARIANT-seedS.json``) as it finishes, and after each one the summary (``tasks.md``,
+    ``tasks.json``, ``tasks.png``). A finished result is reused when its task, parameters and settings
+    are the requested ones; one made with other settings is refused (``overwrite`` retrains it)."""
+    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
+    from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
+    from deep_delta.train.checkpoint import run_lock
+
+    if task_name not in TASKS:
+        raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
+    task = resolve_task(task_name, settings)
+    for variant in variants:  # every config is checked before anything trains
+        model_config(task, variant, settings)
+    out = Path(out)
+    todo, done = finished_results(task, variants, seeds, settings, out, overwrite=overwrite)
     refuse_replaced_dir(out)
     refuse_unwritable_results([*(result_path(out, v, s) for v, s in todo), *(out / f"tasks.{ext}"
                                                                             for ext in ("md", "json", "png"))])
     test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
+    validation = validation_set(task, settings)
     shortcuts = score_shortcuts(task, test)
     running: list[str] = []  # the (variant, seed) in training, for the message of an interrupted study
 
@@ -444,7 +458,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
             desc = f"[{i}/{len(todo)}] {task.name} {variant} seed {seed}"
             running[:] = [f"{variant} seed {seed}"]
             record = train_one(task, variant, seed, settings, device=device, progress=progress, desc=desc,
-                               test=test)
+                               test=test, validation=validation)
             record[CHECKSUM] = result_checksum(record)
             atomic_write(result_path(out, variant, seed), json.dumps(record, indent=1) + "\n")
             done[variant, seed] = record
@@ -456,4 +470,85 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
                 write_outputs(out, summarize(task, variants, seeds, done, settings, shortcuts))
         summary = summarize(task, variants, seeds, done, settings, shortcuts)
         write_outputs(out, summary)
+    return summary
+
+
+# ---------------------------------------------------------------------- an lr grid: variants x lrs x seeds
+def grid_points(task: Task, variants: list[str], seeds: list[int], lrs: list[float],
+                records: dict[tuple[str, float, int], dict]) -> list[dict]:
+    """The grid points of :mod:`deep_delta.experiments.lr_grid` from the (variant, lr, seed) records: the value
+    is the validation accuracy (never the test accuracy); a run diverged when its training loss was
+    non-finite or its last logged training loss was above ``DIVERGENCE_FACTOR`` x ln(vocabulary size), a
+    uniform guess's loss being ln(vocabulary size)."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, divergence
+
+    limit = DIVERGENCE_FACTOR * math.log(task.vocab_size)
+    points = []
+    for lr in lrs:
+        for seed in seeds:
+            for variant in variants:
+                record = records[variant, lr, seed]
+                if "validation" not in record:
+                    raise ValueError(f"the result of {variant} seed {seed} at lr {lr:g} has no validation accuracy "
+                                     "(made before the lr grid existed); retrain it with `overwrite`")
+                last = record["loss_curve"][-1][1] if record["loss_curve"] else None
+                why = record.get("diverged") or divergence(last, limit, "training loss")
+                points.append({"variant": variant, "lr": lr, "seed": seed, "diverged": why,
+                               "value": None if why else record["validation"]["overall"]})
+    return points
+
+
+def run_task_lr_grid(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
+                     out: str | os.PathLike, lrs: list[float], *, device: str = "auto", overwrite: bool = False,
+                     progress: bool = True, say=print) -> dict[str, Any]:
+    """:func:`run_task_study` at every lr of ``lrs`` (in ``out/lr_<lr>``, each resumable as usual), then each
+    variant at its own best lr, chosen on the validation accuracy alone (:func:`validation_set`), and its
+    test accuracy at that lr, paired by seed against the baseline at its own best lr. Writes ``tasks.md``,
+    ``tasks.json``, ``tasks.png`` and ``lr_sensitivity.png`` in ``out``; returns the summary."""
+    from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, lr_dir
+    from deep_delta.tasks.report import write_outputs
+    from deep_delta.train.checkpoint import run_lock
+
+    lrs = check_lrs(lrs)
+    task = resolve_task(task_name, settings)
+    out = Path(out)
+    for lr in lrs:  # every lr's stored results are checked before anything trains
+        finished_results(task, variants, seeds, dataclasses.replace(settings, lr=lr), lr_dir(out, lr),
+                         overwrite=overwrite)
+    records = {}
+    with run_lock(out, f"ddl tasks run {task_name} --lrs"):
+        for i, lr in enumerate(lrs, 1):
+            say(f"lr {lr:g} ({i}/{len(lrs)} of the grid): {lr_dir(out, lr)}")
+            run_task_study(task_name, variants, seeds, dataclasses.replace(settings, lr=lr), lr_dir(out, lr),
+                           device=device, overwrite=overwrite, progress=progress, say=say)
+            for seed in seeds:
+                for variant in variants:
+                    records[variant, lr, seed] = load_result(result_path(lr_dir(out, lr), variant, seed))
+        points = grid_points(task, variants, seeds, lrs, records)
+        chosen = choose_lrs(points, variants, lrs, higher_is_better=True)
+        summary = summarize_grid(task, variants, seeds, lrs, settings, records, points, chosen)
+        write_outputs(out, summary)
+    return summary
+
+
+def summarize_grid(task: Task, variants: list[str], seeds: list[int], lrs: list[float], settings: TaskSettings,
+                   records: dict[tuple[str, float, int], dict], points: list[dict], chosen: dict) -> dict[str, Any]:
+    """The study's summary (:func:`deep_delta.tasks.report.summarize`) over each variant's runs at its chosen
+    lr, with the grid: ``lr_selection`` (the grid, the method, the choice and every lr's mean) and ``lr_grid``
+    (every point). A variant with no lr free of divergence has no results; its row says why."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR
+    from deep_delta.tasks.report import summarize
+
+    at_best = {(v, s): records[v, chosen[v]["lr"], s] for v in variants if chosen[v]["lr"] is not None
+               for s in seeds}
+    summary = summarize(task, variants, seeds, at_best, settings)
+    for row in summary["rows"]:
+        c = chosen[row["variant"]]
+        row["lr"] = c["lr"]
+        if c["lr"] is None:
+            row["diverged"] = {s: c["why"] for s in seeds}
+    summary["lr_selection"] = {"method": "per-variant best on the validation accuracy", "lrs": lrs,
+                               "chosen": chosen, "divergence_limit": DIVERGENCE_FACTOR * math.log(task.vocab_size)}
+    summary["lr_grid"] = points
+    summary["settings"]["lr"] = None  # no one lr: each row has its own
     return summary

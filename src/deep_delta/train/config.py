@@ -1,6 +1,8 @@
-"""``TrainConfig``: every setting of a training run, loaded from YAML with command-line overrides.
+"""``TrainConfig``: every setting of a training run, from a shipped recipe or a YAML file with command-line
+overrides.
 
-Precedence: dataclass defaults < YAML file (``--config``) < command-line flags and ``--set key=value``.
+Precedence: dataclass defaults < ``--config`` (a recipe of :mod:`deep_delta.train.recipes`, or a YAML file)
+< command-line flags and ``--set key=value``.
 Unknown keys are refused (the error names the key and lists the allowed ones); types are checked.
 """
 
@@ -9,15 +11,24 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from deep_delta.settings import check_fields, parse_assignments
+from deep_delta.train.recipes import RECIPES
+from deep_delta.variants import PRESETS, VARIANTS
+
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
+
+
+def _setting(default: Any, help: str, **flag: Any) -> Any:
+    """A TrainConfig field: its default, and the help (with ``metavar`` or ``choices``) of its ``ddl train``
+    flag, kept beside it."""
+    return field(default=default, metadata={"help": help, **flag})
 
 
 @dataclass
@@ -45,39 +56,47 @@ class TrainConfig:
     VARIANT-PRESET-sSEED; W&B group ``wandb_group``), offline when no API key is configured (docs/training.md).
     """
 
-    variant: str = "baseline"
-    preset: str = "tiny"
+    # Each field's metadata holds the help of its `ddl train` flag (--field-name), and its metavar or choices;
+    # the command line builds its flags from them (deep_delta/cli/train.py). `model` is set with --set model.X.
+    variant: str = _setting("baseline", "model variant", choices=tuple(VARIANTS))
+    preset: str = _setting("tiny", "model size: tiny (CPU), small (124M), medium (353M)", choices=tuple(PRESETS))
     model: dict[str, Any] = field(default_factory=dict)
-    data: str | None = None
-    out: str = "runs/train"
-    steps: int = 1000
-    batch_size: int = 8
-    grad_accum: int = 1
-    global_batch_size: int | None = None
-    seq_len: int = 256
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_batches: int = 20
-    save_every: int = 1000
-    keep: int = 2
-    log_every: int = 10
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    distributed: str = "auto"
-    tensorboard: bool = False
-    peak_flops: float | None = None
-    wandb: bool = False
-    wandb_project: str | None = None
-    wandb_run_name: str | None = None
-    wandb_group: str | None = None
+    data: str | None = _setting(None, "prepared data directory (none: the embedded text, prepared once into a "
+                                "cache)", metavar="DIR")
+    out: str = _setting("runs/train", "run directory: metrics.jsonl, run.json, checkpoints/", metavar="DIR")
+    steps: int = _setting(1000, "total optimizer steps of the run (also the length of the cosine schedule)")
+    batch_size: int = _setting(8, "sequences per micro-batch on each process", metavar="B")
+    grad_accum: int = _setting(1, "micro-batches per optimizer step (ignored when --global-batch-size is set)")
+    global_batch_size: int | None = _setting(None, "sequences per optimizer step over all processes; derives "
+                                             "grad_accum")
+    seq_len: int = _setting(256, "tokens per sequence", metavar="T")
+    lr: float = _setting(1e-3, "peak learning rate")
+    min_lr_ratio: float = _setting(0.1, "final learning rate as a fraction of --lr")
+    warmup_steps: int = _setting(100, "linear warm-up steps")
+    weight_decay: float = _setting(0.1, "AdamW weight decay on matrices")
+    betas: tuple[float, float] = _setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
+    grad_clip: float = _setting(1.0, "clip the gradient norm to this (0: off)")
+    eval_every: int = _setting(250, "validate every N steps (0: only at the end)")
+    eval_batches: int = _setting(20, "validation batches per evaluation")
+    save_every: int = _setting(1000, "checkpoint every N steps (0: only at the end)")
+    keep: int = _setting(2, "keep the newest K checkpoints")
+    log_every: int = _setting(10, "print / update the progress bar every N steps (0: never)")
+    seed: int = _setting(0, "seed of the initialisation and the data order", metavar="S")
+    device: str = _setting("auto", "; under torchrun, cuda is each process's LOCAL_RANK GPU")  # after --device's
+    dtype: str = _setting("auto", "", choices=DTYPES)  # the text of --dtype everywhere (cli/options.add_dtype)
+    compile: bool = _setting(False, "torch.compile each block")
+    activation_checkpointing: bool = _setting(False, "checkpoint each block: rerun its forward in backward (less "
+                                              "activation memory)")
+    distributed: str = _setting("auto", "under torchrun: auto (DDP when several processes), none, ddp or fsdp "
+                                "(FSDP2)", choices=DISTRIBUTED)
+    tensorboard: bool = _setting(False, "also write TensorBoard scalars to OUT/tensorboard")
+    peak_flops: float | None = _setting(None, "peak FLOP/s of one device for MFU (none: looked up for known GPUs; "
+                                        "none on CPU)")
+    wandb: bool = _setting(False, "also log to Weights & Biases (offline when no API key is configured; needs the "
+                           "wandb package)")
+    wandb_project: str | None = _setting(None, "W&B project (none: deep-delta-learning)", metavar="P")
+    wandb_run_name: str | None = _setting(None, "W&B run name (none: VARIANT-PRESET-sSEED)", metavar="N")
+    wandb_group: str | None = _setting(None, "W&B group of the run (none: no group)", metavar="G")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -85,17 +104,14 @@ class TrainConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Check types and ranges; raise ValueError naming the field, the value and what is allowed."""
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), _FIELD_TYPES[f.name]))
-        from deep_delta.models.ddl.configuration_ddl import PRESETS, VARIANTS, DDLConfig
-
-        _choice("variant", self.variant, tuple(VARIANTS))
-        _choice("preset", self.preset, tuple(PRESETS))
+        check_fields(self)  # the types, from the annotations
+        from deep_delta.models.ddl.configuration_ddl import DDLConfig
         from deep_delta.runtime import check_device
 
+        for f in dataclasses.fields(self):
+            if "choices" in f.metadata:
+                _choice(f.name, getattr(self, f.name), f.metadata["choices"])
         check_device(self.device)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("distributed", self.distributed, DISTRIBUTED)
         known = DDLConfig.field_names() - {"variant", "preset"}
         unknown = sorted(set(self.model) - known)
         if unknown:
@@ -151,6 +167,13 @@ class TrainConfig:
         return d
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """The default of every field, as :meth:`to_dict` writes it, read from the fields (nothing validated)."""
+        d = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+             for f in dataclasses.fields(cls)}
+        return {**d, "betas": list(d["betas"])}
+
+    @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
@@ -187,82 +210,34 @@ class TrainConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def parse_assignment(item: str) -> tuple[str, Any]:
-    """One ``KEY=VALUE`` string (``ddl ... --set``) as ``(key, value)``: dashes in the key read as underscores,
-    the value parsed as YAML (an empty value is None)."""
-    key, sep, raw = item.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key:
-        raise ValueError(f"`assignments` got {item!r}; allowed: KEY=VALUE, e.g. model.hidden_size=64")
-    try:
-        return key, (yaml.safe_load(raw) if raw.strip() else None)
-    except yaml.YAMLError as e:
-        raise ValueError(f"`assignments` got {item!r}: the value is not valid YAML: {e}") from e
-
-
-def parse_assignments(assignments: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings (``ddl ... --set``) as settings (:func:`parse_assignment`); ``model.FIELD=VALUE``
-    goes into ``values["model"]`` (DDLConfig fields). Checking the keys is the caller's."""
-    values: dict[str, Any] = {}
-    for item in assignments:
-        key, value = parse_assignment(item)
-        if key.startswith("model."):
-            values.setdefault("model", {})[key[len("model."):]] = value
-        else:
-            values[key] = value
-    return values
-
-
-# ---------------------------------------------------------------------- named configs shipped with the package
-def config_root() -> Path:
-    """Directory of the recipes shipped in ``deep_delta/configs`` (one YAML file per preset)."""
-    return Path(str(resources.files("deep_delta") / "configs"))
-
-
+# ---------------------------------------------------------------------- recipes shipped with the package
 def recipes() -> list[str]:
-    """Names of the shipped recipes: ``tiny``, ``small``, ``medium``."""
-    return sorted(p.stem for p in config_root().glob("*.yaml"))
+    """Names of the shipped recipes (``deep_delta/train/recipes.py``): ``debug``, ``tiny``, ``small``, ..."""
+    return sorted(RECIPES)
 
 
 def available_configs() -> list[str]:
     """Names of the shipped configs, ``RECIPE/VARIANT`` (e.g. ``small/ddl-cc``, usable as ``--config``): every
     recipe with every variant."""
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
-
     return [f"{r}/{v}" for r in recipes() for v in sorted(VARIANTS)]
 
 
-def resolve_config(spec: str | os.PathLike) -> Path:
-    """The YAML file behind ``spec``: a path, or the recipe of a shipped name (``small/ddl-cc`` -> small.yaml)."""
+def config_values(spec: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """The settings of ``spec`` and their origin: a YAML file, a recipe (``small``: its settings) or a name
+    ``RECIPE/VARIANT`` (``small/ddl-cc``: the recipe with that variant, run directory ``runs/small/ddl-cc``)."""
     path = Path(spec)
     if path.is_file():
-        return path
-    recipe, _ = _split_name(spec)
-    return config_root() / f"{recipe}.yaml"
-
-
-def _split_name(spec: str | os.PathLike) -> tuple[str, str | None]:
-    from deep_delta.models.ddl.configuration_ddl import VARIANTS
-
-    name = str(spec).removesuffix(".yaml")
-    recipe, _, variant = name.partition("/")
-    if recipe in recipes() and (not variant or variant in VARIANTS):
-        return recipe, variant or None
-    raise FileNotFoundError(
-        f"config {str(spec)!r}: no such file, and not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
-        f"with RECIPE one of {', '.join(recipes())} and VARIANT one of {', '.join(sorted(VARIANTS))} "
-        f"(e.g. {available_configs()[0]})"
-    )
-
-
-def config_values(spec: str | os.PathLike) -> tuple[dict[str, Any], str]:
-    """The settings of ``spec`` (a YAML path, a recipe ``small`` or a name ``small/ddl-cc``) and their origin."""
-    path = Path(spec)
-    values = _read_yaml(path if path.is_file() else resolve_config(spec))
-    if not path.is_file():
-        recipe, variant = _split_name(spec)
-        if variant is not None:
-            values = {**values, "variant": variant, "out": f"runs/{recipe}/{variant}"}
+        return _read_yaml(path), f" (from {spec})"
+    name, _, variant = str(spec).partition("/")
+    if name not in RECIPES or (variant and variant not in VARIANTS):
+        raise FileNotFoundError(
+            f"config {str(spec)!r}: no such file, and not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
+            f"with RECIPE one of {', '.join(recipes())} and VARIANT one of {', '.join(sorted(VARIANTS))} "
+            f"(e.g. {available_configs()[0]})"
+        )
+    values = RECIPES[name]()
+    if variant:
+        values = {**values, "variant": variant, "out": f"runs/{name}/{variant}"}
     return values, f" (from {spec})"
 
 
@@ -276,7 +251,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None,
                 assignments: list[str] | None = None) -> TrainConfig:
-    """Defaults < ``spec`` (YAML path, recipe or shipped name) < ``overrides`` (field -> value) < ``assignments``."""
+    """Defaults < ``spec`` (YAML path, recipe or ``RECIPE/VARIANT``) < ``overrides`` (field -> value) <
+    ``assignments``."""
     cfg = TrainConfig()
     if spec:
         values, origin = config_values(spec)
@@ -288,54 +264,8 @@ def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any]
     return cfg
 
 
-# ---------------------------------------------------------------------- type checking
-_FIELD_TYPES = {
-    "variant": str, "preset": str, "model": dict, "data": (str, type(None)), "out": str,
-    "steps": int, "batch_size": int, "grad_accum": int, "global_batch_size": (int, type(None)), "seq_len": int,
-    "lr": float, "min_lr_ratio": float, "warmup_steps": int, "weight_decay": float, "betas": "betas",
-    "grad_clip": float, "eval_every": int, "eval_batches": int, "save_every": int, "keep": int, "log_every": int,
-    "seed": int, "device": str, "dtype": str, "compile": bool,
-    "activation_checkpointing": bool, "distributed": str, "tensorboard": bool,
-    "peak_flops": (float, type(None)), "wandb": bool, "wandb_project": (str, type(None)),
-    "wandb_run_name": (str, type(None)), "wandb_group": (str, type(None)),
-}
-
-
 def _bad(name: str, got: Any, allowed: str) -> ValueError:
     return ValueError(f"TrainConfig: `{name}` got {got!r}; allowed: {allowed}")
-
-
-def _coerce(name: str, value: Any, kind) -> Any:
-    """``value`` checked against ``kind`` (ints accepted for floats, PathLike for str)."""
-    if kind == "betas":
-        if isinstance(value, (list, tuple)) and len(value) == 2 and all(
-            isinstance(b, (int, float)) and not isinstance(b, bool) for b in value
-        ):
-            return (float(value[0]), float(value[1]))
-        raise _bad(name, value, "a list of two floats, e.g. [0.9, 0.95]")
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if value is None and type(None) in kinds:
-        return None
-    if str in kinds and isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if float in kinds and isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
-            return float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) and bool not in kinds:
-        raise _bad(name, value, _type_names(kinds))
-    if isinstance(value, kinds):
-        return value
-    raise _bad(name, value, _type_names(kinds))
-
-
-def _type_names(kinds: tuple) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
-             type(None): "null"}
-    return " or ".join(names[k] for k in kinds)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch import nn
 
 from deep_delta import runtime
-from deep_delta.runtime import busy_cores, cpu_threads  # noqa: F401  (moved; kept importable from here)
 
 
 @dataclass

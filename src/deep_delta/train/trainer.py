@@ -86,7 +86,8 @@ def model_vocab_size(preset_vocab: int, data_vocab: int) -> int:
 
 def build_model_config(cfg: TrainConfig, data_vocab: int):
     """``DDLConfig`` of the run: variant at preset, vocabulary sized to the data, ``cfg.model`` overrides."""
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, DDLConfig
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.variants import PRESETS
 
     overrides = dict(cfg.model)
     if "vocab_size" in overrides:

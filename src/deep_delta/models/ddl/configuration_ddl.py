@@ -15,51 +15,7 @@ from deep_delta.layers.delta_residual import RESIDUAL_MAPS
 from deep_delta.layers.gate import GATE_KINDS
 from deep_delta.layers.hyper_connections import HYPER_KINDS
 from deep_delta.ops import BACKENDS
-
-# A variant is data: the residual fields that differ from the baseline.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "baseline": dict(residual="additive", value_channels=1, compressor="none", state_init="repeat"),
-    "ddl-dv1": dict(residual="delta", value_channels=1, residual_map="k", compressor="none", state_init="repeat"),
-    "ddl-dv1-vmap": dict(residual="delta", value_channels=1, residual_map="v", compressor="none", state_init="repeat"),
-    "ddl-tc": dict(residual="delta", value_channels=4, compressor="token", state_init="conv"),
-    "ddl-cc": dict(residual="delta", value_channels=4, compressor="channel", state_init="conv"),
-    "ddl-tc-noec": dict(residual="delta", value_channels=4, compressor="token", state_init="repeat"),
-    "ddl-cc-noec": dict(residual="delta", value_channels=4, compressor="channel", state_init="repeat"),
-    # the rivals (docs/rivals.md): n = hc_streams residual streams instead of a d x d_v state
-    "hc": dict(residual="hyper", hc_kind="hc", hc_dynamic=True),
-    "hc-static": dict(residual="hyper", hc_kind="hc", hc_dynamic=False),
-    "mhc": dict(residual="hyper", hc_kind="mhc", hc_dynamic=True),
-    "mhc-static": dict(residual="hyper", hc_kind="mhc", hc_dynamic=False),
-}
-
-# The variants a comparison or a benchmark runs when none are named: the baseline and the three main DDL
-# models, in the order of the table above (TC before CC, like the README's variant table and the documented
-# defaults of `ddl compare` and `ddl bench`). The one list: compare and both benchmarks import it.
-DEFAULT_VARIANTS: tuple[str, ...] = ("baseline", "ddl-dv1", "ddl-tc", "ddl-cc")
-
-# Paper names (latest revision) for tables.
-PAPER_NAMES = {
-    "baseline": "Baseline",
-    "ddl-dv1": "DDL (d_v=1)",
-    "ddl-dv1-vmap": "DDL (d_v=1, v-Map)",
-    "ddl-tc": "DDL-TC",
-    "ddl-cc": "DDL-CC",
-    "ddl-tc-noec": "DDL-TC w/o EC",
-    "ddl-cc-noec": "DDL-CC w/o EC",
-    "hc": "HC (dynamic)",
-    "hc-static": "HC (static)",
-    "mhc": "mHC",
-    "mhc-static": "mHC (static)",
-}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # CI and CPU smoke runs: a training step of 4 x 256 tokens well under a second on 2 cores
-    "tiny": dict(vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=256),
-    # the paper's 124M shape (appendix C)
-    "small": dict(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=6, max_position_embeddings=1024),
-    # the paper's 353M shape
-    "medium": dict(vocab_size=50304, hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, max_position_embeddings=1024),
-}
+from deep_delta.variants import PRESETS, VARIANTS
 
 _RESIDUALS = ("additive", "delta", "hyper")
 PARAMETRIZATIONS = ("sp", "mup")

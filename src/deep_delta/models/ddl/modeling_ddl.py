@@ -142,7 +142,7 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
         k_eps=config.k_eps,
         norm_eps=config.rms_norm_eps,
         vmap_rank=config.vmap_rank,
-        disable=not config.is_delta,
+        additive=not config.is_delta,
         backend=config.delta_backend,
     )
 
@@ -409,7 +409,7 @@ class DDLPreTrainedModel(PreTrainedModel):
             _mup_readout_init_(module.proj.weight, cfg)
         elif isinstance(module, DeltaResidual):
             module.reset_projections(std)  # its gate was met first (a child)
-            if not module.disable:
+            if not module.additive:
                 _mup_readout_init_(module.value_proj.weight, cfg)
         elif isinstance(module, HyperResidual):  # HC draws nothing; mHC's phi over its fan-in n*d
             module.reset_parameters(cfg.hidden_init_scale / math.sqrt(module.streams * cfg.hidden_size))
@@ -419,6 +419,8 @@ class DDLPreTrainedModel(PreTrainedModel):
             module.reset_parameters()
         elif isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
             init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+            if module is getattr(self, "lm_head", None) and not cfg.tie_word_embeddings:
+                _mup_readout_init_(module.weight, cfg)  # an untied LM head is muP's readout (docs/mup.md)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
 
@@ -432,10 +434,11 @@ def hyper_readouts(module: HyperResidual) -> dict[str, nn.Parameter]:
 
 
 def _mup_readout_init_(weight: torch.Tensor, config: DDLConfig) -> None:
-    """Under muP a readout from the width to a fixed size (the gate's and the value's projections) starts at
-    zero: the limit of muP's variance ~ 1/fan_in^2 and the readout init of Tensor Programs V's GPT-3 runs, so
-    beta = beta_init and v = s sqrt(m) / 2 at every token at init (docs/mup.md). It is drawn first (as under
-    "sp"), so every other weight equals the sp model's of the same seed. Nothing under "sp"."""
+    """Under muP a readout from the width to a fixed size (the gate's and the value's projections, an untied
+    LM head) starts at zero: the limit of muP's variance ~ 1/fan_in^2 and the readout init of Tensor Programs
+    V's GPT-3 runs, so beta = beta_init and v = s sqrt(m) / 2 at every token at init (docs/mup.md). It is
+    drawn first (as under "sp"), so every other weight equals the sp model's of the same seed. Nothing under
+    "sp"."""
     if config.parametrization == "mup":
         init.zeros_(weight)  # a tensor loaded from a checkpoint is left alone, as by every init function
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from deep_delta.ops import resolve_backend
-from deep_delta.ops.compress import naive as _naive
 from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
 from deep_delta.ops.compress.naive import (
     channel_compress_reference,
@@ -91,5 +90,3 @@ __all__ = [
     "token_compress_reference",
     "update_and_channel_read",
 ]
-
-__getattr__ = _naive.__getattr__  # the old names (channel_compress_naive, ...), deprecated

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops._deprecation import deprecated_names
 from deep_delta.ops.shortconv import pad_with_past, short_conv
 
 
@@ -36,9 +35,3 @@ def embed_conv_reference(e: torch.Tensor, weight: torch.Tensor, past: torch.Tens
 
 
 __all__ = ["channel_compress_reference", "embed_conv_reference", "pad_with_past", "token_compress_reference"]
-
-__getattr__ = deprecated_names(__name__, {
-    "channel_compress_naive": ("channel_compress_reference", channel_compress_reference),
-    "token_compress_naive": ("token_compress_reference", token_compress_reference),
-    "embed_conv_naive": ("embed_conv_reference", embed_conv_reference),
-})

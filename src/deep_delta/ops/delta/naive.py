@@ -9,8 +9,6 @@ import math
 
 import torch
 
-from deep_delta.ops._deprecation import deprecated_names
-
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """fp32 for fp32/bf16/fp16 inputs, fp64 when any input is fp64 (gradcheck)."""
@@ -69,14 +67,3 @@ def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float =
     eye = torch.eye(d, dtype=u.dtype, device=k.device)
     return eye - beta.to(u.dtype).unsqueeze(-1) * u.unsqueeze(-1) * u.unsqueeze(-2)
 
-
-def _normalize_direction(k: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
-    """``k / sqrt(mean(k^2) + k_eps^2 / d)``: the unit direction times sqrt(d) (deprecated; use unit_direction)."""
-    return unit_direction(k, k_eps)[0] * math.sqrt(k.shape[-1])
-
-
-__getattr__ = deprecated_names(__name__, {
-    "delta_update_torch": ("delta_update_reference", delta_update_reference),
-    "delta_operator_torch": ("delta_operator_reference", delta_operator_reference),
-    "normalize_direction": ("unit_direction (u * sqrt(d))", _normalize_direction),
-})

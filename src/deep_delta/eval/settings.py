@@ -1,0 +1,113 @@
+"""What ``ddl bench`` and ``ddl bench-kernels`` measure: their settings, with no import of PyTorch (the
+command line reads the defaults from here to build its parser; :meth:`resolved` loads the checks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+
+from deep_delta.settings import check_fields, parse_assignments
+from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
+
+# float32, or autocast over fp32 weights in bfloat16 / float16, as training runs (deep_delta.eval.timing)
+BENCH_DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# (batch size, sequence length) per preset when not given
+DEFAULT_SHAPES = {"tiny": (4, 256), "small": (8, 1024), "medium": (8, 1024)}
+
+
+@dataclass
+class BenchSettings:
+    preset: str = "tiny"
+    variants: Sequence[str] = DEFAULT_VARIANTS
+    device: str = "auto"
+    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
+    batch_size: int | None = None
+    seq_len: int | None = None
+    steps: int = 2  # timed optimizer steps per repeat
+    repeats: int = 5
+    warmup: int = 1
+    decode_tokens: int = 32
+    seed: int = 0
+    model: dict = field(default_factory=dict)  # DDLConfig fields set for every variant
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def resolved(self) -> BenchSettings:
+        """A copy with the device, batch size and sequence length filled in; ``ValueError`` naming the field
+        for anything out of range."""
+        from deep_delta.eval.step_bench import check_variants
+        from deep_delta.eval.timing import bench_device, check_dtype, check_int
+
+        variants = check_variants(self.variants, self.preset, self.model)
+        check_dtype(self.dtype)
+        device = str(bench_device(self.device))
+        b, t = DEFAULT_SHAPES.get(self.preset, (8, 1024))
+        b = self.batch_size if self.batch_size is not None else b  # 0 is refused, not the default
+        ctx = self.model.get("max_position_embeddings", PRESETS[self.preset]["max_position_embeddings"])
+        t = self.seq_len if self.seq_len is not None else min(t, ctx)
+        for name, value, lo in (("batch_size", b, 1), ("seq_len", t, 2), ("steps", self.steps, 1),
+                                ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
+                                ("decode_tokens", self.decode_tokens, 1)):
+            check_int(name, value, lo)
+        if t > ctx:
+            raise ValueError(f"`seq_len` got {t}; allowed: 2..{ctx} (the preset's context)")
+        if self.decode_tokens >= t:
+            raise ValueError(f"`decode_tokens` got {self.decode_tokens}; allowed: 1..{t - 1} (below `seq_len`)")
+        return BenchSettings(self.preset, variants, device, self.dtype, b, t, self.steps, self.repeats,
+                             self.warmup, self.decode_tokens, self.seed, dict(self.model))
+
+
+def with_assignments(settings, assignments: Sequence[str]):
+    """``settings`` (a :class:`BenchSettings` or ``KernelBenchSettings``) with ``KEY=VALUE`` ``assignments``
+    applied (YAML values, :func:`deep_delta.settings.parse_assignments`): ``model.FIELD`` joins the
+    ``model`` (DDLConfig fields) of every variant, any other key sets that field of ``settings``."""
+    values = parse_assignments(list(assignments))
+    model = values.pop("model", {})
+    allowed = [f.name for f in fields(settings) if f.name != "model"]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(f"`assignments`: unknown setting(s) {unknown}; allowed: model.FIELD (a DDLConfig field), "
+                         f"{', '.join(allowed)}")
+    return replace(settings, **values, model={**settings.model, **model})
+
+
+@dataclass
+class KernelBenchSettings:
+    preset: str = "tiny"
+    variants: Sequence[str] = DEFAULT_VARIANTS  # the baseline is added first when missing
+    device: str = "auto"
+    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
+    batch_size: int = 4
+    seq_len: int = 256
+    repeats: int = 7
+    warmup: int = 2
+    compile: bool | None = None  # torch.compile of the reference ops; None: on CUDA only
+    ops: bool = True  # the op table
+    steps: bool = True  # the training-step table
+    seed: int = 0
+    model: dict = field(default_factory=dict)  # DDLConfig fields set for the step table's models
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def resolved(self) -> KernelBenchSettings:
+        """A copy with the device resolved, ``compile`` decided and the baseline among the variants;
+        ``ValueError`` naming the field for anything out of range."""
+        from deep_delta.eval.step_bench import check_variants
+        from deep_delta.eval.timing import bench_device, check_dtype, check_int
+
+        variants = list(self.variants)
+        if "baseline" not in variants:
+            variants.insert(0, "baseline")
+        overrides = {"max_position_embeddings": self.seq_len, **self.model}
+        check_int("batch_size", self.batch_size, 1)
+        check_int("seq_len", self.seq_len, 1)
+        check_int("repeats", self.repeats, 1)
+        check_int("warmup", self.warmup, 0)
+        variants = check_variants(variants, self.preset, overrides)
+        check_dtype(self.dtype)
+        device = bench_device(self.device)
+        compile_ = self.compile if self.compile is not None else device.type == "cuda"
+        return replace(self, variants=variants, device=str(device), compile=bool(compile_),
+                       model=dict(self.model))

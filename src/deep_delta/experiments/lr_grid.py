@@ -1,0 +1,171 @@
+"""Learning-rate grids: every variant trained at every learning rate (and seed), each reported at its own best lr,
+chosen on validation data only, and the sensitivity curve (the validation metric against lr, one line per
+variant) with every grid point drawn. Shared by ``ddl compare --lrs`` (validation loss, lower is better) and
+``ddl tasks run --lrs`` (validation accuracy, higher is better).
+
+A grid point is one finished (variant, lr, seed) run, as a dict ``{"variant", "lr", "seed", "value",
+"diverged"}``: ``value`` the run's final validation metric, ``diverged`` None or why the run counts as diverged
+(a non-finite loss, or a loss above the stated limit), in which case ``value`` is None. Divergence is a data
+point, never an error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from deep_delta.experiments.stats import mean_sd
+from deep_delta.fsutil import save_figure
+
+# A run whose final loss is above this many times ln(vocabulary size), the loss of a uniform guess over the
+# vocabulary (about where training starts), has diverged even when the loss stayed finite.
+DIVERGENCE_FACTOR = 1.5
+
+
+def check_lrs(lrs: Sequence[float]) -> list[float]:
+    """The grid as floats, in the order given; refused when empty, with a value that is not a finite number > 0,
+    or with a value twice."""
+    values = list(lrs)
+    bad = [x for x in values if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+           or x <= 0]
+    twice = sorted({x for x in values if values.count(x) > 1})
+    if not values or bad or twice:
+        got = (f"{bad!r} (not a finite number > 0)" if bad else f"{twice!r} more than once" if twice
+               else "no value")
+        raise ValueError(f"`lrs` got {got}; allowed: one or more distinct finite learning rates > 0, "
+                         "e.g. 5e-4 1e-3 2e-3 4e-3")
+    return [float(x) for x in values]
+
+
+def lr_dir(out: str | os.PathLike, lr: float) -> Path:
+    """Where the runs at ``lr`` live: ``out/lr_<lr>`` (``lr_0.002``), one complete study per lr."""
+    return Path(out) / f"lr_{lr:g}"
+
+
+def divergence(loss: float | None, limit: float, what: str = "loss") -> str | None:
+    """Why a run with final ``loss`` counts as diverged (NaN or inf, or above ``limit``; None: the run has no
+    such loss to judge by), or None."""
+    if loss is None:
+        return f"no final {what}"
+    if not math.isfinite(loss):
+        return f"non-finite {what} ({loss})"
+    if loss > limit:
+        return f"{what} {loss:.4f} above the divergence limit {limit:.4f}"
+    return None
+
+
+def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float], *,
+               higher_is_better: bool) -> dict[str, dict[str, Any]]:
+    """Each variant's best lr from the grid points' validation ``value`` alone: the lr with the best mean over
+    seeds among those at which no seed diverged. Per variant: ``lr`` (None when every lr had a divergence),
+    ``why`` (None, or a sentence saying why there is no lr) and ``by_lr`` (mean, sd, n and diverged seeds
+    per lr)."""
+    chosen = {}
+    for variant in variants:
+        by_lr, best = {}, None
+        for lr in lrs:
+            mine = [p for p in points if p["variant"] == variant and p["lr"] == lr]
+            values = [p["value"] for p in mine if not p["diverged"]]
+            failed = [p["seed"] for p in mine if p["diverged"]]
+            mean, sd = mean_sd(values)
+            by_lr[f"{lr:g}"] = {"lr": lr, "mean": mean, "sd": sd, "n": len(values), "diverged_seeds": failed}
+            if failed or mean is None:
+                continue
+            if best is None or (mean > by_lr[f"{best:g}"]["mean"] if higher_is_better
+                                else mean < by_lr[f"{best:g}"]["mean"]):
+                best = lr
+        why = None
+        if best is None:
+            everywhere = all(cell["n"] == 0 for cell in by_lr.values())
+            why = ("diverged at every lr" if everywhere else
+                   "diverged in at least one seed at every lr")
+        chosen[variant] = {"lr": best, "why": why, "by_lr": by_lr}
+    return chosen
+
+
+def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
+    """Markdown: a row per variant, a column per lr, each cell the mean +- sd over seeds of the validation metric
+    (``fmt`` formats one number), "diverged" where every seed did, the chosen lr in bold."""
+    head = "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen lr |"
+    lines = [head, "|" + " --- |" * (len(lrs) + 2)]
+    for variant, c in chosen.items():
+        cells = []
+        for lr in lrs:
+            cell = c["by_lr"][f"{lr:g}"]
+            text = "diverged" if cell["n"] == 0 else fmt(cell["mean"]) + (
+                f" +- {fmt(cell['sd'])}" if cell["sd"] is not None else "")
+            if cell["n"] and cell["diverged_seeds"]:
+                text += f" (diverged in seed(s) {', '.join(map(str, cell['diverged_seeds']))})"
+            cells.append(f"**{text}**" if lr == c["lr"] else text)
+        cells.append(f"{c['lr']:g}" if c["lr"] is not None else c["why"])
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sensitivity_figure(points: list[dict], variants: Sequence[str], ylabel: str, title: str):
+    """The sensitivity curve: for each variant, the mean over seeds of the validation metric against lr (log
+    scale; lrs where every seed diverged leave a gap), the band between its lowest and highest seed, every
+    finished grid point as a dot (``gid`` ``"points:VARIANT"``) and every diverged one as an x above them all
+    (``gid`` ``"diverged:VARIANT"``, a row per variant). Returns the matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    finite = [p["value"] for p in points if not p["diverged"]]
+    top = max(finite) if finite else 1.0
+    bottom = min(finite) if finite else 0.0
+    span = top - bottom or 1.0
+    for i, variant in enumerate(variants):
+        color = f"C{i}"
+        x_mark = top + (0.06 + 0.04 * i) * span  # a diverged point: above every finished one, a row per variant
+        mine = [p for p in points if p["variant"] == variant]
+        lrs = sorted({p["lr"] for p in mine})
+        xs, mean, lo, hi = [], [], [], []
+        for lr in lrs:
+            values = [p["value"] for p in mine if p["lr"] == lr and not p["diverged"]]
+            xs.append(lr)
+            mean.append(statistics.fmean(values) if values else float("nan"))
+            lo.append(min(values) if values else float("nan"))
+            hi.append(max(values) if values else float("nan"))
+        ax.plot(xs, mean, "-", color=color, label=variant)
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
+        ok = [p for p in mine if not p["diverged"]]
+        bad = [p for p in mine if p["diverged"]]
+        ax.scatter([p["lr"] for p in ok], [p["value"] for p in ok], color=color, s=14, zorder=3,
+                   gid=f"points:{variant}")
+        ax.scatter([p["lr"] for p in bad], [x_mark] * len(bad), color=color, marker="x", s=40, zorder=3,
+                   gid=f"diverged:{variant}", label=f"{variant}: diverged" if bad else None)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sensitivity(points: list[dict], variants: Sequence[str], path: str | os.PathLike, ylabel: str,
+                     title: str) -> Path:
+    """:func:`sensitivity_figure` saved to ``path`` (replaced atomically)."""
+    return save_figure(sensitivity_figure(points, variants, ylabel, title), path, dpi=120)
+
+
+def selection_sentence(lrs: Sequence[float], metric: str) -> str:
+    """The report's header line saying how the lr was chosen."""
+    return (f"Learning rate: each variant at its own best lr of the grid {', '.join(f'{lr:g}' for lr in lrs)}, "
+            f"chosen on the {metric} alone (the best mean over seeds among the lrs at which no seed diverged); "
+            "the numbers below are that lr's runs, paired by seed.")
+
+
+def shared_lr_sentence(lr: float | None) -> str:
+    """The header line of a report without a grid."""
+    return (f"Learning rate: one shared lr ({lr:g}) for every variant, not tuned per variant (`--lrs` tunes it: "
+            "each variant at its own best lr on validation data)." if lr is not None else
+            "Learning rate: one shared lr for every variant, not tuned per variant.")

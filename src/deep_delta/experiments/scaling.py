@@ -1,0 +1,168 @@
+"""The width / length study: the same comparison at several model widths and training lengths, to see whether a
+variant's difference to the baseline grows or shrinks with scale.
+
+One complete comparison per (width, length) in ``OUT/d<width>_s<steps>/`` (:func:`run_compare`, or with an lr
+grid :func:`run_lr_grid`, so that each variant is at its own best lr at every width); then in ``OUT``:
+``scaling.md`` and ``scaling.json`` (per variant and point: the paired difference of the final validation loss
+to the reference, its 95% t-interval, the seeds in which it was lower, the chosen lrs, parameters, tokens and
+training compute) and ``scaling.png`` (the difference against width, one line per training length, and against
+training compute, with the intervals as error bars).
+
+Training compute is estimated as 6 x parameters x training tokens (the usual forward + backward count of a
+dense model's matrix products; attention's own products and the delta update are left out), so it ranks the
+points; it is not a measurement of time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results, save_figure
+from deep_delta.train.config import TrainConfig
+
+
+def _check_sizes(name: str, values: list[int], low: int) -> list[int]:
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < low]
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if not values or bad or twice:
+        got = f"{bad!r}" if bad else f"{twice!r} more than once" if twice else "no value"
+        raise ValueError(f"`{name}` got {got}; allowed: one or more distinct integers >= {low}")
+    return list(values)
+
+
+def point_dir(out: str | os.PathLike, width: int, steps: int) -> Path:
+    return Path(out) / f"d{width}_s{steps}"
+
+
+def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, *, widths: list[int],
+                lengths: list[int], lrs: list[float] | None = None, seeds: list[int] | None = None,
+                overwrite: bool = False, progress: bool = True, quiet: bool = False,
+                time_repeats: int = 0) -> dict[str, Any]:
+    """The comparison at every width (``model.hidden_size``; the preset's heads, layers and the rest stay) and
+    every length (``steps``), each in its own directory and resumable; returns the summary (also
+    ``scaling.json``)."""
+    from deep_delta.experiments.compare import run_compare, run_lr_grid
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
+    for w in widths:  # a width the heads cannot divide is refused before anything trains
+        DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
+    refuse_replaced_dir(out)
+    refuse_unwritable_results(Path(out) / f"scaling.{ext}" for ext in ("md", "json", "png"))
+    studies = {}
+    for i, (w, n) in enumerate([(w, n) for w in widths for n in lengths], 1):
+        cfg = replace(base, steps=n, model={**base.model, "hidden_size": w})
+        where = point_dir(out, w, n)
+        if not quiet:
+            print(f"width {w}, {n} steps ({i}/{len(widths) * len(lengths)} of the study): {where}", flush=True)
+        kw = dict(seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats)
+        studies[w, n] = (run_compare(cfg, variants, where, **kw) if lrs is None
+                         else run_lr_grid(cfg, variants, where, lrs, **kw))
+    summary = summarize_scaling(studies, base, lrs)
+    write_scaling(out, summary)
+    return summary
+
+
+def summarize_scaling(studies: dict[tuple[int, int], dict], base: TrainConfig | None,
+                      lrs: list[float] | None) -> dict[str, Any]:
+    """One point per (variant other than the reference, width, length), from each comparison's summary."""
+    points = []
+    for (width, steps), summary in sorted(studies.items()):
+        ref = next(r for r in summary["rows"] if r["variant"] == summary["reference"])
+        for r in summary["rows"]:
+            if r is ref:
+                continue
+            points.append({
+                "variant": r["variant"], "width": width, "steps": steps, "tokens": r["tokens"],
+                "parameters": r["parameters"],
+                "compute": 6 * r["parameters"] * r["tokens"] if r["parameters"] and r["tokens"] else None,
+                "d_val_loss": r["d_val_loss"], "ci95": r.get("d_val_loss_ci95"), "wins": r.get("wins"),
+                "n": r.get("n_paired"), "lr": r.get("lr"), "reference_lr": ref.get("lr"),
+                "diverged": r.get("diverged"),
+            })
+    first = next(iter(studies.values()))
+    return {"reference": first["reference"], "seeds": first["seeds"], "lrs": lrs, "points": points,
+            "widths": sorted({w for w, _ in studies}), "lengths": sorted({n for _, n in studies}),
+            "settings": base.to_dict() if base is not None else None, "machine": first["machine"]}
+
+
+def format_scaling(summary: dict[str, Any]) -> str:
+    ref, seeds = summary["reference"], summary["seeds"]
+    how = ("each variant at its own best lr of the grid " + ", ".join(f"{x:g}" for x in summary["lrs"])
+           + ", chosen on the final validation loss at every point" if summary["lrs"] else
+           f"one shared lr ({(summary['settings'] or {}).get('lr')}) for every variant")
+    lines = [
+        "# Width and length study", "",
+        f"Final validation loss of each variant minus `{ref}`'s, paired by seed ({len(seeds)} seed(s): "
+        f"{', '.join(map(str, seeds))}); learning rate: {how}. Compute: 6 x parameters x training tokens.", "",
+        "| variant | width | steps | tokens | parameters | compute (FLOPs) | d loss | 95% CI of d | lower in | lr | "
+        f"{ref} lr |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for p in summary["points"]:
+        d = "diverged" if p["d_val_loss"] is None and p["diverged"] else (
+            "-" if p["d_val_loss"] is None else f"{p['d_val_loss']:+.4f}")
+        ci = f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]" if p["ci95"] else "-"
+        lr = "-" if p["lr"] is None else f"{p['lr']:g}"
+        ref_lr = "-" if p["reference_lr"] is None else f"{p['reference_lr']:g}"
+        compute = "-" if p["compute"] is None else f"{p['compute']:.3g}"
+        lines.append(f"| {p['variant']} | {p['width']} | {p['steps']} | {p['tokens']:,} | {p['parameters']:,} | "
+                     f"{compute} | {d} | {ci} | {p['wins']}/{p['n']} | {lr} | {ref_lr} |")
+    lines += ["", "Each point's own comparison is in `d<width>_s<steps>/compare.md`.", "",
+              "![the difference against width and compute](scaling.png)", ""]
+    return "\n".join(lines)
+
+
+def scaling_figure(summary: dict[str, Any]):
+    """Left: d loss against width, a line per (variant, length); right: d loss against compute (log scale), a
+    line per variant; error bars: the 95% t-interval (none with one seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_w, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
+    variants = list(dict.fromkeys(p["variant"] for p in summary["points"]))
+    styles = ["o-", "s--", "^:", "d-."]
+    for i, v in enumerate(variants):
+        mine = [p for p in summary["points"] if p["variant"] == v and p["d_val_loss"] is not None]
+        for j, n in enumerate(summary["lengths"]):
+            pts = sorted((p for p in mine if p["steps"] == n), key=lambda p: p["width"])
+            _errorbar(ax_w, pts, "width", f"C{i}", styles[j % len(styles)], f"{v}, {n} steps")
+        _errorbar(ax_c, sorted((p for p in mine if p["compute"]), key=lambda p: p["compute"]), "compute", f"C{i}",
+                  "o-", v)
+    for ax, xlabel in ((ax_w, "width (hidden size)"), (ax_c, "training compute (6 x parameters x tokens, FLOPs)")):
+        ax.axhline(0.0, color="gray", linewidth=1)
+        ax.set_xscale("log", base=2 if ax is ax_w else 10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"final val loss minus {summary['reference']}'s (nats)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    ax_w.set_xticks(summary["widths"], [str(w) for w in summary["widths"]])
+    ax_w.minorticks_off()
+    ax_w.set_title("difference against width (95% t-interval)")
+    ax_c.set_title("difference against compute")
+    fig.tight_layout()
+    return fig
+
+
+def _errorbar(ax, pts: list[dict], x: str, color: str, style: str, label: str) -> None:
+    if not pts:
+        return
+    ys = [p["d_val_loss"] for p in pts]
+    err = [[y - p["ci95"][0] if p["ci95"] else 0.0 for y, p in zip(ys, pts)],
+           [p["ci95"][1] - y if p["ci95"] else 0.0 for y, p in zip(ys, pts)]]
+    ax.errorbar([p[x] for p in pts], ys, yerr=err, fmt=style, color=color, capsize=3, markersize=4, label=label)
+
+
+def write_scaling(out: str | os.PathLike, summary: dict[str, Any]) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_figure(scaling_figure(summary), out / "scaling.png", dpi=120)
+    atomic_write(out / "scaling.json", json.dumps(summary, indent=2))
+    atomic_write(out / "scaling.md", format_scaling(summary))

@@ -1,0 +1,96 @@
+"""Numbers from the command line are read in one place (deep_delta.settings): finite, typed, scientific notation;
+nan and inf are refused by every numeric option of every command, and by --set."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from deep_delta.cli import data as data_cli
+from deep_delta.cli import options
+from deep_delta.cli.main import build_parser, main
+from deep_delta.settings import parse_assignments, parse_number
+
+PARSER = build_parser()
+NUMBER_TYPES = {options.integer, options.real, data_cli.count, data_cli.fraction}
+
+
+def numeric_options():
+    """(command, flag, action) of every option that takes a number, in every (sub-)subcommand."""
+    def walk(parser, path):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from walk(sub, [*path, name])
+            elif a.option_strings and (a.type not in (None, str) or isinstance(a.default, (int, float))
+                                       and not isinstance(a.default, bool) and a.nargs != 0):
+                yield " ".join(path), max(a.option_strings, key=len), a
+    return list(walk(PARSER, []))
+
+
+OPTIONS = numeric_options()
+
+
+def test_the_walk_finds_the_numeric_options():
+    found = {(cmd, flag) for cmd, flag, _ in OPTIONS}
+    assert {("coord-check", "--bound"), ("train", "--lr"), ("compare", "--steps"), ("bench", "--repeats"),
+            ("data prepare", "--max-tokens"), ("tasks run", "--steps")} <= found
+
+
+@pytest.mark.parametrize(("cmd", "flag", "action"), OPTIONS, ids=[f"{c} {f}" for c, f, _ in OPTIONS])
+def test_every_numeric_option_refuses_nan_and_inf(cmd, flag, action):
+    assert action.type in NUMBER_TYPES, f"ddl {cmd} {flag}: type {action.type} (use options.integer / real)"
+    for bad in ("nan", "inf", "-inf", "1e999", "abc"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"got '{bad}'"):
+            action.type(bad)
+
+
+def test_coord_check_bound_nan_is_refused_with_the_flag_named(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["coord-check", "--bound", "nan"])
+    assert e.value.code == 2
+    assert "ddl coord-check: error: argument --bound: got 'nan'; allowed: a finite number" in capsys.readouterr().err
+
+
+def test_scientific_notation_and_integers():
+    args = PARSER.parse_args(["train", "--steps", "1e3", "--lr", "3E-4", "--batch-size", "8"])
+    assert (args.steps, args.lr, args.batch_size) == (1000, 3e-4, 8) and isinstance(args.steps, int)
+    assert parse_number("2.5e+2") == 250.0 and parse_number(".5") == 0.5
+    for bad in ("1.5", "1e-3", "nan"):
+        with pytest.raises(ValueError, match=f"got '{bad}'; allowed: an integer"):
+            parse_number(bad, integer=True)
+
+
+def test_set_reads_scientific_notation_and_refuses_nan():
+    assert parse_assignments(["lr=1e-3", "steps=1e3", "betas=[0.9, 1e-1]", "out=runs/x"]) == {
+        "lr": 1e-3, "steps": 1000, "betas": [0.9, 0.1], "out": "runs/x"}
+    for item in ("lr=.nan", "lr=.inf", "betas=[0.9, .nan]"):
+        with pytest.raises(ValueError, match="allowed: finite numbers"):
+            parse_assignments([item])
+
+
+def test_tasks_run_set_takes_scientific_notation():
+    from deep_delta.tasks.run import TaskSettings
+
+    settings = TaskSettings().with_assignments(["lr=1e-3", "model.beta_init=5e-1"])
+    assert settings.lr == 1e-3 and settings.model["beta_init"] == 0.5
+
+
+def test_train_config_refuses_non_finite_numbers():
+    from deep_delta.train.config import TrainConfig
+
+    for name in ("weight_decay", "grad_clip", "lr"):
+        with pytest.raises(ValueError, match=f"`{name}` got nan; allowed: a finite number"):
+            TrainConfig(**{name: math.nan})
+
+
+@pytest.mark.parametrize(("item", "said"), [
+    ("model.vocab_size=abc", "DDLConfig: `vocab_size` got 'abc'; allowed: int"),
+    ("lr=nan", "`lr` got 'nan'"),
+])
+def test_tasks_run_bad_set_is_one_line_not_a_traceback(item, said, capsys):
+    assert main(["tasks", "run", "flip-flop", "--seeds", "1", "--set", item]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddl tasks: error: ") and said in err and "Traceback" not in err

@@ -1,0 +1,47 @@
+"""The tests' models, in one place: the ``debug`` recipe's shape (deep_delta/train/recipes.py) at the vocabulary
+a test needs. ``from helpers import ...`` works from every test folder (tests/conftest.py's folder is on
+``sys.path``); a module with its own name, not conftest, so that it never clashes with a folder's conftest.
+
+- ``DEBUG_MODEL``: the debug recipe's model (width 32, 2 layers, 2 heads, context 64); its vocabulary comes
+  from the run's data (the trainer's rule), as in ``ddl train --config debug/VARIANT``.
+- ``DEBUG``: that shape with a 64-token vocabulary, for models fed random token ids.
+- :func:`tiny_model`: that shape with a 320-token vocabulary (> the 257 byte ids, so the byte tokenizer fits),
+  its weights moved off their init.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deep_delta.models import DDLConfig, DDLForCausalLM
+from deep_delta.train.recipes import debug
+
+DEBUG_MODEL: dict[str, Any] = debug()["model"]
+DEBUG: dict[str, Any] = {**DEBUG_MODEL, "vocab_size": 64}
+BYTE_VOCAB = 320
+
+
+def debug_config(variant: str, **overrides: Any) -> DDLConfig:
+    """``variant`` at the ``DEBUG`` shape (the tiny preset narrowed), with ``overrides`` on top."""
+    return DDLConfig.from_variant(variant, "tiny", **{**DEBUG, **overrides})
+
+
+def tiny_model(variant: str = "ddl-cc", *, perturb: float = 0.1, seed: int = 0, **overrides: Any) -> DDLForCausalLM:
+    """A model of ``DEBUG_MODEL``'s shape with the byte vocabulary (``BYTE_VOCAB``), in eval mode, built after
+    ``torch.manual_seed(seed)``, its weights then moved by ``perturb`` x N(0, 1) (a generator seeded
+    ``seed + 1``).
+
+    At init the token convolutions (EC, TC) are identities and the gates constant, so a cache that lost the
+    token history, or a branch that was skipped, would go unnoticed; the perturbation makes every tap and gate
+    matter.
+    """
+    torch.manual_seed(seed)
+    model = DDLForCausalLM(debug_config(variant, **{"vocab_size": BYTE_VOCAB, **overrides}))
+    if perturb:
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(perturb * torch.randn(p.shape, generator=g))
+    return model.eval()

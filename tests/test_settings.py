@@ -1,0 +1,81 @@
+"""One type check for every settings dataclass (deep_delta.settings.check_fields): the annotations decide."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+
+import pytest
+
+from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
+from deep_delta.experiments.settings import CoordCheckSettings
+from deep_delta.settings import check_fields
+from deep_delta.tasks.run import TaskSettings
+from deep_delta.train.config import TrainConfig
+
+SETTINGS = [TrainConfig, TaskSettings, BenchSettings, KernelBenchSettings, CoordCheckSettings]
+
+
+def fields_of(cls, kind) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if hints[f.name] == kind]
+
+
+@pytest.mark.parametrize("cls", SETTINGS, ids=lambda c: c.__name__)
+def test_every_settings_class_checks_its_annotated_types(cls):
+    ints, floats = fields_of(cls, int), fields_of(cls, float)
+    assert ints and (floats or cls is BenchSettings or cls is KernelBenchSettings)
+    for name in ints:
+        with pytest.raises(ValueError, match=rf"^{cls.__name__}: `{name}` got 'ten'; allowed: an integer"):
+            cls(**{name: "ten"})
+        with pytest.raises(ValueError, match=rf"`{name}` got True; allowed: an integer"):
+            cls(**{name: True})
+    for name in floats:
+        with pytest.raises(ValueError, match=rf"^{cls.__name__}: `{name}` got nan; allowed: a finite number"):
+            cls(**{name: math.nan})
+        assert getattr(cls(**{name: "1e-1"}), name) == 0.1  # YAML 1.1 reads 1e-1 as a string
+    with pytest.raises(ValueError, match=r"`model` got \[\]; allowed: a mapping"):
+        cls(model=[])
+
+
+def test_values_take_their_canonical_form():
+    cfg = TrainConfig(lr=1, betas=[0.8, 0.9], data=Path("d"), peak_flops=2)
+    assert (cfg.lr, cfg.betas, cfg.data, cfg.peak_flops) == (1.0, (0.8, 0.9), "d", 2.0)
+    assert isinstance(cfg.lr, float) and TaskSettings(betas=(0.9, 0.99)).betas == [0.9, 0.99]
+    for bad, said in (([0.9], "a list of 2 numbers"), ("x", "a list of 2 numbers"), ([0.9, "a"], "a list of 2")):
+        with pytest.raises(ValueError, match=f"`betas` got .*; allowed: {said}"):
+            TrainConfig(betas=bad)
+    with pytest.raises(ValueError, match="`data` got 3; allowed: a string or null"):
+        TrainConfig(data=3)
+    with pytest.raises(ValueError, match="`widths` got 'abc'; allowed: a list of integers"):
+        CoordCheckSettings(widths="abc")
+
+
+def test_an_annotation_without_a_check_is_a_bug_not_a_pass():
+    @dataclasses.dataclass
+    class Odd:
+        x: set = dataclasses.field(default_factory=set)
+
+    with pytest.raises(NotImplementedError, match="no check for the annotation"):
+        check_fields(Odd())
+
+
+def test_ddl_train_has_one_flag_per_field_with_the_help_kept_beside_the_field():
+    import argparse
+
+    from deep_delta.cli.main import build_parser, command_parser
+
+    train = command_parser(build_parser(), ["train"])
+    group = next(g for g in train._action_groups if g.title.startswith("settings"))
+    flags = {a.option_strings[0]: a for a in group._group_actions}
+    fields = [f for f in dataclasses.fields(TrainConfig) if f.name != "model"]
+    assert sorted(flags) == sorted("--" + f.name.replace("_", "-") for f in fields)
+    for f in fields:
+        a = flags["--" + f.name.replace("_", "-")]
+        assert f.metadata["help"] in a.help and a.default == argparse.SUPPRESS, f.name
+        if "choices" in f.metadata:
+            assert list(a.choices) == list(f.metadata["choices"]), f.name
+    args = train.parse_args(["--lr", "2e-3", "--betas", "0.8", "0.9", "--no-compile", "--peak-flops", "1e12"])
+    assert (args.lr, args.betas, args.compile, args.peak_flops) == (2e-3, [0.8, 0.9], False, 1e12)
