@@ -44,6 +44,10 @@ def add_parser(sub) -> None:
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
     p.add_argument("--skip-ops", action="store_true", help="only the training-step table")
     p.add_argument("--skip-steps", action="store_true", help="only the op table")
+    p.add_argument("--traffic", action="store_true",
+                   help="instead of timing: the bytes each DDL kernel reads and writes per token in one training "
+                   "step of each DDL variant (from the launch arguments; no GPU needed), next to the ideal "
+                   "2S+4d forward and 3S+6d backward per sublayer")
     options.add_set(p, help=options.SET_HELP + "; model.FIELD applies to the step table's models, other keys are "
                     "bench settings (e.g. seed=1)")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the tables as markdown to this file")
@@ -71,6 +75,15 @@ def run(args: argparse.Namespace) -> int:
     )
     settings = with_assignments(settings, args.assignments).resolved()
     import torch
+
+    if args.traffic:
+        from deep_delta.eval.traffic import traffic_report
+
+        text = traffic_report(settings)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+        return 0
 
     threads = torch.get_num_threads()
     try:

@@ -1,8 +1,9 @@
 """Functional DDL math: the delta update and the Delta Operator, with backend dispatch.
 
 ``backend="torch"`` is the lean PyTorch path (:mod:`deep_delta.ops.delta.lean`, tested against the plain
-reference :mod:`deep_delta.ops.delta.naive`); ``"triton"`` forces the fused kernel; ``"auto"`` picks the
-kernel on CUDA when Triton is importable, else the PyTorch path.
+reference :mod:`deep_delta.ops.delta.naive`); ``"triton"`` forces the fused kernel; ``"auto"`` calls the
+``torch.library`` custom op (:mod:`deep_delta.ops.delta.library`), whose CUDA kernel is the Triton one when
+Triton is importable and whose kernel elsewhere is the lean math: one opaque node under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -74,12 +75,18 @@ def delta_update(
         v: value, (..., d_v).
         beta: gate, (...) or (..., 1); the paper keeps it in (0, 2).
         k_eps: the eps guard of the normalisation (a zero k gives a zero update, finite gradients).
-        backend: "torch" (reference), "triton" (fused kernel) or "auto".
+        backend: "auto" (the custom op ``deep_delta::delta_update``: the Triton kernel on CUDA, the lean math
+            elsewhere; see :mod:`deep_delta.ops.delta.library`), "torch" (the lean autograd Function) or
+            "triton" (the kernel's autograd Function; CPU tensors only under the Triton interpreter).
     Returns:
         the new state, (..., d, d_v), in x's dtype.
     """
     beta = _check_inputs(x, k, v, beta)
     impl = resolve_backend(backend, x.device)
+    if backend == "auto":  # the registered op: one node under torch.compile, Triton on CUDA, lean elsewhere
+        from deep_delta.ops.delta.library import update_with_op
+
+        return update_with_op(x, k, v, beta, None, k_eps)
     if impl == "triton":
         from deep_delta.ops.delta.triton import delta_update_triton
 

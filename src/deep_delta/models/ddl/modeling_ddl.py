@@ -479,7 +479,8 @@ class DDLModel(DDLPreTrainedModel):
     def __init__(self, config: DDLConfig):
         super().__init__(config)
         # True: keep only the last state for backward and rebuild the others from it (ops/delta/recompute.py):
-        # far less activation memory, gradients differ by the rebuild's rounding. Off under torch.compile.
+        # far less activation memory, gradients differ by the rebuild's rounding. Refused in a compiled forward
+        # of this module (compile the blocks instead; see _use_tape).
         self.recompute_states = config.recompute_states
         d = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
@@ -573,13 +574,22 @@ class DDLModel(DDLPreTrainedModel):
         return self.embed_tokens(input_ids)
 
     def _use_tape(self) -> bool:
-        """recompute_states applies to a differentiated, uncompiled forward without checkpointed blocks (a
-        checkpointed block keeps only its input and rebuilds its states by running again)."""
-        return (
+        """recompute_states applies to a differentiated forward without checkpointed blocks (a checkpointed
+        block keeps only its input and rebuilds its states by running again). Compiled blocks are fine (the
+        custom ops record their updates when they run); a compiled ``DDLModel.forward`` is refused, since
+        the tape's saved-tensor hooks cannot be traced (under ``fullgraph=True`` Dynamo reports this error;
+        without it the forward falls back to eager with the tape and its blocks are compiled on their own)."""
+        use = (
             self.recompute_states and self.config.is_delta and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
             and not (self.training and any(block.gradient_checkpointing for block in self.layers))
         )
+        if use and torch.compiler.is_compiling():
+            raise RuntimeError(
+                "DDLModel: `recompute_states` cannot run inside a compiled DDLModel.forward (the state rebuild's "
+                "saved-tensor hooks are not traceable); compile the blocks instead (`block.compile()` for each "
+                "block, as `ddl train --compile` does) or set `recompute_states=False`"
+            )
+        return use
 
     def _residual_stream(self, x: torch.Tensor, rope, mask: torch.Tensor | None, pad_mask: torch.Tensor | None,
                          cache: DDLCache | None, tape: StateTape | None) -> torch.Tensor:

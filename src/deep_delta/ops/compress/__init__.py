@@ -69,6 +69,10 @@ def update_and_channel_read(
     from deep_delta.ops import _check_inputs, delta_update
 
     beta = _check_inputs(x, k, v, beta)
+    if backend == "auto":  # the registered op (deep_delta.ops.delta.library): Triton on CUDA, lean elsewhere
+        from deep_delta.ops.delta.library import update_with_op
+
+        return update_with_op(x, k, v, beta, weight, k_eps)
     if resolve_backend(backend, x.device) == "triton":
         from deep_delta.ops.delta.triton import delta_update_read_triton
 

@@ -55,24 +55,41 @@ def _tap_weight_grad(g: torch.Tensor, src: torch.Tensor, kk: int, t: int, p: int
     return torch.stack(rows)
 
 
+def channel_read(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The CC read ``x_in_i = sum_j w_ij x_ij`` without autograd. x: (N, d, d_v), w: (d, d_v) -> (N, d)."""
+    n, d, dv = x.shape
+    return _sum_value_channels((x * w.to(x.dtype)).view(n, d * dv), dv)
+
+
+def read_gradient_rows(g: torch.Tensor, dv: int, dtype: torch.dtype) -> torch.Tensor:
+    """The read's upstream gradient g (N, d) repeated over the d_v channels: (N, d, d_v) in ``dtype``."""
+    return _broadcast_channels(g.to(dtype), dv).view(*g.shape, dv)
+
+
+def channel_read_weight_grad(ge: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``sum_n g_n x_n^T``: the read's weight gradient (d, d_v) in the accumulation dtype.
+
+    ge: (N, d, d_v) from :func:`read_gradient_rows`, x: (N, d, d_v) the state that was read."""
+    n, d, dv = x.shape
+    return (ge * x).view(n, d * dv).sum(0, dtype=_acc(x.dtype)).view(d, dv)
+
+
 class ChannelCompressFunction(torch.autograd.Function):
     """x: (N, d, d_v), w: (d, d_v) -> (N, d)."""
 
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
-        n, d, dv = x.shape
-        return _sum_value_channels((x * w.to(x.dtype)).view(n, d * dv), dv)
+        return channel_read(x, w)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        n, d, dv = x.shape
-        ge = _broadcast_channels(g.to(x.dtype), dv).view(n, d, dv)
+        ge = read_gradient_rows(g, x.shape[-1], x.dtype)
         grad_x = ge * w.to(x.dtype) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            grad_w = (ge * x).view(n, d * dv).sum(0, dtype=_acc(x.dtype)).view(d, dv).to(w.dtype)
+            grad_w = channel_read_weight_grad(ge, x).to(w.dtype)
         return grad_x, grad_w
 
 

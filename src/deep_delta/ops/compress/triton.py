@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deep_delta.ops.delta.triton import _blocks, _num_warps, _rows_per_program, check_device
+from deep_delta.ops.delta.triton import _blocks, _num_warps, _rows_per_program, check_device, sum_partials
+from deep_delta.ops.launch import launch
 
 
 @triton.jit
@@ -228,7 +229,7 @@ class ChannelCompressTriton(torch.autograd.Function):
         c = c.contiguous()
         xin = torch.empty(n, d, dtype=x.dtype, device=x.device)
         grid, meta = _launch_args(n, d, dv)
-        _cc_fwd_kernel[grid](x, c, xin, n, d, dv, **meta)
+        launch(_cc_fwd_kernel, grid, (x, c, xin, n, d, dv), writes=(2,), **meta)
         ctx.save_for_backward(x, c)
         return xin
 
@@ -239,8 +240,8 @@ class ChannelCompressTriton(torch.autograd.Function):
         grid, meta = _launch_args(n, d, dv)
         gx = torch.empty_like(x)
         part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
-        _cc_bwd_kernel[grid](x, c, g.contiguous(), gx, part, n, d, dv, **meta)
-        return gx, part.sum(0).to(c.dtype)
+        launch(_cc_bwd_kernel, grid, (x, c, g.contiguous(), gx, part, n, d, dv), writes=(3, 4), **meta)
+        return gx, sum_partials(part, c.dtype)
 
 
 def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_state: bool) -> torch.Tensor:
@@ -249,8 +250,9 @@ def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_sta
     n = b * t
     grid, meta = _launch_args(n, d, dv)
     part = torch.empty(grid[0], kk, d, dv, dtype=torch.float32, device=a.device)
-    _conv_bwd_w_kernel[(grid[0], kk)](a, src, part, n, t, length, d, dv, A_IS_STATE=a_is_state, **meta)
-    return part.sum(0).to(w.dtype)
+    launch(_conv_bwd_w_kernel, (grid[0], kk), (a, src, part, n, t, length, d, dv), writes=(2,),
+           A_IS_STATE=a_is_state, **meta)
+    return sum_partials(part, w.dtype)
 
 
 class TokenCompressTriton(torch.autograd.Function):
@@ -263,7 +265,7 @@ class TokenCompressTriton(torch.autograd.Function):
         n = b * t
         xin = torch.empty(b, t, d, dtype=xp.dtype, device=xp.device)
         grid, meta = _launch_args(n, d, dv)
-        _tc_fwd_kernel[grid](xp, w, xin, n, t, length, d, dv, KS=w.shape[0], **meta)
+        launch(_tc_fwd_kernel, grid, (xp, w, xin, n, t, length, d, dv), writes=(2,), KS=w.shape[0], **meta)
         ctx.save_for_backward(xp, w)
         ctx.t = t
         return xin
@@ -279,7 +281,7 @@ class TokenCompressTriton(torch.autograd.Function):
             m = b * length
             gx = torch.empty_like(xp)
             grid, meta = _launch_args(m, d, dv)
-            _tc_bwd_x_kernel[grid](g, w, gx, m, t, length, d, dv, KS=w.shape[0], **meta)
+            launch(_tc_bwd_x_kernel, grid, (g, w, gx, m, t, length, d, dv), writes=(2,), KS=w.shape[0], **meta)
         if ctx.needs_input_grad[1]:
             gw = _wgrad(g, xp, w, t, a_is_state=False)
         return gx, gw, None
@@ -296,7 +298,7 @@ class EmbedConvTriton(torch.autograd.Function):
         n = b * t
         x = torch.empty(b, t, d, dv, dtype=ep.dtype, device=ep.device)
         grid, meta = _launch_args(n, d, dv)
-        _ec_fwd_kernel[grid](ep, w, x, n, t, length, d, dv, KS=kk, **meta)
+        launch(_ec_fwd_kernel, grid, (ep, w, x, n, t, length, d, dv), writes=(2,), KS=kk, **meta)
         ctx.save_for_backward(ep, w)
         ctx.t = t
         return x
@@ -313,7 +315,7 @@ class EmbedConvTriton(torch.autograd.Function):
             m = b * length
             ge = torch.empty_like(ep)
             grid, meta = _launch_args(m, d, dv)
-            _ec_bwd_e_kernel[grid](g, w, ge, m, t, length, d, dv, KS=kk, **meta)
+            launch(_ec_bwd_e_kernel, grid, (g, w, ge, m, t, length, d, dv), writes=(2,), KS=kk, **meta)
         if ctx.needs_input_grad[1]:
             gw = _wgrad(g, ep, w, t, a_is_state=True)
         return ge, gw, None

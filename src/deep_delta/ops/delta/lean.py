@@ -39,17 +39,62 @@ def _project(u: torch.Tensor, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
     return torch.bmm(u.unsqueeze(1), x.to(ct)).squeeze(1)
 
 
+def lean_forward(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, k_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x', delta): the new state ``x + u delta^T`` (N, d, d_v) in x.dtype and ``delta = beta (v - u^T x)``
+    (N, d_v) in the compute dtype. x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1)."""
+    ct = compute_dtype(x, k, v, beta)
+    u, _ = unit_direction(k, k_eps, ct)
+    xd = x.dtype
+    p = _project(u, x, ct)  # (N, d_v)
+    delta = beta.to(ct) * (v.to(ct) - p)  # (N, d_v)
+    return torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1)), delta
+
+
+def lean_backward(
+    g: torch.Tensor,
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    k_eps: float,
+    needs: tuple[bool, bool, bool, bool] = (True, True, True, True),
+) -> tuple[torch.Tensor | None, ...]:
+    """(grad_x, grad_k, grad_v, grad_beta) of the update for the upstream gradient g (N, d, d_v), each in its
+    input's dtype (None where ``needs`` is False); recomputes u, p and delta from the inputs."""
+    ct = compute_dtype(x, k, v, beta)
+    xd = x.dtype
+    u, rho = unit_direction(k, k_eps, ct)
+    ux = u.to(xd)
+    g = g.contiguous()
+    p = _project(u, x, ct)
+    bf = beta.to(ct)
+    vf = v.to(ct)
+    delta = bf * (vf - p)
+    a = torch.bmm(ux.unsqueeze(1), g).squeeze(1).to(ct)  # (N, d_v) = u^T G
+    gp = -bf * a  # dL/dp
+    grad_x = grad_k = grad_v = grad_beta = None
+    if needs[0]:
+        grad_x = torch.addcmul(g, ux.unsqueeze(-1), gp.to(xd).unsqueeze(1))
+    if needs[1]:
+        # grad_u = G delta + x gp, two mat-vecs over the state (accumulated in fp32)
+        gu = torch.bmm(g, delta.to(g.dtype).unsqueeze(-1)).squeeze(-1).to(ct)
+        gu = gu + torch.bmm(x, gp.to(xd).unsqueeze(-1)).squeeze(-1).to(ct)
+        grad_k = (rho * (gu - u * (u * gu).sum(-1, keepdim=True))).to(k.dtype)
+    if needs[2]:
+        grad_v = (bf * a).to(v.dtype)
+    if needs[3]:
+        grad_beta = (a * (vf - p)).sum(-1, keepdim=True).to(beta.dtype)
+    return grad_x, grad_k, grad_v, grad_beta
+
+
 class DeltaUpdateFunction(torch.autograd.Function):
     """``x + beta u (v^T - u^T x)``; x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1)."""
 
     @staticmethod
     def forward(ctx, x, k, v, beta, k_eps: float):
-        ct = compute_dtype(x, k, v, beta)
-        u, _ = unit_direction(k, k_eps, ct)
-        xd = x.dtype
-        p = _project(u, x, ct)  # (N, d_v)
-        delta = beta.to(ct) * (v.to(ct) - p)  # (N, d_v)
-        out = torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1))
+        out, delta = lean_forward(x, k, v, beta, k_eps)
         tape = active_tape()
         if tape is not None:  # x is saved as a handle that rebuilds it from out (see recompute.py)
             tape.record(x, out, delta_rebuild(k, delta, k_eps))
@@ -60,30 +105,7 @@ class DeltaUpdateFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, k, v, beta = ctx.saved_tensors
-        ct = compute_dtype(x, k, v, beta)
-        xd = x.dtype
-        u, rho = unit_direction(k, ctx.k_eps, ct)
-        ux = u.to(xd)
-        g = g.contiguous()
-        p = _project(u, x, ct)
-        bf = beta.to(ct)
-        vf = v.to(ct)
-        delta = bf * (vf - p)
-        a = torch.bmm(ux.unsqueeze(1), g).squeeze(1).to(ct)  # (N, d_v) = u^T G
-        gp = -bf * a  # dL/dp
-        grad_x = grad_k = grad_v = grad_beta = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.addcmul(g, ux.unsqueeze(-1), gp.to(xd).unsqueeze(1))
-        if ctx.needs_input_grad[1]:
-            # grad_u = G delta + x gp, two mat-vecs over the state (accumulated in fp32)
-            gu = torch.bmm(g, delta.to(g.dtype).unsqueeze(-1)).squeeze(-1).to(ct)
-            gu = gu + torch.bmm(x, gp.to(xd).unsqueeze(-1)).squeeze(-1).to(ct)
-            grad_k = (rho * (gu - u * (u * gu).sum(-1, keepdim=True))).to(k.dtype)
-        if ctx.needs_input_grad[2]:
-            grad_v = (bf * a).to(v.dtype)
-        if ctx.needs_input_grad[3]:
-            grad_beta = (a * (vf - p)).sum(-1, keepdim=True).to(beta.dtype)
-        return grad_x, grad_k, grad_v, grad_beta, None
+        return (*lean_backward(g, x, k, v, beta, ctx.k_eps, ctx.needs_input_grad[:4]), None)
 
 
 def delta_update_lean(

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
+from deep_delta.ops.launch import counting_dry, launch, record
 
 MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
 
@@ -139,6 +140,14 @@ def _delta_bwd_kernel(
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
 
 
+def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The per-program weight-gradient partials (P, ...) summed over programs, in ``dtype`` (a torch op, counted
+    by :func:`deep_delta.ops.launch.record`)."""
+    out = part.sum(0).to(dtype)
+    record("partial_sum", (part,), (out,))
+    return out
+
+
 def interpreted() -> bool:
     """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
     return type(_delta_fwd_kernel).__name__ == "InterpretedFunction"
@@ -147,6 +156,8 @@ def interpreted() -> bool:
 def check_device(name: str, t: torch.Tensor) -> None:
     """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter only."""
     if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
+        return
+    if counting_dry():  # counting launch traffic without launching (deep_delta.ops.launch)
         return
     raise ValueError(
         f"{name}: backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before "
@@ -165,6 +176,63 @@ def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor)
     )
 
 
+def triton_forward(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, c: torch.Tensor | None, k_eps: float,
+    want_delta: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One forward launch: (x', x_in or None, delta or None).
+
+    Contiguous x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,) or (N, 1); c: (d, d_v) for the fused CC read
+    ``x_in`` (N, d); ``want_delta`` also writes ``delta`` (N, d_v) fp32 (for the state rebuild).
+    """
+    n, d, dv = x.shape
+    bd, bv = _blocks(d, dv)
+    rows = _rows_per_program(n)
+    out = torch.empty_like(x)
+    has_read = c is not None
+    xin = torch.empty(n, d, dtype=x.dtype, device=x.device) if has_read else None
+    delta = torch.empty(n, dv, dtype=torch.float32, device=x.device) if want_delta else None
+    launch(
+        _delta_fwd_kernel, (triton.cdiv(n, rows),),
+        (x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
+         out if delta is None else delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
+        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+    )
+    return out, xin, delta
+
+
+def triton_backward(
+    g: torch.Tensor, gin: torch.Tensor | None, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    beta: torch.Tensor, c: torch.Tensor | None, k_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One backward launch: (grad_x, grad_k, grad_v, grad_beta, grad_c or None), shapes as the inputs.
+
+    With c (the fused read) gin is the gradient of x_in (N, d), or None for zero.
+    """
+    n, d, dv = x.shape
+    bd, bv = _blocks(d, dv)
+    rows = _rows_per_program(n)
+    grid = (triton.cdiv(n, rows),)
+    has_read = c is not None
+    g = g.contiguous()
+    gx = torch.empty_like(x)
+    gk = torch.empty_like(k)
+    gv = torch.empty_like(v)
+    gbeta = torch.empty_like(beta)
+    if has_read:
+        gin = torch.zeros(n, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
+        gc_part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
+        c_arg = c.contiguous()
+    else:
+        gin, gc_part, c_arg = g, g, g  # unused placeholders
+    launch(
+        _delta_bwd_kernel, grid,
+        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+    )
+    return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
+
+
 class DeltaUpdateTriton(torch.autograd.Function):
     """Flattened inputs x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,), c: (d, d_v) or None.
 
@@ -173,51 +241,18 @@ class DeltaUpdateTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, k, v, beta, c, k_eps: float):
-        n, d, dv = x.shape
-        bd, bv = _blocks(d, dv)
-        rows = _rows_per_program(n)
-        out = torch.empty_like(x)
-        has_read = c is not None
-        xin = torch.empty(n, d, dtype=x.dtype, device=x.device) if has_read else out
-        c_arg = c.contiguous() if has_read else x
-        grid = (triton.cdiv(n, rows),)
         tape = active_tape()
-        delta = torch.empty(n, dv, dtype=torch.float32, device=x.device) if tape is not None else out
-        _delta_fwd_kernel[grid](
-            x, k, v, beta, out, c_arg, xin, delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d),
-            HAS_READ=has_read, HAS_DELTA=tape is not None, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
-        )
+        out, xin, delta = triton_forward(x, k, v, beta, c, k_eps, want_delta=tape is not None)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k, delta, k_eps))
-        ctx.save_for_backward(x, k, v, beta, c_arg if has_read else None)
-        ctx.k_eps, ctx.has_read = k_eps, has_read
-        return (out, xin) if has_read else out
+        ctx.save_for_backward(x, k, v, beta, c)
+        ctx.k_eps = k_eps
+        return out if c is None else (out, xin)
 
     @staticmethod
     def backward(ctx, g, gin=None):
         x, k, v, beta, c = ctx.saved_tensors
-        n, d, dv = x.shape
-        bd, bv = _blocks(d, dv)
-        rows = _rows_per_program(n)
-        grid = (triton.cdiv(n, rows),)
-        has_read = ctx.has_read
-        g = g.contiguous()
-        gx = torch.empty_like(x)
-        gk = torch.empty_like(k)
-        gv = torch.empty_like(v)
-        gbeta = torch.empty_like(beta)
-        if has_read:
-            gin = torch.zeros(n, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
-            gc_part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
-        else:
-            gin, gc_part, c = g, g, g  # unused placeholders
-        _delta_bwd_kernel[grid](
-            x, k, v, beta, g, gin, c, gx, gk, gv, gbeta, gc_part,
-            n, d, dv, ctx.k_eps * ctx.k_eps / d, 1.0 / math.sqrt(d),
-            HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
-        )
-        gc = gc_part.sum(0).to(c.dtype) if has_read else None
-        return gx, gk, gv, gbeta, gc, None
+        return (*triton_backward(g, gin, x, k, v, beta, c, ctx.k_eps), None)
 
 
 def delta_update_triton(

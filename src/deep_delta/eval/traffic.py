@@ -1,0 +1,129 @@
+"""Memory traffic of the DDL kernels in one training step, from their launch arguments (``ddl bench-kernels
+--traffic``).
+
+The model runs one forward and backward on CPU with ``delta_backend="triton"`` inside
+:class:`deep_delta.ops.launch.count_traffic` (dry: nothing is launched, the kernels' outputs are left
+unwritten, the values are meaningless), so every DDL kernel launch of the step
+(delta update, fused update + CC read, CC / TC reads, EC, and the torch sums of their partial buffers) is
+recorded with the bytes of its tensor arguments; any machine gives the same table, no GPU needed. What is
+counted and what is not: :mod:`deep_delta.ops.launch`.
+
+The ideal (issue 24): an ideally fused update moves ``2S + 4d`` bytes per token forward and ``3S + 6d``
+backward per sublayer, ``S = d * d_v * bytes`` the state of one token (``4d`` and ``6d`` as the issue writes
+them, in bytes), over the 2L sublayers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from deep_delta.ops.launch import Launch, count_traffic
+
+
+@dataclass
+class StepTraffic:
+    variant: str
+    tokens: int
+    hidden_size: int
+    value_channels: int
+    sublayers: int
+    state_bytes: int  # S: one token's state, d * d_v * element size
+    launches: list[Launch]
+
+    def per_token(self) -> dict[tuple[str, str], tuple[int, float, float]]:
+        """(phase, kernel) -> (launches, read bytes per token, write bytes per token), in launch order."""
+        rows: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
+        for la in self.launches:
+            row = rows[(la.phase, la.kernel)]
+            row[0] += 1
+            row[1] += la.read_bytes
+            row[2] += la.write_bytes
+        return {key: (n, r / self.tokens, w / self.tokens) for key, (n, r, w) in rows.items()}
+
+    def total(self, phase: str) -> float:
+        """Bytes per token of every recorded launch of ``phase`` ("forward" or "backward")."""
+        return sum(la.read_bytes + la.write_bytes for la in self.launches if la.phase == phase) / self.tokens
+
+    def ideal(self, phase: str) -> float:
+        """The issue's ideal per token: ``2S + 4d`` forward, ``3S + 6d`` backward, per sublayer."""
+        s, d = self.state_bytes, self.hidden_size
+        return self.sublayers * ((2 * s + 4 * d) if phase == "forward" else (3 * s + 6 * d))
+
+
+def step_traffic(variant: str, preset: str = "small", batch_size: int = 1, seq_len: int = 16,
+                 dtype: str = "float32", **overrides) -> StepTraffic:
+    """One training step of ``variant`` (a DDL delta variant) at ``preset`` on CPU, fp32 weights, under the
+    autocast training uses for ``dtype`` ("float32", "bfloat16", "float16"; as ``ddl bench-kernels``), so the
+    kernels get the tensors they get in training (under autocast today: fp32 states). The ideal's S is for
+    a state in ``dtype``.
+
+    Per-token figures do not depend on ``batch_size * seq_len``, except the partial buffers of the weight
+    gradients: one per program of 1 to 16 tokens (see ``_rows_per_program``), so the table states the count.
+    """
+    from deep_delta.eval.timing import BENCH_DTYPES, autocast_for, check_dtype
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM
+
+    check_dtype(dtype)
+    cfg = DDLConfig.from_variant(variant, preset, **{"max_position_embeddings": seq_len, **overrides,
+                                                     "delta_backend": "triton"})
+    if not cfg.is_delta:
+        raise ValueError(f"step_traffic: `variant` must be a DDL delta variant (its kernels are counted), got "
+                         f"{variant!r}")
+    torch.manual_seed(0)
+    model = DDLForCausalLM(cfg).train()
+    ids = torch.zeros(batch_size, seq_len, dtype=torch.long)
+    with count_traffic(dry=True) as counter:
+        counter.phase = "forward"
+        with autocast_for(dtype, torch.device("cpu")):
+            loss = model(ids, labels=ids).loss
+        counter.phase = "backward"
+        loss.backward()
+    d, dv = cfg.hidden_size, cfg.value_channels
+    size = torch.empty((), dtype=BENCH_DTYPES[dtype] or torch.float32).element_size()
+    return StepTraffic(variant, batch_size * seq_len, d, dv, 2 * cfg.num_hidden_layers, d * dv * size,
+                       counter.launches)
+
+
+def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str:
+    """The per-kernel table of every variant and the step totals next to the ideal."""
+    from deep_delta.eval.timing import dtype_label
+
+    out = [f"### DDL kernel traffic per token, one training step (preset {preset}, {dtype_label(dtype)}; from "
+           "launch arguments, not measured)", "",
+           "| variant | phase | kernel | launches | read B/token | write B/token |", "| --- | --- | --- | --- | --- | --- |"]
+    for res in results:
+        for (phase, kernel), (n, r, w) in res.per_token().items():
+            out.append(f"| {res.variant} | {phase} | {kernel} | {n} | {r:,.0f} | {w:,.0f} |")
+    out += ["", "| variant | d | d_v | S bytes | sublayers | forward B/token | ideal 2S+4d | x ideal | "
+            "backward B/token | ideal 3S+6d | x ideal |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+            "--- | --- |"]
+    for res in results:
+        f, b = res.total("forward"), res.total("backward")
+        fi, bi = res.ideal("forward"), res.ideal("backward")
+        out.append(f"| {res.variant} | {res.hidden_size} | {res.value_channels} | {res.state_bytes} | {res.sublayers} "
+                   f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} |")
+    tokens = results[0].tokens if results else 0
+    out += ["", f"Counted (dry launches on CPU) at {tokens} tokens per step. The partial buffers of the weight "
+            "gradients hold one fp32 (d, d_v) tile per program of 1 to 16 tokens (1 up to 4096 tokens), so their "
+            "bytes per token fall above 4096 tokens; the rest is per token. Each tensor argument once; "
+            "compressor weights once per launch (L2-resident); the HC / mHC kernels and the non-DDL work "
+            "(GEMMs, norms, attention) are not counted. Ideal: issue 24, per sublayer."]
+    return "\n".join(out)
+
+
+def traffic_report(settings) -> str:
+    """``ddl bench-kernels --traffic``: :func:`traffic_markdown` for the DDL delta variants among
+    ``settings.variants`` (a resolved :class:`deep_delta.eval.kernel_bench.KernelBenchSettings`)."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    variants = [v for v in settings.variants if DDLConfig.from_variant(v, settings.preset).is_delta]
+    if not variants:
+        raise ValueError(f"bench-kernels traffic: `variants` has no DDL delta variant, got {list(settings.variants)}")
+    model_overrides = {k: v for k, v in settings.model.items() if k != "delta_backend"}
+    results = [step_traffic(v, settings.preset, settings.batch_size, settings.seq_len, settings.dtype,
+                            **model_overrides) for v in variants]
+    return traffic_markdown(results, settings.preset, settings.dtype)

@@ -1,0 +1,81 @@
+"""Kernel launches that can be counted: the bytes each Triton kernel reads and writes, from its arguments.
+
+Every DDL kernel is launched through :func:`launch`, which passes the call on unchanged unless a
+:class:`count_traffic` context is active; then each launch is also recorded as a :class:`Launch` with the
+bytes of its tensor arguments: each distinct tensor once (an argument that repeats an earlier one, such as a
+placeholder for an unused pointer, counts nothing), as a read, or as a write for the argument positions the
+call site names. ``count_traffic(dry=True)`` records without launching (outputs stay unwritten), so a
+training step on CPU tensors gives every launch's traffic on any machine, without a GPU or the Triton
+interpreter (``ddl bench-kernels --traffic``).
+
+What this counts is the traffic the launch arguments imply, not a measurement: a small weight read by every
+program (the compressor weights c and w) is counted once per launch (it stays in L2), and taps that read a
+neighbour's state row (TC) count that row once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_COUNTERS: list[count_traffic] = []
+
+
+@dataclass
+class Launch:
+    kernel: str
+    phase: str  # the counter's phase when it was launched ("forward", "backward", ...)
+    read_bytes: int
+    write_bytes: int
+
+
+class count_traffic:
+    """Context manager: record every :func:`launch` (and :func:`record`) into ``self.launches``.
+
+    dry: do not launch the kernels (outputs stay unwritten; the kernels' device check lets any tensor by).
+    ``phase`` is a free label stored with each launch; set it between the forward and the backward.
+    """
+
+    def __init__(self, dry: bool = False):
+        self.dry, self.phase, self.launches = dry, "", []
+
+    def __enter__(self) -> count_traffic:
+        _COUNTERS.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _COUNTERS.remove(self)
+
+
+def counting_dry() -> bool:
+    """True inside ``count_traffic(dry=True)``: kernels are not launched (device checks let any tensor by)."""
+    return any(c.dry for c in _COUNTERS)
+
+
+def record(kernel: str, reads: tuple, writes: tuple) -> None:
+    """Record traffic of an op that is not a Triton launch (e.g. the torch sum of partial buffers)."""
+    if not _COUNTERS:
+        return
+    rb = sum(t.numel() * t.element_size() for t in reads)
+    wb = sum(t.numel() * t.element_size() for t in writes)
+    for c in _COUNTERS:
+        c.launches.append(Launch(kernel, c.phase, rb, wb))
+
+
+def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], **meta) -> None:
+    """``kernel[grid](*args, **meta)``; with a counter active, also record the bytes of the tensor arguments:
+    positions in ``writes`` are written, the others read; a tensor already seen in ``args`` counts once."""
+    if _COUNTERS:
+        seen: set[int] = set()
+        reads, outs = [], []
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor) or id(a) in seen:
+                continue
+            seen.add(id(a))
+            (outs if i in writes else reads).append(a)
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
+        record(name.lstrip("_"), tuple(reads), tuple(outs))
+        if counting_dry():
+            return
+    kernel[grid](*args, **meta)
