@@ -647,7 +647,7 @@ def prepare(
     num_proc = default_num_proc() if num_proc is None else check_num_proc(num_proc)
     out = Path(out_dir).expanduser()
     _check_output(out, overwrite)
-    src = resolve_source(source, text_suffixes) if text_suffixes else resolve_source(source)
+    src = resolve_source(source, text_suffixes)
     staging = partial_dir(out)
     try:
         remove_stale(out)

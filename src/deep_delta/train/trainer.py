@@ -421,8 +421,7 @@ class Trainer:
                 "identity": _run_identity(self.cfg, self.data_dir),
                 "train_config": self.cfg.to_dict(),
                 "model_config": self.model_config.to_diff_dict(),
-                "data": {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
-                         "vocab_size": int(self.data_meta["vocab_size"]), "fingerprint": self.data_fingerprint},
+                "data": self._data_record(),
                 "world_size": self.info.world_size,
                 "parameters": self.n_params,
             }, indent=2, sort_keys=True))
@@ -430,6 +429,11 @@ class Trainer:
         wandb = self._start_wandb() if self.cfg.wandb and self.info.is_main else None
         self.metrics = MetricsLog(self.out, enabled=self.info.is_main, tensorboard=self.cfg.tensorboard,
                                   sinks=[wandb] if wandb is not None else [])
+
+    def _data_record(self) -> dict[str, Any]:
+        """What run.json and the W&B config say of the data: its directory, tokenizer, vocabulary, fingerprint."""
+        return {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
+                "vocab_size": int(self.data_meta["vocab_size"]), "fingerprint": self.data_fingerprint}
 
     def _start_wandb(self):
         """The run's W&B run (rank 0): its config, the model, parameter count and data fingerprint; a resumed
@@ -441,9 +445,7 @@ class Trainer:
         config = {**cfg.to_dict(), "model_overrides": cfg.model, "model": self.model_config.to_dict(),
                   "parameters": self.n_params, "world_size": self.info.world_size, "grad_accum": self.accum,
                   "tokens_per_step": self.tokens_per_step,
-                  "data": {"dir": str(self.data_dir), "tokenizer": self.data_meta["tokenizer"],
-                           "vocab_size": int(self.data_meta["vocab_size"]),
-                           "fingerprint": self.data_fingerprint}}
+                  "data": self._data_record()}
         name = cfg.wandb_run_name or f"{cfg.variant}-{cfg.preset}-s{cfg.seed}"
         sink = start_wandb(project=cfg.wandb_project, name=name, group=cfg.wandb_group, config=config,
                            directory=self.out, run_id=saved.get("id"), say=self.say)
