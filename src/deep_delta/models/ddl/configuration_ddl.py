@@ -22,6 +22,11 @@ PARAMETRIZATIONS = ("sp", "mup")
 _COMPRESSORS = ("none",) + COMPRESSORS
 
 
+# The names of the generation cache in transformers: `past_key_values` up to 5.23; `cache` from 5.24, where
+# `past_key_values` (and `cache_params`, the recurrent models' name) are deprecated aliases.
+CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+
+
 def _bad(field: str, got: Any, allowed: str) -> ValueError:
     return ValueError(f"DDLConfig: `{field}` got {got!r}; allowed: {allowed}")
 
@@ -64,7 +69,7 @@ class DDLConfig(PreTrainedConfig):
     """
 
     model_type = "deep_delta"
-    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache, under both of its names
+    keys_to_ignore_at_inference = list(CACHE_NAMES)  # the cache, under each of its names
 
     vocab_size: int = 50304
     hidden_size: int = 768

@@ -40,7 +40,7 @@ from deep_delta.layers.compressors import (
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
-from deep_delta.models.ddl.configuration_ddl import DDLConfig
+from deep_delta.models.ddl.configuration_ddl import CACHE_NAMES, DDLConfig
 from deep_delta.ops.delta.recompute import StateTape
 
 
@@ -280,11 +280,8 @@ class DDLCache(DynamicCache):
         self.token_history.clear()
 
 
-# The names of the generation cache in transformers: `past_key_values` up to 5.23; `cache` from 5.24, where
-# `past_key_values` (and `cache_params`, the recurrent models' name) are deprecated aliases. The forwards take
-# each (one at a time) and return the cache under the installed release's name (CACHE_FIELD);
-# `output_cache(out)` reads it there.
-CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+# The forwards take the cache under each of its names (CACHE_NAMES, configuration_ddl.py; one at a time) and
+# return it under the installed release's name (CACHE_FIELD); `output_cache(out)` reads it there.
 CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 # Keywords transformers passes to a forward that we accept when they ask for nothing we would have to do:
 # their neutral values. (`cache_position`, passed by generate() before 5.24, is the range of new positions,
