@@ -145,7 +145,7 @@ class DeltaResidual(nn.Module):
         self._check(x, x_in)
         out = self._update_inputs(x, x_in, branch_args, branch_kwargs)
         if self.additive:
-            return x + out
+            return x + out.to(x.dtype)
         k, v, beta = out
         if self.value_channels == 1:
             return delta_update(x.unsqueeze(-1), k, v, beta, k_eps=self.k_eps, backend=self.backend).squeeze(-1)
@@ -170,6 +170,7 @@ class DeltaResidual(nn.Module):
             src = x
         else:
             src = x.mean(-1) if x_in is None else x_in
+        src = src.to(self.norm.weight.dtype)  # a state stored in lower precision is read in the module's dtype
         c = self.norm(src)
         h = self.branch(c, *branch_args, **branch_kwargs)
         if self.additive:

@@ -19,6 +19,7 @@ from deep_delta.variants import PRESETS, VARIANTS
 
 _RESIDUALS = ("additive", "delta", "hyper")
 PARAMETRIZATIONS = ("sp", "mup")
+STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _COMPRESSORS = ("none",) + COMPRESSORS
 
 
@@ -55,7 +56,12 @@ class DDLConfig(PreTrainedConfig):
     delta_backend also chooses the implementation of their stream read, write and Sinkhorn-Knopp.
 
     Memory: recompute_states=True keeps only the last DDL state for backward and rebuilds the earlier
-    ones from it (less activation memory; gradients differ by the rebuild's rounding).
+    ones from it (less activation memory; gradients differ by the rebuild's rounding). state_dtype ("auto" |
+    "float32" | "bfloat16" | "float16") is the dtype in which the residual state (the DDL state, the
+    baseline's residual stream) is stored between sublayers; every read of it is computed in the model's own
+    dtype and every kernel does its math in fp32. "auto": the autocast dtype for a d_v > 1 state under CUDA
+    autocast (half the state's bytes), else the embeddings' dtype (fp32 in mixed precision, as before).
+    Hyper-connections keep their streams in the embeddings' dtype ("auto" only).
 
     Debugging: validate_inputs=True checks that token ids lie in [0, vocab_size) and raises a ValueError
     naming the range found. It reads two values on the host (a device synchronisation per forward), so it
@@ -105,6 +111,7 @@ class DDLConfig(PreTrainedConfig):
     vmap_rank: int | None = None
     delta_backend: str = "auto"
     recompute_states: bool = False
+    state_dtype: str = "auto"
     hc_streams: int = 4
     hc_kind: str = "hc"
     hc_dynamic: bool = True
@@ -173,6 +180,11 @@ class DDLConfig(PreTrainedConfig):
                               ("gate", GATE_KINDS), ("delta_backend", BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise _bad(name, getattr(self, name), " | ".join(allowed))
+        if self.state_dtype not in STATE_DTYPES:
+            raise _bad("state_dtype", self.state_dtype, " | ".join(STATE_DTYPES))
+        if self.residual == "hyper" and self.state_dtype != "auto":
+            raise _bad("state_dtype", self.state_dtype, "'auto' with residual='hyper' (its streams are stored in "
+                       "the embeddings' dtype)")
         if self.value_channels < 1:
             raise _bad("value_channels", self.value_channels, "an integer >= 1 (d_v)")
         if self.hc_kind not in HYPER_KINDS:

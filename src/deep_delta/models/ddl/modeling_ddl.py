@@ -147,6 +147,17 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
     )
 
 
+def state_dtype(config: DDLConfig, embeds: torch.Tensor) -> torch.dtype:
+    """The dtype the residual state is stored in (``config.state_dtype``): "auto" is the autocast dtype for a
+    d_v > 1 state under CUDA autocast, else the embeddings' dtype."""
+    if config.state_dtype != "auto":
+        return getattr(torch, config.state_dtype)
+    device = embeds.device.type
+    if config.value_channels > 1 and device == "cuda" and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return embeds.dtype
+
+
 def read_with_history(module: nn.Module, x: torch.Tensor, cache: DDLCache | None, key: str) -> torch.Tensor:
     """Apply a token-axis module (a compressor, the state expander) with its token history from the cache,
     and store the new history; ``module(x, past) -> (out, new_history)``."""
@@ -545,12 +556,14 @@ class DDLModel(DDLPreTrainedModel):
             position_ids = torch.arange(past, past + t, device=inputs_embeds.device).unsqueeze(0).expand(b, t)
         rope = self.rotary(position_ids, inputs_embeds.dtype)
         mask = _attention_mask(attention_mask, t, past, inputs_embeds.device)
+        dtype = state_dtype(self.config, inputs_embeds)
         # 1 at real tokens, 0 at pads; applied whenever a mask is given (x * 1 is exact, and checking for
         # padding would be a host read)
-        pad_mask = None if attention_mask is None else attention_mask[:, -t:].to(inputs_embeds.dtype)
+        pad_mask = None if attention_mask is None else attention_mask[:, -t:].to(dtype)
         with StateTape() if self._use_tape() else contextlib.nullcontext() as tape:
-            x = self._residual_stream(inputs_embeds, rope, mask, pad_mask, cache, tape)
-        out = BaseModelOutputWithPast(last_hidden_state=self.norm(x), **{CACHE_FIELD: cache if use_cache else None})
+            x = self._residual_stream(inputs_embeds.to(dtype), rope, mask, pad_mask, cache, tape)
+        x = self.norm(x.to(inputs_embeds.dtype))
+        out = BaseModelOutputWithPast(last_hidden_state=x, **{CACHE_FIELD: cache if use_cache else None})
         return out if return_dict is not False else out.to_tuple()
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
