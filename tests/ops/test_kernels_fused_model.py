@@ -82,11 +82,60 @@ def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
         assert _rel(grads_f[name], g) <= 1e-6, name
 
 
-def test_fused_reads_are_not_used_for_token_compressors(count_fused):
-    cfg = DDLConfig.from_variant("ddl-tc", "tiny", **DEBUG)
-    model = DDLForCausalLM(cfg)
-    _run(model, torch.randint(0, 64, (2, 5)))
+@pytest.fixture
+def count_token_fused(monkeypatch):
+    calls = []
+    real = dr_mod.update_and_token_read
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("backend"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dr_mod, "update_and_token_read", counting)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("variant", ["ddl-tc", "ddl-tc-noec"])
+def test_fused_token_reads_equal_unfused(variant, backend, count_fused, count_token_fused):
+    """TC: fused in a forward without cache or padding (training). The lean path runs the same two ops (bit for
+    bit); the Triton kernel adds the read's gradient to the state's in fp32 registers, in another order than
+    autograd's add (all gradients as one vector 1e-5 relative; each on its own 1e-3)."""
+    cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
+    model = DDLForCausalLM(cfg).to(DEVICE)
+    with torch.no_grad():  # off the init, where every tap but the first is zero
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE))
+    ids = torch.randint(0, 64, (2, 9), device=DEVICE)
+    model.model.fuse_reads = True
+    loss_f, logits_f, grads_f = _run(model, ids)
+    assert len(count_token_fused) == 2 * cfg.num_hidden_layers and set(count_token_fused) == {backend}
     assert count_fused == []
+    for m in (model.model, *model.model.layers):  # every read separate: the model's and each block's switch
+        m.fuse_reads = False
+    count_token_fused.clear()
+    loss_u, logits_u, grads_u = _run(model, ids)
+    assert count_token_fused == []
+    tol = 1e-6 if backend == "torch" else 1e-5
+    assert _rel(logits_f, logits_u) <= tol and abs(loss_f.item() - loss_u.item()) <= tol
+    names = sorted(grads_u)
+    assert _rel(torch.cat([grads_f[n].flatten() for n in names]), torch.cat([grads_u[n].flatten() for n in names])) <= tol
+    for name in names:  # one by one: a small gradient (a gate bias, 2e-4) cancels to 1e-4 relative
+        assert _rel(grads_f[name], grads_u[name]) <= (tol if backend == "torch" else 1e-3), name
+
+
+def test_token_reads_are_not_fused_with_padding_or_a_cache(count_token_fused):
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-tc", "tiny", **DEBUG))
+    ids = torch.randint(0, 64, (2, 5))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[0, :2] = 0
+    _run(model, ids, mask)
+    with torch.no_grad():
+        model.eval()(ids, use_cache=True)
+    assert count_token_fused == []
+    model.train()
+    _run(model, ids)
+    assert len(count_token_fused) == 2 * model.config.num_hidden_layers
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -117,8 +166,10 @@ def test_delta_residual_read_errors():
     d = 8
     res = DeltaResidual(d, torch.nn.Linear(d, d), value_channels=2)
     x = torch.randn(1, 3, d, 2)
-    with pytest.raises(ValueError, match="`read` must be a ChannelCompressor.*TokenConvCompressor"):
-        res.update_and_read(x, TokenConvCompressor(d, 2))
+    with pytest.raises(ValueError, match="`read` must be a ChannelCompressor or a TokenConvCompressor.*Linear"):
+        res.update_and_read(x, torch.nn.Linear(d, d))
+    with pytest.raises(ValueError, match=r"fused TokenConvCompressor read needs a \(B, T, d, d_v\) state"):
+        res.update_and_read(x[0], TokenConvCompressor(d, 2))
     with pytest.raises(ValueError, match=r"`read` must read a \(8, 2\) state"):
         res.update_and_read(x, ChannelCompressor(d, 3))
     with pytest.raises(ValueError, match="value_channels > 1, got value_channels=1"):

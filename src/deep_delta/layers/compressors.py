@@ -106,9 +106,13 @@ class TokenConvCompressor(nn.Module):
                 f"TokenConvCompressor: `past` must have shape {(x.shape[0], k - 1) + tuple(x.shape[2:])}, "
                 f"got {tuple(past.shape)}"
             )
-        # fold the read vector into the conv taps: one reduction over d_v instead of a full conv output
-        out = token_compress(x, self.conv_weight * self.read, past, backend=self.backend)
+        out = token_compress(x, self.folded_weight(), past, backend=self.backend)
         return out, _history(x, past, k)
+
+    def folded_weight(self) -> torch.Tensor:
+        """The read vector folded into the conv taps, (K, d, d_v): one reduction over d_v instead of a full conv
+        output (what the fused update + read takes, deep_delta.ops.compress.update_and_token_read)."""
+        return self.conv_weight * self.read
 
 
 def _history(x: torch.Tensor, past: torch.Tensor | None, kernel_size: int) -> torch.Tensor | None:

@@ -21,9 +21,10 @@ import math
 import torch
 from torch import nn
 
+from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
-from deep_delta.ops.compress import update_and_channel_read
+from deep_delta.ops.compress import update_and_channel_read, update_and_token_read
 
 RESIDUAL_MAPS = ("k", "v")
 
@@ -160,9 +161,11 @@ class DeltaResidual(nn.Module):
         values as calling ``read`` afterwards (:func:`deep_delta.ops.compress.update_and_channel_read`).
         """
         self._check(x, x_in)
-        self._check_read(read)
+        self._check_read(read, x)
         k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs)
-        return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
+        if isinstance(read, ChannelCompressor):
+            return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
+        return update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps, backend=self.backend)
 
     def _update_inputs(self, x: torch.Tensor, x_in: torch.Tensor | None, branch_args: tuple, branch_kwargs: dict):
         """The branch output h (additive residual), else the update's (k, v, beta) for state x."""
@@ -187,21 +190,22 @@ class DeltaResidual(nn.Module):
                 v = self.value_proj(h)
         return k, v, beta
 
-    def _check_read(self, read: nn.Module) -> None:
-        from deep_delta.layers.compressors import ChannelCompressor
-
+    def _check_read(self, read: nn.Module, x: torch.Tensor) -> None:
         if self.additive or self.value_channels == 1:
             raise ValueError(
                 "DeltaResidual: `read` (a fused next-sublayer read) needs a delta residual with value_channels > 1, "
                 f"got value_channels={self.value_channels}, additive={self.additive}"
             )
-        if not isinstance(read, ChannelCompressor):
+        if not isinstance(read, (ChannelCompressor, TokenConvCompressor)):
             raise ValueError(
-                f"DeltaResidual: `read` must be a ChannelCompressor (the only read that can be fused with the "
-                f"update: it needs no other token's state), got {type(read).__name__}"
+                f"DeltaResidual: `read` must be a ChannelCompressor or a TokenConvCompressor (the reads that can be "
+                f"fused with the update), got {type(read).__name__}"
             )
         if (read.dim, read.value_channels) != (self.dim, self.value_channels):
             raise ValueError(
                 f"DeltaResidual: `read` must read a ({self.dim}, {self.value_channels}) state, got a "
-                f"ChannelCompressor for ({read.dim}, {read.value_channels})"
+                f"{type(read).__name__} for ({read.dim}, {read.value_channels})"
             )
+        if isinstance(read, TokenConvCompressor) and x.dim() != 4:
+            raise ValueError(f"DeltaResidual: a fused TokenConvCompressor read needs a (B, T, d, d_v) state, got "
+                             f"{tuple(x.shape)}")

@@ -217,7 +217,7 @@ class DDLBlock(GradientCheckpointingLayer):
         if self.compressor is None:  # d_v = 1 (additive or DDL), HC / mHC
             state = self.attn(state, rope, cache, mask)
             return self.mlp(state), None
-        if self.fuse_reads and fusable_read(self.compressor):
+        if self.fuse_reads and fusable_read(self.compressor, cache, pad_mask):
             return self._forward_fused(state, read, rope, mask, pad_mask, cache, next_read)
         state, read = self._masked_read(state, read, pad_mask, cache, "attn")
         state = self.attn(state, rope, cache, mask, x_in=read)
@@ -243,9 +243,13 @@ class DDLBlock(GradientCheckpointingLayer):
         return state, read
 
 
-def fusable_read(compressor: nn.Module | None) -> bool:
-    """A read that can be computed inside the previous sublayer's update: CC (it needs no other token)."""
-    return isinstance(compressor, ChannelCompressor)
+def fusable_read(compressor: nn.Module | None, cache: DDLCache | None, pad_mask: torch.Tensor | None) -> bool:
+    """A read that can be computed inside the previous sublayer's update: CC (it needs no other token), and TC
+    in a forward without token history or padding (training): its kernel reads the K-1 tokens before each
+    chunk of its own, and a padded state is masked after the update, which a fused TC read would not see."""
+    if isinstance(compressor, ChannelCompressor):
+        return True
+    return isinstance(compressor, TokenConvCompressor) and cache is None and pad_mask is None
 
 
 class DDLCache(DynamicCache):
@@ -612,7 +616,8 @@ class DDLModel(DDLPreTrainedModel):
         read = None  # the next block's read, when the previous update computed it (channel compressors, fused)
         for i, block in enumerate(self.layers):
             next_read = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
-            fuse = self.fuse_reads and block.fuse_reads and fusable_read(block.compressor) and fusable_read(next_read)
+            fuse = (self.fuse_reads and block.fuse_reads and fusable_read(block.compressor, cache, pad_mask)
+                    and fusable_read(next_read, cache, pad_mask))
             x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=next_read if fuse else None)
         if self.final_compressor is None:
             return x

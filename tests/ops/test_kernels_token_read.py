@@ -1,0 +1,116 @@
+"""The delta update fused with the next TC read (ops.delta.triton_token), against the plain reference.
+
+The reference is the two plain ops in a row: ``delta_update_reference`` then ``token_compress_reference``
+of the new state. The kernels run under ``TRITON_INTERPRET=1`` on CPU. Sizes are odd (d = 37, d_v = 3) and
+the chunk of tokens per program is made small (4) so that the halo (the K-1 tokens recomputed before each
+chunk) crosses chunk and sequence boundaries; the backward's persistent grid is made small (3 programs) so
+that programs loop over several chunks. Tolerances: fp32 1e-5 relative (the same arithmetic in another
+order); bf16 state 2e-2 relative (one bf16 rounding of each stored value, as the reference's).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # also set in tests/conftest.py, before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import deep_delta.ops.delta.triton_token as tt  # noqa: E402
+from deep_delta.ops import delta_update  # noqa: E402
+from deep_delta.ops.compress import update_and_token_read  # noqa: E402
+from deep_delta.ops.compress.naive import token_compress_reference  # noqa: E402
+from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
+from deep_delta.ops.launch import count_traffic  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()
+
+
+def _inputs(b, t, d, dv, ks, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, d, dv, generator=g).to(DEVICE, dtype)
+    k = torch.randn(b, t, d, generator=g).to(DEVICE)
+    v = torch.randn(b, t, dv, generator=g).to(DEVICE)
+    beta = (2 * torch.rand(b, t, 1, generator=g)).to(DEVICE)
+    w = (torch.randn(ks, d, dv, generator=g) / dv).to(DEVICE)
+    return [a.requires_grad_() for a in (x, k, v, beta, w)]
+
+
+def _reference(x, k, v, beta, w):
+    out = delta_update_reference(x, k, v, beta)
+    return out, token_compress_reference(out, w.to(out.dtype))
+
+
+@pytest.fixture
+def small_grid(monkeypatch):
+    monkeypatch.setattr(tt, "CHUNK", 4)
+    monkeypatch.setattr(tt, "MAX_PROGRAMS", 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("b", "t", "ks"), [(2, 19, 4), (1, 7, 1), (3, 5, 5), (2, 13, 3)])
+def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks):
+    d, dv = 37, 3
+    args = _inputs(b, t, d, dv, ks, dtype)
+    ref_args = [a.detach().clone().requires_grad_() for a in args]
+    out, xin = update_and_token_read(*args, backend="triton")
+    ref_out, ref_xin = _reference(*ref_args)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert out.dtype == dtype and xin.dtype == dtype
+    assert _rel(out, ref_out) < tol and _rel(xin, ref_xin) < tol
+    gen = torch.Generator().manual_seed(1)
+    g_out = torch.randn(out.shape, generator=gen).to(DEVICE, dtype)
+    g_in = torch.randn(xin.shape, generator=gen).to(DEVICE, dtype)
+    torch.autograd.backward((out, xin), (g_out, g_in))
+    torch.autograd.backward((ref_out, ref_xin), (g_out, g_in))
+    for name, a, r in zip(("x", "k", "v", "beta", "w"), args, ref_args):
+        assert _rel(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
+
+
+def test_only_one_output_used(small_grid):
+    """The read's gradient absent (None in backward) is zero, not garbage."""
+    args = _inputs(2, 9, 16, 4, 4, torch.float32)
+    ref_args = [a.detach().clone().requires_grad_() for a in args]
+    out, _ = update_and_token_read(*args, backend="triton")
+    ref_out, _ = _reference(*ref_args)
+    out.square().sum().backward()
+    ref_out.square().sum().backward()
+    for a, r in zip(args[:4], ref_args[:4]):
+        assert _rel(a.grad, r.grad) < 1e-5
+
+
+def test_lean_path_is_the_update_then_the_read():
+    """backend="torch": the two ops in a row, bit for bit (what the model ran before the fusion)."""
+    args = [a.detach() for a in _inputs(2, 11, 24, 4, 4, torch.float32)]
+    out, xin = update_and_token_read(*args, backend="torch")
+    ref = delta_update(*args[:4], backend="torch")
+    from deep_delta.ops.compress import token_compress
+
+    assert torch.equal(out, ref) and torch.equal(xin, token_compress(ref, args[4], None, backend="torch"))
+
+
+@pytest.mark.parametrize("tokens", [512, 8192])
+def test_partial_buffer_is_bounded_by_the_programs(monkeypatch, tokens):
+    """grad_w's partial buffer holds one (K, d, d_v) tile per program, at most MAX_PROGRAMS, for any token count."""
+    monkeypatch.setattr(tt, "MAX_PROGRAMS", 5)
+    d, dv, ks = 16, 4, 4
+    x, k, v, beta, w = _inputs(2, tokens // 2, d, dv, ks, torch.float32)
+    with count_traffic(dry=True) as c:
+        c.phase = "backward"
+        tt.token_read_backward(torch.zeros_like(x), None, x.detach(), k.detach(), v.detach(),
+                               beta.detach().reshape(2, -1), w.detach(), 1e-5)
+    partial = [launch for launch in c.launches if launch.kernel == "partial_sum"]
+    assert len(partial) == 1 and partial[0].read_bytes == 5 * ks * d * dv * 4
+
+
+def test_shapes_are_checked():
+    x, k, v, beta, w = (a.detach() for a in _inputs(1, 4, 8, 2, 3, torch.float32))
+    with pytest.raises(ValueError, match="weight"):
+        update_and_token_read(x, k, v, beta, w[:, :4], backend="torch")
