@@ -1,13 +1,13 @@
 """The weight-gradient kernels' partial buffers are bounded (issue 24, item 1).
 
 Every kernel that sums a weight gradient over tokens (the fused update + CC read's grad_c, the CC read's
-grad_c, the TC / EC convolutions' grad_w) runs on a persistent grid of at most ``max_programs`` programs
+grad_c, the TC / EC convolutions' grad_w, the HC / mHC write's and read's static coefficients) runs on a persistent grid of at most ``max_programs`` programs
 (2 x the SM count on CUDA, ``MAX_PROGRAMS`` elsewhere), each accumulating a contiguous chunk of tokens in fp32
 registers, then one partial per program summed by torch. Here ``max_programs`` is patched to 4 so that the
 interpreter runs the persistent loop with more tokens than programs (chunks of several tokens, a short last
 chunk, chunks across batch rows): values and every gradient still equal the references (fp32, bf16), and the
 partial buffers (recorded as ``partial_sum`` by :class:`deep_delta.ops.launch.count_traffic`) have the same
-size at n and 8n tokens, at most ``max_programs`` x the weight in fp32.
+size at n and 4n tokens, at most ``max_programs`` x the weight in fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before deep_
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from tests.ops.test_hyper_kernels import check_linear, hyper_inputs  # noqa: E402
+from tests.ops.test_kernels import DEVICE, DTYPE_IDS, DTYPES, delta_inputs, run_both, state_inputs  # noqa: E402
 
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress, update_and_channel_read  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
@@ -29,8 +31,9 @@ from deep_delta.ops.compress.naive import (  # noqa: E402
 )
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
+from deep_delta.ops.hyper import stream_read, stream_write  # noqa: E402
+from deep_delta.ops.hyper.naive import stream_read_reference, stream_write_reference  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from tests.ops.test_kernels import DEVICE, DTYPE_IDS, DTYPES, delta_inputs, run_both, state_inputs  # noqa: E402
 
 PROGRAMS = 4
 B, T = 3, 5  # 15 tokens: 4 programs of 4, 4, 4, 3 tokens (2 of 8 and 7 per tap at K = 2), across batch rows
@@ -65,17 +68,32 @@ def test_persistent_kernels_match_reference_with_more_tokens_than_programs(few_p
         run_both(lambda *a: embed_conv(*a, backend="triton"), embed_conv_reference, (e, w, past_e), (gx,), f32, 2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("d,n,mixed", [(33, 4, False), (300, 3, True)], ids=["d33-n4", "d300-n3-r-per-token"])
+def test_static_stream_coefficients_with_more_tokens_than_programs(few_programs, d, n, mixed, dtype):
+    """Static a, R, b (mixed: R per token, b static): their gradients summed on the persistent grid."""
+    h, r, b, f, a, gh, gin = hyper_inputs((B, T), d, n, "static", dtype, seed=d)
+    if mixed:
+        r = hyper_inputs((B, T), d, n, "token", dtype, seed=d)[1]
+    write = lambda *x: stream_write(*x, backend="triton")  # noqa: E731
+    check_linear(write, stream_write_reference, (h, r, b, f), gh, dtype)
+    check_linear(lambda *x: stream_read(*x, backend="triton"), stream_read_reference, (h, a), gin, dtype)
+
+
 def partial_bytes(b: int, d: int, dv: int, kk: int) -> dict[str, list[int]]:
     """Bytes of every partial buffer summed in one forward + backward of each reduction kernel at b x T tokens."""
     x, k, v, beta = delta_inputs((b, T), d, dv, torch.float32)
     xs, e, w, c, *_ = state_inputs(b, T, d, dv, kk, torch.float32)
+    h, r, bw, f, a, *_ = hyper_inputs((b, T), d, dv, "static", torch.float32)  # n = dv streams
     cases = {
         "fused": lambda: torch.autograd.backward(fused(x, k, v, beta, c), [torch.ones_like(x), torch.ones(b, T, d)]),
         "cc": lambda: channel_compress(xs, c, backend="triton").sum().backward(),
         "tc": lambda: token_compress(xs, w, backend="triton").sum().backward(),
         "ec": lambda: embed_conv(e, w, backend="triton").sum().backward(),
+        "hyper_write": lambda: stream_write(h, r, bw, f, backend="triton").sum().backward(),
+        "hyper_read": lambda: stream_read(h, a, backend="triton").sum().backward(),
     }
-    for t in (x, k, v, beta, xs, e, w, c):
+    for t in (x, k, v, beta, xs, e, w, c, h, r, bw, f, a):
         t.requires_grad_(True)
     out = {}
     for name, step in cases.items():
@@ -87,12 +105,13 @@ def partial_bytes(b: int, d: int, dv: int, kk: int) -> dict[str, list[int]]:
 
 def test_partial_buffers_do_not_grow_with_the_token_count(few_programs):
     d, dv, kk = 9, 4, 2
-    small, large = partial_bytes(B, d, dv, kk), partial_bytes(8 * B, d, dv, kk)
-    weight = {"fused": d * dv * 4, "cc": d * dv * 4, "tc": kk * d * dv * 4, "ec": kk * d * dv * 4}
+    small, large = partial_bytes(2, d, dv, kk), partial_bytes(8, d, dv, kk)  # n = 10 and 4n = 40 tokens
+    weight = {"fused": [d * dv * 4], "cc": [d * dv * 4], "tc": [kk * d * dv * 4], "ec": [kk * d * dv * 4],
+              "hyper_write": [dv * dv * 4, dv * 4], "hyper_read": [dv * 4]}  # (n, n) and (n,) coefficients
     for name, sizes in large.items():
-        assert sizes, f"{name}: no partial buffer recorded"
-        assert sizes == small[name], f"{name}: partial bytes {small[name]} at {B * T} tokens, {sizes} at {8 * B * T}"
-        assert all(s <= PROGRAMS * weight[name] for s in sizes), f"{name}: {sizes} > {PROGRAMS} x {weight[name]}"
+        assert len(sizes) == len(weight[name]), f"{name}: partial buffers recorded: {sizes}"
+        assert sizes == small[name], f"{name}: partial bytes {small[name]} at {2 * T} tokens, {sizes} at {8 * T}"
+        assert all(s <= PROGRAMS * w for s, w in zip(sizes, weight[name])), f"{name}: {sizes} > {PROGRAMS} x {weight[name]}"
 
 
 def test_reduction_grid_covers_the_tokens_within_the_bound():

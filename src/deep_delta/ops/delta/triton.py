@@ -49,7 +49,7 @@ def _rows_per_program(n: int) -> int:
     return 1 if n <= 4096 else (4 if n <= 65536 else 16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
