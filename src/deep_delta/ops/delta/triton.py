@@ -1,6 +1,7 @@
 """Triton kernels of the delta update, forward and backward, with an optional fused CC read.
 
-One program owns ``ROWS`` consecutive tokens; for each it holds the whole (d, d_v) state tile in
+One program owns ``ROWS`` consecutive tokens (with the fused read, the backward's ``CHUNK`` tokens of a persistent
+grid, :func:`reduction_grid`); for each it holds the whole (d, d_v) state tile in
 registers (``BLOCK_D = next_pow2(d)``, ``BLOCK_V = next_pow2(d_v)``, masked), so the state is read once
 and written once per pass:
 
