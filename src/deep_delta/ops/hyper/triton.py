@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops.delta.triton import check_device, reduction_grid, sum_partials
+from deep_delta.ops.launch import launch
 
 MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
 TILE = 4096  # elements of the largest register tile (BLOCK_D x BLOCK_N x BLOCK_N in the write)
@@ -253,10 +254,9 @@ class StreamWriteTriton(torch.autograd.Function):
         bn = _block_n(n, "stream_write")
         bd = _block_d(d, bn * bn)
         out = torch.empty_like(h)
-        _write_fwd_kernel[(nt, triton.cdiv(d, bd))](
-            h, r, b, f, out, d, _token_stride(r, 2), _token_stride(b, 1), NS=n, BLOCK_D=bd, BLOCK_N=bn,
-            num_warps=4,
-        )
+        launch(_write_fwd_kernel, (nt, triton.cdiv(d, bd)),
+               (h, r, b, f, out, d, _token_stride(r, 2), _token_stride(b, 1)), writes=(4,),
+               NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
         ctx.save_for_backward(h, r, b, f)
         return out
 
@@ -272,10 +272,9 @@ class StreamWriteTriton(torch.autograd.Function):
         gh, gf = torch.empty_like(h), torch.empty_like(f)
         gr = torch.empty(progs if r_static else nt, n, n, dtype=torch.float32, device=h.device)
         gb = torch.empty(progs if b_static else nt, n, dtype=torch.float32, device=h.device)
-        _write_bwd_kernel[(progs,)](
-            h, r, b, f, g, gh, gr, gb, gf, nt, chunk, d, _token_stride(r, 2), _token_stride(b, 1),
-            R_STATIC=r_static, B_STATIC=b_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4,
-        )
+        launch(_write_bwd_kernel, (progs,),
+               (h, r, b, f, g, gh, gr, gb, gf, nt, chunk, d, _token_stride(r, 2), _token_stride(b, 1)),
+               writes=(5, 6, 7, 8), R_STATIC=r_static, B_STATIC=b_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
         return gh, _coef_grad(gr, r, r_static), _coef_grad(gb, b, b_static), gf
 
 
@@ -288,8 +287,8 @@ class StreamReadTriton(torch.autograd.Function):
         bn = _block_n(n, "stream_read")
         bd = _block_d(d, bn)
         out = torch.empty(nt, d, dtype=h.dtype, device=h.device)
-        _read_fwd_kernel[(nt, triton.cdiv(d, bd))](h, a, out, d, _token_stride(a, 1), NS=n, BLOCK_D=bd,
-                                                    BLOCK_N=bn, num_warps=4)
+        launch(_read_fwd_kernel, (nt, triton.cdiv(d, bd)), (h, a, out, d, _token_stride(a, 1)), writes=(2,),
+               NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
         ctx.save_for_backward(h, a)
         return out
 
@@ -303,8 +302,8 @@ class StreamReadTriton(torch.autograd.Function):
         progs, chunk = _backward_grid(nt, h.device, a_static)
         gh = torch.empty_like(h)
         ga = torch.empty(progs if a_static else nt, n, dtype=torch.float32, device=h.device)
-        _read_bwd_kernel[(progs,)](h, a, g.contiguous(), gh, ga, nt, chunk, d, _token_stride(a, 1),
-                                   A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
+        launch(_read_bwd_kernel, (progs,), (h, a, g.contiguous(), gh, ga, nt, chunk, d, _token_stride(a, 1)),
+               writes=(3, 4), A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
         return gh, _coef_grad(ga, a, a_static)
 
 
@@ -322,8 +321,8 @@ class SinkhornTriton(torch.autograd.Function):
         nt, n, _ = logits.shape
         bn, bt = _sinkhorn_grid(nt, n)
         out = torch.empty(nt, n, n, dtype=out_dtype, device=logits.device)
-        _sinkhorn_fwd_kernel[(triton.cdiv(nt, bt),)](logits, out, nt, iters, eps, NS=n, BLOCK_T=bt, BLOCK_N=bn,
-                                                      num_warps=4)
+        launch(_sinkhorn_fwd_kernel, (triton.cdiv(nt, bt),), (logits, out, nt, iters, eps), writes=(1,),
+               NS=n, BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
         ctx.save_for_backward(logits)
         ctx.iters, ctx.eps = iters, eps
         return out
@@ -334,8 +333,8 @@ class SinkhornTriton(torch.autograd.Function):
         nt, n, _ = logits.shape
         bn, bt = _sinkhorn_grid(nt, n)
         gz = torch.empty_like(logits)
-        _sinkhorn_bwd_kernel[(triton.cdiv(nt, bt),)](logits, g.contiguous(), gz, nt, ctx.iters, ctx.eps, NS=n,
-                                                      BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
+        launch(_sinkhorn_bwd_kernel, (triton.cdiv(nt, bt),), (logits, g.contiguous(), gz, nt, ctx.iters, ctx.eps),
+               writes=(2,), NS=n, BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
         return gz, None, None, None
 
 
