@@ -64,7 +64,8 @@ def test_persistent_kernels_match_reference_with_more_tokens_than_programs(few_p
     run_both(lambda e, w: embed_conv(e, w, backend="triton"), embed_conv_reference, (e, w), (gx,), dtype)
     f32 = torch.float32
     if dtype == f32:  # with decoding history: the chunks index the outputs, the sources start P rows earlier
-        run_both(lambda *a: token_compress(*a, backend="triton"), token_compress_reference, (xs, w, past), (gin,), f32, 2)
+        tc = lambda *a: token_compress(*a, backend="triton")  # noqa: E731
+        run_both(tc, token_compress_reference, (xs, w, past), (gin,), f32, 2)
         run_both(lambda *a: embed_conv(*a, backend="triton"), embed_conv_reference, (e, w, past_e), (gx,), f32, 2)
 
 
@@ -111,7 +112,8 @@ def test_partial_buffers_do_not_grow_with_the_token_count(few_programs):
     for name, sizes in large.items():
         assert len(sizes) == len(weight[name]), f"{name}: partial buffers recorded: {sizes}"
         assert sizes == small[name], f"{name}: partial bytes {small[name]} at {2 * T} tokens, {sizes} at {8 * T}"
-        assert all(s <= PROGRAMS * w for s, w in zip(sizes, weight[name])), f"{name}: {sizes} > {PROGRAMS} x {weight[name]}"
+        bound = [PROGRAMS * w for w in weight[name]]
+        assert all(s <= b for s, b in zip(sizes, bound)), f"{name}: {sizes} > {PROGRAMS} x {weight[name]}"
 
 
 def test_reduction_grid_covers_the_tokens_within_the_bound():

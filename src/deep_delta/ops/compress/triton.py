@@ -1,7 +1,7 @@
 """Triton kernels of the compressors (CC, TC) and the embedding convolution (EC), forward and backward.
 
-Each program owns ``ROWS`` tokens (a reduction kernel: ``CHUNK`` tokens, below) and holds a (d, d_v) tile per token (``BLOCK_D = next_pow2(d)``,
-``BLOCK_V = next_pow2(d_v)``, masked); all sums are fp32. The weight-gradient kernels run on a persistent
+Each program owns ``ROWS`` tokens (a reduction kernel: ``CHUNK`` tokens, below) and holds a (d, d_v) tile
+per token (``BLOCK_D = next_pow2(d)``, ``BLOCK_V = next_pow2(d_v)``, masked); all sums are fp32. The weight-gradient kernels run on a persistent
 grid (:func:`deep_delta.ops.delta.triton.reduction_grid`): at most ``max_programs`` programs (2 x the SM count
 on CUDA), each looping over a contiguous chunk of tokens and accumulating in fp32 registers, then one (d, d_v)
 fp32 partial per program (and tap), added by torch: bounded by ``max_programs`` x the weight whatever the

@@ -176,8 +176,8 @@ def _delta_bwd_kernel(
 
 
 def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The per-program weight-gradient partials (P, ...), P <= max_programs, summed over programs, in ``dtype`` (a torch op, counted
-    by :func:`deep_delta.ops.launch.record`)."""
+    """The per-program weight-gradient partials (P, ...), P <= max_programs, summed over programs, in ``dtype``
+    (a torch op, counted by :func:`deep_delta.ops.launch.record`)."""
     out = part.sum(0).to(dtype)
     record("partial_sum", (part,), (out,))
     return out
