@@ -46,3 +46,16 @@ def test_traffic_of_a_step_matches_a_hand_count():
 def test_traffic_refuses_a_variant_without_ddl_kernels():
     with pytest.raises(ValueError, match="`variant` must be a DDL delta variant"):
         step_traffic("baseline", "tiny", **TINY)
+
+
+def test_traffic_counts_a_realistic_step_with_bounded_partials():
+    """8 x 1024 tokens on fake tensors (nothing of the step's size is allocated): the partial buffers of the
+    weight gradients stay at most MAX_PROGRAMS (d, d_v) fp32 tiles per launch, not one per token."""
+    from deep_delta.ops.delta.triton import MAX_PROGRAMS
+
+    res = step_traffic("ddl-cc-noec", "tiny", batch_size=8, seq_len=1024, **TINY)
+    assert res.tokens == 8 * 1024
+    partials = [la.read_bytes for la in res.launches if la.kernel == "partial_sum"]
+    assert len(partials) == 3 and all(p == MAX_PROGRAMS * C for p in partials)
+    updates = [la for la in res.launches if la.kernel == "delta_bwd_kernel"]
+    assert all(la.write_bytes == res.tokens * (S + VEC + V + B) + MAX_PROGRAMS * C for la in updates)

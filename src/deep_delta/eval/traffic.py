@@ -2,8 +2,9 @@
 --traffic``).
 
 The model runs one forward and backward on CPU with ``delta_backend="triton"`` inside
-:class:`deep_delta.ops.launch.count_traffic` (dry: nothing is launched, the kernels' outputs are left
-unwritten, the values are meaningless), so every DDL kernel launch of the step
+:class:`deep_delta.ops.launch.count_traffic` (dry: nothing is launched) and a ``FakeTensorMode`` (no tensor
+has storage: the GEMMs and attention are not computed either, nothing of the step's size is allocated, so a
+realistic step, e.g. 8 x 1024 tokens at the small preset, is counted in seconds), so every DDL kernel launch of the step
 (delta update, fused update + CC read, CC / TC reads, EC, and the torch sums of their partial buffers) is
 recorded with the bytes of its tensor arguments; any machine gives the same table, no GPU needed. What is
 counted and what is not: :mod:`deep_delta.ops.launch`.
@@ -53,7 +54,7 @@ class StepTraffic:
         return self.sublayers * ((2 * s + 4 * d) if phase == "forward" else (3 * s + 6 * d))
 
 
-def step_traffic(variant: str, preset: str = "small", batch_size: int = 1, seq_len: int = 16,
+def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_len: int = 1024,
                  dtype: str = "float32", **overrides) -> StepTraffic:
     """One training step of ``variant`` (a DDL delta variant) at ``preset`` on CPU, fp32 weights, under the
     autocast training uses for ``dtype`` ("float32", "bfloat16", "float16"; as ``ddl bench-kernels``), so the
@@ -61,8 +62,12 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 1, seq_l
     a state in ``dtype``.
 
     Per-token figures do not depend on ``batch_size * seq_len``, except the partial buffers of the weight
-    gradients: one per program of 1 to 16 tokens (see ``_rows_per_program``), so the table states the count.
+    gradients: one (d, d_v) fp32 tile per program of a persistent grid of at most ``max_programs`` programs
+    (``MAX_PROGRAMS`` = 256 when counting; 2 x the SM count on CUDA), so their bytes per token fall as the
+    token count grows; the table states the count. The step runs on fake tensors (no storage, nothing computed).
     """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from deep_delta.eval.timing import BENCH_DTYPES, autocast_for, check_dtype
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM
@@ -73,10 +78,9 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 1, seq_l
     if not cfg.is_delta:
         raise ValueError(f"step_traffic: `variant` must be a DDL delta variant (its kernels are counted), got "
                          f"{variant!r}")
-    torch.manual_seed(0)
-    model = DDLForCausalLM(cfg).train()
-    ids = torch.zeros(batch_size, seq_len, dtype=torch.long)
-    with count_traffic(dry=True) as counter:
+    with FakeTensorMode(), count_traffic(dry=True) as counter:
+        model = DDLForCausalLM(cfg).train()
+        ids = torch.zeros(batch_size, seq_len, dtype=torch.long)
         counter.phase = "forward"
         with autocast_for(dtype, torch.device("cpu")):
             loss = model(ids, labels=ids).loss
@@ -91,6 +95,7 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 1, seq_l
 def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str:
     """The per-kernel table of every variant and the step totals next to the ideal."""
     from deep_delta.eval.timing import dtype_label
+    from deep_delta.ops.delta.triton import MAX_PROGRAMS
 
     out = [f"### DDL kernel traffic per token, one training step (preset {preset}, {dtype_label(dtype)}; from "
            "launch arguments, not measured)", "",
@@ -107,9 +112,11 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
         out.append(f"| {res.variant} | {res.hidden_size} | {res.value_channels} | {res.state_bytes} | {res.sublayers} "
                    f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} |")
     tokens = results[0].tokens if results else 0
-    out += ["", f"Counted (dry launches on CPU) at {tokens} tokens per step. The partial buffers of the weight "
-            "gradients hold one fp32 (d, d_v) tile per program of 1 to 16 tokens (1 up to 4096 tokens), so their "
-            "bytes per token fall above 4096 tokens; the rest is per token. Each tensor argument once; "
+    out += ["", f"Counted (dry launches on fake CPU tensors), not measured, at {tokens} tokens per step. The "
+            "partial buffers of the weight gradients hold one fp32 (d, d_v) tile per program of a persistent grid of "
+            f"at most {MAX_PROGRAMS} programs per launch (the K taps of a TC / EC convolution share them; 2 x the "
+            "SM count on a GPU, 264 on an H100), so their bytes per token fall as the step grows; the rest "
+            "is per token. Each tensor argument once; "
             "compressor weights once per launch (L2-resident); the HC / mHC kernels and the non-DDL work "
             "(GEMMs, norms, attention) are not counted. Ideal: issue 24, per sublayer."]
     return "\n".join(out)

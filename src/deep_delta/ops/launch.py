@@ -34,11 +34,13 @@ class count_traffic:
     """Context manager: record every :func:`launch` (and :func:`record`) into ``self.launches``.
 
     dry: do not launch the kernels (outputs stay unwritten; the kernels' device check lets any tensor by).
+    keep_calls: also keep every launch's ``(kernel, grid, args, meta)`` in ``self.calls`` (for compiling the
+    kernels ahead of time with the arguments the ops pass: benchmarks/kernel_resources.py).
     ``phase`` is a free label stored with each launch; set it between the forward and the backward.
     """
 
-    def __init__(self, dry: bool = False):
-        self.dry, self.phase, self.launches = dry, "", []
+    def __init__(self, dry: bool = False, keep_calls: bool = False):
+        self.dry, self.keep_calls, self.phase, self.launches, self.calls = dry, keep_calls, "", [], []
 
     def __enter__(self) -> count_traffic:
         _COUNTERS.append(self)
@@ -76,6 +78,9 @@ def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], **meta) ->
             (outs if i in writes else reads).append(a)
         name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
         record(name.lstrip("_"), tuple(reads), tuple(outs))
+        for c in _COUNTERS:
+            if c.keep_calls:
+                c.calls.append((kernel, grid, args, meta))
         if counting_dry():
             return
     kernel[grid](*args, **meta)

@@ -1,8 +1,11 @@
 """Triton kernels of the compressors (CC, TC) and the embedding convolution (EC), forward and backward.
 
-Each program owns ``ROWS`` tokens and holds a (d, d_v) tile per token (``BLOCK_D = next_pow2(d)``,
-``BLOCK_V = next_pow2(d_v)``, masked); all sums are fp32. Weight gradients are per-program partial sums
-(one (d, d_v) tile per program and tap) added by torch: deterministic, no atomics.
+Each program owns ``ROWS`` tokens (a reduction kernel: ``CHUNK`` tokens, below) and holds a (d, d_v) tile
+per token (``BLOCK_D = next_pow2(d)``, ``BLOCK_V = next_pow2(d_v)``, masked); all sums are fp32. The weight-gradient kernels run on a persistent
+grid (:func:`deep_delta.ops.delta.triton.reduction_grid`): at most ``max_programs`` programs (2 x the SM count
+on CUDA), each looping over a contiguous chunk of tokens and accumulating in fp32 registers, then one (d, d_v)
+fp32 partial per program (and tap), added by torch: bounded by ``max_programs`` x the weight whatever the
+token count; deterministic, no atomics.
 
 - CC  fwd: x_in = sum_j c_ij x_ij (one read of x);  bwd: grad_x = g c^T (one write), grad_c partials.
 - TC  fwd: x_in_t = sum_s sum_j w_s x_{t-s} (the K taps of a token are re-read from L2, not HBM);
@@ -20,7 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from deep_delta.ops.delta.triton import _blocks, _num_warps, _rows_per_program, check_device, sum_partials
+from deep_delta.ops.delta.triton import (
+    _blocks,
+    _num_warps,
+    _rows_per_program,
+    check_device,
+    reduction_grid,
+    sum_partials,
+)
 from deep_delta.ops.launch import launch
 
 
@@ -42,9 +52,8 @@ def _cc_fwd_kernel(X, C, XIN, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexp
 
 
 @triton.jit
-def _cc_bwd_kernel(
-    X, C, G, GX, GC_PART, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr
-):
+def _cc_bwd_kernel(X, C, G, GX, GC_PART, N, CHUNK, D, DV, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK): grad_x per token, grad_c of the chunk in registers, one partial."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -53,8 +62,8 @@ def _cc_bwd_kernel(
     tile = offs_d[:, None] * DV + offs_v[None, :]
     c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
     gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-    for r in range(ROWS):
-        n = pid * ROWS + r
+    for r in range(0, CHUNK):
+        n = pid * CHUNK + r
         ok_d = md & (((offs_d * 0) + n) < N)
         ok_v = mv & (((offs_v * 0) + n) < N)
         mt = ok_d[:, None] & ok_v[None, :]
@@ -124,10 +133,11 @@ def _tc_bwd_x_kernel(
 
 @triton.jit
 def _conv_bwd_w_kernel(
-    A, S, GW_PART, N, T, L, D, DV,
-    A_IS_STATE: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    A, S, GW_PART, N, CHUNK, T, L, D, DV,
+    A_IS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """Partial ``sum_n A(b, t) * S(b, t + P - s)`` for tap s = program_id(1).
+    """Partial ``sum_n A(b, t) * S(b, t + P - s)`` over the tokens n in [pid * CHUNK, (pid + 1) * CHUNK) for tap
+    s = program_id(1), accumulated in fp32 registers; one (d, d_v) partial per (program, tap).
 
     TC: A = g (B, T, d) broadcast over d_v, S = x (B, L, d, d_v).  (A_IS_STATE = False)
     EC: A = G (B, T, d, d_v), S = e (B, L, d) broadcast over d_v.  (A_IS_STATE = True)
@@ -141,8 +151,8 @@ def _conv_bwd_w_kernel(
     tile = offs_d[:, None] * DV + offs_v[None, :]
     p = L - T
     acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-    for r in range(ROWS):
-        n = pid * ROWS + r
+    for r in range(0, CHUNK):
+        n = pid * CHUNK + r
         b = n // T
         t = n % T
         src = t + p - s
@@ -214,10 +224,16 @@ def _ec_bwd_e_kernel(
         tl.store(GEP + m * D + offs_d, tl.sum(acc, axis=1).to(GEP.dtype.element_ty), mask=ok_d)
 
 
-def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
+def _reduction_meta(d: int, dv: int) -> dict:
+    """The meta-parameters of a persistent reduction kernel (its tokens per program are a runtime argument)."""
     bd, bv = _blocks(d, dv)
+    return dict(BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
+
+
+def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
+    """Grid and meta-parameters of a kernel without a reduction over tokens: ``ROWS`` tokens per program."""
     rows = _rows_per_program(n)
-    return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
+    return (triton.cdiv(n, rows),), dict(ROWS=rows, **_reduction_meta(d, dv))
 
 
 class ChannelCompressTriton(torch.autograd.Function):
@@ -237,10 +253,11 @@ class ChannelCompressTriton(torch.autograd.Function):
     def backward(ctx, g):
         x, c = ctx.saved_tensors
         n, d, dv = x.shape
-        grid, meta = _launch_args(n, d, dv)
+        progs, chunk = reduction_grid(n, x.device)
+        meta = _reduction_meta(d, dv)
         gx = torch.empty_like(x)
-        part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
-        launch(_cc_bwd_kernel, grid, (x, c, g.contiguous(), gx, part, n, d, dv), writes=(3, 4), **meta)
+        part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
+        launch(_cc_bwd_kernel, (progs,), (x, c, g.contiguous(), gx, part, n, chunk, d, dv), writes=(3, 4), **meta)
         return gx, sum_partials(part, c.dtype)
 
 
@@ -248,10 +265,10 @@ def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_sta
     b, length = src.shape[:2]
     kk, d, dv = w.shape
     n = b * t
-    grid, meta = _launch_args(n, d, dv)
-    part = torch.empty(grid[0], kk, d, dv, dtype=torch.float32, device=a.device)
-    launch(_conv_bwd_w_kernel, (grid[0], kk), (a, src, part, n, t, length, d, dv), writes=(2,),
-           A_IS_STATE=a_is_state, **meta)
+    progs, chunk = reduction_grid(n, a.device, per_program_axis=kk)  # (progs, K) programs, at most max_programs
+    part = torch.empty(progs, kk, d, dv, dtype=torch.float32, device=a.device)
+    launch(_conv_bwd_w_kernel, (progs, kk), (a, src, part, n, chunk, t, length, d, dv), writes=(2,),
+           A_IS_STATE=a_is_state, **_reduction_meta(d, dv))
     return sum_partials(part, w.dtype)
 
 

@@ -1,6 +1,7 @@
 """Triton kernels of the delta update, forward and backward, with an optional fused CC read.
 
-One program owns ``ROWS`` consecutive tokens; for each it holds the whole (d, d_v) state tile in
+One program owns ``ROWS`` consecutive tokens (with the fused read, the backward's ``CHUNK`` tokens of a persistent
+grid, :func:`reduction_grid`); for each it holds the whole (d, d_v) state tile in
 registers (``BLOCK_D = next_pow2(d)``, ``BLOCK_V = next_pow2(d_v)``, masked), so the state is read once
 and written once per pass:
 
@@ -11,7 +12,9 @@ forward   read k, x, v, beta -> k_hat = k * rsqrt(mean(k^2) + eps^2/d)  (fp32 re
 backward  read x, k, v, beta, G (and g_in, c for the fused read: G += g_in c^T)
           recompute k_hat, p, delta (nothing of state size is saved but x itself)
           write grad_x = G - u (beta a)^T, grad_k, grad_v, grad_beta with a = u^T G
-          [fused read]       per-program partial sums of grad_c = sum_n g_in x'^T (summed by torch)
+          [fused read]       grad_c = sum_n g_in x'^T: a persistent grid (see :func:`reduction_grid`), each
+                             program accumulating its contiguous chunk of tokens in fp32 registers, one
+                             (d, d_v) fp32 partial per program (at most ``max_programs``), summed by torch
 
 Gate and value math are fp32 whatever the storage dtype (fp32, bf16, fp16). Tested against the plain
 reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_kernels.py).
@@ -19,6 +22,7 @@ reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_kernels.py).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,9 +41,39 @@ def _blocks(d: int, dv: int) -> tuple[int, int]:
     return triton.next_power_of_2(d), triton.next_power_of_2(dv)
 
 
+MAX_PROGRAMS = 256  # the persistent grid's size off CUDA (the interpreter, dry counting); tests patch it small
+PROGRAMS_PER_SM = 2  # on CUDA: max_programs = 2 x the SM count (264 on an H100 SXM)
+
+
 def _rows_per_program(n: int) -> int:
-    """Tokens per program: enough programs to fill a GPU, few enough partial sums to add up."""
+    """Tokens per program of a kernel without a reduction over tokens: enough programs to fill a GPU."""
     return 1 if n <= 4096 else (4 if n <= 65536 else 16)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def max_programs(device: torch.device) -> int:
+    """Programs of a persistent reduction grid: 2 x the SM count on CUDA, ``MAX_PROGRAMS`` elsewhere."""
+    if device.type == "cuda":
+        return PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return MAX_PROGRAMS
+
+
+def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1) -> tuple[int, int]:
+    """(programs, tokens per program) of a kernel that sums a weight gradient over its n tokens.
+
+    Each program takes a contiguous chunk of tokens and accumulates in fp32 registers, then writes one partial;
+    the programs number ``min(cdiv(n, rows), max_programs // per_program_axis)`` (``per_program_axis``: the
+    size of a second grid axis, e.g. the K taps), so the partial buffer is bounded by ``max_programs`` x the
+    weight whatever the token count. Deterministic: the same n gives the same chunks and summation order.
+    """
+    cap = max(1, max_programs(device) // per_program_axis)
+    progs = max(1, min(triton.cdiv(n, _rows_per_program(n)), cap))
+    chunk = max(1, triton.cdiv(n, progs))
+    return triton.cdiv(n, chunk), chunk
 
 
 def _num_warps(block: int) -> int:
@@ -91,9 +125,10 @@ def _delta_fwd_kernel(
 def _delta_bwd_kernel(
     X, K, V, BETA, G, GIN, C,
     GX, GK, GV, GBETA, GC_PART,
-    N, D, DV, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d,
+    HAS_READ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the read, grad_c of the chunk in registers, one partial."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -103,8 +138,8 @@ def _delta_bwd_kernel(
     if HAS_READ:
         c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
         gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-    for r in range(ROWS):
-        n = pid * ROWS + r
+    for r in range(0, CHUNK):
+        n = pid * CHUNK + r
         n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
         n_v = (offs_v * 0) + n
         ok_d = md & (n_d < N)
@@ -141,8 +176,8 @@ def _delta_bwd_kernel(
 
 
 def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The per-program weight-gradient partials (P, ...) summed over programs, in ``dtype`` (a torch op, counted
-    by :func:`deep_delta.ops.launch.record`)."""
+    """The per-program weight-gradient partials (P, ...), P <= max_programs, summed over programs, in ``dtype``
+    (a torch op, counted by :func:`deep_delta.ops.launch.record`)."""
     out = part.sum(0).to(dtype)
     record("partial_sum", (part,), (out,))
     return out
@@ -211,9 +246,13 @@ def triton_backward(
     """
     n, d, dv = x.shape
     bd, bv = _blocks(d, dv)
-    rows = _rows_per_program(n)
-    grid = (triton.cdiv(n, rows),)
     has_read = c is not None
+    if has_read:  # a persistent grid: grad_c partials bounded by max_programs, not by n
+        progs, chunk = reduction_grid(n, x.device)
+    else:  # no reduction over tokens: every row block its own program
+        chunk = _rows_per_program(n)
+        progs = triton.cdiv(n, chunk)
+    grid = (progs,)
     g = g.contiguous()
     gx = torch.empty_like(x)
     gk = torch.empty_like(k)
@@ -227,8 +266,9 @@ def triton_backward(
         gin, gc_part, c_arg = g, g, g  # unused placeholders
     launch(
         _delta_bwd_kernel, grid,
-        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, d, dv, k_eps * k_eps / d,
+         1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
 

@@ -19,8 +19,11 @@ sinkhorn fwd  a block of tokens' (n, n) logits in registers: exp of the shifted 
             normalisation; then the exp and the max shift (its gradient to the maximal logits, ties split
             evenly, as ``amax``'s backward).
 
-Per-token coefficient gradients come out as (N, ...) fp32; for a static coefficient the autograd of the
-expand in front of the Function sums them (deterministic, no atomics). Tested against the references under
+Per-token coefficient gradients come out as (N, ...) fp32. A static coefficient (one (n, n) / (n,) for all
+tokens, token stride 0) has its gradient summed in the backward kernels: a persistent grid of at most
+``max_programs`` programs (:func:`deep_delta.ops.delta.triton.reduction_grid`), each looping over a contiguous
+chunk of tokens and accumulating in fp32 registers, one (n, n) / (n,) partial per program summed by torch
+(bounded whatever the token count; deterministic, no atomics). Tested against the references under
 ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_hyper_kernels.py).
 """
 
@@ -32,7 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deep_delta.ops.delta.triton import check_device
+from deep_delta.ops.delta.triton import check_device, reduction_grid, sum_partials
+from deep_delta.ops.launch import launch
 
 MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
 TILE = 4096  # elements of the largest register tile (BLOCK_D x BLOCK_N x BLOCK_N in the write)
@@ -74,33 +78,50 @@ def _write_fwd_kernel(
 
 @triton.jit
 def _write_bwd_kernel(
-    H, R, B, F, G, GH, GR, GB, GF, D, stride_r, stride_b,
-    NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    H, R, B, F, G, GH, GR, GB, GF, NT, CHUNK, D, stride_r, stride_b,
+    R_STATIC: tl.constexpr, B_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    tok = tl.program_id(0).to(tl.int64)
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK). A per-token coefficient's gradient is stored per token; a static
+    one's (token stride 0) is summed over the chunk in registers and stored once per program (a partial)."""
+    pid = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mn = offs_n < NS
     r_tile = offs_n[:, None] * NS + offs_n[None, :]
     mr = mn[:, None] & mn[None, :]
-    r = tl.load(R + tok * stride_r + r_tile, mask=mr, other=0.0).to(tl.float32)
-    b = tl.load(B + tok * stride_b + offs_n, mask=mn, other=0.0).to(tl.float32)
-    gr = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
-    gb = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for start in range(0, D, BLOCK_D):
-        offs_d = start + tl.arange(0, BLOCK_D)
-        md = offs_d < D
-        mt = md[:, None] & mn[None, :]
-        tile = offs_d[:, None] * NS + offs_n[None, :]
-        h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
-        g = tl.load(G + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
-        f = tl.load(F + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
-        gh = tl.sum(g[:, None, :] * r[None, :, :], axis=2)  # (G R^T)_ik = sum_j g_ij r_kj
-        tl.store(GH + tok * D * NS + tile, gh.to(GH.dtype.element_ty), mask=mt)
-        tl.store(GF + tok * D + offs_d, tl.sum(g * b[None, :], axis=1).to(GF.dtype.element_ty), mask=md)
-        gr += tl.sum(h[:, :, None] * g[:, None, :], axis=0)  # (h^T G)_kj = sum_i h_ik g_ij
-        gb += tl.sum(g * f[:, None], axis=0)
-    tl.store(GR + tok * NS * NS + r_tile, gr, mask=mr)
-    tl.store(GB + tok * NS + offs_n, gb, mask=mn)
+    gr_sum = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+    gb_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for i in range(0, CHUNK):
+        tok = pid * CHUNK + i
+        if tok < NT:
+            r = tl.load(R + tok * stride_r + r_tile, mask=mr, other=0.0).to(tl.float32)
+            b = tl.load(B + tok * stride_b + offs_n, mask=mn, other=0.0).to(tl.float32)
+            gr = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+            gb = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for start in range(0, D, BLOCK_D):
+                offs_d = start + tl.arange(0, BLOCK_D)
+                md = offs_d < D
+                mt = md[:, None] & mn[None, :]
+                tile = offs_d[:, None] * NS + offs_n[None, :]
+                h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+                g = tl.load(G + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+                f = tl.load(F + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
+                gh = tl.sum(g[:, None, :] * r[None, :, :], axis=2)  # (G R^T)_ik = sum_j g_ij r_kj
+                tl.store(GH + tok * D * NS + tile, gh.to(GH.dtype.element_ty), mask=mt)
+                tl.store(GF + tok * D + offs_d, tl.sum(g * b[None, :], axis=1).to(GF.dtype.element_ty), mask=md)
+                gr += tl.sum(h[:, :, None] * g[:, None, :], axis=0)  # (h^T G)_kj = sum_i h_ik g_ij
+                gb += tl.sum(g * f[:, None], axis=0)
+            if R_STATIC:
+                gr_sum += gr
+            else:
+                tl.store(GR + tok * NS * NS + r_tile, gr, mask=mr)
+            if B_STATIC:
+                gb_sum += gb
+            else:
+                tl.store(GB + tok * NS + offs_n, gb, mask=mn)
+    if R_STATIC:
+        tl.store(GR + pid * NS * NS + r_tile, gr_sum, mask=mr)
+    if B_STATIC:
+        tl.store(GB + pid * NS + offs_n, gb_sum, mask=mn)
 
 
 # ------------------------------------------------------------------------------------------------ read
@@ -121,23 +142,34 @@ def _read_fwd_kernel(H, A, OUT, D, stride_a, NS: tl.constexpr, BLOCK_D: tl.const
 
 @triton.jit
 def _read_bwd_kernel(
-    H, A, G, GH, GA, D, stride_a, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr
+    H, A, G, GH, GA, NT, CHUNK, D, stride_a,
+    A_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    tok = tl.program_id(0).to(tl.int64)
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); grad_a per token, or (static a) one partial per program."""
+    pid = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mn = offs_n < NS
-    a = tl.load(A + tok * stride_a + offs_n, mask=mn, other=0.0).to(tl.float32)
-    ga = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for start in range(0, D, BLOCK_D):
-        offs_d = start + tl.arange(0, BLOCK_D)
-        md = offs_d < D
-        mt = md[:, None] & mn[None, :]
-        tile = offs_d[:, None] * NS + offs_n[None, :]
-        g = tl.load(G + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
-        h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
-        tl.store(GH + tok * D * NS + tile, (g[:, None] * a[None, :]).to(GH.dtype.element_ty), mask=mt)
-        ga += tl.sum(h * g[:, None], axis=0)
-    tl.store(GA + tok * NS + offs_n, ga, mask=mn)
+    ga_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for i in range(0, CHUNK):
+        tok = pid * CHUNK + i
+        if tok < NT:
+            a = tl.load(A + tok * stride_a + offs_n, mask=mn, other=0.0).to(tl.float32)
+            ga = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for start in range(0, D, BLOCK_D):
+                offs_d = start + tl.arange(0, BLOCK_D)
+                md = offs_d < D
+                mt = md[:, None] & mn[None, :]
+                tile = offs_d[:, None] * NS + offs_n[None, :]
+                g = tl.load(G + tok * D + offs_d, mask=md, other=0.0).to(tl.float32)
+                h = tl.load(H + tok * D * NS + tile, mask=mt, other=0.0).to(tl.float32)
+                tl.store(GH + tok * D * NS + tile, (g[:, None] * a[None, :]).to(GH.dtype.element_ty), mask=mt)
+                ga += tl.sum(h * g[:, None], axis=0)
+            if A_STATIC:
+                ga_sum += ga
+            else:
+                tl.store(GA + tok * NS + offs_n, ga, mask=mn)
+    if A_STATIC:
+        tl.store(GA + pid * NS + offs_n, ga_sum, mask=mn)
 
 
 # -------------------------------------------------------------------------------------------- sinkhorn
@@ -196,9 +228,25 @@ def _sinkhorn_bwd_kernel(
 # ------------------------------------------------------------------------------------- autograd Functions
 
 
+def _token_stride(c: torch.Tensor, tail_dims: int) -> int:
+    """A coefficient's token stride: 0 for a static one (only its ``tail_dims``), else its rows' size."""
+    return 0 if c.dim() == tail_dims else c.stride(0)
+
+
+def _backward_grid(nt: int, device: torch.device, static: bool) -> tuple[int, int]:
+    """(programs, tokens per program): a persistent grid when a static coefficient's gradient is summed over
+    the tokens, else one program per token."""
+    return reduction_grid(nt, device) if static else (nt, 1)
+
+
+def _coef_grad(grad: torch.Tensor, c: torch.Tensor, static: bool) -> torch.Tensor:
+    """A static coefficient's per-program partials summed (deterministic), a per-token one as it is."""
+    return sum_partials(grad, c.dtype) if static else grad.to(c.dtype)
+
+
 class StreamWriteTriton(torch.autograd.Function):
-    """h (N, d, n) contiguous, r (N, n, n) and b (N, n) with contiguous rows (token stride n*n / n, or 0 for
-    a static coefficient expanded over the tokens), f (N, d) contiguous -> h' (N, d, n) in h's dtype."""
+    """h (N, d, n) contiguous, r (N, n, n) and b (N, n) contiguous, or static r (n, n) and b (n,) (token stride
+    0, shared by every token), f (N, d) contiguous -> h' (N, d, n) in h's dtype."""
 
     @staticmethod
     def forward(ctx, h, r, b, f):
@@ -206,9 +254,9 @@ class StreamWriteTriton(torch.autograd.Function):
         bn = _block_n(n, "stream_write")
         bd = _block_d(d, bn * bn)
         out = torch.empty_like(h)
-        _write_fwd_kernel[(nt, triton.cdiv(d, bd))](
-            h, r, b, f, out, d, r.stride(0), b.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4
-        )
+        launch(_write_fwd_kernel, (nt, triton.cdiv(d, bd)),
+               (h, r, b, f, out, d, _token_stride(r, 2), _token_stride(b, 1)), writes=(4,),
+               NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
         ctx.save_for_backward(h, r, b, f)
         return out
 
@@ -219,17 +267,19 @@ class StreamWriteTriton(torch.autograd.Function):
         bn = _block_n(n, "stream_write")
         bd = _block_d(d, bn * bn)
         g = g.contiguous()
+        r_static, b_static = r.dim() == 2, b.dim() == 1
+        progs, chunk = _backward_grid(nt, h.device, r_static or b_static)
         gh, gf = torch.empty_like(h), torch.empty_like(f)
-        gr = torch.empty(nt, n, n, dtype=torch.float32, device=h.device)
-        gb = torch.empty(nt, n, dtype=torch.float32, device=h.device)
-        _write_bwd_kernel[(nt,)](
-            h, r, b, f, g, gh, gr, gb, gf, d, r.stride(0), b.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4
-        )
-        return gh, gr.to(r.dtype), gb.to(b.dtype), gf
+        gr = torch.empty(progs if r_static else nt, n, n, dtype=torch.float32, device=h.device)
+        gb = torch.empty(progs if b_static else nt, n, dtype=torch.float32, device=h.device)
+        launch(_write_bwd_kernel, (progs,),
+               (h, r, b, f, g, gh, gr, gb, gf, nt, chunk, d, _token_stride(r, 2), _token_stride(b, 1)),
+               writes=(5, 6, 7, 8), R_STATIC=r_static, B_STATIC=b_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
+        return gh, _coef_grad(gr, r, r_static), _coef_grad(gb, b, b_static), gf
 
 
 class StreamReadTriton(torch.autograd.Function):
-    """h (N, d, n) contiguous, a (N, n) with contiguous rows (token stride n, or 0 when static) -> (N, d)."""
+    """h (N, d, n) contiguous, a (N, n) contiguous or static (n,) (token stride 0) -> (N, d)."""
 
     @staticmethod
     def forward(ctx, h, a):
@@ -237,8 +287,8 @@ class StreamReadTriton(torch.autograd.Function):
         bn = _block_n(n, "stream_read")
         bd = _block_d(d, bn)
         out = torch.empty(nt, d, dtype=h.dtype, device=h.device)
-        _read_fwd_kernel[(nt, triton.cdiv(d, bd))](h, a, out, d, a.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn,
-                                                    num_warps=4)
+        launch(_read_fwd_kernel, (nt, triton.cdiv(d, bd)), (h, a, out, d, _token_stride(a, 1)), writes=(2,),
+               NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
         ctx.save_for_backward(h, a)
         return out
 
@@ -248,11 +298,13 @@ class StreamReadTriton(torch.autograd.Function):
         nt, d, n = h.shape
         bn = _block_n(n, "stream_read")
         bd = _block_d(d, bn)
+        a_static = a.dim() == 1
+        progs, chunk = _backward_grid(nt, h.device, a_static)
         gh = torch.empty_like(h)
-        ga = torch.empty(nt, n, dtype=torch.float32, device=h.device)
-        _read_bwd_kernel[(nt,)](h, a, g.contiguous(), gh, ga, d, a.stride(0), NS=n, BLOCK_D=bd, BLOCK_N=bn,
-                                num_warps=4)
-        return gh, ga.to(a.dtype)
+        ga = torch.empty(progs if a_static else nt, n, dtype=torch.float32, device=h.device)
+        launch(_read_bwd_kernel, (progs,), (h, a, g.contiguous(), gh, ga, nt, chunk, d, _token_stride(a, 1)),
+               writes=(3, 4), A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
+        return gh, _coef_grad(ga, a, a_static)
 
 
 def _sinkhorn_grid(nt: int, n: int) -> tuple[int, int]:
@@ -269,8 +321,8 @@ class SinkhornTriton(torch.autograd.Function):
         nt, n, _ = logits.shape
         bn, bt = _sinkhorn_grid(nt, n)
         out = torch.empty(nt, n, n, dtype=out_dtype, device=logits.device)
-        _sinkhorn_fwd_kernel[(triton.cdiv(nt, bt),)](logits, out, nt, iters, eps, NS=n, BLOCK_T=bt, BLOCK_N=bn,
-                                                      num_warps=4)
+        launch(_sinkhorn_fwd_kernel, (triton.cdiv(nt, bt),), (logits, out, nt, iters, eps), writes=(1,),
+               NS=n, BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
         ctx.save_for_backward(logits)
         ctx.iters, ctx.eps = iters, eps
         return out
@@ -281,8 +333,8 @@ class SinkhornTriton(torch.autograd.Function):
         nt, n, _ = logits.shape
         bn, bt = _sinkhorn_grid(nt, n)
         gz = torch.empty_like(logits)
-        _sinkhorn_bwd_kernel[(triton.cdiv(nt, bt),)](logits, g.contiguous(), gz, nt, ctx.iters, ctx.eps, NS=n,
-                                                      BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
+        launch(_sinkhorn_bwd_kernel, (triton.cdiv(nt, bt),), (logits, g.contiguous(), gz, nt, ctx.iters, ctx.eps),
+               writes=(2,), NS=n, BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
         return gz, None, None, None
 
 
@@ -290,12 +342,11 @@ class SinkhornTriton(torch.autograd.Function):
 
 
 def _per_token(c: torch.Tensor, lead: tuple[int, ...], tail: tuple[int, ...]) -> torch.Tensor:
-    """A coefficient broadcast to (N, *tail) with contiguous trailing dims; a static one keeps token stride 0."""
-    nt = math.prod(lead)
-    inner = c.reshape(-1, *tail) if c.dim() == len(tail) else None
-    if inner is not None:  # static: (1, *tail) expanded, no copy
-        return inner.contiguous().expand(nt, *tail)
-    return c.expand(*lead, *tail).reshape(nt, *tail).contiguous()
+    """A coefficient as (N, *tail) contiguous, or a static one as (*tail) contiguous (the kernels read it with
+    token stride 0 and sum its gradient themselves)."""
+    if c.dim() == len(tail):
+        return c.contiguous()
+    return c.expand(*lead, *tail).reshape(math.prod(lead), *tail).contiguous()
 
 
 def stream_write_triton(h: torch.Tensor, r: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
