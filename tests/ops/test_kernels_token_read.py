@@ -19,6 +19,7 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before trito
 
 import pytest  # noqa: E402
 
+import deep_delta.ops.delta.triton as dt  # noqa: E402
 import deep_delta.ops.delta.triton_token as tt  # noqa: E402
 from deep_delta.ops import delta_update  # noqa: E402
 from deep_delta.ops.compress import update_and_token_read  # noqa: E402
@@ -51,7 +52,7 @@ def _reference(x, k, v, beta, w):
 @pytest.fixture
 def small_grid(monkeypatch):
     monkeypatch.setattr(tt, "CHUNK", 4)
-    monkeypatch.setattr(tt, "MAX_PROGRAMS", 3)
+    monkeypatch.setattr(dt, "MAX_PROGRAMS", 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -99,7 +100,7 @@ def test_lean_path_is_the_update_then_the_read():
 @pytest.mark.parametrize("tokens", [512, 8192])
 def test_partial_buffer_is_bounded_by_the_programs(monkeypatch, tokens):
     """grad_w's partial buffer holds one (K, d, d_v) tile per program, at most MAX_PROGRAMS, for any token count."""
-    monkeypatch.setattr(tt, "MAX_PROGRAMS", 5)
+    monkeypatch.setattr(dt, "MAX_PROGRAMS", 5)
     d, dv, ks = 16, 4, 4
     x, k, v, beta, w = _inputs(2, tokens // 2, d, dv, ks, torch.float32)
     with count_traffic(dry=True) as c:

@@ -58,8 +58,9 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
                  dtype: str = "float32", **overrides) -> StepTraffic:
     """One training step of ``variant`` (a DDL delta variant) at ``preset`` on CPU, fp32 weights, under the
     autocast training uses for ``dtype`` ("float32", "bfloat16", "float16"; as ``ddl bench-kernels``), so the
-    kernels get the tensors they get in training (under autocast today: fp32 states). The ideal's S is for
-    a state in ``dtype``.
+    kernels get the tensors they get in training on a GPU: a d_v > 1 state stored in ``dtype`` (what
+    ``state_dtype="auto"`` gives under CUDA autocast; an explicit ``state_dtype`` in ``overrides`` is kept), a
+    d_v = 1 state in fp32. The ideal's S is for a state in ``dtype``.
 
     Per-token figures do not depend on ``batch_size * seq_len``, except the partial buffers of the weight
     gradients: one (d, d_v) fp32 tile per program of a persistent grid of at most ``max_programs`` programs
@@ -78,6 +79,10 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
     if not cfg.is_delta:
         raise ValueError(f"step_traffic: `variant` must be a DDL delta variant (its kernels are counted), got "
                          f"{variant!r}")
+    if cfg.state_dtype == "auto" and cfg.value_channels > 1 and dtype != "float32":
+        # the state dtype "auto" gives under CUDA autocast (this step runs on CPU, where "auto" keeps fp32)
+        cfg = DDLConfig.from_variant(variant, preset, **{"max_position_embeddings": seq_len, **overrides,
+                                                         "delta_backend": "triton", "state_dtype": dtype})
     with FakeTensorMode(), count_traffic(dry=True) as counter:
         model = DDLForCausalLM(cfg).train()
         ids = torch.zeros(batch_size, seq_len, dtype=torch.long)

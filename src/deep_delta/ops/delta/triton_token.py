@@ -14,7 +14,7 @@ forward   for t = t0-K+1 .. t0+CHUNK-1 (t >= 0): the update of token t as ops.de
 backward  the gradient of x'_t is G_t + sum_s w_s g_in_{t+s} (the K rows of g_in, d-vectors, from L2), formed in
           registers; the update's backward as ops.delta.triton with it; the taps' gradient
           grad_w_s += g_in_{t+s} x'_t^T accumulated in fp32 registers. A persistent grid: at most
-          ``MAX_PROGRAMS`` programs, each looping over chunks, so the partial buffer of grad_w is
+          ``max_programs`` programs (ops.delta.triton: 2 x the SM count on CUDA), each looping over chunks, so the partial buffer of grad_w is
           (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
 
 Compared with the update followed by a separate TC read (two kernels each way): one pass over the state
@@ -33,11 +33,10 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.delta.triton import _blocks, _num_warps, check_device, sum_partials
+from deep_delta.ops.delta.triton import _blocks, _num_warps, check_device, max_programs, sum_partials
 from deep_delta.ops.launch import launch
 
 CHUNK = 32  # tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
-MAX_PROGRAMS = 264  # backward programs (about 2 per SM of an H100); bounds the grad_w partial buffer
 
 
 @triton.jit
@@ -183,7 +182,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
     chunk = _chunk(t)
     per_seq = triton.cdiv(t, chunk)
     n_chunks = bsz * per_seq
-    programs = min(n_chunks, MAX_PROGRAMS)
+    programs = min(n_chunks, max_programs(x.device))
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     gw_part = torch.empty(programs, ks, d, dv, dtype=torch.float32, device=x.device)
