@@ -51,7 +51,9 @@ def add_parser(sub) -> None:
 def _fields(settings):
     import dataclasses
 
-    return [f for f in dataclasses.fields(settings) if f.name not in ("model", "task")]
+    from deep_delta.tasks.settings import GROUPS
+
+    return [f for f in dataclasses.fields(settings) if f.name not in GROUPS]
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -70,10 +70,11 @@ class TaskSettings:
         fields = sorted(f.name for f in dataclasses.fields(self) if f.name not in GROUPS)
         for key, value in given.items():
             if key in GROUPS and isinstance(value, dict):
-                if key == "model" and value.keys() - model_fields():
-                    name = sorted(value.keys() - model_fields())[0]
-                    raise ValueError(f"`assignments` got {_item(assignments, f'model.{name}', 'model')!r}: DDLConfig has no "
-                                     f"field {name!r}; allowed model fields: {', '.join(sorted(model_fields()))}")
+                unknown = sorted(value.keys() - model_fields()) if key == "model" else []
+                if unknown:
+                    item = _item(assignments, f"model.{unknown[0]}", "model")
+                    raise ValueError(f"`assignments` got {item!r}: DDLConfig has no field {unknown[0]!r}; allowed "
+                                     f"model fields: {', '.join(sorted(model_fields()))}")
                 values[key].update(value)
             elif key in fields:
                 values[key] = value
