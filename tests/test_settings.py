@@ -12,7 +12,7 @@ import pytest
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
 from deep_delta.experiments.settings import CoordCheckSettings
 from deep_delta.settings import check_fields
-from deep_delta.tasks.run import TaskSettings
+from deep_delta.tasks.settings import TaskSettings
 from deep_delta.train.config import TrainConfig
 
 SETTINGS = [TrainConfig, TaskSettings, BenchSettings, KernelBenchSettings, CoordCheckSettings]
@@ -79,3 +79,34 @@ def test_ddl_train_has_one_flag_per_field_with_the_help_kept_beside_the_field():
             assert list(a.choices) == list(f.metadata["choices"]), f.name
     args = train.parse_args(["--lr", "2e-3", "--betas", "0.8", "0.9", "--no-compile", "--peak-flops", "1e12"])
     assert (args.lr, args.betas, args.compile, args.peak_flops) == (2e-3, [0.8, 0.9], False, 1e12)
+
+
+def test_set_fills_one_entry_of_a_group_and_refuses_mixing_a_group_with_a_value():
+    from deep_delta.settings import parse_assignments
+
+    assert parse_assignments(["model.hidden_size=8", "task.num_cups=3"]) == {
+        "model": {"hidden_size": 8}, "task.num_cups": 3}
+    assert parse_assignments(["model.hidden_size=8", "task.num_cups=3"], groups=("model", "task")) == {
+        "model": {"hidden_size": 8}, "task": {"num_cups": 3}}
+    with pytest.raises(ValueError, match=r"got 'model.x=1' after model=5; allowed: one of model=MAPPING"):
+        parse_assignments(["model=5", "model.x=1"])  # before: a TypeError
+
+
+@pytest.mark.parametrize(("item", "said"), [
+    ("lr=0", "`lr` got 0.0; allowed: a number > 0"),
+    ("grad_clip=-1", "`grad_clip` got -1.0; allowed: a number >= 0"),
+    ("min_lr_ratio=2", "`min_lr_ratio` got 2.0; allowed: a number in [0, 1]"),
+    ("betas=[0.9]", "`betas` got [0.9]; allowed: two numbers in [0, 1)"),
+    ("model=5", "got 'model=5': no setting 'model'"),
+    ("model={bogus: 1}", "got 'model={bogus: 1}': DDLConfig has no field 'bogus'"),
+])
+def test_task_settings_name_the_field_in_every_error(item, said):
+    with pytest.raises(ValueError) as error:
+        TaskSettings().with_assignments([item])
+    assert said in str(error.value)
+
+
+def test_task_settings_take_model_and_task_entries():
+    s = TaskSettings().with_assignments(["model.hidden_size=32", "task.num_cups=3", "betas=[0.8, 0.9]"])
+    assert s.model == {**TaskSettings().model, "hidden_size": 32} and s.task == {"num_cups": 3}
+    assert s.betas == [0.8, 0.9]

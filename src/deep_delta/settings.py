@@ -75,14 +75,20 @@ def parse_assignment(item: str) -> tuple[str, Any]:
     return key, _numbers(value, item)
 
 
-def parse_assignments(assignments: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings (``ddl ... --set``) as settings (:func:`parse_assignment`); ``model.FIELD=VALUE``
-    goes into ``values["model"]`` (DDLConfig fields). Checking the keys is the caller's."""
+def parse_assignments(assignments: list[str], groups: Sequence[str] = ("model",)) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (``ddl ... --set``) as settings (:func:`parse_assignment`); ``GROUP.NAME=VALUE``
+    for a GROUP of ``groups`` goes into ``values[GROUP][NAME]`` (``model.FIELD``: DDLConfig fields). Checking
+    the keys is the caller's."""
     values: dict[str, Any] = {}
     for item in assignments:
         key, value = parse_assignment(item)
-        if key.startswith("model."):
-            values.setdefault("model", {})[key[len("model."):]] = value
+        group, dot, name = key.partition(".")
+        if dot and group in groups:
+            entries = values.setdefault(group, {})
+            if not isinstance(entries, dict):
+                raise ValueError(f"`assignments` got {item!r} after {group}={entries!r}; allowed: one of "
+                                 f"{group}=MAPPING or {group}.NAME=VALUE")
+            entries[name] = value
         else:
             values[key] = value
     return values

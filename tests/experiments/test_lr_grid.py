@@ -9,7 +9,8 @@ import pytest
 
 from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, divergence, grid_table, sensitivity_figure
 from deep_delta.tasks import get_task
-from deep_delta.tasks.run import TaskSettings, grid_points, summarize_grid
+from deep_delta.tasks.settings import TaskSettings
+from deep_delta.tasks.study import grid_points, summarize_grid
 
 
 def point(variant, lr, seed, value, diverged=None):

@@ -1,4 +1,4 @@
-"""The task metric through the real evaluation path (`tasks.run.evaluate`): a hand-built oracle that answers
+"""The task metric through the real evaluation path (`tasks.evaluation.evaluate`): a hand-built oracle that answers
 with the brute-force solver scores 100% at every difficulty level with a test loss near 0, an oracle that knows
 only the easy levels scores 100% there and about chance above, and an untrained model scores about chance.
 So the accuracy the study reports can be high, can be low, and is attributed to the right level."""
@@ -13,7 +13,8 @@ from test_task_generators import SOLVERS
 
 from deep_delta.models import DDLForCausalLM
 from deep_delta.tasks import IGNORE, TASKS, accuracy_by_difficulty, get_task
-from deep_delta.tasks.run import TaskSettings, evaluate, model_config
+from deep_delta.tasks.evaluation import evaluate
+from deep_delta.tasks.settings import TaskSettings, model_config
 
 
 class Oracle(torch.nn.Module):

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-import deep_delta.tasks.run as task_run
+import deep_delta.tasks.study as task_study
+import deep_delta.tasks.training as task_training
 from deep_delta.cli.main import main
 from deep_delta.tasks import data_rng, get_task
-from deep_delta.tasks.run import TaskSettings, evaluate, model_config
+from deep_delta.tasks.evaluation import evaluate
+from deep_delta.tasks.settings import TaskSettings, model_config
 
 MICRO = ["--steps", "4", "--threads", "1", "--no-progress", "--set", "test_size=48", "--set", "eval_size=16",
          "--set", "eval_every=2", "--set", "log_every=2", "--set", "warmup_steps=1", "--set", "batch_size=8",
@@ -41,7 +43,7 @@ def test_run_writes_table_and_json_then_resumes_without_training(tmp_path, capsy
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(task_run, "train_one", no_training)
+    monkeypatch.setattr(task_study, "train_one", no_training)
     capsys.readouterr()
     assert run_micro(tmp_path) == 0
     assert "reusing 2 finished result(s)" in capsys.readouterr().out
@@ -96,9 +98,9 @@ def test_seed_pairs_data_and_initialisation_across_variants():
     b = task.generate(data_rng(2, f"{task.name}/train"), 32)
     assert np.array_equal(a.inputs, b.inputs)
     settings = TaskSettings(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
-    m1, _, _ = task_run.build_run(task, "baseline", 2, settings, torch.device("cpu"))
-    m2, _, _ = task_run.build_run(task, "baseline", 2, settings, torch.device("cpu"))
-    m3, _, _ = task_run.build_run(task, "baseline", 3, settings, torch.device("cpu"))
+    m1, _, _ = task_training.build_run(task, "baseline", 2, settings, torch.device("cpu"))
+    m2, _, _ = task_training.build_run(task, "baseline", 2, settings, torch.device("cpu"))
+    m3, _, _ = task_training.build_run(task, "baseline", 3, settings, torch.device("cpu"))
     emb = "model.embed_tokens.weight"
     assert torch.equal(m1.state_dict()[emb], m2.state_dict()[emb])
     assert not torch.equal(m1.state_dict()[emb], m3.state_dict()[emb])
@@ -152,7 +154,7 @@ def test_a_bad_lr_grid_is_refused(extra, expected, capsys, tmp_path):
 
 def test_the_validation_set_is_held_out_training_distribution_never_test():
     from deep_delta.tasks import split_of
-    from deep_delta.tasks.run import validation_set
+    from deep_delta.tasks.evaluation import validation_set
 
     task, settings = get_task("shell-game"), TaskSettings(eval_size=64, test_size=64)
     validation = validation_set(task, settings)
@@ -217,7 +219,7 @@ def test_a_result_without_a_checksum_is_checked_against_its_counts(finished, cap
 
 
 def test_an_untouched_result_without_a_checksum_is_reused(finished, capsys, monkeypatch):
-    monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(task_study, "train_one", lambda *a, **k: pytest.fail("a finished run was trained again"))
     code, _ = _edit_and_rerun(finished, capsys, lambda r: r.pop("checksum"))
     assert code == 0
 
@@ -225,7 +227,7 @@ def test_an_untouched_result_without_a_checksum_is_reused(finished, capsys, monk
 @pytest.mark.parametrize("blocked", ["ddl-dv1-seed0.json", "tasks.md"])
 def test_a_result_path_that_is_a_directory_is_refused_before_training(tmp_path, capsys, monkeypatch, blocked):
     """Before: found by the write after the whole run had trained."""
-    monkeypatch.setattr(task_run, "train_one", lambda *a, **k: pytest.fail("trained before the outputs were checked"))
+    monkeypatch.setattr(task_study, "train_one", lambda *a, **k: pytest.fail("trained before the outputs were checked"))
     (tmp_path / blocked).mkdir()
     assert run_micro(tmp_path) == 2
     err = capsys.readouterr().err

@@ -12,7 +12,7 @@ DEFAULT_TASK_VARIANTS = ("baseline", "ddl-dv1", "ddl-cc")
 
 def add_parser(sub) -> None:
     from deep_delta.tasks import TASKS
-    from deep_delta.tasks.run import TaskSettings
+    from deep_delta.tasks.settings import TaskSettings
 
     d = TaskSettings()
     p = sub.add_parser("tasks", help="mechanism tasks: swap tracking, pointer chasing, recall, flip-flop",
@@ -51,7 +51,9 @@ def add_parser(sub) -> None:
 def _fields(settings):
     import dataclasses
 
-    return [f for f in dataclasses.fields(settings) if f.name not in ("model", "task")]
+    from deep_delta.tasks.settings import GROUPS
+
+    return [f for f in dataclasses.fields(settings) if f.name not in GROUPS]
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -65,13 +67,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from deep_delta.tasks.report import format_table, log_to_wandb
-    from deep_delta.tasks.run import (
-        TaskSettings,
-        model_config,
-        resolve_task,
-        run_task_lr_grid,
-        run_task_study,
-    )
+    from deep_delta.tasks.settings import TaskSettings, model_config, resolve_task
+    from deep_delta.tasks.study import run_task_lr_grid, run_task_study
 
     project = options.wandb_project(args)
     assignments = ([f"steps={args.steps}"] if args.steps is not None else []) + args.assignments

@@ -6,7 +6,9 @@ residual cannot (reflection, erase), with controls that attention alone solves. 
     batch = task.generate(rng, 64, "train")        # inputs, labels (-100 where unscored), difficulty
     test = task.test_set(seed=1234, size=2000)
 
-Training and evaluation: :mod:`deep_delta.tasks.run`; the table and plot: :mod:`deep_delta.tasks.report`.
+A run's settings: :mod:`deep_delta.tasks.settings`; one run: :mod:`deep_delta.tasks.training`; its measure:
+:mod:`deep_delta.tasks.evaluation`; variants x seeds (and lr grids) with the result files:
+:mod:`deep_delta.tasks.study`; the table and plot: :mod:`deep_delta.tasks.report`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Train a tiny model on a mechanism task and measure its test accuracy by difficulty; several variants with
-paired seeds, each (variant, seed) kept in its own JSON file so an interrupted study continues where it stopped.
+"""A study of one mechanism task: several variants with paired seeds (:func:`run_task_study`), or that at
+every lr of a grid with each variant at its own best lr (:func:`run_task_lr_grid`); each (variant, seed) is
+kept in its own JSON file (the result cache: :func:`result_path`, :func:`load_result`, :func:`check_result`) so
+an interrupted study continues where it stopped.
 
     settings = TaskSettings().with_assignments(["steps=200", "model.num_hidden_layers=2"])
     summary = run_task_study("shell-game", ["baseline", "ddl-dv1"], [0, 1, 2], settings, "runs/tasks/shell-game")
 
-Seed s fixes the model's initialisation (``torch.manual_seed(s)`` before it is built) and the order of the
-training sequences (a numpy stream of s), the same for every variant; the test set depends only on
-``test_seed``. Training draws a fresh batch from the task's train split every step (the trainer's
-``optimizer_step``: AdamW, gradient clipping, the warm-up + cosine schedule).
+One run is :func:`deep_delta.tasks.training.train_one`; the table and plot are :mod:`deep_delta.tasks.report`.
 """
 
 from __future__ import annotations
@@ -17,264 +16,16 @@ import dataclasses
 import json
 import math
 import os
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from deep_delta.settings import check_fields
-from deep_delta.tasks import TASKS, Batch, Task, accuracy_by_difficulty, data_rng, get_task
-
-# The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
-# 1000 steps takes minutes on a CPU core; the vocabulary and the positions are the task's own (model_config).
-MODEL_DEFAULTS: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4)
+from deep_delta.tasks import Task
+from deep_delta.tasks.evaluation import validation_set
+from deep_delta.tasks.settings import TaskSettings, model_config, resolve_task
+from deep_delta.tasks.training import run_identity, train_one
 
 
-@dataclass
-class TaskSettings:
-    """Everything a (task, variant, seed) run depends on besides those three; ``--set KEY=VALUE`` sets a field,
-    ``model.FIELD`` a DDLConfig field, ``task.PARAM`` a task parameter (``ddl tasks list`` shows them)."""
-
-    preset: str = "tiny"
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    grad_clip: float = 1.0
-    log_every: int = 25  # training-loss curve: the mean loss of each LOG_EVERY steps
-    eval_every: int = 200  # accuracy curve on the first eval_size test sequences (0: only at the end)
-    eval_size: int = 500
-    test_size: int = 2000  # the fixed test set (flip-flop: at most this many, see FlipFlop.test_set)
-    test_seed: int = 1234
-    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))
-    task: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self):
-        check_fields(self)  # the types, from the annotations
-        for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
-            if getattr(self, name) < 1:
-                raise _bad(name, getattr(self, name), "an integer >= 1")
-        for name in ("warmup_steps", "eval_every"):
-            if getattr(self, name) < 0:
-                raise _bad(name, getattr(self, name), "an integer >= 0")
-        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"TaskSettings: lr {self.lr}, weight_decay {self.weight_decay}, grad_clip "
-                             f"{self.grad_clip}, min_lr_ratio {self.min_lr_ratio}; allowed: lr > 0, the others "
-                             ">= 0, min_lr_ratio <= 1")
-        betas = self.betas
-        if not (isinstance(betas, (list, tuple)) and len(betas) == 2
-                and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
-            raise _bad("betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.98]")
-        self.betas = [float(b) for b in betas]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def with_assignments(self, assignments: list[str]) -> TaskSettings:
-        """These settings with ``KEY=VALUE`` strings applied (values parsed as YAML, as ``ddl train --set``)."""
-        from deep_delta.settings import parse_assignment
-
-        values = self.to_dict()
-        fields = {f.name for f in dataclasses.fields(self)} - {"model", "task"}
-        for item in assignments:
-            key, value = parse_assignment(item)
-            group, dot, name = key.partition(".")
-            if dot and group == "model" and name in model_fields():
-                values["model"][name] = value
-            elif dot and group == "model":
-                raise ValueError(f"`assignments` got {item!r}: DDLConfig has no field {name!r}; allowed model "
-                                 f"fields: {', '.join(sorted(model_fields()))}")
-            elif dot and group == "task" and name:
-                values["task"][name] = value
-            elif key in fields:
-                values[key] = value
-            else:
-                raise ValueError(f"`assignments` got {item!r}: no setting {key!r}; allowed: "
-                                 f"{', '.join(sorted(fields))}, model.FIELD (a DDLConfig field) or task.PARAM "
-                                 "(a task parameter, see `ddl tasks list`)")
-        return TaskSettings(**values)
-
-
-def model_fields() -> set[str]:
-    """The DDLConfig fields ``model.FIELD`` may set (variant and preset are chosen by name, not set)."""
-    from deep_delta.models.ddl.configuration_ddl import DDLConfig
-
-    return DDLConfig.field_names() - {"variant", "preset"}
-
-
-def _bad(name: str, got: Any, allowed: str) -> ValueError:
-    return ValueError(f"TaskSettings: `{name}` got {got!r}; allowed: {allowed}")
-
-
-def model_config(task: Task, variant: str, settings: TaskSettings):
-    """The variant's DDLConfig at ``settings.preset``, narrowed by ``settings.model``, with the task's
-    vocabulary and sequence length (unless ``settings.model`` sets them)."""
-    from deep_delta.models.ddl.configuration_ddl import DDLConfig
-
-    overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **settings.model}
-    cfg = DDLConfig.from_variant(variant, settings.preset, **overrides)  # a value of the wrong type is named here
-    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
-        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
-                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
-                         f"{task.vocab_size} and sequence length {task.seq_len}")
-    return cfg
-
-
-def resolve_task(name: str, settings: TaskSettings) -> Task:
-    return get_task(name, **settings.task)
-
-
-def run_identity(task: Task, variant: str, seed: int, settings: TaskSettings) -> dict[str, Any]:
-    """What a finished result must match to be reused: the task and its parameters, variant, seed, settings."""
-    return {"task": task.name, "task_params": task.params(), "variant": variant, "seed": seed,
-            "settings": settings.to_dict()}
-
-
-# ---------------------------------------------------------------------- one (task, variant, seed)
-def evaluate(model, task: Task, test: Batch, device, batch_size: int = 500) -> dict[str, Any]:
-    """Greedy (argmax over the whole vocabulary) accuracy on ``test`` by difficulty, and the mean test loss
-    (nats) at the scored positions: :func:`accuracy_by_difficulty` plus ``"loss"``."""
-    import torch
-
-    from deep_delta.tasks.base import IGNORE
-
-    was_training = model.training
-    model.eval()
-    predictions, loss_sum, scored = [], 0.0, 0
-    with torch.no_grad():
-        for lo in range(0, len(test), batch_size):
-            x = torch.from_numpy(test.inputs[lo:lo + batch_size]).to(device)
-            y = torch.from_numpy(test.labels[lo:lo + batch_size]).to(device)
-            out = model(x, shift_labels=y, use_cache=False)
-            predictions.append(out.logits.argmax(-1).cpu().numpy())
-            n = int((y != IGNORE).sum())
-            loss_sum, scored = loss_sum + float(out.loss) * n, scored + n
-    model.train(was_training)
-    result = accuracy_by_difficulty(np.concatenate(predictions), test.labels, test.difficulty, task.levels)
-    result["loss"] = loss_sum / scored if scored else None
-    return result
-
-
-def build_run(task: Task, variant: str, seed: int, settings: TaskSettings, device):
-    """The model (initialised under ``torch.manual_seed(seed)``), its AdamW optimizer and the schedule."""
-    import torch
-
-    from deep_delta.models import DDLForCausalLM
-    from deep_delta.train.optim import WarmupCosine, build_optimizer
-
-    torch.manual_seed(seed)
-    model = DDLForCausalLM(model_config(task, variant, settings)).to(device).train()
-    optimizer = build_optimizer(model, settings.lr, settings.weight_decay, tuple(settings.betas))
-    return model, optimizer, WarmupCosine(settings.warmup_steps, settings.steps, settings.min_lr_ratio)
-
-
-def train_steps(model, optimizer, schedule, task: Task, seed: int, settings: TaskSettings, device, bar,
-                curve_set: Batch) -> dict[str, Any]:
-    """``settings.steps`` steps of the trainer's ``optimizer_step``, each on a fresh batch of the train split
-    drawn from the seed's stream; stops at a non-finite loss. Returns the curves, the steps done and
-    ``diverged`` (None, or why training stopped)."""
-    import torch
-
-    from deep_delta.train.distributed import DistInfo
-    from deep_delta.train.optim import set_learning_rate
-    from deep_delta.train.trainer import optimizer_step
-
-    rng, info = data_rng(seed, f"{task.name}/train"), DistInfo(device=device)
-    loss_curve, acc_curve, window, diverged, step = [], [], [], None, 0
-    for step in range(1, settings.steps + 1):
-        set_learning_rate(optimizer, schedule(step - 1))
-        batch = task.generate(rng, settings.batch_size, "train")
-        pair = (torch.from_numpy(batch.inputs), torch.from_numpy(batch.labels))
-        loss, _ = optimizer_step(model, optimizer, [pair], grad_clip=settings.grad_clip, info=info)
-        window.append(float(loss))
-        if not math.isfinite(window[-1]):
-            diverged = f"non-finite training loss at step {step}"
-            break
-        if step % settings.log_every == 0 or step == settings.steps:
-            loss_curve.append([step, sum(window) / len(window)])
-            window = []
-            bar.update(step, loss_curve[-1][1])
-        if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
-            acc_curve.append([step, evaluate(model, task, curve_set, device)["overall"]])
-    acc_curve.append([step, evaluate(model, task, curve_set, device)["overall"]])
-    return {"loss_curve": loss_curve, "accuracy_curve": acc_curve, "steps_done": step, "diverged": diverged}
-
-
-def validation_set(task: Task, settings: TaskSettings) -> Batch:
-    """``settings.eval_size`` held-out sequences of the train split (never a test sequence), from a stream of
-    their own (``test_seed``, "validation"), not the training stream: what an lr grid chooses on."""
-    return task.generate(data_rng(settings.test_seed, f"{task.name}/validation"), settings.eval_size, "train")
-
-
-def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, device: str = "auto",
-              progress: bool = True, desc: str | None = None, test: Batch | None = None,
-              validation: Batch | None = None) -> dict[str, Any]:
-    """Train ``variant`` on ``task`` with ``seed`` for ``settings.steps`` steps, evaluate on the validation set
-    (:func:`validation_set`) and the fixed test set; the result record (accuracy by difficulty, validation
-    accuracy and loss, loss and accuracy curves, time) as :func:`run_task_study` stores it. A non-finite loss
-    stops training there; the record names the step under ``"diverged"``."""
-    import torch
-
-    from deep_delta.models import count_parameters
-    from deep_delta.runtime import resolve_device
-
-    dev = resolve_device(device)
-    test = task.test_set(settings.test_seed, settings.test_size) if test is None else test
-    validation = validation_set(task, settings) if validation is None else validation
-    model, optimizer, schedule = build_run(task, variant, seed, settings, dev)
-    t0 = time.perf_counter()
-    with _bar(settings.steps, desc or f"{task.name} {variant} seed {seed}", progress) as bar:
-        trained = train_steps(model, optimizer, schedule, task, seed, settings, dev, bar,
-                              test.take(slice(0, settings.eval_size)))
-    train_s = time.perf_counter() - t0
-    final = evaluate(model, task, test, dev)
-    held_out = evaluate(model, task, validation, dev)
-    return {
-        **run_identity(task, variant, seed, settings),
-        "accuracy": {"overall": final["overall"], "correct": final["correct"], "total": final["total"],
-                     "by_difficulty": {str(k): v for k, v in final["by_difficulty"].items()}},
-        "test_loss": final["loss"], "validation": {"overall": held_out["overall"], "loss": held_out["loss"]},
-        "chance": task.chance, "levels": list(task.levels),
-        "level_names": list(task.level_names), "difficulty_name": task.difficulty_name, **trained,
-        "parameters": count_parameters(model), "model_config": model.config.to_diff_dict(),
-        "train_s": train_s, "wall_s": time.perf_counter() - t0, "device": str(dev),
-        "threads": torch.get_num_threads(),
-    }
-
-
-class _bar:
-    """A tqdm bar over steps with the running loss, or (``progress`` False) a plain line every tenth."""
-
-    def __init__(self, total: int, desc: str, progress: bool):
-        self.total, self.desc, self.progress, self.done = total, desc, progress, 0
-        self.tqdm = None
-
-    def __enter__(self) -> _bar:
-        if self.progress:
-            from tqdm import tqdm
-
-            self.tqdm = tqdm(total=self.total, desc=self.desc, unit="step", dynamic_ncols=True, leave=False)
-        return self
-
-    def update(self, step: int, loss: float) -> None:
-        if self.tqdm is not None:
-            self.tqdm.update(step - self.done)
-            self.tqdm.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        elif step * 10 // self.total > self.done * 10 // self.total or step == self.total:
-            print(f"{self.desc}: step {step}/{self.total} loss {loss:.4f}", flush=True)
-        self.done = step
-
-    def __exit__(self, *exc) -> None:
-        if self.tqdm is not None:
-            self.tqdm.close()
-
-
-# ---------------------------------------------------------------------- a study: variants x seeds
+# ---------------------------------------------------------------------- a study stopped by a signal
 class StudyInterrupted(Exception):
     """SIGINT or SIGTERM stopped a study; the message says what was kept (every finished result) and what was
     lost (the run in training). ``exit_code`` is 128 + the signal, as shells report it."""
@@ -308,6 +59,7 @@ def _stop_on_signals(kept):
             signal.signal(sig, handler)
 
 
+# ---------------------------------------------------------------------- the result cache: one file per run
 def result_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
     return Path(out) / f"{variant}-seed{seed}.json"
 
@@ -421,6 +173,7 @@ def finished_results(task: Task, variants: list[str], seeds: list[int], settings
     return todo, done
 
 
+# ---------------------------------------------------------------------- a study: variants x seeds
 def run_task_study(task_name: str, variants: list[str], seeds: list[int], settings: TaskSettings,
                    out: str | os.PathLike, *, device: str = "auto", overwrite: bool = False, progress: bool = True,
                    say=print) -> dict[str, Any]:
@@ -432,9 +185,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     from deep_delta.tasks.report import score_shortcuts, summarize, write_outputs
     from deep_delta.train.checkpoint import run_lock
 
-    if task_name not in TASKS:
-        raise ValueError(f"`task` got {task_name!r}; allowed: {' | '.join(TASKS)}")
-    task = resolve_task(task_name, settings)
+    task = resolve_task(task_name, settings)  # an unknown name is refused here
     for variant in variants:  # every config is checked before anything trains
         model_config(task, variant, settings)
     out = Path(out)

@@ -1,0 +1,120 @@
+"""What a mechanism-task run depends on besides its task, variant and seed: :class:`TaskSettings`, with no import
+of PyTorch (``ddl tasks``'s parser reads its defaults from here), and the task and model config they give.
+
+    settings = TaskSettings().with_assignments(["steps=200", "model.num_hidden_layers=2"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from deep_delta.settings import check_fields, parse_assignment, parse_assignments
+from deep_delta.tasks import Task, get_task
+
+# The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
+# 1000 steps takes minutes on a CPU core; the vocabulary and the positions are the task's own (model_config).
+MODEL_DEFAULTS: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4)
+GROUPS = ("model", "task")  # the settings that ``--set GROUP.NAME=VALUE`` fills one entry of
+
+
+@dataclass
+class TaskSettings:
+    """Everything a (task, variant, seed) run depends on besides those three; ``--set KEY=VALUE`` sets a field,
+    ``model.FIELD`` a DDLConfig field, ``task.PARAM`` a task parameter (``ddl tasks list`` shows them)."""
+
+    preset: str = "tiny"
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    grad_clip: float = 1.0
+    log_every: int = 25  # training-loss curve: the mean loss of each LOG_EVERY steps
+    eval_every: int = 200  # accuracy curve on the first eval_size test sequences (0: only at the end)
+    eval_size: int = 500
+    test_size: int = 2000  # the fixed test set (flip-flop: at most this many, see FlipFlop.test_set)
+    test_seed: int = 1234
+    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))
+    task: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_fields(self)  # the types, from the annotations
+        for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
+            if getattr(self, name) < 1:
+                raise _bad(name, getattr(self, name), "an integer >= 1")
+        for name in ("warmup_steps", "eval_every"):
+            if getattr(self, name) < 0:
+                raise _bad(name, getattr(self, name), "an integer >= 0")
+        if self.lr <= 0:
+            raise _bad("lr", self.lr, "a number > 0")
+        for name in ("weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise _bad(name, getattr(self, name), "a number >= 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise _bad("min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):  # numbers: check_fields
+            raise _bad("betas", self.betas, "two numbers in [0, 1), e.g. [0.9, 0.98]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def with_assignments(self, assignments: list[str]) -> TaskSettings:
+        """These settings with ``KEY=VALUE`` strings applied (:func:`deep_delta.settings.parse_assignments`, as
+        ``ddl train --set``); ``model.FIELD`` and ``task.PARAM`` set one entry of ``model`` / ``task``."""
+        given = parse_assignments(assignments, groups=GROUPS)
+        values = self.to_dict()
+        fields = sorted(f.name for f in dataclasses.fields(self) if f.name not in GROUPS)
+        for key, value in given.items():
+            if key in GROUPS and isinstance(value, dict):
+                unknown = sorted(value.keys() - model_fields()) if key == "model" else []
+                if unknown:
+                    item = _item(assignments, f"model.{unknown[0]}", "model")
+                    raise ValueError(f"`assignments` got {item!r}: DDLConfig has no field {unknown[0]!r}; allowed "
+                                     f"model fields: {', '.join(sorted(model_fields()))}")
+                values[key].update(value)
+            elif key in fields:
+                values[key] = value
+            else:
+                raise ValueError(f"`assignments` got {_item(assignments, key)!r}: no setting {key!r}; allowed: "
+                                 f"{', '.join(fields)}, model.FIELD (a DDLConfig field) or task.PARAM "
+                                 "(a task parameter, see `ddl tasks list`)")
+        return TaskSettings(**values)
+
+
+def _item(assignments: list[str], *keys: str) -> str:
+    """The last of ``assignments`` that set one of ``keys`` (what an error about the first key quotes)."""
+    return next((item for item in reversed(assignments) if parse_assignment(item)[0] in keys), keys[0])
+
+
+def _bad(name: str, got: Any, allowed: str) -> ValueError:
+    return ValueError(f"TaskSettings: `{name}` got {got!r}; allowed: {allowed}")
+
+
+def model_fields() -> set[str]:
+    """The DDLConfig fields ``model.FIELD`` may set (variant and preset are chosen by name, not set)."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    return DDLConfig.field_names() - {"variant", "preset"}
+
+
+def resolve_task(name: str, settings: TaskSettings) -> Task:
+    """The task ``name`` with the parameters of ``settings.task``."""
+    return get_task(name, **settings.task)
+
+
+def model_config(task: Task, variant: str, settings: TaskSettings):
+    """The variant's DDLConfig at ``settings.preset``, narrowed by ``settings.model``, with the task's
+    vocabulary and sequence length (unless ``settings.model`` sets them)."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **settings.model}
+    cfg = DDLConfig.from_variant(variant, settings.preset, **overrides)  # a value of the wrong type is named here
+    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
+        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
+                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
+                         f"{task.vocab_size} and sequence length {task.seq_len}")
+    return cfg
