@@ -27,6 +27,7 @@ from deep_delta.models.ddl.modeling_ddl import state_dtype  # noqa: E402
 from deep_delta.variants import VARIANTS  # noqa: E402
 from helpers import debug_config, tiny_model  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton cases (the interpreter on CPU)
 STORED = [v for v, row in VARIANTS.items() if row.get("residual") != "hyper"]
 
 
@@ -56,9 +57,11 @@ CASES = [(v, "torch") for v in STORED] + [("ddl-cc", "triton"), ("ddl-tc", "trit
 @pytest.mark.parametrize(("variant", "backend"), CASES)
 def test_bf16_state_close_to_fp64(variant, backend):
     ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
-    model = tiny_model(variant, state_dtype="bfloat16", delta_backend=backend).train()
+    device = DEVICE if backend == "triton" else "cpu"
+    model = tiny_model(variant, state_dtype="bfloat16", delta_backend=backend).to(device).train()
     seen = _states(model)
-    out, grads = _loss_grads(model, ids)
+    out, grads = _loss_grads(model, ids.to(device))
+    out.logits, grads = out.logits.cpu(), grads.cpu()
     assert seen and set(seen) == {torch.bfloat16}, seen
     assert out.logits.dtype == torch.float32  # the readout is computed in the model's dtype
     ref = tiny_model(variant).double().train()
