@@ -204,7 +204,7 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
         tape = active_tape()
         out, xin, delta = token_read_forward(x, k, v, beta, w, k_eps, want_delta=tape is not None)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
-            tape.record(x, out, delta_rebuild(k, delta, k_eps))
+            tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
         ctx.save_for_backward(x, k, v, beta, w)
         ctx.k_eps = k_eps
         return out, xin
