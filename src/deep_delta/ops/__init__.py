@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from deep_delta.ops.backend import BACKENDS, resolve_backend
 from deep_delta.ops.delta.lean import delta_update_lean
 from deep_delta.ops.delta.naive import delta_operator_reference, delta_update_reference  # noqa: F401 (reference)
-
-BACKENDS = ("auto", "torch", "triton")
 
 
 def _shape_error(name: str, expected: str, got: torch.Tensor, hint: str = "") -> ValueError:
@@ -39,23 +38,6 @@ def _check_inputs(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
         if not t.is_floating_point():
             raise TypeError(f"delta_update: `{name}` must be a floating-point tensor, got {t.dtype}")
     return beta
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:  # pragma: no cover - depends on the install
-        return False
-    return True
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Map ``auto`` to a concrete backend for tensors on ``device``; validate the name."""
-    if backend not in BACKENDS:
-        raise ValueError(f"delta_update: `backend` must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
-    return backend
 
 
 def delta_update(

@@ -1,6 +1,6 @@
 """State compressors (CC, TC) and the embedding convolution (EC), with backend dispatch.
 
-``backend`` follows :func:`deep_delta.ops.resolve_backend`: "torch" is the lean PyTorch path
+``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`: "torch" is the lean PyTorch path
 (:mod:`.lean`, tested against the plain reference in :mod:`.naive`), "triton" forces the fused kernels
 (:mod:`.triton`; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``), "auto" picks the kernels on CUDA
 when Triton is importable and the lean path otherwise.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops import resolve_backend
+from deep_delta.ops.backend import resolve_backend
 from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
 from deep_delta.ops.compress.naive import (
     channel_compress_reference,

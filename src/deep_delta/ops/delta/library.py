@@ -35,7 +35,7 @@ Tensor = torch.Tensor
 
 
 def _use_triton(x: Tensor) -> bool:
-    from deep_delta.ops import resolve_backend
+    from deep_delta.ops.backend import resolve_backend
 
     return resolve_backend("auto", x.device) == "triton"
 
