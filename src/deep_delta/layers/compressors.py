@@ -111,7 +111,7 @@ class TokenConvCompressor(nn.Module):
 
     def folded_weight(self) -> torch.Tensor:
         """The read vector folded into the conv taps, (K, d, d_v): one reduction over d_v instead of a full conv
-        output (what the fused update + read takes, deep_delta.ops.compress.update_and_token_read)."""
+        output (what the fused update + read takes, deep_delta.ops.delta.update_and_token_read)."""
         return self.conv_weight * self.read
 
 
