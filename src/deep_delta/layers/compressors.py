@@ -11,7 +11,7 @@ from torch import nn
 
 from deep_delta.ops import resolve_backend
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
-from deep_delta.ops.shortconv import next_past
+from deep_delta.ops.compress.shortconv import next_past
 
 COMPRESSORS = ("token", "channel")
 STATE_INITS = ("repeat", "conv")

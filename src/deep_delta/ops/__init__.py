@@ -2,7 +2,8 @@
 
 - :mod:`deep_delta.ops.delta`: the delta update (eq. 2.5), the Delta Operator (eq. 2.3) and the update fused
   with the next sublayer's CC or TC read;
-- :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC);
+- :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC), with the
+  causal short convolution they share (:mod:`deep_delta.ops.compress.shortconv`);
 - :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp.
 
 Each package holds the plain references (``naive.py``), the lean PyTorch path (``lean.py``,

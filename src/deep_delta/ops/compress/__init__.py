@@ -3,7 +3,8 @@
 ``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`: "torch" is the lean PyTorch path
 (:mod:`.lean`, tested against the plain reference in :mod:`.naive`), "triton" forces the fused kernels
 (:mod:`.triton`; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``), "auto" picks the kernels on CUDA
-when Triton is importable and the lean path otherwise.
+when Triton is importable and the lean path otherwise. The causal short convolution over the token axis that
+the TC and EC references use is :mod:`.shortconv`.
 """
 
 from __future__ import annotations
