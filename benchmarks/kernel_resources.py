@@ -31,8 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from deep_delta.ops import delta_update  # noqa: E402
-from deep_delta.ops.compress import channel_compress, embed_conv, token_compress, update_and_channel_read  # noqa: E402
+from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
+from deep_delta.ops.delta import delta_update, update_and_channel_read  # noqa: E402
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 

@@ -17,8 +17,8 @@ import torch
 from tests.ops.test_kernels import DEVICE, delta_inputs, run_both
 
 from deep_delta.ops import delta_update
-from deep_delta.ops.compress import update_and_channel_read
 from deep_delta.ops.compress.naive import channel_compress_reference
+from deep_delta.ops.delta import update_and_channel_read
 from deep_delta.ops.delta.library import (
     delta_update_backward_op,
     delta_update_op,

@@ -23,13 +23,14 @@ import pytest  # noqa: E402
 from tests.ops.test_hyper_kernels import check_linear, hyper_inputs  # noqa: E402
 from tests.ops.test_kernels import DEVICE, DTYPE_IDS, DTYPES, delta_inputs, run_both, state_inputs  # noqa: E402
 
-from deep_delta.ops.compress import channel_compress, embed_conv, token_compress, update_and_channel_read  # noqa: E402
+from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
     channel_compress_reference,
     embed_conv_reference,
     token_compress_reference,
 )
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
+from deep_delta.ops.delta import update_and_channel_read  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 from deep_delta.ops.hyper import stream_read, stream_write  # noqa: E402
 from deep_delta.ops.hyper.naive import stream_read_reference, stream_write_reference  # noqa: E402

@@ -29,18 +29,14 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 
 from deep_delta.ops import delta_update  # noqa: E402
-from deep_delta.ops.compress import (  # noqa: E402
-    channel_compress,
-    embed_conv,
-    token_compress,
-    update_and_channel_read,
-)
+from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
     channel_compress_reference,
     embed_conv_reference,
     token_compress_reference,
 )
+from deep_delta.ops.delta import update_and_channel_read  # noqa: E402
 from deep_delta.ops.delta.lean import delta_update_lean  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 

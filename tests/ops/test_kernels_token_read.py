@@ -22,8 +22,8 @@ import pytest  # noqa: E402
 import deep_delta.ops.delta.triton as dt  # noqa: E402
 import deep_delta.ops.delta.triton_token as tt  # noqa: E402
 from deep_delta.ops import delta_update  # noqa: E402
-from deep_delta.ops.compress import update_and_token_read  # noqa: E402
 from deep_delta.ops.compress.naive import token_compress_reference  # noqa: E402
+from deep_delta.ops.delta import update_and_token_read  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 

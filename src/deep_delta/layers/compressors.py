@@ -11,7 +11,7 @@ from torch import nn
 
 from deep_delta.ops import resolve_backend
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
-from deep_delta.ops.shortconv import next_past
+from deep_delta.ops.compress.shortconv import next_past
 
 COMPRESSORS = ("token", "channel")
 STATE_INITS = ("repeat", "conv")
@@ -111,7 +111,7 @@ class TokenConvCompressor(nn.Module):
 
     def folded_weight(self) -> torch.Tensor:
         """The read vector folded into the conv taps, (K, d, d_v): one reduction over d_v instead of a full conv
-        output (what the fused update + read takes, deep_delta.ops.compress.update_and_token_read)."""
+        output (what the fused update + read takes, deep_delta.ops.delta.update_and_token_read)."""
         return self.conv_weight * self.read
 
 

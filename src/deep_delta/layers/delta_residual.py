@@ -10,7 +10,7 @@ interface, so an A/B comparison needs no code change.
 
 ``update_and_read(x, compressor, ...)`` (d_v > 1, a :class:`ChannelCompressor`) also returns the next
 sublayer's compressed read of the new state, ``(x_new, compressor(x_new))``, from one fused op
-(:func:`deep_delta.ops.compress.update_and_channel_read`): the Triton kernel reads the new state from
+(:func:`deep_delta.ops.delta.update_and_channel_read`): the Triton kernel reads the new state from
 the tile it has just written instead of making another pass over it.
 """
 
@@ -24,7 +24,7 @@ from torch import nn
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
-from deep_delta.ops.compress import update_and_channel_read, update_and_token_read
+from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
 
 RESIDUAL_MAPS = ("k", "v")
 
@@ -158,7 +158,7 @@ class DeltaResidual(nn.Module):
 
         read: the next sublayer's :class:`~deep_delta.layers.compressors.ChannelCompressor` (d_v > 1 only).
         Returns ``(x_new, x_in_next)``: x_new (..., d, d_v) and ``x_in_next = read(x_new)[0]`` (..., d), the same
-        values as calling ``read`` afterwards (:func:`deep_delta.ops.compress.update_and_channel_read`).
+        values as calling ``read`` afterwards (:func:`deep_delta.ops.delta.update_and_channel_read`).
         """
         self._check(x, x_in)
         self._check_read(read, x)

@@ -1,114 +1,35 @@
-"""Functional DDL math: the delta update and the Delta Operator, with backend dispatch.
+"""Functional DDL math, one package per op, each with its backend dispatch in its ``__init__.py``.
 
-``backend="torch"`` is the lean PyTorch path (:mod:`deep_delta.ops.delta.lean`, tested against the plain
-reference :mod:`deep_delta.ops.delta.naive`); ``"triton"`` forces the fused kernel; ``"auto"`` calls the
-``torch.library`` custom op (:mod:`deep_delta.ops.delta.library`), whose CUDA kernel is the Triton one when
-Triton is importable and whose kernel elsewhere is the lean math: one opaque node under ``torch.compile``.
+- :mod:`deep_delta.ops.delta`: the delta update (eq. 2.5), the Delta Operator (eq. 2.3) and the update fused
+  with the next sublayer's CC or TC read;
+- :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC), with the
+  causal short convolution they share (:mod:`deep_delta.ops.compress.shortconv`);
+- :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp.
+
+Each package holds the plain references (``naive.py``), the lean PyTorch path (``lean.py``,
+``backend="torch"``) and the Triton kernels (``triton*.py``). :mod:`deep_delta.ops.backend` resolves the
+``backend`` name for all three (:func:`resolve_backend`); :mod:`deep_delta.ops.launch` is the one launch
+point of the kernels. This module only re-exports the public entry points.
 """
 
 from __future__ import annotations
 
-import torch
+from deep_delta.ops.backend import BACKENDS, resolve_backend
+from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
+from deep_delta.ops.delta import delta_operator, delta_update, update_and_channel_read, update_and_token_read
+from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write
 
-from deep_delta.ops.delta.lean import delta_update_lean
-from deep_delta.ops.delta.naive import delta_operator_reference, delta_update_reference  # noqa: F401 (reference)
-
-BACKENDS = ("auto", "torch", "triton")
-
-
-def _shape_error(name: str, expected: str, got: torch.Tensor, hint: str = "") -> ValueError:
-    msg = f"delta_update: `{name}` must have shape {expected}, got {tuple(got.shape)}"
-    return ValueError(msg + (f" ({hint})" if hint else ""))
-
-
-def _check_inputs(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """Validate shapes; return beta as (..., 1)."""
-    if x.dim() < 2:
-        raise _shape_error("x", "(..., d, d_v)", x, "at least 2 dims")
-    *lead, d, dv = x.shape
-    lead = tuple(lead)
-    if tuple(k.shape) != lead + (d,):
-        raise _shape_error("k", str(lead + (d,)).replace(",)", ")"), k, f"x is {tuple(x.shape)}")
-    if tuple(v.shape) != lead + (dv,):
-        raise _shape_error("v", str(lead + (dv,)).replace(",)", ")"), v, f"x is {tuple(x.shape)}")
-    if tuple(beta.shape) == lead:
-        beta = beta.unsqueeze(-1)
-    if tuple(beta.shape) != lead + (1,):
-        raise _shape_error("beta", f"{lead} or {lead + (1,)}", beta, f"x is {tuple(x.shape)}")
-    for name, t in (("x", x), ("k", k), ("v", v), ("beta", beta)):
-        if not t.is_floating_point():
-            raise TypeError(f"delta_update: `{name}` must be a floating-point tensor, got {t.dtype}")
-    return beta
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:  # pragma: no cover - depends on the install
-        return False
-    return True
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Map ``auto`` to a concrete backend for tensors on ``device``; validate the name."""
-    if backend not in BACKENDS:
-        raise ValueError(f"delta_update: `backend` must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
-    return backend
-
-
-def delta_update(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    k_eps: float = 1e-5,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Deep Delta update ``x + beta k (v^T - k^T x)`` (eq. 2.5) with k normalised inside.
-
-    Args:
-        x: state, (..., d, d_v); d_v >= 1 (use d_v = 1 for a vector residual stream).
-        k: raw direction k~, (..., d); normalised as ``k~ / sqrt(|k~|^2 + k_eps^2)``.
-        v: value, (..., d_v).
-        beta: gate, (...) or (..., 1); the paper keeps it in (0, 2).
-        k_eps: the eps guard of the normalisation (a zero k gives a zero update, finite gradients).
-        backend: "auto" (the custom op ``deep_delta::delta_update``: the Triton kernel on CUDA, the lean math
-            elsewhere; see :mod:`deep_delta.ops.delta.library`), "torch" (the lean autograd Function) or
-            "triton" (the kernel's autograd Function; CPU tensors only under the Triton interpreter).
-    Returns:
-        the new state, (..., d, d_v), in x's dtype.
-    """
-    beta = _check_inputs(x, k, v, beta)
-    impl = resolve_backend(backend, x.device)
-    if backend == "auto":  # the registered op: one node under torch.compile, Triton on CUDA, lean elsewhere
-        from deep_delta.ops.delta.library import update_with_op
-
-        return update_with_op(x, k, v, beta, None, k_eps)
-    if impl == "triton":
-        from deep_delta.ops.delta.triton import delta_update_triton
-
-        return delta_update_triton(x, k, v, beta, k_eps=k_eps)
-    return delta_update_lean(x, k, v, beta, k_eps=k_eps)
-
-
-def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) -> torch.Tensor:
-    """Dense Delta Operator ``I - beta k k^T`` (eq. 2.3) for analysis and tests.
-
-    k: raw direction (..., d); beta: (...) or (..., 1). Returns (..., d, d) in fp32 (fp64 for fp64 k).
-    """
-    if k.dim() < 1:
-        raise ValueError(f"delta_operator: `k` must have shape (..., d), got {tuple(k.shape)}")
-    lead = tuple(k.shape[:-1])
-    if tuple(beta.shape) == lead:
-        beta = beta.unsqueeze(-1)
-    if tuple(beta.shape) != lead + (1,):
-        raise ValueError(
-            f"delta_operator: `beta` must have shape {lead} or {lead + (1,)}, got {tuple(beta.shape)}"
-        )
-    return delta_operator_reference(k, beta, k_eps=k_eps)
-
-
-__all__ = ["BACKENDS", "delta_operator", "delta_update", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "channel_compress",
+    "delta_operator",
+    "delta_update",
+    "embed_conv",
+    "resolve_backend",
+    "sinkhorn_knopp",
+    "stream_read",
+    "stream_write",
+    "token_compress",
+    "update_and_channel_read",
+    "update_and_token_read",
+]

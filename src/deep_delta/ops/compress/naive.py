@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops.shortconv import pad_with_past, short_conv
+from deep_delta.ops.compress.shortconv import pad_with_past, short_conv
 
 
 def channel_compress_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

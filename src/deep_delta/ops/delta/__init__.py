@@ -1,3 +1,168 @@
+"""The delta update and the Delta Operator, with backend dispatch; the update fused with the next sublayer's read.
+
+``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`. ``"torch"`` is the lean PyTorch path
+(:mod:`.lean`, tested against the plain reference :mod:`.naive`); ``"triton"`` forces the fused kernels
+(:mod:`.triton`, :mod:`.triton_token`); ``"auto"`` calls the ``torch.library`` custom op (:mod:`.library`),
+whose CUDA kernel is the Triton one when Triton is importable and whose kernel elsewhere is the lean math:
+one opaque node under ``torch.compile``. The fused update + read functions take the next sublayer's
+compressor weights; their unfused paths call the compressors of :mod:`deep_delta.ops.compress` (imported
+inside them, so that ``ops.compress`` never waits on this package).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.delta.lean import delta_update_lean
 from deep_delta.ops.delta.naive import delta_operator_reference, delta_update_reference, unit_direction
 
-__all__ = ["delta_operator_reference", "delta_update_reference", "unit_direction"]
+
+def _shape_error(name: str, expected: str, got: torch.Tensor, hint: str = "") -> ValueError:
+    msg = f"delta_update: `{name}` must have shape {expected}, got {tuple(got.shape)}"
+    return ValueError(msg + (f" ({hint})" if hint else ""))
+
+
+def _check_inputs(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """Validate shapes; return beta as (..., 1)."""
+    if x.dim() < 2:
+        raise _shape_error("x", "(..., d, d_v)", x, "at least 2 dims")
+    *lead, d, dv = x.shape
+    lead = tuple(lead)
+    if tuple(k.shape) != lead + (d,):
+        raise _shape_error("k", str(lead + (d,)).replace(",)", ")"), k, f"x is {tuple(x.shape)}")
+    if tuple(v.shape) != lead + (dv,):
+        raise _shape_error("v", str(lead + (dv,)).replace(",)", ")"), v, f"x is {tuple(x.shape)}")
+    if tuple(beta.shape) == lead:
+        beta = beta.unsqueeze(-1)
+    if tuple(beta.shape) != lead + (1,):
+        raise _shape_error("beta", f"{lead} or {lead + (1,)}", beta, f"x is {tuple(x.shape)}")
+    for name, t in (("x", x), ("k", k), ("v", v), ("beta", beta)):
+        if not t.is_floating_point():
+            raise TypeError(f"delta_update: `{name}` must be a floating-point tensor, got {t.dtype}")
+    return beta
+
+
+def delta_update(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    k_eps: float = 1e-5,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Deep Delta update ``x + beta k (v^T - k^T x)`` (eq. 2.5) with k normalised inside.
+
+    Args:
+        x: state, (..., d, d_v); d_v >= 1 (use d_v = 1 for a vector residual stream).
+        k: raw direction k~, (..., d); normalised as ``k~ / sqrt(|k~|^2 + k_eps^2)``.
+        v: value, (..., d_v).
+        beta: gate, (...) or (..., 1); the paper keeps it in (0, 2).
+        k_eps: the eps guard of the normalisation (a zero k gives a zero update, finite gradients).
+        backend: "auto" (the custom op ``deep_delta::delta_update``: the Triton kernel on CUDA, the lean math
+            elsewhere; see :mod:`deep_delta.ops.delta.library`), "torch" (the lean autograd Function) or
+            "triton" (the kernel's autograd Function; CPU tensors only under the Triton interpreter).
+    Returns:
+        the new state, (..., d, d_v), in x's dtype.
+    """
+    beta = _check_inputs(x, k, v, beta)
+    impl = resolve_backend(backend, x.device)
+    if backend == "auto":  # the registered op: one node under torch.compile, Triton on CUDA, lean elsewhere
+        from deep_delta.ops.delta.library import update_with_op
+
+        return update_with_op(x, k, v, beta, None, k_eps)
+    if impl == "triton":
+        from deep_delta.ops.delta.triton import delta_update_triton
+
+        return delta_update_triton(x, k, v, beta, k_eps=k_eps)
+    return delta_update_lean(x, k, v, beta, k_eps=k_eps)
+
+
+def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) -> torch.Tensor:
+    """Dense Delta Operator ``I - beta k k^T`` (eq. 2.3) for analysis and tests.
+
+    k: raw direction (..., d); beta: (...) or (..., 1). Returns (..., d, d) in fp32 (fp64 for fp64 k).
+    """
+    if k.dim() < 1:
+        raise ValueError(f"delta_operator: `k` must have shape (..., d), got {tuple(k.shape)}")
+    lead = tuple(k.shape[:-1])
+    if tuple(beta.shape) == lead:
+        beta = beta.unsqueeze(-1)
+    if tuple(beta.shape) != lead + (1,):
+        raise ValueError(
+            f"delta_operator: `beta` must have shape {lead} or {lead + (1,)}, got {tuple(beta.shape)}"
+        )
+    return delta_operator_reference(k, beta, k_eps=k_eps)
+
+
+def update_and_channel_read(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    k_eps: float = 1e-5,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta update of one sublayer fused with the CC read of the next: returns (x', x_in).
+
+    x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1), weight: (d, d_v) the next sublayer's
+    channel compressor. Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = channel_compress(x', weight)``;
+    the Triton kernel computes x_in from the tile it has just written (no second pass over x').
+    """
+    from deep_delta.ops.compress.lean import channel_compress_lean
+
+    beta = _check_inputs(x, k, v, beta)
+    if backend == "auto":  # the registered op (deep_delta.ops.delta.library): Triton on CUDA, lean elsewhere
+        from deep_delta.ops.delta.library import update_with_op
+
+        return update_with_op(x, k, v, beta, weight, k_eps)
+    if resolve_backend(backend, x.device) == "triton":
+        from deep_delta.ops.delta.triton import delta_update_read_triton
+
+        return delta_update_read_triton(x, k, v, beta, weight, k_eps=k_eps)
+    out = delta_update(x, k, v, beta, k_eps=k_eps, backend="torch")
+    return out, channel_compress_lean(out, weight)
+
+
+def update_and_token_read(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    k_eps: float = 1e-5,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta update of one sublayer fused with the TC read of the next (no token history): (x', x_in).
+
+    x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T, 1), weight: (K, d, d_v) the next sublayer's
+    folded TC taps. Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = token_compress(x', weight)``; the
+    Triton kernels (:mod:`deep_delta.ops.delta.triton_token`) make one pass over the state each way.
+    """
+    from deep_delta.ops.compress import token_compress
+
+    beta = _check_inputs(x, k, v, beta)
+    if x.dim() != 4 or weight.dim() != 3 or tuple(weight.shape[1:]) != tuple(x.shape[2:]):
+        raise ValueError(f"update_and_token_read: expected x (B, T, d, d_v) and weight (K, d, d_v), got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if resolve_backend(backend, x.device) == "triton":
+        from deep_delta.ops.delta.triton_token import delta_update_token_read_triton
+
+        return delta_update_token_read_triton(x, k, v, beta, weight, k_eps=k_eps)
+    out = delta_update(x, k, v, beta, k_eps=k_eps, backend=backend)
+    return out, token_compress(out, weight, None, backend=backend)
+
+
+__all__ = [
+    "delta_operator",
+    "delta_operator_reference",
+    "delta_update",
+    "delta_update_reference",
+    "unit_direction",
+    "update_and_channel_read",
+    "update_and_token_read",
+]

@@ -12,7 +12,7 @@ kernels), so the whole model compiles with ``fullgraph=True`` and the same kerne
 
 The two backward ops are what ``register_autograd`` calls (they have no autograd of their own: no double
 backward). Shapes are the flattened ones: x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), c (d, d_v), all
-contiguous; :func:`deep_delta.ops.delta_update` and :func:`deep_delta.ops.compress.update_and_channel_read`
+contiguous; :func:`deep_delta.ops.delta.delta_update` and :func:`deep_delta.ops.delta.update_and_channel_read`
 reshape to them (``backend="auto"``). The plain reference stays :mod:`.naive`; tests/ops/test_custom_ops.py
 runs ``torch.library.opcheck`` on every op here and compares values and gradients with the reference.
 
@@ -35,7 +35,7 @@ Tensor = torch.Tensor
 
 
 def _use_triton(x: Tensor) -> bool:
-    from deep_delta.ops import resolve_backend
+    from deep_delta.ops.backend import resolve_backend
 
     return resolve_backend("auto", x.device) == "triton"
 

@@ -12,7 +12,7 @@ Three implementations of the state ops, as for the DDL ops (docs/kernels.md):
   (the write ``h R + f b^T``, the read ``h a``), and Sinkhorn-Knopp in registers (backward recomputed in
   registers from the logits).
 
-``backend`` follows :func:`deep_delta.ops.resolve_backend`: "auto" is the kernels on CUDA when Triton
+``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`: "auto" is the kernels on CUDA when Triton
 imports, the lean path otherwise. :class:`deep_delta.layers.HyperResidual` passes its ``backend`` (the
 model's ``delta_backend``) to these functions.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops import resolve_backend
+from deep_delta.ops.backend import resolve_backend
 from deep_delta.ops.hyper.lean import sinkhorn_knopp_lean, stream_read_lean, stream_write_lean
 from deep_delta.ops.hyper.naive import (
     hc_coefficients_reference,
