@@ -5,7 +5,7 @@ Each op runs forward + backward at the small preset's shapes (d = 768, d_v = 4, 
 allocated and every launch's kernel, arguments and meta-parameters are the ones the ops pass. Each distinct
 launch is then compiled with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` at the num_warps the op chose
 and at the other candidates, and ``cuobjdump --dump-resource-usage`` (shipped with Triton) reports the
-registers per thread (REG) and the local memory (LOCAL > 0: spills). The specialisation follows Triton's JIT:
+registers per thread (REG) and the stack + local memory per thread (> 0: spills; ptxas spills to the stack frame). The specialisation follows Triton's JIT:
 an int argument equal to 1 becomes a constant, pointers and ints divisible by 16 get the divisibility hint.
 
 Slow (minutes on 2 CPU cores), not a test. Run from the repository root:
@@ -32,7 +32,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
-from deep_delta.ops.delta import delta_update, update_and_channel_read  # noqa: E402
+from deep_delta.ops.delta import delta_update, update_and_channel_read, update_and_token_read  # noqa: E402
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 
@@ -68,6 +68,7 @@ def op_steps(dtype: torch.dtype) -> dict:
     return {
         "delta update": lambda: back(delta_update(x, k, v, beta, backend=t)),
         "update + CC read": lambda: back(update_and_channel_read(x, k, v, beta, c, backend=t)),
+        "update + TC read": lambda: back(update_and_token_read(x, k, v, beta, w, backend=t)),
         "CC read": lambda: back(channel_compress(x, c, backend=t)),
         "TC read": lambda: back(token_compress(x, w, backend=t)),
         "EC expansion": lambda: back(embed_conv(e, w, backend=t)),
@@ -120,15 +121,16 @@ def source(kernel, args: tuple, meta: dict) -> tuple[ASTSource, str]:
 
 
 def resources(src: ASTSource, num_warps: int, tmp: str) -> tuple[int, int]:
-    """(registers per thread, local memory bytes) of ``src`` compiled for sm_90 at ``num_warps``."""
+    """(registers per thread, stack + local memory bytes per thread) of ``src`` compiled for sm_90 at
+    ``num_warps``: ptxas puts spilled registers in the stack frame (STACK), so both count as spills."""
     compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
     path = os.path.join(tmp, "k.cubin")
     with open(path, "wb") as fh:
         fh.write(compiled.asm["cubin"])
     text = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True,
                           check=True).stdout
-    reg, local = re.search(r"REG:(\d+)", text), re.search(r"LOCAL:(\d+)", text)
-    return int(reg.group(1)), int(local.group(1))
+    reg, local, stack = (re.search(rf"{field}:(\d+)", text) for field in ("REG", "LOCAL", "STACK"))
+    return int(reg.group(1)), int(local.group(1)) + int(stack.group(1))
 
 
 def report(dtypes: list[torch.dtype], warps: tuple[int, ...], progress) -> str:
@@ -148,16 +150,16 @@ def report(dtypes: list[torch.dtype], warps: tuple[int, ...], progress) -> str:
                     reg, local = resources(src, nw, tmp)
                     mark = "**" if nw == chosen else ""
                     cells.append(f"{mark}{nw}: {reg} / {local}{mark}")
-                    progress(f"{op} {kernel.__name__} {TYPES[dtype]} {label} warps {nw}: REG {reg} LOCAL {local} "
+                    progress(f"{op} {kernel.__name__} {TYPES[dtype]} {label} warps {nw}: REG {reg} STACK+LOCAL {local} "
                              f"({time.time() - t0:.1f} s)")
                 rows.append(f"| {op} | `{kernel.__name__.lstrip('_')}` | {TYPES[dtype]} | {label} | "
                             + "; ".join(cells) + " |")
-    head = ["### DDL kernels compiled for an H100 (sm_90) without a GPU: registers / local bytes per num_warps", "",
+    head = ["### DDL kernels compiled for an H100 (sm_90) without a GPU: registers / stack + local bytes per num_warps", "",
             f"Small preset shapes: d = {D}, d_v = {DV}, K = {K} taps, n = {NS} streams, {BATCH} x {SEQ} tokens; "
             "state and branch outputs in the dtype column, gates, coefficients and weights fp32. Each cell is "
-            "`num_warps: registers per thread / local memory bytes` (local > 0: spills); **bold**: the num_warps the "
+            "`num_warps: registers per thread / stack + local bytes per thread` (> 0: spilled registers); **bold**: the num_warps the "
             "op launches with. Hopper has 65,536 registers per SM, at most 255 per thread.", "",
-            "| op | kernel | dtype | constants | num_warps: REG / LOCAL |", "| --- | --- | --- | --- | --- |"]
+            "| op | kernel | dtype | constants | num_warps: REG / STACK+LOCAL |", "| --- | --- | --- | --- | --- |"]
     return "\n".join(head + rows) + "\n"
 
 

@@ -81,6 +81,21 @@ def _num_warps(block: int) -> int:
 
 
 @triton.jit
+def _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d):
+    """One token's update in fp32 registers, as every delta kernel (forward and backward) computes it:
+    (x, u, rho, v, beta, p, delta) with u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d) (as
+    ops.delta.naive.unit_direction), p = u^T x, delta = beta (v - p). ok_d / ok_v mask the row's loads."""
+    k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    rho = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d) * inv_sqrt_d
+    u = k * rho
+    x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0).to(tl.float32)
+    p = tl.sum(u[:, None] * x, axis=0)
+    v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+    beta = tl.sum(tl.load(BETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
+    return x, u, rho, v, beta, p, beta * (v - p)
+
+
+@triton.jit
 def _delta_fwd_kernel(
     X, K, V, BETA, OUT, C, XIN, DELTA,
     N, D, DV, eps2_over_d, inv_sqrt_d,
@@ -101,15 +116,8 @@ def _delta_fwd_kernel(
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
-        k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
-        # u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d): ops.delta.naive.unit_direction in registers
-        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
-        u = k * (rstd * inv_sqrt_d)
-        x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
-        p = tl.sum(u[:, None] * x, axis=0)
-        v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
-        beta = tl.sum(tl.load(BETA + n_v, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
-        delta = beta * (v - p)
+        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
+                                                     eps2_over_d, inv_sqrt_d)
         if HAS_DELTA:  # kept (fp32) to rebuild x from x' in backward (ops/delta/recompute.py)
             tl.store(DELTA + n * DV + offs_v, delta, mask=ok_v)
         out = x + u[:, None] * delta[None, :]
@@ -145,15 +153,8 @@ def _delta_bwd_kernel(
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
-        k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)  # as ops.delta.naive.unit_direction
-        rho = rstd * inv_sqrt_d
-        u = k * rho
-        x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
-        p = tl.sum(u[:, None] * x, axis=0)
-        v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
-        beta = tl.sum(tl.load(BETA + n_v, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
-        delta = beta * (v - p)
+        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
+                                                     eps2_over_d, inv_sqrt_d)
         g = tl.load(G + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
         if HAS_READ:
             gin = tl.load(GIN + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)

@@ -33,7 +33,14 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.delta.triton import _blocks, _num_warps, check_device, max_programs, sum_partials
+from deep_delta.ops.delta.triton import (
+    _blocks,
+    _num_warps,
+    _token_update,
+    check_device,
+    max_programs,
+    sum_partials,
+)
 from deep_delta.ops.launch import launch
 
 CHUNK = 32  # tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
@@ -63,14 +70,8 @@ def _delta_tc_fwd_kernel(
         n = b * T + t
         keep_d = md & (((offs_d * 0) + t) >= t0)  # halo tokens are computed, not stored
         keep_v = mv & (((offs_v * 0) + t) >= t0)
-        k = tl.load(K + n * D + offs_d, mask=md, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
-        u = k * (rstd * inv_sqrt_d)
-        x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
-        p = tl.sum(u[:, None] * x, axis=0)
-        v = tl.load(V + n * DV + offs_v, mask=mv, other=0.0).to(tl.float32)
-        beta = tl.sum(tl.load(BETA + n + offs_v * 0, mask=mv & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
-        delta = beta * (v - p)
+        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV,
+                                                     eps2_over_d, inv_sqrt_d)
         if HAS_DELTA:
             tl.store(DELTA + n * DV + offs_v, delta, mask=keep_v)
         out_st = (x + u[:, None] * delta[None, :]).to(OUT.dtype.element_ty)
@@ -112,15 +113,8 @@ def _delta_tc_bwd_kernel(
         t0 = (chunk % chunks_per_seq) * CHUNK
         for t in range(t0, tl.minimum(t0 + CHUNK, T)):
             n = b * T + t
-            k = tl.load(K + n * D + offs_d, mask=md, other=0.0).to(tl.float32)
-            rstd = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d)
-            rho = rstd * inv_sqrt_d
-            u = k * rho
-            x = tl.load(X + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
-            p = tl.sum(u[:, None] * x, axis=0)
-            v = tl.load(V + n * DV + offs_v, mask=mv, other=0.0).to(tl.float32)
-            beta = tl.sum(tl.load(BETA + n + offs_v * 0, mask=mv & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
-            delta = beta * (v - p)
+            x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV,
+                                                         eps2_over_d, inv_sqrt_d)
             out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
             ts = t + offs_q  # the tokens whose read x'_t enters, through tap s = ts - t
             okq = mq & (ts < T)
