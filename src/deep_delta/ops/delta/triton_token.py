@@ -136,14 +136,6 @@ def _delta_tc_bwd_kernel(
              mask=mq[:, None, None] & mt[None, :, :])
 
 
-def _bwd_warps(block: int) -> int:
-    """The backward holds the taps and their gradient, (K, d, d_v) each, beside the state tiles. Compiled for
-    sm_90 without a GPU (triton.compile to a cubin, cuobjdump --dump-resource-usage) at d = 768, d_v = 4,
-    K = 4, bf16: 8 warps use 255 registers and 304 bytes of stack per thread, 16 warps 128 and 144. The
-    forward at 8 warps: 255 registers, no stack. Speed not measured (no GPU yet)."""
-    return 4 if block <= 2048 else (8 if block <= 8192 else 16)
-
-
 def _chunk(t: int) -> int:
     return min(CHUNK, triton.next_power_of_2(max(t, 1)))
 
@@ -185,7 +177,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
         (x, k, v, beta, w, g.contiguous(), gin, gx, gk, gv, gbeta, gw_part, t, d, dv, n_chunks, per_seq,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk, BLOCK_D=bd,
-        BLOCK_V=bv, num_warps=_bwd_warps(bd * bv * triton.next_power_of_2(ks)),
+        BLOCK_V=bv, num_warps=_num_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
