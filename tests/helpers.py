@@ -23,6 +23,11 @@ DEBUG: dict[str, Any] = {**DEBUG_MODEL, "vocab_size": 64}
 BYTE_VOCAB = 320
 
 
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """|got - ref| / |ref| (Frobenius norms, in fp64): the tolerance measure of the kernel and dtype tests."""
+    return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()
+
+
 def debug_config(variant: str, **overrides: Any) -> DDLConfig:
     """``variant`` at the ``DEBUG`` shape (the tiny preset narrowed), with ``overrides`` on top."""
     return DDLConfig.from_variant(variant, "tiny", **{**DEBUG, **overrides})

@@ -25,7 +25,7 @@ from deep_delta.models import DDLForCausalLM  # noqa: E402
 from deep_delta.models.ddl import output_cache  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import state_dtype  # noqa: E402
 from deep_delta.variants import VARIANTS  # noqa: E402
-from helpers import debug_config, tiny_model  # noqa: E402
+from helpers import debug_config, rel_error, tiny_model  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton cases (the interpreter on CPU)
 STORED = [v for v, row in VARIANTS.items() if row.get("residual") != "hyper"]
@@ -47,9 +47,6 @@ def _loss_grads(model, ids):
     return out, grads
 
 
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref).norm() / ref.norm()).item()
-
 
 CASES = [(v, "torch") for v in STORED] + [("ddl-cc", "triton"), ("ddl-tc", "triton")]
 
@@ -66,9 +63,9 @@ def test_bf16_state_close_to_fp64(variant, backend):
     assert out.logits.dtype == torch.float32  # the readout is computed in the model's dtype
     ref = tiny_model(variant).double().train()
     ref_out, ref_grads = _loss_grads(ref, ids)
-    assert _rel(out.logits, ref_out.logits) < 0.03
+    assert rel_error(out.logits, ref_out.logits) < 0.03
     assert abs(out.loss.item() - ref_out.loss.item()) < 1e-2
-    assert _rel(grads, ref_grads) < 0.06
+    assert rel_error(grads, ref_grads) < 0.06
 
 
 def test_default_state_is_the_embeddings_dtype_and_cpu_autocast_keeps_it():

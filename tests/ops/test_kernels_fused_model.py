@@ -25,13 +25,10 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.delta_residual import DeltaResidual  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
-from helpers import DEBUG
+from helpers import DEBUG, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()
 
 
 def _run(model, ids, mask=None):
@@ -42,17 +39,22 @@ def _run(model, ids, mask=None):
     return out.loss.detach(), out.logits.detach(), grads
 
 
-@pytest.fixture
-def count_fused(monkeypatch):
+def _count_calls(monkeypatch, name: str) -> list:
+    """Replace ``deep_delta.layers.delta_residual.<name>`` by a wrapper that records each call's backend."""
     calls = []
-    real = dr_mod.update_and_channel_read
+    real = getattr(dr_mod, name)
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("backend"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dr_mod, "update_and_channel_read", counting)
+    monkeypatch.setattr(dr_mod, name, counting)
     return calls
+
+
+@pytest.fixture
+def count_fused(monkeypatch):
+    return _count_calls(monkeypatch, "update_and_channel_read")
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -76,23 +78,15 @@ def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
     assert len(count_fused) == cfg.num_hidden_layers  # only the in-block attention update + MLP read
     model.model.fuse_reads = True
     assert torch.isfinite(loss_f)
-    assert _rel(logits_f, logits_u) <= 1e-6 and abs(loss_f.item() - loss_u.item()) <= 1e-6
+    assert rel_error(logits_f, logits_u) <= 1e-6 and abs(loss_f.item() - loss_u.item()) <= 1e-6
     assert grads_f.keys() == grads_u.keys()
     for name, g in grads_u.items():
-        assert _rel(grads_f[name], g) <= 1e-6, name
+        assert rel_error(grads_f[name], g) <= 1e-6, name
 
 
 @pytest.fixture
 def count_token_fused(monkeypatch):
-    calls = []
-    real = dr_mod.update_and_token_read
-
-    def counting(*args, **kwargs):
-        calls.append(kwargs.get("backend"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dr_mod, "update_and_token_read", counting)
-    return calls
+    return _count_calls(monkeypatch, "update_and_token_read")
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -117,11 +111,11 @@ def test_fused_token_reads_equal_unfused(variant, backend, count_fused, count_to
     loss_u, logits_u, grads_u = _run(model, ids)
     assert count_token_fused == []
     tol = 1e-6 if backend == "torch" else 1e-5
-    assert _rel(logits_f, logits_u) <= tol and abs(loss_f.item() - loss_u.item()) <= tol
+    assert rel_error(logits_f, logits_u) <= tol and abs(loss_f.item() - loss_u.item()) <= tol
     names = sorted(grads_u)
-    assert _rel(torch.cat([grads_f[n].flatten() for n in names]), torch.cat([grads_u[n].flatten() for n in names])) <= tol
+    assert rel_error(torch.cat([grads_f[n].flatten() for n in names]), torch.cat([grads_u[n].flatten() for n in names])) <= tol
     for name in names:  # one by one: a small gradient (a gate bias, 2e-4) cancels to 1e-4 relative
-        assert _rel(grads_f[name], grads_u[name]) <= (tol if backend == "torch" else 1e-3), name
+        assert rel_error(grads_f[name], grads_u[name]) <= (tol if backend == "torch" else 1e-3), name
 
 
 def test_token_reads_are_not_fused_with_padding_or_a_cache(count_token_fused):
@@ -157,9 +151,9 @@ def test_delta_residual_read_returns_update_and_read(backend):
     out2 = res(x, x_in=x_in)
     read2, _ = cc(out2)
     plain = torch.autograd.grad((out2 * gx).sum() + (read2 * gr).sum(), params)
-    assert _rel(out, out2) <= 1e-6 and _rel(read, read2) <= 1e-6
+    assert rel_error(out, out2) <= 1e-6 and rel_error(read, read2) <= 1e-6
     for i, (a, b) in enumerate(zip(fused, plain)):
-        assert _rel(a, b) <= 1e-6, i
+        assert rel_error(a, b) <= 1e-6, i
 
 
 def test_delta_residual_read_errors():

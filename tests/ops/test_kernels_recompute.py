@@ -27,13 +27,10 @@ from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
 from deep_delta.ops import delta_update  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 from deep_delta.ops.delta.recompute import StateTape  # noqa: E402
-from helpers import DEBUG
+from helpers import DEBUG, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()
 
 
 def _chain(x0, ks, vs, betas, fn):
@@ -66,9 +63,9 @@ def test_chain_with_tape_matches_reference(backend, dtype, tol):
     r0, rk, rv, rb = ref_in[0], ref_in[1:1 + n_steps], ref_in[1 + n_steps:1 + 2 * n_steps], ref_in[1 + 2 * n_steps:]
     ref = _chain(r0, rk, rv, rb, delta_update_reference)
     ref_grads = torch.autograd.grad(ref, ref_in, gout.to(ref_dtype))
-    assert _rel(out, ref) <= (1e-12 if dtype == torch.float64 else 2e-2 if dtype == torch.bfloat16 else 1e-6)
+    assert rel_error(out, ref) <= (1e-12 if dtype == torch.float64 else 2e-2 if dtype == torch.bfloat16 else 1e-6)
     for i, (g, r) in enumerate(zip(grads, ref_grads)):
-        assert _rel(g, r) <= tol, (i, _rel(g, r))
+        assert rel_error(g, r) <= tol, (i, rel_error(g, r))
 
 
 def test_tape_survives_a_second_backward():
@@ -83,7 +80,7 @@ def test_tape_survives_a_second_backward():
     ref = _chain(x0, ks, vs, bs, delta_update_reference)
     g3 = torch.autograd.grad(ref.square().sum(), [x0, *ks])
     for a, b, c in zip(g1, g2, g3):
-        assert _rel(a, c) <= 1e-12 and _rel(b, c) <= 1e-12
+        assert rel_error(a, c) <= 1e-12 and rel_error(b, c) <= 1e-12
 
 
 def test_tapes_do_not_nest():
@@ -112,7 +109,7 @@ def test_model_recompute_states_matches_and_saves_memory(variant, backend):
     assert torch.equal(res[True][0], res[False][0])  # the forward is unchanged
     assert res[True][1].keys() == res[False][1].keys()
     for name, g in res[False][1].items():
-        assert _rel(res[True][1][name], g) <= 1e-3, (name, _rel(res[True][1][name], g))
+        assert rel_error(res[True][1][name], g) <= 1e-3, (name, rel_error(res[True][1][name], g))
 
     saved = {}
     for rec in (False, True):

@@ -26,12 +26,10 @@ from deep_delta.ops.compress.naive import token_compress_reference  # noqa: E402
 from deep_delta.ops.delta import update_and_token_read  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
+from helpers import rel_error  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()
 
 
 def _inputs(b, t, d, dv, ks, dtype, seed=0):
@@ -65,14 +63,14 @@ def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks):
     ref_out, ref_xin = _reference(*ref_args)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert out.dtype == dtype and xin.dtype == dtype
-    assert _rel(out, ref_out) < tol and _rel(xin, ref_xin) < tol
+    assert rel_error(out, ref_out) < tol and rel_error(xin, ref_xin) < tol
     gen = torch.Generator().manual_seed(1)
     g_out = torch.randn(out.shape, generator=gen).to(DEVICE, dtype)
     g_in = torch.randn(xin.shape, generator=gen).to(DEVICE, dtype)
     torch.autograd.backward((out, xin), (g_out, g_in))
     torch.autograd.backward((ref_out, ref_xin), (g_out, g_in))
     for name, a, r in zip(("x", "k", "v", "beta", "w"), args, ref_args):
-        assert _rel(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
+        assert rel_error(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
 
 
 def test_only_one_output_used(small_grid):
@@ -84,7 +82,7 @@ def test_only_one_output_used(small_grid):
     out.square().sum().backward()
     ref_out.square().sum().backward()
     for a, r in zip(args[:4], ref_args[:4]):
-        assert _rel(a.grad, r.grad) < 1e-5
+        assert rel_error(a.grad, r.grad) < 1e-5
 
 
 def test_lean_path_is_the_update_then_the_read():
