@@ -4,10 +4,11 @@ For each variant, parametrization and width (hidden_size, heads of --head-dim, -
 vocabulary), train a fresh model for --steps AdamW steps (warm-up then cosine, weight decay 0.1, clip 1.0, the
 optimizer groups of ``deep_delta.train.optim.build_optimizer``: under muP the model's lr multipliers) on random
 windows of the first 90% of the embedded text, then report the mean loss over --val-batches fixed windows of
-the last 10%. Under muP the base width is the smallest width of the sweep (the proxy one tunes at). Each
+the last 10%. Each
 (variant, parametrization, width, lr) runs once per seed in --seeds (the seed draws the init and the batches);
 the table gives the mean over seeds with each seed's value, the best lr by the mean, and says when that best
-lr is at the edge of the grid (the optimum not bracketed). --set model.FIELD=VALUE sets a model field for
+lr is at the edge of the grid (the optimum not bracketed). Under muP the base width is --base-width (64, the
+smallest width of the sweeps in docs/mup.md: the proxy one tunes at), so one width can run on its own. --set model.FIELD=VALUE sets a model field for
 every run, e.g. model.tie_word_embeddings=false (muP with its zero-init readout, docs/mup.md).
 
     nice -n 10 .venv/bin/python benchmarks/mup_sweep.py --out benchmarks/mup_sweep
@@ -55,7 +56,7 @@ def windows(tokens: torch.Tensor, batch: int, seq: int, g: torch.Generator) -> t
 
 def train_one(variant: str, param: str, width: int, lr: float, seed: int, args, train, val) -> dict:
     s = CoordCheckSettings(variants=(variant,), widths=(width, width), layers=args.layers, head_dim=args.head_dim,
-                           seq_len=args.seq_len, model={"mup_base_width": min(args.widths)} | args.model)
+                           seq_len=args.seq_len, model={"mup_base_width": args.base_width} | args.model)
     cfg = model_config(variant, width, param, s)
     torch.manual_seed(seed)
     model = DDLForCausalLM(cfg).train()
@@ -167,6 +168,7 @@ def main() -> int:
     p.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2])
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--base-width", type=int, default=64, help="muP's base width (the width it is tuned at)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8)
@@ -193,8 +195,12 @@ def main() -> int:
     runs: list[dict] = []
     if record.exists():
         old = json.loads(record.read_text())
-        if old.get("settings") == settings:
-            runs = old["runs"]
+        there = old.get("settings", {})
+        if there != settings:
+            differ = ", ".join(f"{k}: {there.get(k)!r} there, {settings.get(k)!r} here"
+                               for k in sorted(set(settings) | set(there)) if settings.get(k) != there.get(k))
+            p.error(f"{record} holds runs with other settings ({differ}); use another --out")
+        runs = old["runs"]
     train, val = split_tokens()
     for variant in args.variants:
         for param in args.parametrizations:
