@@ -5,7 +5,8 @@ The model runs one forward and backward on CPU with ``delta_backend="triton"`` i
 :class:`deep_delta.ops.launch.count_traffic` (dry: nothing is launched) and a ``FakeTensorMode`` (no tensor
 has storage: the GEMMs and attention are not computed either, nothing of the step's size is allocated, so a
 realistic step, e.g. 8 x 1024 tokens at the small preset, is counted in seconds), so every DDL kernel launch of the step
-(delta update, fused update + CC read, CC / TC reads, EC, and the torch sums of their partial buffers) is
+(delta update, fused update + CC read, CC / TC reads, EC, the sublayer's fused norm, gate and value
+(``norm_gate_value``, k-Map with the linear gate), and the torch sums of their partial buffers) is
 recorded with the bytes of its tensor arguments; any machine gives the same table, no GPU needed. What is
 counted and what is not: :mod:`deep_delta.ops.launch`.
 
@@ -118,12 +119,14 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
                    f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} |")
     tokens = results[0].tokens if results else 0
     out += ["", f"Counted (dry launches on fake CPU tensors), not measured, at {tokens} tokens per step. The "
-            "partial buffers of the weight gradients hold one fp32 (d, d_v) tile per program of a persistent grid of "
+            "partial buffers of the weight gradients hold one fp32 copy of the weight ((d, d_v) tiles; the sublayer "
+            "norm's g, w_g, b_g, W_v, b_v) per program of a persistent grid of "
             f"at most {MAX_PROGRAMS} programs per launch (the K taps of a TC / EC convolution share them; 2 x the "
             "SM count on a GPU, 264 on an H100), so their bytes per token fall as the step grows; the rest "
             "is per token. Each tensor argument once; "
-            "compressor weights once per launch (L2-resident); the HC / mHC kernels and the non-DDL work "
-            "(GEMMs, norms, attention) are not counted. Ideal: issue 24, per sublayer."]
+            "compressor and norm weights once per launch (L2-resident); the sublayer's norm, gate and value "
+            "(norm_gate_value) are counted, the HC / mHC kernels and the other non-DDL work (GEMMs, the final and "
+            "QK norms, attention) are not. Ideal: issue 24, per sublayer."]
     return "\n".join(out)
 
 
