@@ -1,8 +1,8 @@
 """The lean PyTorch path of the sublayer's input stage (the CPU target): what :class:`DeltaResidual` computed
 before this op existed, the same ops in the same order, so values and autograd's gradients are bit for bit
-the module's (``norm_gate_value_lean``, and its two halves
-``rms_norm_lean`` and ``gate_value_lean``, which :class:`DeltaResidual` calls around its branch); and the closed-form backward (``norm_gate_value_backward_lean``) that
-the custom op ``deep_delta::norm_gate_value_backward`` runs off CUDA (:mod:`.library`).
+the module's (``norm_gate_value_lean``, and its two halves ``rms_norm_lean`` and ``gate_value_lean``, which
+:class:`DeltaResidual` calls around its branch); and the closed-form backward (``norm_gate_value_backward_lean``)
+that the custom op ``deep_delta::norm_gate_value_backward`` runs off CUDA (:mod:`.library`).
 """
 
 from __future__ import annotations
