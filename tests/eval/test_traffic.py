@@ -52,8 +52,13 @@ def test_traffic_of_a_step_matches_a_hand_count():
     assert res.state_bytes == S and res.sublayers == 2 and res.tokens == N
     assert res.ideal("forward") == 2 * (2 * S + 4 * 8)
     assert res.ideal("backward") == 2 * (3 * S + 6 * 8)
-    sublayer = fwd_norm.read_bytes + fwd_norm.write_bytes + fwd_update.read_bytes + fwd_update.write_bytes
-    assert res.total("forward") == (N * S + C + N * VEC + 2 * sublayer) / N
+    norm, update = (la.read_bytes + la.write_bytes for la in (fwd_norm, fwd_update))
+    assert res.total("forward") == (N * S + C + N * VEC + 2 * (norm + update)) / N
+    assert res.total("forward", norm=False) == (N * S + C + N * VEC + 2 * update) / N
+    assert res.total("forward", norm=True) == 2 * norm / N
+    norm_bwd = bwd_norm.read_bytes + bwd_norm.write_bytes + sum(la.read_bytes + la.write_bytes for la in norm_partials)
+    assert res.total("backward", norm=True) == 2 * norm_bwd / N
+    assert res.total("backward", norm=False) + res.total("backward", norm=True) == res.total("backward")
     text = traffic_markdown([res], "tiny", "float32")
     assert "| ddl-cc-noec | forward | delta_fwd_kernel | 2 |" in text
 
