@@ -155,6 +155,38 @@ def test_closed_form_backward_matches_autograd(lead, d, dv):
         assert_close(f"grad {name}", a.reshape(b.shape), b, torch.float64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_custom_op_matches_reference(dtype):
+    """The registered op (what "auto" calls on CUDA) with its closed-form backward: off CUDA its lean kernels."""
+    from deep_delta.ops.norm.library import norm_gate_value_with_op
+
+    def op(*args, eps, beta_max, value_scale):
+        return norm_gate_value_with_op(*args, eps, beta_max, value_scale)
+
+    compare(op, norm_inputs((3, 5), 20, 4, dtype, dtype, seed=7), dtype)
+
+
+def test_custom_op_compiles_fullgraph():
+    """One node under torch.compile(fullgraph=True) (aot_eager: the fake implementations and the registered
+    autograd, no C++ build): the same values and gradients as eager."""
+    from deep_delta.ops.norm.library import norm_gate_value_with_op
+
+    def step(*args):
+        c, beta, v = norm_gate_value_with_op(*args, *CONSTS.values())
+        return c.square().sum() + beta.sum() + v.square().sum()
+
+    inputs = norm_inputs((2, 6), 16, 3)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (step, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        loss = fn(*leaves)
+        loss.backward()
+        results.append([loss, *(leaf.grad for leaf in leaves)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_auto_off_cuda_is_the_lean_path_bit_for_bit():
     if DEVICE == "cuda":
         pytest.skip("on CUDA 'auto' is the Triton custom op")
@@ -198,11 +230,12 @@ def test_lean_op_is_bit_for_bit_the_modules(dv):
         assert torch.equal(a, b), f"grad {name} differs"
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("dv", [1, 4])
-def test_delta_residual_is_bit_for_bit_the_modules_it_replaces(dv):
+def test_delta_residual_is_bit_for_bit_the_modules_it_replaces(dv, autocast):
     """DeltaResidual's lean path for the k-Map and linear gate (backend "torch"; "auto" off CUDA) against the norm,
     gate and value modules it replaced (the code path the v-Map and the MLP gate keep): torch.equal in the output
-    and every gradient."""
+    and every gradient, in fp32 and under bf16 autocast."""
     d = 24
     torch.manual_seed(0)
     res = DeltaResidual(d, Branch(d), value_channels=dv, backend="torch").to(DEVICE)
@@ -219,8 +252,9 @@ def test_delta_residual_is_bit_for_bit_the_modules_it_replaces(dv):
         res.zero_grad()
         xs = x.clone().requires_grad_()
         xi = None if x_in is None else x_in.clone().requires_grad_()
-        out = res(xs, x_in=xi)
-        out.backward(g)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
+            out = res(xs, x_in=xi)
+        out.backward(g.to(out.dtype))
         grads = [xs.grad] + ([] if xi is None else [xi.grad]) + [p.grad.clone() for p in res.parameters()]
         return out, grads
 
