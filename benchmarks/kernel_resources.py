@@ -35,6 +35,7 @@ from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import delta_update, update_and_channel_read, update_and_token_read  # noqa: E402
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value  # noqa: E402
 
 D, DV, K, NS, BATCH, SEQ = 768, 4, 4, 4, 8, 1024
 TARGET = GPUTarget("cuda", 90, 32)
@@ -59,6 +60,9 @@ def op_steps(dtype: torch.dtype) -> dict:
         BATCH, SEQ, NS, dt=torch.float32)
     rs, bs, as_ = rnd(NS, NS, dt=torch.float32), rnd(NS, dt=torch.float32), rnd(NS, dt=torch.float32)
     z = rnd(BATCH, SEQ, NS, NS, dt=torch.float32)
+    src = rnd(BATCH, SEQ, D, dt=torch.float32)  # the sublayer's source row, read in the norm weight's dtype
+    norm_weights = (rnd(D, dt=torch.float32), rnd(1, D, dt=torch.float32), rnd(1, dt=torch.float32),
+                    rnd(DV, D, dt=torch.float32), rnd(DV, dt=torch.float32))
 
     def back(out):
         outs = out if isinstance(out, tuple) else (out,)
@@ -77,6 +81,8 @@ def op_steps(dtype: torch.dtype) -> dict:
         "HC read (per token)": lambda: back(stream_read(h, a, backend=t)),
         "HC read (static)": lambda: back(stream_read(h, as_, backend=t)),
         "Sinkhorn-Knopp": lambda: back(sinkhorn_knopp(z, 20, 1e-6, backend=t)),
+        "norm + gate + value": lambda: back(norm_gate_value(src, *norm_weights, eps=1e-5, beta_max=2.0,
+                                                            value_scale=4.0, backend=t)),
     }
 
 

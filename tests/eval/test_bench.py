@@ -178,10 +178,10 @@ def test_kernel_bench_tables():
     assert "| baseline | " in table and "1.000x | 1.000x |" in table and "- peak memory ddl-cc:" in table
     timings, notes = run_op_bench(s)
     assert [t.op for t in timings] == ["delta update", "CC read", "TC read", "EC expand", "HC write", "HC read",
-                                       "Sinkhorn"]
+                                       "Sinkhorn", "norm + gate + value"]
     assert all(set(t.seconds) == {"ref", "lean"} for t in timings)  # CPU: no triton, no compile by default
     table = op_table(timings, notes, s)
-    assert table.count("| n/a | n/a |") == 7 and "Triton kernels: skipped" in table and "HC / mHC: n=4 streams" in table
+    assert table.count("| n/a | n/a |") == 8 and "Triton kernels: skipped" in table and "HC / mHC: n=4 streams" in table
 
 
 def test_ddl_bench_kernels_cli(tmp_path, capsys):

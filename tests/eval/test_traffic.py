@@ -2,9 +2,11 @@
 
 ddl-cc-noec, one block, d = 8, d_v = 4, fp32, 1 x 4 tokens (N = 4; one token per program, so 4 programs).
 One token's state is S = 8 * 4 * 4 = 128 bytes; a d-vector 32 bytes, v 16, beta 4, the weight c 128.
-Forward: the first CC read (x0 is not an update's output), then two updates, each fused with the next read
-(the MLP's read, the final readout). Backward: the two fused updates (each with its partial buffer of grad_c,
-one (d, d_v) fp32 tile per program, summed by torch), then the first read's backward and its partial sum.
+Forward: the first CC read (x0 is not an update's output), then per sublayer the norm, gate and value of its
+read (``norm_gate_value``: the weights g, w_g, b_g, W_v (d_v, d) = 128 bytes, b_v) and the update fused with
+the next read (the MLP's read, the final readout). Backward: per sublayer the fused update (with its partial
+buffer of grad_c, one (d, d_v) fp32 tile per program, summed by torch), then the norm's backward (its partials:
+(g, w_g), (b_g, b_v) and W_v per program), then the first read's backward and its partial sum.
 """
 
 from __future__ import annotations
@@ -24,21 +26,39 @@ def test_traffic_of_a_step_matches_a_hand_count():
     bwd_update = Launch("delta_bwd_kernel", "backward", N * (S + VEC + V + B + S + VEC) + C,
                         N * (S + VEC + V + B) + N * C)  # grad_x, grad_k, grad_v, grad_beta; partials
     partial_sum = Launch("partial_sum", "backward", N * C, C)
+    weights = 2 * VEC + B + C + V  # g, w_g, b_g, W_v, b_v
+    fwd_norm = Launch("norm_gate_value_fwd_kernel", "forward", N * VEC + weights, N * (VEC + B + V))
+    bwd_norm = Launch("norm_gate_value_bwd_kernel", "backward", N * VEC + weights + N * (VEC + B + V),
+                      N * VEC + N * (2 * VEC + B + V + C))  # grad_src; partials (g, w_g), (b_g, b_v), W_v
+    norm_partials = [Launch("partial_sum", "backward", N * 2 * VEC, 2 * VEC),
+                     Launch("partial_sum", "backward", N * (B + V), B + V), partial_sum]
     assert res.launches == [
         Launch("cc_fwd_kernel", "forward", N * S + C, N * VEC),
+        fwd_norm,
         fwd_update,
+        fwd_norm,
         fwd_update,
         bwd_update,
         partial_sum,
+        bwd_norm,
+        *norm_partials,
         bwd_update,
         partial_sum,
+        bwd_norm,
+        *norm_partials,
         Launch("cc_bwd_kernel", "backward", N * S + C + N * VEC, N * S + N * C),
         partial_sum,
     ]
     assert res.state_bytes == S and res.sublayers == 2 and res.tokens == N
     assert res.ideal("forward") == 2 * (2 * S + 4 * 8)
     assert res.ideal("backward") == 2 * (3 * S + 6 * 8)
-    assert res.total("forward") == (N * S + C + N * VEC + 2 * (fwd_update.read_bytes + fwd_update.write_bytes)) / N
+    norm, update = (la.read_bytes + la.write_bytes for la in (fwd_norm, fwd_update))
+    assert res.total("forward") == (N * S + C + N * VEC + 2 * (norm + update)) / N
+    assert res.total("forward", norm=False) == (N * S + C + N * VEC + 2 * update) / N
+    assert res.total("forward", norm=True) == 2 * norm / N
+    norm_bwd = bwd_norm.read_bytes + bwd_norm.write_bytes + sum(la.read_bytes + la.write_bytes for la in norm_partials)
+    assert res.total("backward", norm=True) == 2 * norm_bwd / N
+    assert res.total("backward", norm=False) + res.total("backward", norm=True) == res.total("backward")
     text = traffic_markdown([res], "tiny", "float32")
     assert "| ddl-cc-noec | forward | delta_fwd_kernel | 2 |" in text
 
@@ -50,12 +70,15 @@ def test_traffic_refuses_a_variant_without_ddl_kernels():
 
 def test_traffic_counts_a_realistic_step_with_bounded_partials():
     """8 x 1024 tokens on fake tensors (nothing of the step's size is allocated): the partial buffers of the
-    weight gradients stay at most MAX_PROGRAMS (d, d_v) fp32 tiles per launch, not one per token."""
+    weight gradients stay at most MAX_PROGRAMS fp32 copies of their weight per launch ((d, d_v) tiles for the
+    update and the read; the norm's weights), not one per token."""
     from deep_delta.ops.delta.triton import MAX_PROGRAMS
 
     res = step_traffic("ddl-cc-noec", "tiny", batch_size=8, seq_len=1024, **TINY)
     assert res.tokens == 8 * 1024
-    partials = [la.read_bytes for la in res.launches if la.kernel == "partial_sum"]
-    assert len(partials) == 3 and all(p == MAX_PROGRAMS * C for p in partials)
+    partials = [la for la in res.launches if la.kernel == "partial_sum"]
+    assert len(partials) == 3 + 2 * 3  # grad_c of the two updates and the first read; the two norms' three each
+    assert all(la.read_bytes == MAX_PROGRAMS * la.write_bytes for la in partials)
+    assert sum(la.read_bytes == MAX_PROGRAMS * C for la in partials) == 3 + 2  # the (d, d_v) tiles and W_v
     updates = [la for la in res.launches if la.kernel == "delta_bwd_kernel"]
     assert all(la.write_bytes == res.tokens * (S + VEC + V + B) + MAX_PROGRAMS * C for la in updates)

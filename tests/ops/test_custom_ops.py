@@ -131,3 +131,27 @@ def test_state_rebuild_through_the_custom_ops():
 
     for got, ref in zip(run(True), run(False)):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n,d,dv", [(6, 7, 1), (5, 12, 3), (1, 33, 4)], ids=["n6-d7-dv1", "n5-d12-dv3", "n1-d33-dv4"])
+def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
+    """``deep_delta::norm_gate_value`` and its backward op (:mod:`deep_delta.ops.norm.library`): src in dtype,
+    weights in fp32 (fp64 with fp64 src), as the module holds them."""
+    from deep_delta.ops.norm.library import norm_gate_value_backward_op, norm_gate_value_op
+
+    gen = torch.Generator().manual_seed(d)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    r = lambda *shape, dt=wdt: torch.randn(*shape, generator=gen).to(dt).to(DEVICE)  # noqa: E731
+    src = r(n, d, dt=dtype)
+    weights = (1 + 0.3 * r(d), r(1, d), r(1), r(dv, d), r(dv))
+    grads = (r(n, d), r(n, 1), r(n, dv))
+    consts = (1e-5, 2.0, 4.0)
+    cases = [
+        (norm_gate_value_op, (src.clone().requires_grad_(), *(w.clone().requires_grad_() for w in weights), *consts)),
+        (norm_gate_value_op, (src, *weights, *consts)),
+        (norm_gate_value_backward_op, (*grads, src, *weights, *consts)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"

@@ -51,6 +51,9 @@ class OpTiming:
     seconds: dict[str, float]  # impl (IMPLS) -> median seconds; an impl not timed is missing
 
 
+NORM_CONSTS = dict(eps=1e-5, beta_max=2.0, value_scale=4.0)  # the sublayer norm's constants (DDLConfig's defaults)
+
+
 def _fwd_bwd(fn, args: tuple, autocast) -> Callable[[], None]:
     """fn(*args) under ``autocast`` and its backward with a fixed random output gradient (made on the first
     call, which runs here: it also compiles what needs compiling)."""
@@ -60,10 +63,11 @@ def _fwd_bwd(fn, args: tuple, autocast) -> Callable[[], None]:
         nonlocal grad
         with autocast:
             out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
         if grad is None:
             g = torch.Generator().manual_seed(1)
-            grad = torch.randn(out.shape, generator=g).to(device=out.device, dtype=out.dtype)
-        torch.autograd.backward(out, grad)
+            grad = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
+        torch.autograd.backward(outs, grad)
 
     call()
     return call
@@ -74,7 +78,9 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
 
     Under autocast (``dtype`` not float32) only the branch output (k; HC's f) is in the low precision: states,
     embeddings, gate values, compressor weights and the HC / mHC coefficients are fp32, as the model's fp32
-    weights make them. The HC / mHC ops take ``DDLConfig``'s n streams and Sinkhorn rounds.
+    weights make them. The HC / mHC ops take ``DDLConfig``'s n streams and Sinkhorn rounds. The sublayer's norm,
+    gate and value (:func:`deep_delta.ops.norm.norm_gate_value`) read an fp32 src (the module casts it) with the
+    width's d_v; its output gradients are (c, beta, v)'s.
     """
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
@@ -91,6 +97,8 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
         stream_read_reference,
         stream_write_reference,
     )
+    from deep_delta.ops.norm.lean import norm_gate_value_lean
+    from deep_delta.ops.norm.naive import norm_gate_value_reference
 
     low = BENCH_DTYPES[dtype] or torch.float32
     d, dv, kk = hidden_size, VALUE_CHANNELS, TAPS
@@ -105,6 +113,11 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
     n, iters = DDLConfig.hc_streams, DDLConfig.hc_sinkhorn_iters
     h, f = rnd(batch_size, seq_len, d, n), rnd(batch_size, seq_len, d, dt=low)
     r, a, b = rnd(batch_size, seq_len, n, n), rnd(batch_size, seq_len, n), rnd(batch_size, seq_len, n)
+    norm_args = (e, rnd(d), rnd(1, d), rnd(1), rnd(dv, d), rnd(dv))  # src, g, w_g, b_g, W_v, b_v
+
+    def with_consts(fn):
+        return lambda *args: fn(*args, **NORM_CONSTS)
+
     return {
         "delta update": ((x, k, v, beta), delta_update_reference, delta_update_lean, "delta_update"),
         "CC read": ((x, c), channel_compress_reference, channel_compress_lean, "channel_compress"),
@@ -114,10 +127,16 @@ def op_inputs(hidden_size: int, batch_size: int, seq_len: int, dtype: str, devic
         "HC read": ((h, a), stream_read_reference, stream_read_lean, "stream_read"),
         "Sinkhorn": ((r,), lambda z: sinkhorn_knopp_reference(z, iters), lambda z: sinkhorn_knopp_lean(z, iters),
                      f"sinkhorn_knopp:{iters}"),
+        "norm + gate + value": (norm_args, with_consts(norm_gate_value_reference), with_consts(norm_gate_value_lean),
+                                "norm_gate_value"),
     }
 
 
 def _triton_fn(name: str):
+    if name == "norm_gate_value":
+        from deep_delta.ops.norm.triton import norm_gate_value_triton
+
+        return lambda *args: norm_gate_value_triton(*args, **NORM_CONSTS)
     if name == "delta_update":
         from deep_delta.ops.delta.triton import delta_update_triton
 

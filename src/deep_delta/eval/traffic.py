@@ -5,7 +5,8 @@ The model runs one forward and backward on CPU with ``delta_backend="triton"`` i
 :class:`deep_delta.ops.launch.count_traffic` (dry: nothing is launched) and a ``FakeTensorMode`` (no tensor
 has storage: the GEMMs and attention are not computed either, nothing of the step's size is allocated, so a
 realistic step, e.g. 8 x 1024 tokens at the small preset, is counted in seconds), so every DDL kernel launch of the step
-(delta update, fused update + CC read, CC / TC reads, EC, and the torch sums of their partial buffers) is
+(delta update, fused update + CC read, CC / TC reads, EC, the sublayer's fused norm, gate and value
+(``norm_gate_value``, k-Map with the linear gate), and the torch sums of their partial buffers) is
 recorded with the bytes of its tensor arguments; any machine gives the same table, no GPU needed. What is
 counted and what is not: :mod:`deep_delta.ops.launch`.
 
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from deep_delta.ops.launch import Launch, count_traffic
+
+NORM_KERNELS = ("norm_gate_value_fwd_kernel", "norm_gate_value_bwd_kernel")  # deep_delta.ops.norm
 
 
 @dataclass
@@ -44,9 +47,17 @@ class StepTraffic:
             row[2] += la.write_bytes
         return {key: (n, r / self.tokens, w / self.tokens) for key, (n, r, w) in rows.items()}
 
-    def total(self, phase: str) -> float:
-        """Bytes per token of every recorded launch of ``phase`` ("forward" or "backward")."""
-        return sum(la.read_bytes + la.write_bytes for la in self.launches if la.phase == phase) / self.tokens
+    def total(self, phase: str, norm: bool | None = None) -> float:
+        """Bytes per token of the recorded launches of ``phase`` ("forward" or "backward"): every launch
+        (``norm=None``), only the sublayers' norm, gate and value (``True``: the ``norm_gate_value`` kernels and the
+        sums of their partials) or all but those (``False``: the state kernels, what the issue's ideal is for)."""
+        owner, total = "", 0
+        for la in self.launches:
+            if la.kernel != "partial_sum":  # a partial sum belongs to the kernel launched before it
+                owner = la.kernel
+            if la.phase == phase and (norm is None or (owner in NORM_KERNELS) == norm):
+                total += la.read_bytes + la.write_bytes
+        return total / self.tokens
 
     def ideal(self, phase: str) -> float:
         """The issue's ideal per token: ``2S + 4d`` forward, ``3S + 6d`` backward, per sublayer."""
@@ -109,21 +120,25 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
         for (phase, kernel), (n, r, w) in res.per_token().items():
             out.append(f"| {res.variant} | {phase} | {kernel} | {n} | {r:,.0f} | {w:,.0f} |")
     out += ["", "| variant | d | d_v | S bytes | sublayers | forward B/token | ideal 2S+4d | x ideal | "
-            "backward B/token | ideal 3S+6d | x ideal |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-            "--- | --- |"]
+            "backward B/token | ideal 3S+6d | x ideal | norm + gate + value fwd / bwd B/token |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for res in results:
-        f, b = res.total("forward"), res.total("backward")
+        f, b = res.total("forward", norm=False), res.total("backward", norm=False)
         fi, bi = res.ideal("forward"), res.ideal("backward")
+        nf, nb = res.total("forward", norm=True), res.total("backward", norm=True)
         out.append(f"| {res.variant} | {res.hidden_size} | {res.value_channels} | {res.state_bytes} | {res.sublayers} "
-                   f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} |")
+                   f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} | {nf:,.0f} / {nb:,.0f} |")
     tokens = results[0].tokens if results else 0
     out += ["", f"Counted (dry launches on fake CPU tensors), not measured, at {tokens} tokens per step. The "
-            "partial buffers of the weight gradients hold one fp32 (d, d_v) tile per program of a persistent grid of "
+            "partial buffers of the weight gradients hold one fp32 copy of the weight ((d, d_v) tiles; the sublayer "
+            "norm's g, w_g, b_g, W_v, b_v) per program of a persistent grid of "
             f"at most {MAX_PROGRAMS} programs per launch (the K taps of a TC / EC convolution share them; 2 x the "
             "SM count on a GPU, 264 on an H100), so their bytes per token fall as the step grows; the rest "
             "is per token. Each tensor argument once; "
-            "compressor weights once per launch (L2-resident); the HC / mHC kernels and the non-DDL work "
-            "(GEMMs, norms, attention) are not counted. Ideal: issue 24, per sublayer."]
+            "compressor and norm weights once per launch (L2-resident); the sublayer's norm, gate and value "
+            "(norm_gate_value, k-Map with the linear gate) are counted in their own column, not in the totals "
+            "against the ideal (issue 24's, per sublayer, is the state update's); the HC / mHC kernels and the other "
+            "non-DDL work (GEMMs, the final and QK norms, attention) are not counted."]
     return "\n".join(out)
 
 

@@ -4,11 +4,12 @@
   with the next sublayer's CC or TC read;
 - :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC), with the
   causal short convolution they share (:mod:`deep_delta.ops.compress.shortconv`);
-- :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp.
+- :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp;
+- :mod:`deep_delta.ops.norm`: a k-Map sublayer's RMSNorm, linear gate and value from one read of its source row.
 
 Each package holds the plain references (``naive.py``), the lean PyTorch path (``lean.py``,
 ``backend="torch"``) and the Triton kernels (``triton*.py``). :mod:`deep_delta.ops.backend` resolves the
-``backend`` name for all three (:func:`resolve_backend`); :mod:`deep_delta.ops.launch` is the one launch
+``backend`` name for all of them (:func:`resolve_backend`); :mod:`deep_delta.ops.launch` is the one launch
 point of the kernels. This module only re-exports the public entry points.
 """
 
@@ -18,6 +19,7 @@ from deep_delta.ops.backend import BACKENDS, resolve_backend
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import delta_operator, delta_update, update_and_channel_read, update_and_token_read
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write
+from deep_delta.ops.norm import norm_gate_value
 
 __all__ = [
     "BACKENDS",
@@ -25,6 +27,7 @@ __all__ = [
     "delta_operator",
     "delta_update",
     "embed_conv",
+    "norm_gate_value",
     "resolve_backend",
     "sinkhorn_knopp",
     "stream_read",

@@ -1,0 +1,92 @@
+"""The sublayer's input stage of a k-Map DDL residual with the linear gate, from one read of its source row.
+
+``norm_gate_value(src, ...)`` returns ``(c, beta, v)``: the normed sublayer input ``c = RMSNorm(src)``, the gate
+``beta = beta_max sigmoid(c . w_g + b_g)`` and the value ``v = value_scale sigmoid(W_v src + b_v)``, which
+:class:`deep_delta.layers.DeltaResidual` used to compute as three modules (a norm and two GEMVs, each reading
+src or c again). ``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`: ``"torch"`` is the lean path
+(:mod:`.lean`: the module's own ops, bit for bit), ``"triton"`` the fused kernels (:mod:`.triton`; CPU tensors
+only under the Triton interpreter), ``"auto"`` the custom op (:mod:`.library`, one node under ``torch.compile``)
+where it resolves to Triton (CUDA) and the lean path elsewhere. The plain reference is :mod:`.naive`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.norm.lean import norm_gate_value_lean
+from deep_delta.ops.norm.naive import norm_gate_value_reference
+
+Tensor = torch.Tensor
+
+
+def _check(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
+           value_bias: Tensor, eps: float, beta_max: float, value_scale: float) -> None:
+    if src.dim() < 1:
+        raise ValueError(f"norm_gate_value: `src` must have shape (..., d), got {tuple(src.shape)}")
+    d = src.shape[-1]
+    if value_weight.dim() != 2 or value_weight.shape[1] != d or value_weight.shape[0] < 1:
+        raise ValueError(f"norm_gate_value: `value_weight` must have shape (d_v, {d}) with d_v >= 1 (src is "
+                         f"{tuple(src.shape)}), got {tuple(value_weight.shape)}")
+    dv = value_weight.shape[0]
+    expected = {"norm_weight": (norm_weight, (d,)), "gate_weight": (gate_weight, (1, d)),
+                "gate_bias": (gate_bias, (1,)), "value_bias": (value_bias, (dv,))}
+    for name, (t, shape) in expected.items():
+        if tuple(t.shape) != shape:
+            hint = f"d_v = {dv} from `value_weight`" if name == "value_bias" else f"d = {d} from `src`"
+            raise ValueError(f"norm_gate_value: `{name}` must have shape {shape} ({hint}), got {tuple(t.shape)}")
+    for name, t in (("src", src), ("norm_weight", norm_weight), ("gate_weight", gate_weight),
+                    ("gate_bias", gate_bias), ("value_weight", value_weight), ("value_bias", value_bias)):
+        if not t.is_floating_point():
+            raise TypeError(f"norm_gate_value: `{name}` must be a floating-point tensor, got {t.dtype}")
+    for name, value, ok, allowed in (("eps", eps, eps >= 0, ">= 0"), ("beta_max", beta_max, beta_max > 0, "> 0"),
+                                     ("value_scale", value_scale, True, "any finite number")):
+        if not (math.isfinite(value) and ok):
+            raise ValueError(f"norm_gate_value: `{name}` got {value}; allowed: {allowed}")
+
+
+def norm_gate_value(
+    src: Tensor,
+    norm_weight: Tensor,
+    gate_weight: Tensor,
+    gate_bias: Tensor,
+    value_weight: Tensor,
+    value_bias: Tensor,
+    *,
+    eps: float,
+    beta_max: float,
+    value_scale: float,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The RMSNorm, the linear gate and the k-Map value of one source row, read once.
+
+    Args:
+        src: (..., d), the sublayer's source row (the residual x for d_v = 1, the compressed read x_in for
+            d_v > 1); read in ``norm_weight``'s dtype (a state stored in lower precision is cast, as the
+            module does).
+        norm_weight: (d,), the RMSNorm's g; eps: its eps, added to the mean of squares (``nn.RMSNorm``).
+        gate_weight: (1, d) and gate_bias: (1,), the linear gate ``beta = beta_max sigmoid(c . w_g + b_g)``.
+        value_weight: (d_v, d) and value_bias: (d_v,), the value ``v = value_scale sigmoid(W_v src + b_v)``.
+        backend: "auto", "torch" or "triton" (module docstring).
+    Returns:
+        c (..., d) in norm_weight's dtype; beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
+        The gate's logits are fp32 under autocast too; the lean path's value projection runs in the autocast
+        dtype, as ``nn.Linear`` does, and the kernels' in fp32.
+    """
+    _check(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale)
+    args = (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+    impl = resolve_backend(backend, src.device)
+    if impl == "triton" and backend == "auto":  # the registered op: one node under torch.compile
+        from deep_delta.ops.norm.library import norm_gate_value_with_op
+
+        return norm_gate_value_with_op(*args, eps, beta_max, value_scale)
+    if impl == "triton":
+        from deep_delta.ops.norm.triton import norm_gate_value_triton
+
+        return norm_gate_value_triton(*args, eps=eps, beta_max=beta_max, value_scale=value_scale)
+    return norm_gate_value_lean(*args, eps=eps, beta_max=beta_max, value_scale=value_scale)
+
+
+__all__ = ["norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference"]

@@ -1,0 +1,125 @@
+"""The sublayer's input stage (RMSNorm, linear gate, k-Map value) as ``torch.library`` custom ops (namespace
+``deep_delta``), in the style of :mod:`deep_delta.ops.delta.library`:
+
+| op | CUDA kernel | every other device |
+| --- | --- | --- |
+| ``deep_delta::norm_gate_value(src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale) -> (c, beta, v)`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
+| ``deep_delta::norm_gate_value_backward(gc, gbeta, gv, src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale)`` | Triton | the closed-form lean backward |
+
+The backward op is what ``register_autograd`` calls (no double backward). Shapes are the flattened ones: src
+(N, d), g (d,), w_g (1, d), b_g (1,), W_v (d_v, d), b_v (d_v,), all contiguous. One opaque node under
+``torch.compile``, so a whole model compiles with ``fullgraph=True``. :func:`deep_delta.ops.norm.norm_gate_value`
+calls it for ``backend="auto"`` on CUDA; on other devices ``"auto"`` runs the lean ops directly (their autograd
+is bit for bit the module's gradients, which the closed-form backward is not). tests/ops/test_custom_ops.py runs
+``torch.library.opcheck`` on both ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deep_delta.ops.norm.lean import (
+    missing_grads_as_zeros,
+    norm_gate_value_backward_lean,
+    norm_gate_value_lean,
+    out_dtype,
+)
+
+Tensor = torch.Tensor
+
+
+def _use_triton(src: Tensor) -> bool:
+    from deep_delta.ops.backend import resolve_backend
+
+    return resolve_backend("auto", src.device) == "triton"
+
+
+def _forward_lean(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
+                  value_bias: Tensor, eps: float, beta_max: float, value_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(c, beta, v) of a flattened src (N, d). Lean math."""
+    c, beta, v = norm_gate_value_lean(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps=eps,
+                                      beta_max=beta_max, value_scale=value_scale)
+    return c.contiguous(), beta.contiguous(), v.contiguous()
+
+
+norm_gate_value_op = torch.library.custom_op("deep_delta::norm_gate_value", _forward_lean, mutates_args=())
+
+
+@norm_gate_value_op.register_kernel("cuda")
+def _norm_gate_value_cuda(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
+                          value_scale):
+    if not _use_triton(src):
+        return _forward_lean(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
+                             value_scale)
+    from deep_delta.ops.norm.triton import triton_forward
+
+    return triton_forward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
+                          value_scale)
+
+
+@norm_gate_value_op.register_fake
+def _(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale):
+    n, d = src.shape
+    return (src.new_empty(n, d, dtype=norm_weight.dtype), src.new_empty(n, 1, dtype=out_dtype(norm_weight)),
+            src.new_empty(n, value_weight.shape[0], dtype=out_dtype(norm_weight)))
+
+
+def _backward_lean(gc: Tensor, gbeta: Tensor, gv: Tensor, src: Tensor, norm_weight: Tensor, gate_weight: Tensor,
+                   gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float,
+                   value_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias). Lean math."""
+    return norm_gate_value_backward_lean(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight,
+                                         value_bias, eps, beta_max, value_scale)
+
+
+norm_gate_value_backward_op = torch.library.custom_op(
+    "deep_delta::norm_gate_value_backward", _backward_lean, mutates_args=()
+)
+
+
+@norm_gate_value_backward_op.register_kernel("cuda")
+def _norm_gate_value_backward_cuda(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight,
+                                   value_bias, eps, beta_max, value_scale):
+    if not _use_triton(src):
+        return _backward_lean(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
+                              eps, beta_max, value_scale)
+    from deep_delta.ops.norm.triton import triton_backward
+
+    return triton_backward(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
+                           eps, beta_max, value_scale)
+
+
+@norm_gate_value_backward_op.register_fake
+def _(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
+      value_scale):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                 for t in (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    *tensors, eps, beta_max, value_scale = inputs
+    ctx.save_for_backward(*tensors)
+    ctx.consts = (eps, beta_max, value_scale)
+
+
+def _norm_gate_value_grad(ctx, gc, gbeta, gv):
+    src, norm_weight, gate_weight, gate_bias, value_weight, value_bias = ctx.saved_tensors
+    gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, norm_weight, value_weight)
+    grads = norm_gate_value_backward_op(gc, gbeta, gv, *ctx.saved_tensors, *ctx.consts)
+    return (*grads, None, None, None)
+
+
+norm_gate_value_op.register_autograd(_norm_gate_value_grad, setup_context=_save_inputs)
+
+OPS = (norm_gate_value_op, norm_gate_value_backward_op)
+
+
+def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
+                            value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float,
+                            value_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The custom op at any leading shape: src (..., d) -> c (..., d), beta (..., 1), v (..., d_v)."""
+    lead, d = src.shape[:-1], src.shape[-1]
+    c, beta, v = norm_gate_value_op(
+        src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
+        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale))
+    return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])

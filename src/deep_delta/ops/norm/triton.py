@@ -1,0 +1,210 @@
+"""Triton kernels of the sublayer's input stage: the RMSNorm, the linear gate and the k-Map value from one read.
+
+forward   read src (one row per token), g, w_g, b_g, W_v, b_v
+          -> s = src in the norm weight's dtype, r = rsqrt(mean(s^2) + eps), y = s r, c = y g    (fp32)
+          -> beta = beta_max sigmoid(c . w_g + b_g), v = value_scale sigmoid(W_v s + b_v)        (fp32)
+          write c (the norm weight's dtype), beta (N, 1) and v (N, d_v) (fp32)
+backward  read src, gc, gbeta, gv; recompute r, y, c and the two sigmoids (nothing but src is saved)
+          write grad_src = r (dy - y mean(dy y)) + dlogit_v W_v   with dy = (gc + dlogit_g w_g) g
+          the weight gradients (g, w_g, b_g, W_v, b_v) on a persistent grid
+          (:func:`deep_delta.ops.delta.triton.reduction_grid`): each program accumulates its contiguous chunk of
+          tokens in fp32 registers and writes one partial per weight, so the partial buffers hold at most
+          ``max_programs`` copies of the weights whatever the token count; torch sums them (``sum_partials``)
+
+One program holds a token's row (``BLOCK_D = next_pow2(d)``, masked) and the (d_v, d) value weight in registers.
+Tested against the plain reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_norm_gate_value.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deep_delta.ops.delta import triton as delta_triton
+from deep_delta.ops.delta.triton import MAX_WIDTH, _num_warps, _rows_per_program, check_device, sum_partials
+from deep_delta.ops.launch import launch
+from deep_delta.ops.norm.lean import missing_grads_as_zeros, out_dtype
+
+
+@triton.jit
+def _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps, beta_max, value_scale):
+    """One token's forward in fp32 registers: (s, r, y, c, g, w_g, s_g, s_v); masked lanes are 0."""
+    s = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0).to(NW.dtype.element_ty).to(tl.float32)
+    r = tl.rsqrt(tl.sum(s * s, axis=0) / D + eps)
+    y = s * r
+    g = tl.load(NW + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    c = y * g
+    wg = tl.load(GW + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    # the gate bias as a vector over offs_v with one live lane: scalar loads and stores are avoided (interpreter)
+    bg = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
+    logit_g = tl.sum(c * wg, axis=0) + bg  # (BLOCK_V,): lane 0 is the gate's logit
+    s_g = tl.sigmoid(logit_g)
+    bv = tl.load(BV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+    s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv)
+    return s, r, y, c, g, wg, s_g, s_v
+
+
+@triton.jit
+def _norm_gate_value_fwd_kernel(
+    SRC, NW, GW, GB, WV, BV, C, BETA, V,
+    N, D, DV, eps, beta_max, value_scale,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    wv = tl.load(WV + offs_v[:, None] * D + offs_d[None, :], mask=mv[:, None] & md[None, :], other=0.0).to(tl.float32)
+    for i in range(ROWS):
+        n = pid * ROWS + i
+        ok_d = md & ((offs_d * 0 + n) < N)  # the row index as a vector: masks must be tensors
+        ok_v = mv & ((offs_v * 0 + n) < N)
+        s, r, y, c, g, wg, s_g, s_v = _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps,
+                                           beta_max, value_scale)
+        tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
+        tl.store(BETA + n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+        tl.store(V + n * DV + offs_v, (value_scale * s_v).to(V.dtype.element_ty), mask=ok_v)
+
+
+@triton.jit
+def _norm_gate_value_bwd_kernel(
+    SRC, NW, GW, GB, WV, BV, GC, GBETA, GV,
+    GSRC, PART_D, PART_V, PART_B,
+    N, CHUNK, D, DV, eps, beta_max, value_scale,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK). Partials of this program: PART_D (2, d) = (grad_g, grad_w_g),
+    PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v)."""
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_v[:, None] * D + offs_d[None, :]
+    mt = mv[:, None] & md[None, :]
+    wv = tl.load(WV + tile, mask=mt, other=0.0).to(tl.float32)
+    acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
+    acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
+    acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    for i in range(0, CHUNK):
+        n = pid * CHUNK + i
+        ok_d = md & ((offs_d * 0 + n) < N)
+        ok_v = mv & ((offs_v * 0 + n) < N)
+        s, r, y, c, g, wg, s_g, s_v = _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps,
+                                           beta_max, value_scale)
+        gc = tl.load(GC + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        gbeta = tl.load(GBETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32)
+        gv = tl.load(GV + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        dlg = gbeta * beta_max * s_g * (1.0 - s_g)  # lane 0; 0 elsewhere and past the last token
+        dlg_s = tl.sum(dlg, axis=0)
+        dlv = gv * value_scale * s_v * (1.0 - s_v)  # 0 past d_v and the last token
+        gct = gc + dlg_s * wg
+        dy = gct * g
+        gsrc = r * (dy - y * (tl.sum(dy * y, axis=0) / D)) + tl.sum(dlv[:, None] * wv, axis=0)
+        tl.store(GSRC + n * D + offs_d, gsrc.to(GSRC.dtype.element_ty), mask=ok_d)
+        acc_g += gct * y
+        acc_wg += dlg_s * c
+        acc_bg += dlg
+        acc_wv += dlv[:, None] * s[None, :]
+        acc_bv += dlv
+    tl.store(PART_D + pid * 2 * D + offs_d, acc_g, mask=md)
+    tl.store(PART_D + pid * 2 * D + D + offs_d, acc_wg, mask=md)
+    tl.store(PART_V + pid * DV * D + tile, acc_wv, mask=mt)
+    tl.store(PART_B + pid * (1 + DV) + offs_v * 0, acc_bg, mask=offs_v == 0)
+    tl.store(PART_B + pid * (1 + DV) + 1 + offs_v, acc_bv, mask=mv)
+
+
+def _blocks(d: int, dv: int) -> tuple[int, int]:
+    if d > MAX_WIDTH:
+        raise ValueError(f"norm_gate_value (triton): width d must be <= {MAX_WIDTH}, got {d}")
+    return triton.next_power_of_2(d), triton.next_power_of_2(dv)
+
+
+def triton_forward(
+    src: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
+    value_weight: torch.Tensor, value_bias: torch.Tensor, eps: float, beta_max: float, value_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch: (c (N, d) in norm_weight's dtype, beta (N, 1), v (N, d_v) fp32) for a contiguous src (N, d)."""
+    n, d = src.shape
+    dv = value_weight.shape[0]
+    bd, bv = _blocks(d, dv)
+    c = torch.empty(n, d, dtype=norm_weight.dtype, device=src.device)
+    beta = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=src.device)
+    v = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=src.device)
+    if n == 0:
+        return c, beta, v
+    rows = _rows_per_program(n)
+    launch(
+        _norm_gate_value_fwd_kernel, (triton.cdiv(n, rows),),
+        (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, c, beta, v, n, d, dv, float(eps),
+         float(beta_max), float(value_scale)), writes=(6, 7, 8),
+        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+    )
+    return c, beta, v
+
+
+def triton_backward(
+    gc: torch.Tensor, gbeta: torch.Tensor, gv: torch.Tensor, src: torch.Tensor, norm_weight: torch.Tensor,
+    gate_weight: torch.Tensor, gate_bias: torch.Tensor, value_weight: torch.Tensor, value_bias: torch.Tensor,
+    eps: float, beta_max: float, value_scale: float,
+) -> tuple[torch.Tensor, ...]:
+    """One launch and three partial sums: the gradients of (src, norm_weight, gate_weight, gate_bias,
+    value_weight, value_bias), each in its input's dtype and shape."""
+    n, d = src.shape
+    dv = value_weight.shape[0]
+    bd, bv = _blocks(d, dv)
+    progs, chunk = delta_triton.reduction_grid(n, src.device)  # at most max_programs partials, whatever n
+    gsrc = torch.empty_like(src)
+    part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=src.device)
+    part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=src.device)
+    part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=src.device)
+    if n == 0:
+        part_d.zero_(), part_v.zero_(), part_b.zero_()
+    else:
+        launch(
+            _norm_gate_value_bwd_kernel, (progs,),
+            (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc.contiguous(),
+             gbeta.contiguous(), gv.contiguous(), gsrc, part_d, part_v, part_b, n, chunk, d, dv, float(eps),
+             float(beta_max), float(value_scale)), writes=(9, 10, 11, 12),
+            BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        )
+    gd = sum_partials(part_d, torch.float32)
+    gb = sum_partials(part_b, torch.float32)
+    return (gsrc, gd[0].to(norm_weight.dtype), gd[1].view(gate_weight.shape).to(gate_weight.dtype),
+            gb[:1].view(gate_bias.shape).to(gate_bias.dtype), sum_partials(part_v, value_weight.dtype),
+            gb[1:].view(value_bias.shape).to(value_bias.dtype))
+
+
+class NormGateValueTriton(torch.autograd.Function):
+    """Contiguous src (N, d) and the weights as :func:`deep_delta.ops.norm.norm_gate_value` takes them;
+    returns (c, beta, v). Saves src and the weights only."""
+
+    @staticmethod
+    def forward(ctx, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
+                value_scale):
+        ctx.save_for_backward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+        ctx.consts = (eps, beta_max, value_scale)
+        return triton_forward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
+                              value_scale)
+
+    @staticmethod
+    def backward(ctx, gc, gbeta, gv):
+        src, *weights = ctx.saved_tensors
+        gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, weights[0], weights[3])
+        return (*triton_backward(gc, gbeta, gv, src, *weights, *ctx.consts), None, None, None)
+
+
+def norm_gate_value_triton(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, *, eps, beta_max,
+                           value_scale):
+    """The kernels' autograd Function at any leading shape: src (..., d) -> c (..., d), beta (..., 1),
+    v (..., d_v)."""
+    check_device("norm_gate_value", src)
+    lead, d = src.shape[:-1], src.shape[-1]
+    c, beta, v = NormGateValueTriton.apply(
+        src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
+        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale))
+    return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])

@@ -1,0 +1,310 @@
+"""The sublayer's input stage (:func:`deep_delta.ops.norm.norm_gate_value`): RMSNorm, linear gate, k-Map value.
+
+- The Triton kernels (``TRITON_INTERPRET=1`` on CPU, native on CUDA) against the plain reference, in values and
+  the gradients of src and every weight: fp32 and bf16 src, d = 48 and 100, N = 1, 7 and 300, d_v = 1, 3, 4.
+- The weight gradients on the persistent grid: with ``max_programs`` patched to 4, still equal; the partial
+  buffers have the same size at N and 4N tokens, at most ``max_programs`` x the weights.
+- The lean path against the reference (fp64 to 1e-12, fp32), its closed-form backward (the custom op's off
+  CUDA) against autograd, and ``DeltaResidual`` with the op bit for bit equal to the modules it replaces (values
+  and gradients, d_v = 1 and 4), a whole model included.
+- Clear errors for bad arguments.
+Tolerances: those of tests/ops/test_kernels.py (``assert_close``), by the dtype of src.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # also set in tests/conftest.py, before deep_delta (and triton) is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from tests.ops.test_kernels import DEVICE, assert_close  # noqa: E402
+
+from deep_delta.layers import DeltaResidual  # noqa: E402
+from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
+from deep_delta.ops.launch import count_traffic  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value, norm_gate_value_reference  # noqa: E402
+from deep_delta.ops.norm.lean import norm_gate_value_backward_lean  # noqa: E402
+
+CONSTS = dict(eps=1e-5, beta_max=2.0, value_scale=4.0)
+NAMES = ("src", "norm_weight", "gate_weight", "gate_bias", "value_weight", "value_bias")
+
+
+def norm_inputs(lead, d, dv, dtype=torch.float32, weight_dtype=torch.float32, seed=0):
+    """src (*lead, d) in dtype; weights in weight_dtype, away from their init so that every term matters."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *shape, s=1.0: (s * torch.randn(*shape, generator=gen)).to(DEVICE)  # noqa: E731
+    src = (r(*lead, d, s=2.0) + 0.5).to(dtype)
+    weights = (1 + r(d, s=0.3), r(1, d, s=0.5), r(1, s=0.5), r(dv, d, s=0.5), r(dv, s=0.5))
+    return (src, *(w.to(weight_dtype) for w in weights))
+
+
+def upstream(src, dv, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    lead = src.shape[:-1]
+    return tuple(torch.randn(*shape, generator=gen).to(DEVICE) for shape in ((*lead, src.shape[-1]), (*lead, 1),
+                                                                             (*lead, dv)))
+
+
+def outputs_and_grads(fn, inputs, grads, ref_dtype=None):
+    leaves = [t.detach().to(ref_dtype or t.dtype).requires_grad_() for t in inputs]
+    out = fn(*leaves, **CONSTS)
+    torch.autograd.backward(out, [g.to(o.dtype) for g, o in zip(grads, out)])
+    return out, [leaf.grad for leaf in leaves]
+
+
+def assert_sum_close(name: str, got: torch.Tensor, ref: torch.Tensor, n: int) -> None:
+    """A weight gradient, a sum over n tokens in fp32 whatever the order: its rounding error grows like sqrt(n)
+    and a sum that cancels (a random upstream gradient) has no relative accuracy, so the bound is elementwise,
+    ``sqrt(n) (1e-5 |ref| + 1e-6 max|ref|)``; a missing or wrong term is off by about |ref|."""
+    err = (got.double() - ref.double()).abs()
+    bound = n**0.5 * (1e-5 * ref.double().abs() + 1e-6 * ref.double().abs().max())
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"{name}: elementwise error exceeds the bound by {worst:.2e} (max |ref| {ref.abs().max():.2e})"
+
+
+def compare(fast, inputs, dtype, ref=norm_gate_value_reference):
+    """fast against the reference on fp64 copies of the same rounded inputs: values (the norm weight's dtype's
+    tolerance), grad src (src's dtype's) and the weight gradients (:func:`assert_sum_close`; fp64: 1e-12)."""
+    dv = inputs[4].shape[0]
+    grads = upstream(inputs[0], dv)
+    got, got_grads = outputs_and_grads(fast, inputs, grads)
+    want, want_grads = outputs_and_grads(ref, inputs, grads, torch.float64)
+    assert got[0].dtype == inputs[1].dtype and got[1].dtype == got[2].dtype == torch.promote_types(
+        inputs[1].dtype, torch.float32)
+    for name, a, b in zip(("c", "beta", "v"), got, want):
+        assert_close(name, a, b, inputs[1].dtype)
+    n = inputs[0].numel() // inputs[0].shape[-1]
+    for i, (name, a, b, t) in enumerate(zip(NAMES, got_grads, want_grads, inputs)):
+        assert a.dtype == t.dtype, f"grad {name}: dtype {a.dtype}, input {t.dtype}"
+        if i == 0 or dtype == torch.float64:
+            assert_close(f"grad {name}", a, b, dtype)
+        else:
+            assert_sum_close(f"grad {name}", a, b, n)
+
+
+def triton_fn(*args, **kw):
+    return norm_gate_value(*args, **kw, backend="triton")
+
+
+SIZES = [((1,), 48, 1), ((7,), 100, 4), ((3, 100), 48, 3)]
+SIZE_IDS = ["n1-d48-dv1", "n7-d100-dv4", "n300-d48-dv3"]
+DTYPES = [torch.float32, torch.bfloat16]
+DTYPE_IDS = ["fp32", "bf16"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,d,dv", SIZES, ids=SIZE_IDS)
+def test_triton_matches_reference(lead, d, dv, dtype):
+    compare(triton_fn, norm_inputs(lead, d, dv, dtype, seed=d + dv), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_triton_with_more_tokens_than_programs(monkeypatch, dtype):
+    """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs: the persistent loop and its short last chunk."""
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device: 4)
+    compare(triton_fn, norm_inputs((3, 5), 33, 4, dtype, seed=3), dtype)
+
+
+def partial_bytes(n: int, d: int, dv: int) -> list[int]:
+    src, *weights = norm_inputs((n,), d, dv)
+    leaves = [t.requires_grad_() for t in (src, *weights)]
+    with count_traffic() as counter:
+        c, beta, v = triton_fn(*leaves, **CONSTS)
+        (c.sum() + beta.sum() + v.sum()).backward()
+    return [la.read_bytes for la in counter.launches if la.kernel == "partial_sum"]
+
+
+def test_partial_buffers_do_not_grow_with_the_token_count(monkeypatch):
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device: 4)
+    d, dv = 9, 4
+    small, large = partial_bytes(10, d, dv), partial_bytes(40, d, dv)
+    weights = [2 * d * 4, (1 + dv) * 4, dv * d * 4]  # (g, w_g), (b_g, b_v), W_v in fp32
+    assert small == large, f"partial bytes {small} at 10 tokens, {large} at 40"
+    assert len(large) == len(weights) and all(s <= 4 * w for s, w in zip(large, weights)), (large, weights)
+
+
+def test_persistent_sums_are_deterministic(monkeypatch):
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device: 4)
+    inputs = norm_inputs((15,), 12, 4)
+    grads = upstream(inputs[0], 4)
+    first, second = (outputs_and_grads(triton_fn, inputs, grads)[1] for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("lead,d,dv", SIZES, ids=SIZE_IDS)
+def test_lean_matches_reference(lead, d, dv, dtype):
+    inputs = norm_inputs(lead, d, dv, dtype, dtype, seed=d)
+    compare(lambda *a, **kw: norm_gate_value(*a, **kw, backend="torch"), inputs, dtype)
+
+
+@pytest.mark.parametrize("lead,d,dv", SIZES, ids=SIZE_IDS)
+def test_closed_form_backward_matches_autograd(lead, d, dv):
+    """The backward the custom op runs off CUDA (and the kernels' formulas) against autograd of the reference."""
+    inputs = norm_inputs(lead, d, dv, torch.float64, torch.float64, seed=d + 1)
+    grads = upstream(inputs[0], dv)
+    _, want = outputs_and_grads(norm_gate_value_reference, inputs, grads)
+    n = inputs[0].numel() // d
+    flat = (inputs[0].reshape(n, d), *inputs[1:])
+    got = norm_gate_value_backward_lean(*(g.double().reshape(n, -1) for g in grads), *flat, *CONSTS.values())
+    for name, a, b in zip(NAMES, got, want):
+        assert_close(f"grad {name}", a.reshape(b.shape), b, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_custom_op_matches_reference(dtype):
+    """The registered op (what "auto" calls on CUDA) with its closed-form backward: off CUDA its lean kernels."""
+    from deep_delta.ops.norm.library import norm_gate_value_with_op
+
+    def op(*args, eps, beta_max, value_scale):
+        return norm_gate_value_with_op(*args, eps, beta_max, value_scale)
+
+    compare(op, norm_inputs((3, 5), 20, 4, dtype, dtype, seed=7), dtype)
+
+
+def test_custom_op_compiles_fullgraph():
+    """One node under torch.compile(fullgraph=True) (aot_eager: the fake implementations and the registered
+    autograd, no C++ build): the same values and gradients as eager."""
+    from deep_delta.ops.norm.library import norm_gate_value_with_op
+
+    def step(*args):
+        c, beta, v = norm_gate_value_with_op(*args, *CONSTS.values())
+        return c.square().sum() + beta.sum() + v.square().sum()
+
+    inputs = norm_inputs((2, 6), 16, 3)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (step, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        loss = fn(*leaves)
+        loss.backward()
+        results.append([loss, *(leaf.grad for leaf in leaves)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_auto_off_cuda_is_the_lean_path_bit_for_bit():
+    if DEVICE == "cuda":
+        pytest.skip("on CUDA 'auto' is the Triton custom op")
+    inputs = norm_inputs((2, 5), 16, 4)
+    grads = upstream(inputs[0], 4)
+    auto = outputs_and_grads(lambda *a, **kw: norm_gate_value(*a, **kw), inputs, grads)
+    lean = outputs_and_grads(lambda *a, **kw: norm_gate_value(*a, **kw, backend="torch"), inputs, grads)
+    assert all(torch.equal(a, b) for a, b in zip((*auto[0], *auto[1]), (*lean[0], *lean[1])))
+
+
+class Branch(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d)
+
+    def forward(self, c):
+        return torch.tanh(self.lin(c))
+
+
+@pytest.mark.parametrize("dv", [1, 4])
+def test_lean_op_is_bit_for_bit_the_modules(dv):
+    """norm_gate_value(backend="torch") against nn.RMSNorm, BetaGate("linear") and the value nn.Linear."""
+    from deep_delta.layers.gate import BetaGate
+
+    d = 24
+    norm, gate, value = torch.nn.RMSNorm(d, eps=1e-5), BetaGate(d, "linear"), torch.nn.Linear(d, dv)
+    with torch.no_grad():
+        norm.weight.add_(0.1 * torch.randn(d))
+    src = torch.randn(2, 5, d)
+    grads = upstream(src, dv)
+    leaves = [src.clone().requires_grad_()]
+    c = norm(leaves[0])
+    old = (c, gate(c), 4.0 * torch.sigmoid(value(leaves[0])))
+    torch.autograd.backward(old, list(grads))
+    params = (norm.weight, gate.proj.weight, gate.proj.bias, value.weight, value.bias)
+    old_grads = [leaves[0].grad, *(p.grad for p in params)]
+    new, new_grads = outputs_and_grads(lambda *a, **kw: norm_gate_value(*a, **kw, backend="torch"),
+                                       (src, *(p.detach() for p in params)), grads)
+    assert all(torch.equal(a, b) for a, b in zip(new, old))
+    for name, a, b in zip(NAMES, new_grads, old_grads):
+        assert torch.equal(a, b), f"grad {name} differs"
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("dv", [1, 4])
+def test_delta_residual_is_bit_for_bit_the_modules_it_replaces(dv, autocast):
+    """DeltaResidual's lean path for the k-Map and linear gate (backend "torch"; "auto" off CUDA) against the norm,
+    gate and value modules it replaced (the code path the v-Map and the MLP gate keep): torch.equal in the output
+    and every gradient, in fp32 and under bf16 autocast."""
+    d = 24
+    torch.manual_seed(0)
+    res = DeltaResidual(d, Branch(d), value_channels=dv, backend="torch").to(DEVICE)
+    with torch.no_grad():
+        for p in res.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    assert res._fused_inputs
+    x = torch.randn(2, 5, d, *((dv,) if dv > 1 else ()), device=DEVICE)
+    x_in = torch.randn(2, 5, d, device=DEVICE) if dv > 1 else None
+    g = torch.randn_like(x)
+
+    def run(fused: bool):
+        res._fused_inputs = fused
+        res.zero_grad()
+        xs = x.clone().requires_grad_()
+        xi = None if x_in is None else x_in.clone().requires_grad_()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
+            out = res(xs, x_in=xi)
+        out.backward(g.to(out.dtype))
+        grads = [xs.grad] + ([] if xi is None else [xi.grad]) + [p.grad.clone() for p in res.parameters()]
+        return out, grads
+
+    (new, new_grads), (old, old_grads) = run(True), run(False)
+    res._fused_inputs = True
+    assert torch.equal(new, old)
+    assert len(new_grads) == len(old_grads)
+    for i, (a, b) in enumerate(zip(new_grads, old_grads)):
+        assert torch.equal(a, b), f"gradient {i} differs: {(a - b).abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("variant", ["ddl-dv1", "ddl-cc"])
+def test_model_is_bit_for_bit_with_and_without_the_op(variant):
+    from helpers import tiny_model
+
+    model = tiny_model(variant).train()
+    ids = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(0))
+    residuals = [m for m in model.modules() if isinstance(m, DeltaResidual)]
+    assert residuals and all(m._fused_inputs for m in residuals)
+
+    def run(fused: bool):
+        for m in residuals:
+            m._fused_inputs = fused
+        model.zero_grad()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    (new, new_grads), (old, old_grads) = run(True), run(False)
+    for m in residuals:
+        m._fused_inputs = True
+    assert torch.equal(new, old)
+    assert all(torch.equal(a, b) for a, b in zip(new_grads, old_grads))
+
+
+def test_bad_arguments_are_named():
+    src, g, wg, bg, wv, bv = norm_inputs((3,), 8, 4)
+    cases = [
+        ((src, g[:7], wg, bg, wv, bv), "`norm_weight` must have shape \\(8,\\)"),
+        ((src, g, wg.t(), bg, wv, bv), "`gate_weight` must have shape \\(1, 8\\)"),
+        ((src, g, wg, bg.expand(2), wv, bv), "`gate_bias` must have shape \\(1,\\)"),
+        ((src, g, wg, bg, wv[:, :5], bv), "`value_weight` must have shape \\(d_v, 8\\)"),
+        ((src, g, wg, bg, wv, bv[:3]), "`value_bias` must have shape \\(4,\\) \\(d_v = 4"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            norm_gate_value(*args, **CONSTS)
+    with pytest.raises(TypeError, match="`src` must be a floating-point tensor"):
+        norm_gate_value(src.long(), g, wg, bg, wv, bv, **CONSTS)
+    with pytest.raises(ValueError, match="`beta_max` got -1"):
+        norm_gate_value(src, g, wg, bg, wv, bv, eps=1e-5, beta_max=-1.0, value_scale=4.0)
+    with pytest.raises(ValueError, match="`backend` must be one of"):
+        norm_gate_value(src, g, wg, bg, wv, bv, **CONSTS, backend="cuda")
