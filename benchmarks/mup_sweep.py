@@ -113,6 +113,48 @@ def best_lrs(runs: list[dict]) -> dict:
             for k, lr in best.items()}
 
 
+def fitted_optimum(points: list[tuple[float, float]]) -> float | None:
+    """The lr at the vertex of the parabola in log2(lr) through the lowest finite loss and its two neighbours on
+    the grid (a finer estimate of the optimum than the best grid point); None when the lowest is at an edge."""
+    pts = sorted((lr, loss) for lr, loss in points if math.isfinite(loss))
+    if len(pts) < 3:
+        return None
+    i = min(range(len(pts)), key=lambda j: pts[j][1])
+    if i in (0, len(pts) - 1):
+        return None
+    (x0, y0), (x1, y1), (x2, y2) = ((math.log2(lr), loss) for lr, loss in pts[i - 1: i + 2])
+    den = (x0 - x1) * (x0 - x2) * (x1 - x2)
+    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / den
+    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / den
+    if a <= 0:
+        return None
+    return 2.0 ** min(max(-b / (2 * a), x0), x2)
+
+
+def optimum_table(runs: list[dict]) -> str:
+    """Per (variant, parametrization, width): each seed's best grid lr, the fitted optimum of the mean curve and
+    of each seed's (:func:`fitted_optimum`; "edge" when the lowest point is at the grid's edge), and the best mean
+    loss with each seed's."""
+    seeds = sorted({r.get("seed", 0) for r in runs})
+    lines = ["| variant | param | width | best grid lr per seed | fitted optimum (mean) | fitted per seed | "
+             "best mean loss (per seed) |", "| --- | --- | ---: | --- | ---: | --- | --- |"]
+    for key in sorted({(r["variant"], r["parametrization"], r["width"]) for r in runs}):
+        mine = [r for r in runs if (r["variant"], r["parametrization"], r["width"]) == key]
+        per_seed = {s: [(r["lr"], r["val_loss"] if not r["diverged"] else math.inf) for r in mine
+                        if r.get("seed", 0) == s] for s in seeds}
+        means = {lr: m for (_, _, _, lr), (m, _) in mean_losses(mine).items()}
+        best = {s: min(pts, key=lambda p: p[1]) for s, pts in per_seed.items() if pts}
+        fit = fitted_optimum(list(means.items()))
+        fits = {s: fitted_optimum(pts) for s, pts in per_seed.items() if pts}
+        lo = min(means, key=means.get)
+        each = "/".join(f"{v:.3f}" for v in mean_losses(mine)[key + (lo,)][1])
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " / ".join(f"{b[0]:g}" for b in best.values())
+                     + f" | {'edge' if fit is None else f'{fit:.3g}'} | "
+                     + " / ".join("edge" if f is None else f"{f:.3g}" for f in fits.values())
+                     + f" | {means[lo]:.3f} ({each}) at {lo:g} |")
+    return "\n".join(lines)
+
+
 def table(runs: list[dict], lrs: list[float]) -> str:
     lines = ["| variant | param | width | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |",
              "| --- | --- | ---: | " + " | ".join("---:" for _ in lrs) + " | ---: |"]
@@ -220,7 +262,8 @@ def main() -> int:
     drawn = plot(runs, out / "mup_sweep.png")
     atomic_write(out / "mup_sweep.md", "# muP learning-rate sweep\n\nValidation loss after "
                  f"{args.steps} steps of {args.batch_size} x {args.seq_len} tokens ({json.dumps(settings)}).\n\n"
-                 f"{md}\n" + ("\n![sweep](mup_sweep.png)\n" if drawn else ""))
+                 f"{md}\n\nThe optimum per width ({', '.join(f'seed {x}' for x in sorted({r.get('seed', 0) for r in runs}))}):"
+                 f"\n\n{optimum_table(runs)}\n" + ("\n![sweep](mup_sweep.png)\n" if drawn else ""))
     print(md)
     return 0
 
