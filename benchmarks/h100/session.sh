@@ -14,7 +14,7 @@ for s in $steps; do
          $PY -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" ;;
     tests) timeout 240 $PY -m pytest -q -p no:cacheprovider tests/ops/test_kernels.py tests/ops/test_kernels_fused_model.py \
              tests/ops/test_kernels_recompute.py tests/ops/test_kernels_token_read.py tests/ops/test_kernel_partials.py \
-             tests/models/test_state_dtype.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+             tests/models/test_state_dtype.py tests/ops/test_norm_gate_value.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     kernels) timeout 200 $PY -m deep_delta.cli.main bench-kernels --device cuda --dtype bfloat16 --preset small --seq 1024 \
              --out "$OUT/bench_kernels_small_bf16.md" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
     bench) timeout 180 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 \
