@@ -74,6 +74,7 @@ def test_the_task_grid_chooses_on_validation_accuracy_and_never_on_the_test_set(
             for s in seeds:
                 records[name, lr, s] = fake_record(name, lr, s, val + 0.01 * s, test + 0.001 * s, levels)
     records["ddl-dv1", 4e-3, 1]["loss_curve"] = [[1, 9.0]]  # above 1.5 ln(vocabulary): diverged, though the best
+    records["baseline", 1e-3, 1]["loss_curve"] = [[1, 9.5], [2, 9.0]]  # above the limit but falling: not diverged
     points = grid_points(task, ["baseline", "ddl-dv1"], seeds, lrs, records)
     assert [p for p in points if p["diverged"]] == [
         point("ddl-dv1", 4e-3, 1, None, f"training loss 9.0000 above the divergence limit "
@@ -87,6 +88,17 @@ def test_the_task_grid_chooses_on_validation_accuracy_and_never_on_the_test_set(
     assert rows["ddl-dv1"]["overall_per_seed"] == [0.30, 0.301]
     assert rows["ddl-dv1"]["vs_baseline_pp"]["mean"] == pytest.approx(-10.0)
     assert summary["lr_selection"]["lrs"] == lrs and summary["lr_grid"] == points
+
+
+def test_a_loss_above_the_limit_diverged_unless_it_is_falling():
+    task = get_task("shell-game")
+    limit = 1.5 * math.log(task.vocab_size)
+    for curve, diverged in (([[1, 9.5], [2, 9.0]], False), ([[1, 5.0], [2, 9.0]], True), ([[1, 9.0], [2, 9.0]], True),
+                            ([[1, 9.0], [2, 0.5 * limit]], False), ([[1, 1.0], [2, math.nan]], True)):
+        record = fake_record("baseline", 1e-3, 0, 0.5, 0.5, len(task.levels))
+        record["loss_curve"] = curve
+        (p,) = grid_points(task, ["baseline"], [0], [1e-3], {("baseline", 1e-3, 0): record})
+        assert bool(p["diverged"]) is diverged, (curve, p["diverged"])
 
 
 def test_a_record_without_validation_is_an_error_naming_it():

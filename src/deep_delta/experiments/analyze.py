@@ -148,9 +148,11 @@ class DeltaProbe(Probe):
     def __init__(self, model, modules):
         super().__init__(model, modules)
         # the hooks watch each sublayer's forward; a fused update-and-read bypasses it (same values unfused)
-        self.fused = [(m, m.fuse_reads) for m in model.modules() if hasattr(m, "fuse_reads")]
-        for m, _ in self.fused:
-            m.fuse_reads = False
+        # and so does the fused norm + gate + value (Triton backend): both off while probing
+        self.fused = [(m, attr, getattr(m, attr)) for m in model.modules() for attr in ("fuse_reads", "fuse_inputs")
+                      if hasattr(m, attr)]
+        for m, attr, _ in self.fused:
+            setattr(m, attr, False)
         self.raw: dict[str, dict[str, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
         for name, m in modules:
             self._watch(name, m)
@@ -189,8 +191,8 @@ class DeltaProbe(Probe):
 
     def close(self) -> None:
         super().close()
-        for m, flag in self.fused:
-            m.fuse_reads = flag
+        for m, attr, flag in self.fused:
+            setattr(m, attr, flag)
 
     def sections(self):
         layers, directions = {}, []

@@ -2,8 +2,8 @@
 
     c = RMSNorm(read(x));  h = branch(c)
     k-Map:  k~ = h,         v = s * sigmoid(W_v src + b_v)
-            (with the linear gate, c, beta and v come from one op, :func:`deep_delta.ops.norm.norm_gate_value`:
-            one read of src, one kernel on CUDA; the lean path runs the same ops as the modules, bit for bit)
+            (with the linear gate on the Triton backend, c, beta and v come from one kernel,
+            :func:`deep_delta.ops.norm.norm_gate_value`: one read of src; elsewhere from the modules)
     v-Map:  k~ = phi_k(c),  v = s * sigmoid(w_p^T h)  (d_v = 1)  /  v = W_v h  (d_v > 1)
     beta = gate(c);  x <- x + beta k (v^T - k^T x)
 
@@ -28,7 +28,6 @@ from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
 from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
 from deep_delta.ops.norm import norm_gate_value
-from deep_delta.ops.norm.lean import gate_value_lean, rms_norm_lean
 
 RESIDUAL_MAPS = ("k", "v")
 
@@ -84,13 +83,14 @@ class DeltaResidual(nn.Module):
         self.dim, self.value_channels, self.residual_map = dim, value_channels, residual_map
         self.value_scale, self.k_eps, self.additive, self.backend = value_scale, k_eps, additive, backend
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
-        self._fused_inputs = False
+        self.fuse_inputs = False
         self.branch = branch
         if additive:
             return
         self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max)
-        # k-Map with the linear gate: c, beta and v come from one op (deep_delta.ops.norm.norm_gate_value)
-        self._fused_inputs = residual_map == "k" and gate == "linear"
+        # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
+        # (deep_delta.ops.norm.norm_gate_value); False runs the modules (``ddl analyze`` hooks them)
+        self.fuse_inputs = residual_map == "k" and gate == "linear"
         if residual_map == "k":
             # v from the raw residual (d_v = 1) or the compressed read (d_v > 1)
             self.value_proj = nn.Linear(dim, value_channels, bias=True)
@@ -181,19 +181,14 @@ class DeltaResidual(nn.Module):
         else:
             src = x.mean(-1) if x_in is None else x_in
         src = src.to(self.norm.weight.dtype)  # a state stored in lower precision is read in the module's dtype
-        if self._fused_inputs:  # k-Map, linear gate: deep_delta.ops.norm
+        if self.fuse_inputs and resolve_backend(self.backend, src.device) == "triton":  # one read of src
             weights = (self.gate.proj.weight, self.gate.proj.bias, self.value_proj.weight, self.value_proj.bias)
-            consts = dict(beta_max=self.gate.beta_max, value_scale=self.value_scale)
-            if resolve_backend(self.backend, src.device) == "triton":  # c, beta, v from one read of src
-                c, beta, v = norm_gate_value(src, self.norm.weight, *weights, eps=self.norm.eps, **consts,
-                                             backend=self.backend)
-                return self.branch(c, *branch_args, **branch_kwargs), v, beta
-            # the lean ops, the gate and the value after the branch as before: autograd then sums the gradient
-            # of c in the same order (bit for bit today's gradients; called before the branch it would not be)
-            c = rms_norm_lean(src, self.norm.weight, self.norm.eps)
-            h = self.branch(c, *branch_args, **branch_kwargs)
-            beta, v = gate_value_lean(c, src, *weights, **consts)
-            return h, v, beta
+            c, beta, v = norm_gate_value(src, self.norm.weight, *weights, eps=self.norm.eps,
+                                         beta_max=self.gate.beta_max, value_scale=self.value_scale,
+                                         backend=self.backend)
+            return self.branch(c, *branch_args, **branch_kwargs), v, beta
+        # elsewhere the modules themselves (the lean op, deep_delta.ops.norm.lean, is their ops bit for bit;
+        # the modules keep the gradient of c summed in today's order and their forward hooks firing)
         c = self.norm(src)
         h = self.branch(c, *branch_args, **branch_kwargs)
         if self.additive:

@@ -168,7 +168,7 @@ def format_report(summary: dict[str, Any]) -> str:
                   "Mean +- sd over the seeds of the accuracy on the validation set; bold: the chosen lr. A run "
                   "counts as diverged when its training loss was non-finite or its last logged training loss was "
                   f"above {grid['divergence_limit']:.3f} = {DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform "
-                  "guess's loss being ln(vocabulary size); an lr at "
+                  "guess's loss being ln(vocabulary size), and no lower than its first logged loss; an lr at "
                   "which any seed diverged is not chosen. Each lr's own study is in `lr_<lr>/tasks.md`.", "",
                   "![validation accuracy against lr](lr_sensitivity.png)"]
     return "\n".join(lines) + "\n"

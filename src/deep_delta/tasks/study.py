@@ -229,8 +229,10 @@ def grid_points(task: Task, variants: list[str], seeds: list[int], lrs: list[flo
                 records: dict[tuple[str, float, int], dict]) -> list[dict]:
     """The grid points of :mod:`deep_delta.experiments.lr_grid` from the (variant, lr, seed) records: the value
     is the validation accuracy (never the test accuracy); a run diverged when its training loss was
-    non-finite or its last logged training loss was above ``DIVERGENCE_FACTOR`` x ln(vocabulary size), a
-    uniform guess's loss being ln(vocabulary size)."""
+    non-finite, or its last logged training loss was above ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a
+    uniform guess's loss being ln(vocabulary size)) and no lower than its first logged one. The second
+    condition keeps a run whose loss is falling from a start above the limit (large embeddings with a tied
+    head start there: the task model's std 0.3) from counting as diverged."""
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, divergence
 
     limit = DIVERGENCE_FACTOR * math.log(task.vocab_size)
@@ -242,8 +244,10 @@ def grid_points(task: Task, variants: list[str], seeds: list[int], lrs: list[flo
                 if "validation" not in record:
                     raise ValueError(f"the result of {variant} seed {seed} at lr {lr:g} has no validation accuracy "
                                      "(made before the lr grid existed); retrain it with `overwrite`")
-                last = record["loss_curve"][-1][1] if record["loss_curve"] else None
-                why = record.get("diverged") or divergence(last, limit, "training loss")
+                curve = record["loss_curve"]
+                last = curve[-1][1] if curve else None
+                falling = last is not None and math.isfinite(last) and last < curve[0][1]
+                why = record.get("diverged") or (None if falling else divergence(last, limit, "training loss"))
                 points.append({"variant": variant, "lr": lr, "seed": seed, "diverged": why,
                                "value": None if why else record["validation"]["overall"]})
     return points
