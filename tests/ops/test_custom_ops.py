@@ -155,3 +155,40 @@ def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
     for op, args in cases:
         result = torch.library.opcheck(op, args)
         assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
+
+
+def _storages(tensors) -> list[int]:
+    return [t.untyped_storage().data_ptr() for t in tensors if torch.is_tensor(t) and t.numel() > 0]
+
+
+def test_cuda_kernels_of_every_op_return_fresh_tensors(monkeypatch):
+    """What each op registers for CUDA (the Triton path; here run by the interpreter on CPU, there natively)
+    returns outputs that alias neither an input nor each other: torch.library refuses such outputs on CUDA
+    ("may not alias any inputs ... or other returns"), which the CPU kernels alone never exercise."""
+    from deep_delta.ops.delta import library as delta_library
+    from deep_delta.ops.norm import library as norm_library
+
+    for module in (delta_library, norm_library):
+        monkeypatch.setattr(module, "_use_triton", lambda t: True)
+    x, k, v, beta = flat_inputs((5,), 12, 3, torch.float32, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
+    c, g, gin = r(12, 3), r(*x.shape), r(*x.shape[:-1])
+    out = delta_update_op(x, k, v, beta, 1e-5)
+    src, weights, ngrads = r(5, 12), (1 + 0.3 * r(12), r(1, 12), r(1), r(3, 12), r(3)), (r(5, 12), r(5, 1), r(5, 3))
+    consts = (1e-5, 2.0, 4.0)
+    cases = {
+        "delta_update": (delta_library._delta_update_cuda, (x, k, v, beta, 1e-5)),
+        "delta_update_read": (delta_library._delta_update_read_cuda, (x, k, v, beta, c, 1e-5)),
+        "delta_update_backward": (delta_library._delta_update_backward_cuda, (g, x, k, v, beta, 1e-5)),
+        "delta_update_read_backward": (delta_library._delta_update_read_backward_cuda,
+                                       (g, gin, x, out, k, v, beta, c, 1e-5)),
+        "norm_gate_value": (norm_library._norm_gate_value_cuda, (src, *weights, *consts)),
+        "norm_gate_value_backward": (norm_library._norm_gate_value_backward_cuda, (*ngrads, src, *weights, *consts)),
+    }
+    for name, (kernel, args) in cases.items():
+        result = kernel(*args)
+        outputs = result if isinstance(result, tuple) else (result,)
+        got = _storages(outputs)
+        assert len(got) == len(set(got)), f"{name}: two outputs share a storage"
+        assert not set(got) & set(_storages(args)), f"{name}: an output aliases an input"

@@ -88,7 +88,7 @@ def partial_bytes(b: int, d: int, dv: int, kk: int) -> dict[str, list[int]]:
     xs, e, w, c, *_ = state_inputs(b, T, d, dv, kk, torch.float32)
     h, r, bw, f, a, *_ = hyper_inputs((b, T), d, dv, "static", torch.float32)  # n = dv streams
     cases = {
-        "fused": lambda: torch.autograd.backward(fused(x, k, v, beta, c), [torch.ones_like(x), torch.ones(b, T, d)]),
+        "fused": lambda: torch.autograd.backward(fused(x, k, v, beta, c), [torch.ones_like(x), torch.ones(b, T, d, device=x.device)]),
         "cc": lambda: channel_compress(xs, c, backend="triton").sum().backward(),
         "tc": lambda: token_compress(xs, w, backend="triton").sum().backward(),
         "ec": lambda: embed_conv(e, w, backend="triton").sum().backward(),

@@ -46,7 +46,7 @@ def norm_inputs(lead, d, dv, dtype=torch.float32, weight_dtype=torch.float32, se
 def upstream(src, dv, seed=1):
     gen = torch.Generator().manual_seed(seed)
     lead = src.shape[:-1]
-    return tuple(torch.randn(*shape, generator=gen).to(DEVICE) for shape in ((*lead, src.shape[-1]), (*lead, 1),
+    return tuple(torch.randn(*shape, generator=gen).to(src.device) for shape in ((*lead, src.shape[-1]), (*lead, 1),
                                                                              (*lead, dv)))
 
 

@@ -37,7 +37,8 @@ Tensor = torch.Tensor
 def _use_triton(x: Tensor) -> bool:
     from deep_delta.ops.backend import resolve_backend
 
-    return resolve_backend("auto", x.device) == "triton"
+    # The kernels do their math in fp32: fp64 (a precision check, not a speed run) keeps the lean fp64 math.
+    return resolve_backend("auto", x.device) == "triton" and x.dtype != torch.float64
 
 
 def _record(x: Tensor, out: Tensor, k: Tensor, delta: Tensor | None, k_eps: float) -> None:

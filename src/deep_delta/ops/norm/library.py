@@ -31,7 +31,8 @@ Tensor = torch.Tensor
 def _use_triton(src: Tensor) -> bool:
     from deep_delta.ops.backend import resolve_backend
 
-    return resolve_backend("auto", src.device) == "triton"
+    # The kernels do their math in fp32: fp64 (a precision check, not a speed run) keeps the lean fp64 math.
+    return resolve_backend("auto", src.device) == "triton" and src.dtype != torch.float64
 
 
 def _forward_lean(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,

@@ -174,9 +174,12 @@ def triton_backward(
         )
     gd = sum_partials(part_d, torch.float32)
     gb = sum_partials(part_b, torch.float32)
-    return (gsrc, gd[0].to(norm_weight.dtype), gd[1].view(gate_weight.shape).to(gate_weight.dtype),
-            gb[:1].view(gate_bias.shape).to(gate_bias.dtype), sum_partials(part_v, value_weight.dtype),
-            gb[1:].view(value_bias.shape).to(value_bias.dtype))
+    # Each gradient its own tensor (copy=True): views of one sum would alias each other, which a custom op's
+    # outputs may not (torch.library checks it on CUDA, where this runs as the op's kernel).
+    return (gsrc, gd[0].to(norm_weight.dtype, copy=True),
+            gd[1].view(gate_weight.shape).to(gate_weight.dtype, copy=True),
+            gb[:1].view(gate_bias.shape).to(gate_bias.dtype, copy=True), sum_partials(part_v, value_weight.dtype),
+            gb[1:].view(value_bias.shape).to(value_bias.dtype, copy=True))
 
 
 class NormGateValueTriton(torch.autograd.Function):
