@@ -200,3 +200,34 @@ def test_ddl_bench_kernels_cli(tmp_path, capsys):
     assert "(1 x 4 tokens, d=256, d_v=4, bfloat16 autocast" in cap.out
     assert main(["bench-kernels", "--device", "cpu", "--batch-size", "0"]) == 2
     assert re.search(r"batch.size.? got 0; allowed: an integer >= 1", capsys.readouterr().err)
+
+
+def test_compiled_bench_compiles_the_blocks_for_training_only(monkeypatch):
+    """`ddl bench --compile`: the blocks are compiled as the trainer compiles them (parallelize), and prefill
+    runs them eagerly (no compilation: the forced-eager stance), giving the same logits as the eager model."""
+    from deep_delta.eval.bench import _Subject
+    from deep_delta.train import distributed
+
+    calls = []
+    real = distributed.parallelize
+    monkeypatch.setattr(distributed, "parallelize", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    s = BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2, model=dict(DEBUG),
+                      compile=True).resolved()
+    sub = _Subject("ddl-cc", s, torch.device("cpu"))
+    assert calls == [{"compile": True}]
+    assert all(block._compiled_call_impl is not None for block in sub.model.model.layers)
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    sub.prefill()
+    assert counters["stats"]["unique_graphs"] == 0
+    plain = _Subject("ddl-cc", BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2,
+                                             model=dict(DEBUG)).resolved(), torch.device("cpu"))
+    with torch.no_grad():
+        a = sub.model(input_ids=sub.x).logits
+        with torch.compiler.set_stance("force_eager"):
+            b = sub.model(input_ids=sub.x).logits
+    assert torch.equal(b, plain.model.eval()(input_ids=plain.x).logits.detach()) and a.shape == b.shape
+    with pytest.raises(ValueError, match="`compile` got 'yes'"):
+        BenchSettings(device="cpu", model=dict(DEBUG), compile="yes").resolved()

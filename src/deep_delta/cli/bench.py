@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=options.integer, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
     p.add_argument("--decode-tokens", type=options.integer, default=32, metavar="N",
                    help="decode steps timed per repeat (default 32)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile each block for the training step, as `ddl train --set compile=true` "
+                   "(inference stays eager)")
     # 1 thread: steady on a shared machine, where several OpenMP threads spin against other jobs
     options.add_threads(p, default="1")
     options.add_set(p, help=options.SET_HELP + "; model.FIELD applies to every variant, other keys are bench "
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
         decode_tokens=args.decode_tokens,
+        compile=args.compile,
     )
     settings = with_assignments(settings, args.assignments).resolved()
     import torch

@@ -6,7 +6,8 @@ after ``warmup`` untimed rounds; each figure is the median over repeats. Per var
 
 - train tokens/s: ``steps`` optimizer steps on a (B, T) batch, each the trainer's own step
   (:meth:`deep_delta.eval.step_bench.StepSubject.train_step`: forward + backward under the training autocast,
-  gradient clipping at 1.0, AdamW, zero_grad);
+  gradient clipping at 1.0, AdamW, zero_grad); with ``compile`` the blocks are compiled as the trainer
+  compiles them (inference then runs them eagerly);
 - prefill tokens/s: one forward over (B, T) tokens with the cache on (what generation does first);
 - decode tokens/s: ``decode_tokens`` one-token steps with the cache after a prefill of T - decode_tokens
   tokens (B sequences each).
@@ -59,13 +60,20 @@ class _Subject(StepSubject):
 
     def __init__(self, variant: str, s: BenchSettings, device: torch.device):
         super().__init__(variant, s.preset, batch_size=s.batch_size, seq_len=s.seq_len, device=device,
-                         dtype=s.dtype, overrides=s.model, seed=s.seed)
+                         dtype=s.dtype, overrides=s.model, seed=s.seed, compile=s.compile)
         self.s = s
+
+    def _eager(self):
+        """Inference runs the blocks eagerly also when training compiles them (one token at a time would
+        recompile for each new shape)."""
+        import contextlib
+
+        return torch.compiler.set_stance("force_eager") if self.compiled else contextlib.nullcontext()
 
     @torch.no_grad()
     def prefill(self) -> None:
         self.model.eval()
-        with self.autocast:
+        with self.autocast, self._eager():
             self.model(input_ids=self.x, use_cache=True, logits_to_keep=1)
 
     @torch.no_grad()
@@ -73,7 +81,7 @@ class _Subject(StepSubject):
         """Prefill T - n tokens (untimed), then time n one-token steps; returns the decode seconds."""
         self.model.eval()
         n = self.s.decode_tokens
-        with self.autocast:
+        with self.autocast, self._eager():
             out = self.model(input_ids=self.x[:, : self.s.seq_len - n], use_cache=True, logits_to_keep=1)
 
             def steps() -> None:
@@ -138,8 +146,9 @@ def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
     base = next((r for r in rows if r.variant == "baseline"), rows[0])
     mem_method = ("torch.cuda.max_memory_allocated" if s.device.startswith("cuda")
                   else "torch profiler CPU allocation events")
+    compiled = " (blocks compiled with torch.compile; inference eager)" if s.compile else ""
     lines = [
-        f"Cost of one training step (the trainer's: clip 1.0, AdamW) and of inference, preset {s.preset}, "
+        f"Cost of one training step{compiled} (the trainer's: clip 1.0, AdamW) and of inference, preset {s.preset}, "
         f"{dtype_label(s.dtype)}, batch {s.batch_size} x {s.seq_len} tokens, on {_device_name(s.device)}; median of {s.repeats} interleaved repeats "
         f"({s.steps} train steps each; decode: {s.decode_tokens} tokens after a {s.seq_len - s.decode_tokens}-token "
         f"prefill). Peak memory: weights + grads + AdamW state + peak transient of a step ({mem_method}). "

@@ -29,6 +29,7 @@ class BenchSettings:
     decode_tokens: int = 32
     seed: int = 0
     model: dict = field(default_factory=dict)  # DDLConfig fields set for every variant
+    compile: bool = False  # the training step with compiled blocks, as `ddl train --set compile=true`
 
     def __post_init__(self):
         check_fields(self)
@@ -54,8 +55,10 @@ class BenchSettings:
             raise ValueError(f"`seq_len` got {t}; allowed: 2..{ctx} (the preset's context)")
         if self.decode_tokens >= t:
             raise ValueError(f"`decode_tokens` got {self.decode_tokens}; allowed: 1..{t - 1} (below `seq_len`)")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"`compile` got {self.compile!r}; allowed: true | false")
         return BenchSettings(self.preset, variants, device, self.dtype, b, t, self.steps, self.repeats,
-                             self.warmup, self.decode_tokens, self.seed, dict(self.model))
+                             self.warmup, self.decode_tokens, self.seed, dict(self.model), self.compile)
 
 
 def with_assignments(settings, assignments: Sequence[str]):

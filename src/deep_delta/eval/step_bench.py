@@ -35,11 +35,12 @@ def _train_defaults() -> dict:
 
 
 class StepSubject:
-    """One variant ready to train: model, optimizer, a (batch_size, seq_len) batch and the autocast context."""
+    """One variant ready to train: model, optimizer, a (batch_size, seq_len) batch and the autocast context.
+    ``compile``: the blocks compiled as the trainer compiles them (``ddl train --set compile=true``)."""
 
     def __init__(self, variant: str, preset: str = "tiny", *, batch_size: int, seq_len: int,
                  device: torch.device | str = "cpu", dtype: str = "float32", overrides: dict | None = None,
-                 seed: int = 0):
+                 seed: int = 0, compile: bool = False):
         from deep_delta.models import DDLConfig, DDLForCausalLM
         from deep_delta.train.distributed import DistInfo
         from deep_delta.train.optim import build_optimizer
@@ -54,6 +55,11 @@ class StepSubject:
         cfg = DDLConfig.from_variant(variant, preset, **(overrides or {}))
         self.model = DDLForCausalLM(cfg).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
+        self.compiled = bool(compile)
+        if self.compiled:  # as `ddl train --set compile=true`: each block compiled in place
+            from deep_delta.train.distributed import parallelize
+
+            parallelize(self.model, DistInfo(device=device), compile=True)
         train = _train_defaults()
         self.grad_clip = train["grad_clip"]
         self.opt = build_optimizer(self.model, train["lr"], train["weight_decay"], train["betas"],

@@ -289,7 +289,8 @@ def measure_step_times(base: TrainConfig, variants: list[str], *, repeats: int =
     device = resolve_device(base.device)
     dtype = "bfloat16" if base.dtype == "bfloat16" or (base.dtype == "auto" and device.type == "cuda") else "float32"
     subjects = {v: StepSubject(v, base.preset, batch_size=base.batch_size, seq_len=base.seq_len, device=device,
-                               dtype=dtype, overrides={**base.model, "vocab_size": vocab}, seed=base.seed) for v in variants}
+                               dtype=dtype, overrides={**base.model, "vocab_size": vocab}, seed=base.seed,
+                               compile=base.compile) for v in variants}
     medians = interleaved_medians({v: s.train_step for v, s in subjects.items()}, device, repeats, warmup)
     return {"step_time_s": medians, "repeats": repeats, "device": str(device), "dtype": dtype}
 
