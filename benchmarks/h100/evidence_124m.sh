@@ -11,6 +11,7 @@
 # sized for about 8: STEPS x BATCH x SEQ tokens per variant, four variants):
 #   OUT=$OUT bash benchmarks/h100/evidence_124m.sh
 #   VARIANTS="baseline ddl-cc" STEPS=400 bash benchmarks/h100/evidence_124m.sh     # fewer, longer
+#   SEEDS="1 2" bash benchmarks/h100/evidence_124m.sh                                # more paired seeds
 # A dry run of the whole pipeline on CPU (minutes): DEVICE=cpu PRESET=tiny STEPS=4 BATCH=2 SEQ=64 CORPUS_MB=2 \
 #   COMPILE=false bash benchmarks/h100/evidence_124m.sh
 set -euo pipefail
@@ -23,6 +24,7 @@ STEPS=${STEPS:-250}
 BATCH=${BATCH:-32}
 SEQ=${SEQ:-1024}
 LR=${LR:-1e-3}
+SEEDS=${SEEDS:-0}
 DEVICE=${DEVICE:-cuda}
 COMPILE=${COMPILE:-true}
 CORPUS_MB=${CORPUS_MB:-600}
@@ -65,10 +67,10 @@ $PY -m deep_delta.cli.main data prepare --source "$WORK/corpus.jsonl" --tokenize
   --out "$WORK/data" --overwrite --no-progress 2>&1 | tail -5
 cp "$WORK/data/meta.json" "$OUT/data_meta.json"
 
-echo "=== compare ($(date +%T)): $VARIANTS, $STEPS steps of $BATCH x $SEQ tokens, lr $LR, compile $COMPILE"
+echo "=== compare ($(date +%T)): $VARIANTS, seeds $SEEDS, $STEPS steps of $BATCH x $SEQ tokens, lr $LR, compile $COMPILE"
 # shellcheck disable=SC2086
 $PY -m deep_delta.cli.main compare --preset "$PRESET" --variants $VARIANTS --data "$WORK/data" \
-  --steps "$STEPS" --batch-size "$BATCH" --seq-len "$SEQ" --lr "$LR" --warmup-steps $((STEPS / 10 + 1)) \
+  --steps "$STEPS" --seeds $SEEDS --batch-size "$BATCH" --seq-len "$SEQ" --lr "$LR" --warmup-steps $((STEPS / 10 + 1)) \
   --eval-every $((STEPS / 5 > 0 ? STEPS / 5 : 1)) --eval-batches 20 --device "$DEVICE" --set compile=$COMPILE \
   --time-repeats 3 --out "$WORK/compare" --no-progress 2>&1 | tee "$OUT/compare.log" | tail -40
 for f in compare.md compare.json curves.png; do cp "$WORK/compare/$f" "$OUT/" 2>/dev/null || true; done
