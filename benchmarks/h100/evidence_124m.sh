@@ -4,7 +4,8 @@
 #      installation's site-packages and standard library, one document per file, as corpus.jsonl (capped at
 #      CORPUS_MB), then `ddl data prepare` with the byte tokenizer (the GPT-2 BPE needs a download) or, when
 #      DDL_GPT2_BPE names a local vocab.bpe / .tiktoken file, with GPT-2 BPE;
-#   2. `ddl compare` at the small preset (124M at the GPT-2 vocabulary; the byte vocabulary leaves ~86M),
+#   2. `ddl compare` at the small preset (123.6M parameters: the preset's 50,304-token vocabulary is kept for
+#      the byte tokenizer too, which uses 257 of its rows),
 #      compiled blocks, bf16 autocast, the same tokens in the same order for every variant, one seed:
 #      validation curves, final losses, tokens/s and the equal-time columns in $OUT/compare/compare.md.
 # Usage (repository root, on the GPU machine; one device call must fit in 10 minutes, so the defaults are
