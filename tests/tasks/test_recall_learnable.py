@@ -1,7 +1,8 @@
 """The task model can learn a content lookup: with the task defaults (embeddings at std 0.3) the baseline solves
-recall (8 pairs) within 800 steps, well above the "most frequent unanswered value" shortcut; with the
-presets' embedding std 0.02 the same run stays at that shortcut (docs/tasks.md, "A recall that discriminates").
-This pins the setting that makes recall (and every task that needs a lookup) say something."""
+recall (8 pairs) within 800 steps, well above the "most frequent unanswered value" shortcut. This pins the
+setting that makes recall (and every task that needs a lookup) say something. That the presets' embedding std
+0.02 stays at the shortcut in the same run is a measurement (docs/tasks.md, "Recall, and the embeddings'
+scale"), not rerun here: it doubled this test's time (50 s) and the suite must stay under 15 minutes."""
 
 import pytest
 import torch
@@ -25,9 +26,7 @@ def _recall_accuracy(*assignments: str) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-def test_recall_is_learned_with_the_task_defaults_and_not_with_small_embeddings():
+def test_recall_is_learned_with_the_task_defaults():
     learned, shortcut = _recall_accuracy()
     assert 0.35 < shortcut < 0.50  # elimination answers about 42% at 8 pairs
     assert learned > 0.9, f"recall at the task defaults: {learned:.3f} (the shortcut: {shortcut:.3f})"
-    stuck, _ = _recall_accuracy("model.initializer_range=0.02")
-    assert stuck < shortcut + 0.08, f"with embeddings at 0.02: {stuck:.3f} (the shortcut: {shortcut:.3f})"
