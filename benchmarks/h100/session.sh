@@ -2,7 +2,8 @@
 # One device-machine call: environment, the kernel tests on the real GPU, then the cost tables.
 # Usage (on the GPU machine, repository root): bash benchmarks/h100/session.sh [steps...]
 # Steps: env kernels bench compiled tests (default: all, in that order). compiled: `ddl bench --compile` at
-# 32 x 1024 (each block compiled, as `ddl train --set compile=true`), every variant interleaved. Logs and tables go to $OUT (or ./gpu_out).
+# 32 x 1024 (each block compiled, as `ddl train --set compile=true`), every variant interleaved. recompute (not
+# in the default): the eager bench with recompute_states=true (the state rebuild; a no-op for the baseline). Logs and tables go to $OUT (or ./gpu_out).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -21,6 +22,9 @@ for s in $steps; do
              --out "$OUT/bench_kernels_small_bf16.md" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
     bench) timeout 180 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 \
              --out "$OUT/bench_small_bf16.md" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
+    recompute) timeout 150 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 \
+             --set model.recompute_states=true --repeats 3 --out "$OUT/bench_small_bf16_recompute.md" 2>&1 \
+             | tee "$OUT/bench_recompute.log" | tail -12 ;;
     compiled) timeout 330 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 --compile \
              --batch-size 32 --repeats 3 --out "$OUT/bench_small_bf16_compiled_32x1024.md" 2>&1 \
              | tee "$OUT/bench_compiled.log" | tail -30 ;;
