@@ -63,11 +63,11 @@ def count_fused(monkeypatch):
 def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
     cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE)
-    ids = torch.randint(0, 64, (2, 7), device=DEVICE)
+    ids = torch.randint(0, 64, (2, 5), device=DEVICE)  # few tokens: the interpreter runs a program per token
     mask = None
     if padded:  # left padding of the first row: pad positions are masked in the state and in its read
-        mask = torch.ones(2, 7, dtype=torch.long, device=DEVICE)
-        mask[0, :3] = 0
+        mask = torch.ones(2, 5, dtype=torch.long, device=DEVICE)
+        mask[0, :2] = 0
     model.model.fuse_reads = True
     loss_f, logits_f, grads_f = _run(model, ids, mask)
     # every update is fused: 2 per block, the last one with the final readout
@@ -100,7 +100,7 @@ def test_fused_token_reads_equal_unfused(variant, backend, count_fused, count_to
     with torch.no_grad():  # off the init, where every tap but the first is zero
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE))
-    ids = torch.randint(0, 64, (2, 9), device=DEVICE)
+    ids = torch.randint(0, 64, (2, 6), device=DEVICE)  # T = 6 > the K = 4 taps: every halo position occurs
     model.model.fuse_reads = True
     loss_f, logits_f, grads_f = _run(model, ids)
     assert len(count_token_fused) == 2 * cfg.num_hidden_layers and set(count_token_fused) == {backend}
