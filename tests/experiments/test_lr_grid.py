@@ -46,7 +46,8 @@ def test_lower_is_better_picks_the_lowest_mean_and_skips_an_lr_where_a_seed_dive
     assert chosen["b"] == {**chosen["b"], "lr": None, "why": "diverged at every lr"}
     assert chosen["c"]["lr"] is None and chosen["c"]["why"] == "diverged in at least one seed at every lr"
     higher = choose_lrs(points, ["a"], lrs, higher_is_better=True)
-    assert higher["a"]["lr"] == 1e-3
+    assert higher["a"]["lr"] == 1e-3 and higher["a"]["edge"] == "lowest" and chosen["a"]["edge"] is None
+    assert "| 0.001 (the grid's lowest: the best may lie below it) |" in grid_table(higher, lrs, str)
     table = grid_table(chosen, lrs, lambda x: f"{x:.2f}")
     assert "| a | 3.10 +- 0.14 | **2.60 +- 0.14** | 1.00 (diverged in seed(s) 1) | 0.002 |" in table
     assert "| b | diverged | diverged | diverged | diverged at every lr |" in table
@@ -57,6 +58,15 @@ def fake_record(variant, lr, seed, validation, test, level_count, diverged=None,
     return {"variant": variant, "seed": seed, "settings": {"lr": lr}, "validation": {"overall": validation, "loss": 1.0},
             "accuracy": {"overall": test, "by_difficulty": by_level}, "test_loss": 1.0, "train_s": 1.0,
             "parameters": 10, "diverged": diverged, "loss_curve": [[1, last_loss]], "accuracy_curve": [[1, test]]}
+
+
+def test_a_best_lr_at_the_top_of_the_grid_is_said_to_be_there():
+    lrs = [1e-3, 4e-3]
+    points = [point("a", 1e-3, 0, 3.0), point("a", 4e-3, 0, 2.0)]
+    chosen = choose_lrs(points, ["a"], lrs, higher_is_better=False)
+    assert chosen["a"]["edge"] == "highest"
+    assert "| 0.004 (the grid's highest: the best may lie above it) |" in grid_table(chosen, lrs, str)
+    assert choose_lrs(points[:1], ["a"], [1e-3], higher_is_better=False)["a"]["edge"] is None  # a one-lr grid
 
 
 def test_the_task_grid_chooses_on_validation_accuracy_and_never_on_the_test_set():

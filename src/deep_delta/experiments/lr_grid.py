@@ -62,8 +62,9 @@ def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float]
                higher_is_better: bool) -> dict[str, dict[str, Any]]:
     """Each variant's best lr from the grid points' validation ``value`` alone: the lr with the best mean over
     seeds among those at which no seed diverged. Per variant: ``lr`` (None when every lr had a divergence),
-    ``why`` (None, or a sentence saying why there is no lr) and ``by_lr`` (mean, sd, n and diverged seeds
-    per lr)."""
+    ``why`` (None, or a sentence saying why there is no lr), ``edge`` ("lowest" / "highest" when the chosen lr
+    is the grid's smallest / largest of several: the optimum may lie beyond the grid; else None) and ``by_lr``
+    (mean, sd, n and diverged seeds per lr)."""
     chosen = {}
     for variant in variants:
         by_lr, best = {}, None
@@ -83,13 +84,18 @@ def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float]
             everywhere = all(cell["n"] == 0 for cell in by_lr.values())
             why = ("diverged at every lr" if everywhere else
                    "diverged in at least one seed at every lr")
-        chosen[variant] = {"lr": best, "why": why, "by_lr": by_lr}
+        edge = None
+        if best is not None and len(lrs) > 1:
+            edge = "lowest" if best == min(lrs) else "highest" if best == max(lrs) else None
+        chosen[variant] = {"lr": best, "why": why, "edge": edge, "by_lr": by_lr}
     return chosen
 
 
 def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
     """Markdown: a row per variant, a column per lr, each cell the mean +- sd over seeds of the validation metric
-    (``fmt`` formats one number), "diverged" where every seed did, the chosen lr in bold."""
+    (``fmt`` formats one number), "diverged" where every seed did, the chosen lr in bold, and a chosen lr at
+    the grid's edge said to be one (the variant's optimum may lie beyond it: its comparison is then not at its
+    best lr)."""
     head = "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen lr |"
     lines = [head, "|" + " --- |" * (len(lrs) + 2)]
     for variant, c in chosen.items():
@@ -101,7 +107,12 @@ def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
             if cell["n"] and cell["diverged_seeds"]:
                 text += f" (diverged in seed(s) {', '.join(map(str, cell['diverged_seeds']))})"
             cells.append(f"**{text}**" if lr == c["lr"] else text)
-        cells.append(f"{c['lr']:g}" if c["lr"] is not None else c["why"])
+        if c["lr"] is None:
+            cells.append(c["why"])
+        else:
+            edge = c.get("edge")
+            beyond = "below" if edge == "lowest" else "above"
+            cells.append(f"{c['lr']:g}" + (f" (the grid's {edge}: the best may lie {beyond} it)" if edge else ""))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
