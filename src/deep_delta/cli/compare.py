@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
     grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
-    print(f"ddl compare: {', '.join(variants)} at preset {base.preset}, {base.steps} steps x "
+    steps = "/".join(map(str, args.lengths)) if args.lengths else str(base.steps)
+    widths = f", widths {' '.join(map(str, args.widths))}" if args.widths else ""
+    print(f"ddl compare: {', '.join(variants)} at preset {base.preset}{widths}, {steps} steps x "
           f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
     if args.widths is not None or args.lengths is not None:
