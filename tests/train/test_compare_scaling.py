@@ -35,7 +35,8 @@ def test_the_study_reports_each_points_paired_difference(tmp_path, data_dir, cap
     report = (out / "scaling.md").read_text()
     assert "one shared lr (0.002) for every variant" in report and "| ddl-dv1 | 32 | 3 | 96 |" in report
     assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
-    assert "# Width and length study" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "# Width and length study" in printed and ", widths 16 32, 2/3 steps x 2 x 16 tokens each" in printed
 
 
 @pytest.mark.parametrize("extra, expected", [
