@@ -1,7 +1,7 @@
 """The sublayer's input stage (:func:`deep_delta.ops.norm.norm_gate_value`): RMSNorm, linear gate, k-Map value.
 
 - The Triton kernels (``TRITON_INTERPRET=1`` on CPU, native on CUDA) against the plain reference, in values and
-  the gradients of src and every weight: fp32 and bf16 src, d = 48 and 100, N = 1, 7 and 300, d_v = 1, 3, 4.
+  the gradients of src and every weight: fp32 and bf16 src, d = 48 and 100, N = 1, 7 and 90, d_v = 1, 3, 4.
 - The weight gradients on the persistent grid: with ``max_programs`` patched to 4, still equal; the partial
   buffers have the same size at N and 4N tokens, at most ``max_programs`` x the weights.
 - The lean path against the reference (fp64 to 1e-12, fp32), its closed-form backward (the custom op's off
@@ -91,8 +91,9 @@ def triton_fn(*args, **kw):
     return norm_gate_value(*args, **kw, backend="triton")
 
 
-SIZES = [((1,), 48, 1), ((7,), 100, 4), ((3, 100), 48, 3)]
-SIZE_IDS = ["n1-d48-dv1", "n7-d100-dv4", "n300-d48-dv3"]
+# more tokens than programs: test_triton_with_more_tokens_than_programs (the grid patched to 4 programs)
+SIZES = [((1,), 48, 1), ((7,), 100, 4), ((3, 30), 48, 3)]
+SIZE_IDS = ["n1-d48-dv1", "n7-d100-dv4", "n90-d48-dv3"]
 DTYPES = [torch.float32, torch.bfloat16]
 DTYPE_IDS = ["fp32", "bf16"]
 

@@ -62,13 +62,13 @@ def single_runs(tmp_path_factory, data_dir):
 
 
 @pytest.mark.parametrize("mode, interrupted, parametrization, variant",
-                         [("ddp", False, "sp", "ddl-cc"), ("fsdp", True, "sp", "ddl-cc"), ("fsdp", False, "mup", "ddl-cc"),
-                          ("fsdp", False, "sp", "mhc")],
-                         ids=["ddp", "fsdp-resumed", "fsdp-mup", "fsdp-mhc"])
+                         [("ddp", False, "sp", "ddl-cc"), ("fsdp", True, "sp", "ddl-cc"), ("fsdp", False, "mup", "mhc")],
+                         ids=["ddp", "fsdp-resumed", "fsdp-mup-mhc"])
 def test_two_processes_match_one(tmp_path, data_dir, single_runs, mode, interrupted, parametrization, variant):
     """fsdp-resumed: stops after step 2 and resumes, so FSDP's gathered checkpoint is also loaded back.
-    fsdp-mup: the muP parameter groups (learning-rate multipliers by parameter) survive FSDP2's sharding.
-    fsdp-mhc: mHC's stream coefficients (plain parameters inside each block) shard with their block."""
+    fsdp-mup-mhc (one run for two things, to keep the suite's time): the muP parameter groups (learning-rate
+    multipliers by parameter) survive FSDP2's sharding, and mHC's stream coefficients (plain parameters inside
+    each block) shard with their block."""
     single = single_runs(parametrization, variant)
     out = tmp_path / mode
     args = ["train", "--variant", variant, "--data", str(data_dir), "--out", str(out), "--steps", "4",
