@@ -23,6 +23,7 @@ _PUBLIC = {
     "DDLConfig": "deep_delta.models",
     "DDLForCausalLM": "deep_delta.models",
     "DDLModel": "deep_delta.models",
+    "DDLStaticCache": "deep_delta.models",
     "delta_operator": "deep_delta.ops",
     "delta_update": "deep_delta.ops",
 }

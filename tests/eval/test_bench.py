@@ -202,10 +202,15 @@ def test_ddl_bench_kernels_cli(tmp_path, capsys):
     assert re.search(r"batch.size.? got 0; allowed: an integer >= 1", capsys.readouterr().err)
 
 
-def test_compiled_bench_compiles_the_blocks_for_training_only(monkeypatch):
-    """`ddl bench --compile`: the blocks are compiled as the trainer compiles them (parallelize), and prefill
-    runs them eagerly (no compilation: the forced-eager stance), giving the same logits as the eager model."""
+def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(monkeypatch):
+    """`ddl bench --compile`: the blocks are compiled as the trainer compiles them (parallelize), prefill runs
+    them eagerly (no compilation: the forced-eager stance), giving the same logits as the eager model, and
+    decode compiles one step over the fixed-shape cache (StaticDecoder)."""
+    from deep_delta.eval import bench
     from deep_delta.eval.bench import _Subject
+    from deep_delta.hf.decode import StaticDecoder
+
+    monkeypatch.setattr(bench, "DECODE_BACKEND", "eager")
     from deep_delta.train import distributed
 
     calls = []
@@ -222,6 +227,10 @@ def test_compiled_bench_compiles_the_blocks_for_training_only(monkeypatch):
     counters.clear()
     sub.prefill()
     assert counters["stats"]["unique_graphs"] == 0
+    # decode: the fixed-shape cache and one compiled step, the same graph in every round
+    sub.decode()
+    sub.decode()
+    assert isinstance(sub.decoder, StaticDecoder) and counters["stats"]["unique_graphs"] == 1
     plain = _Subject("ddl-cc", BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2,
                                              model=dict(DEBUG)).resolved(), torch.device("cpu"))
     with torch.no_grad():

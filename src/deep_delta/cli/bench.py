@@ -35,8 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--decode-tokens", type=options.integer, default=32, metavar="N",
                    help="decode steps timed per repeat (default 32)")
     p.add_argument("--compile", action="store_true",
-                   help="compile each block for the training step, as `ddl train --set compile=true` "
-                   "(inference stays eager)")
+                   help="compile each block for the training step, as `ddl train --set compile=true`, and "
+                   "decode with the fixed-shape cache and one compiled step (CUDA graphs on CUDA; "
+                   "deep_delta.hf.StaticDecoder); prefill stays eager")
     # 1 thread: steady on a shared machine, where several OpenMP threads spin against other jobs
     options.add_threads(p, default="1")
     options.add_set(p, help=options.SET_HELP + "; model.FIELD applies to every variant, other keys are bench "

@@ -10,7 +10,8 @@ after ``warmup`` untimed rounds; each figure is the median over repeats. Per var
   compiles them (inference then runs them eagerly);
 - prefill tokens/s: one forward over (B, T) tokens with the cache on (what generation does first);
 - decode tokens/s: ``decode_tokens`` one-token steps with the cache after a prefill of T - decode_tokens
-  tokens (B sequences each).
+  tokens (B sequences each): eager with the dynamic cache (what ``generate()`` does), or with ``compile`` the
+  fixed-shape cache and one compiled step (:class:`deep_delta.hf.decode.StaticDecoder`; CUDA graphs on CUDA).
 
 Peak memory of a training step (measured once per variant, after the timed runs) is the variant's own
 persistent tensors (weights, AdamW state) plus the highest transient allocation (activations, gradients)
@@ -40,6 +41,10 @@ from deep_delta.eval.timing import (
 )
 from deep_delta.models.ddl import output_cache
 
+# torch.compile's backend for the decoding step of a compiled bench (the tests trace with "eager": the same graph
+# without inductor's code generation, which takes minutes on a CPU)
+DECODE_BACKEND = "inductor"
+
 
 @dataclass
 class BenchRow:
@@ -62,6 +67,7 @@ class _Subject(StepSubject):
         super().__init__(variant, s.preset, batch_size=s.batch_size, seq_len=s.seq_len, device=device,
                          dtype=s.dtype, overrides=s.model, seed=s.seed, compile=s.compile)
         self.s = s
+        self.decoder = None  # the StaticDecoder of a compiled bench, made at the first decode
 
     def _eager(self):
         """Inference runs the blocks eagerly also when training compiles them (one token at a time would
@@ -80,6 +86,8 @@ class _Subject(StepSubject):
     def decode(self) -> float:
         """Prefill T - n tokens (untimed), then time n one-token steps; returns the decode seconds."""
         self.model.eval()
+        if self.compiled:
+            return self._decode_static()
         n = self.s.decode_tokens
         with self.autocast, self._eager():
             out = self.model(input_ids=self.x[:, : self.s.seq_len - n], use_cache=True, logits_to_keep=1)
@@ -89,6 +97,25 @@ class _Subject(StepSubject):
                 for _ in range(n):
                     nxt = o.logits[:, -1:].argmax(-1)
                     o = self.model(input_ids=nxt, cache=output_cache(o), use_cache=True)
+
+            return timed(steps, self.device)
+
+    def _decode_static(self) -> float:
+        """The same with the fixed-shape cache and the compiled step (compiled in the first, untimed, round)."""
+        from deep_delta.hf.decode import StaticDecoder
+
+        s, n = self.s, self.s.decode_tokens
+        if self.decoder is None:
+            self.decoder = StaticDecoder(self.model, s.batch_size, s.seq_len, compile=True, backend=DECODE_BACKEND)
+        with self.autocast:
+            self.decoder.reset()
+            with self._eager():  # the prompt's shape is not the step's: no compilation for it
+                first = self.decoder.prefill(self.x[:, : s.seq_len - n])
+
+            def steps() -> None:
+                logits = first
+                for _ in range(n):
+                    logits = self.decoder.step(logits.argmax(-1))
 
             return timed(steps, self.device)
 

@@ -6,6 +6,7 @@
     loaded.model, loaded.tokenizer           # DDLForCausalLM (eval mode), a transformers tokenizer
 """
 
+from deep_delta.hf.decode import StaticDecoder
 from deep_delta.hf.export import export_model
 from deep_delta.hf.generation import SamplingOptions, generate_text
 from deep_delta.hf.loading import LoadedModel, ModelSource, load_model, resolve_model_dir
@@ -15,6 +16,7 @@ __all__ = [
     "LoadedModel",
     "ModelSource",
     "SamplingOptions",
+    "StaticDecoder",
     "build_tokenizer",
     "byte_tokenizer",
     "export_model",

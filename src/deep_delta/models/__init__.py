@@ -2,7 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from deep_delta.models.ddl import DDLCache, DDLConfig, DDLForCausalLM, DDLModel
+from deep_delta.models.ddl import DDLCache, DDLConfig, DDLForCausalLM, DDLModel, DDLStaticCache
 from deep_delta.models.utils import count_parameters
 
 AutoConfig.register(DDLConfig.model_type, DDLConfig, exist_ok=True)
@@ -14,5 +14,6 @@ __all__ = [
     "DDLConfig",
     "DDLForCausalLM",
     "DDLModel",
+    "DDLStaticCache",
     "count_parameters",
 ]

@@ -6,5 +6,6 @@ from deep_delta.models.ddl.modeling_ddl import (
     DDLPreTrainedModel,
     output_cache,
 )
+from deep_delta.models.ddl.static_cache import DDLStaticCache
 
-__all__ = ["DDLCache", "DDLConfig", "DDLForCausalLM", "DDLModel", "DDLPreTrainedModel", "output_cache"]
+__all__ = ["DDLCache", "DDLConfig", "DDLStaticCache", "DDLForCausalLM", "DDLModel", "DDLPreTrainedModel", "output_cache"]

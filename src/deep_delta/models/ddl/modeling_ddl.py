@@ -41,6 +41,7 @@ from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
 from deep_delta.models.ddl.configuration_ddl import CACHE_NAMES, DDLConfig
+from deep_delta.models.ddl.static_cache import DDLStaticCache
 from deep_delta.ops.delta.recompute import StateTape
 
 
@@ -164,7 +165,7 @@ def read_with_history(module: nn.Module, x: torch.Tensor, cache: DDLCache | None
     past = cache.token_history.get(key) if cache is not None else None
     out, history = module(x, past)
     if cache is not None and history is not None:
-        cache.token_history[key] = history
+        cache.store_history(key, history)
     return out
 
 
@@ -264,6 +265,9 @@ class DDLCache(DynamicCache):
         super().__init__(*args, **kwargs)
         self.token_history: dict[str, torch.Tensor] = {}
 
+    def store_history(self, key: str, history: torch.Tensor) -> None:
+        self.token_history[key] = history
+
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)
         self._select_history(beam_idx)
@@ -338,20 +342,21 @@ def _refuse_unknown_kwargs(where: str, kwargs: dict) -> None:
         )
 
 
-def _ddl_cache(cache: DynamicCache | None, use_cache: bool) -> DDLCache | None:
-    """The cache to fill: the given DDLCache, a new one for ``use_cache``, or a new one in place of the empty
-    DynamicCache that ``generate()`` makes for a model. Any other cache (static, quantized, filled) is refused:
-    it cannot carry the token history of the DDL convolutions."""
+def _ddl_cache(cache: DynamicCache | None, use_cache: bool) -> DDLCache | DDLStaticCache | None:
+    """The cache to fill: the given DDLCache or DDLStaticCache, a new DDLCache for ``use_cache``, or a new one in
+    place of the empty DynamicCache that ``generate()`` makes for a model. Any other cache (transformers' static
+    or quantized caches, a filled one) is refused: it cannot carry the token history of the DDL convolutions."""
     if use_cache and cache is None:
         cache = DDLCache()
-    if cache is None or isinstance(cache, DDLCache):
+    if cache is None or isinstance(cache, (DDLCache, DDLStaticCache)):
         return cache
     if type(cache) is DynamicCache and cache.get_seq_length() == 0:
         return DDLCache()
     raise ValueError(
         "DDLModel: `cache` must be a DDLCache (attention K/V plus the token history of the DDL convolutions) or "
         f"an empty DynamicCache, got {'a filled ' if cache.get_seq_length() else ''}{type(cache).__name__}; "
-        "a static or quantized cache (`cache_implementation=...` in generate) is not supported for this model"
+        "a static or quantized cache (`cache_implementation=...` in generate) is not supported for this model "
+        "(for fixed-shape decoding use deep_delta's DDLStaticCache, through deep_delta.hf.StaticDecoder)"
     )
 
 
@@ -550,22 +555,34 @@ class DDLModel(DDLPreTrainedModel):
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
         cache = _ddl_cache(cache, use_cache)
-        past = cache.get_seq_length() if cache is not None else 0
-        if past + t > self.config.max_position_embeddings:
-            raise ValueError(
-                f"DDLModel: {past + t} positions ({past} cached + {t} new) exceed "
-                f"max_position_embeddings={self.config.max_position_embeddings}"
-            )
+        if isinstance(cache, DDLStaticCache):
+            # positions and mask from the written length on the device: no host read, the same graph each step
+            if attention_mask is not None:
+                raise ValueError("DDLModel: a DDLStaticCache serves unpadded batches; `attention_mask` must be None")
+            if b != cache.batch_size:
+                raise ValueError(f"DDLModel: the batch has {b} rows, the DDLStaticCache {cache.batch_size}")
+            positions = cache.positions(t)
+            mask = cache.attention_mask(positions)
+        else:
+            past = cache.get_seq_length() if cache is not None else 0
+            if past + t > self.config.max_position_embeddings:
+                raise ValueError(
+                    f"DDLModel: {past + t} positions ({past} cached + {t} new) exceed "
+                    f"max_position_embeddings={self.config.max_position_embeddings}"
+                )
+            positions = torch.arange(past, past + t, device=inputs_embeds.device)
+            mask = _attention_mask(attention_mask, t, past, inputs_embeds.device)
         if position_ids is None:
-            position_ids = torch.arange(past, past + t, device=inputs_embeds.device).unsqueeze(0).expand(b, t)
+            position_ids = positions.unsqueeze(0).expand(b, t)
         rope = self.rotary(position_ids, inputs_embeds.dtype)
-        mask = _attention_mask(attention_mask, t, past, inputs_embeds.device)
         dtype = state_dtype(self.config, inputs_embeds)
         # 1 at real tokens, 0 at pads; applied whenever a mask is given (x * 1 is exact, and checking for
         # padding would be a host read)
         pad_mask = None if attention_mask is None else attention_mask[:, -t:].to(dtype)
         with StateTape() if self._use_tape() else contextlib.nullcontext() as tape:
             x = self._residual_stream(inputs_embeds.to(dtype), rope, mask, pad_mask, cache, tape)
+        if isinstance(cache, DDLStaticCache):
+            cache.advance(t)
         x = self.norm(x.to(inputs_embeds.dtype))
         out = BaseModelOutputWithPast(last_hidden_state=x, **{CACHE_FIELD: cache if use_cache else None})
         return out if return_dict is not False else out.to_tuple()

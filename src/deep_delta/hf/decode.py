@@ -1,0 +1,124 @@
+"""Decoding with a fixed-shape cache and one compiled step: what ``generate()`` with our dynamic cache cannot do.
+
+    decoder = StaticDecoder(model, batch_size=8, max_length=1024, compile=True)
+    logits = decoder.prefill(input_ids)       # (B, T) prompts of one length -> (B, V), the last position's logits
+    logits = decoder.step(next_ids)           # (B,) or (B, 1) -> (B, V)
+    ids = decoder.greedy(input_ids, 32)       # prefill + 32 greedy steps -> (B, 32) new token ids
+    decoder.reset()                           # the next batch of prompts, same buffers, no recompilation
+
+Every step has the same shapes and writes its K/V and token history in place
+(:class:`deep_delta.models.ddl.static_cache.DDLStaticCache`), so ``torch.compile(fullgraph=True)`` traces it
+once; on CUDA the default mode is ``"reduce-overhead"``, which replays the step as a CUDA graph (one launch
+instead of a few hundred: decoding one token at a time is bound by the host, not the GPU). The prefill runs
+eagerly (its length differs from batch to batch). Greedy decoding here equals ``generate()``'s with the
+dynamic cache (tests/hf/test_static_decode.py compares the logits of every variant).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deep_delta.models.ddl.static_cache import DDLStaticCache
+
+
+class StaticDecoder:
+    """Prefill and one-token steps of ``model`` (a :class:`DDLForCausalLM`, in eval mode) over a
+    :class:`DDLStaticCache` of ``batch_size`` rows and ``max_length`` positions.
+
+    compile: trace the step with ``torch.compile(fullgraph=True)``; ``mode`` (default: ``"reduce-overhead"``
+    on CUDA, CUDA graphs; torch's default elsewhere) and ``backend`` (default inductor) are torch.compile's.
+    Run the calls under the autocast the model should decode in; the cache's K/V take that dtype at the first
+    prefill.
+    """
+
+    def __init__(self, model, batch_size: int, max_length: int, *, compile: bool = False, mode: str | None = None,
+                 backend: str = "inductor"):
+        if model.training:
+            raise ValueError("StaticDecoder: the model is in training mode; call `model.eval()` first")
+        self.model, self.batch_size, self.max_length = model, batch_size, max_length
+        self.device = next(model.parameters()).device
+        if mode is None and compile and self.device.type == "cuda":
+            mode = "reduce-overhead"
+        # the modes that replay CUDA graphs (on CUDA)
+        self.graphs = compile and self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
+        self.cache: DDLStaticCache | None = None
+        self.filled = 0  # positions written, counted on the host (the cache counts them on the device)
+        self._step = (torch.compile(self._forward_one, fullgraph=True, mode=mode, backend=backend) if compile
+                      else self._forward_one)
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"StaticDecoder: `{name}` got {value!r}; allowed: an integer >= 1")
+        if max_length > model.config.max_position_embeddings:
+            raise ValueError(
+                f"StaticDecoder: `max_length` got {max_length}; allowed: at most the model's "
+                f"max_position_embeddings ({model.config.max_position_embeddings})"
+            )
+
+    def _kv_dtype(self) -> torch.dtype:
+        kind = self.device.type
+        if torch.is_autocast_enabled(kind):
+            return torch.get_autocast_dtype(kind)
+        return next(self.model.parameters()).dtype
+
+    def _forward_one(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[:, -1]
+
+    def _check_ids(self, ids: torch.Tensor, what: str) -> None:
+        if ids.dim() != 2 or ids.shape[0] != self.batch_size:
+            raise ValueError(f"StaticDecoder: `{what}` must have shape ({self.batch_size}, T), got {tuple(ids.shape)}")
+        if self.filled + ids.shape[1] > self.max_length:
+            raise ValueError(
+                f"StaticDecoder: {self.filled} positions written + {ids.shape[1]} new exceed `max_length` "
+                f"{self.max_length}; make the decoder with a larger max_length or call reset()"
+            )
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Feed (B, T) prompt ids (eagerly) into an empty cache; returns the last position's logits (B, V)."""
+        if self.filled:
+            raise ValueError("StaticDecoder: prefill() needs an empty cache; call reset() first")
+        self._check_ids(input_ids, "input_ids")
+        dtype = self._kv_dtype()
+        if self.cache is None or self.cache.keys[0].dtype != dtype:
+            self.cache = DDLStaticCache(self.model.config, self.batch_size, self.max_length, device=self.device,
+                                        dtype=dtype)
+        out = self.model(input_ids=input_ids.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.filled = input_ids.shape[1]
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """One token per row, (B,) or (B, 1); returns its logits (B, V)."""
+        if not self.filled:
+            raise ValueError("StaticDecoder: step() before prefill(); feed the prompts first")
+        ids = ids.reshape(-1, 1) if ids.dim() == 1 else ids
+        self._check_ids(ids, "ids")
+        if ids.shape[1] != 1:
+            raise ValueError(f"StaticDecoder: step() takes one token per row, got {ids.shape[1]}")
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = self._step(ids.to(self.device))
+        self.filled += 1
+        # a CUDA graph's output is overwritten by its next replay: hand the caller its own copy
+        return logits.clone() if self.graphs else logits
+
+    @torch.no_grad()
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Prefill ``input_ids`` (B, T), then ``max_new_tokens`` greedy steps: the new ids (B, max_new_tokens)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"StaticDecoder: `max_new_tokens` got {max_new_tokens!r}; allowed: an integer >= 1")
+        self.reset()
+        logits = self.prefill(input_ids)
+        new = []
+        for i in range(max_new_tokens):
+            nxt = logits.argmax(-1)
+            new.append(nxt)
+            if i + 1 < max_new_tokens:
+                logits = self.step(nxt)
+        return torch.stack(new, dim=1)
+
+    def reset(self) -> None:
+        """Empty the cache (keeping its buffers) for the next batch of prompts."""
+        if self.cache is not None:
+            self.cache.reset()
+        self.filled = 0

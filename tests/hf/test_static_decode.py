@@ -1,0 +1,105 @@
+"""Decoding with the fixed-shape cache (DDLStaticCache) and one compiled step (StaticDecoder).
+
+The reference is the dynamic cache (DDLCache), itself checked against full forwards in test_generation.py:
+the same prompt and tokens must give the same logits at every step, eagerly and through torch.compile
+(fullgraph; the "eager" backend traces exactly what inductor would compile, without its minutes of codegen on
+CPU). A compiled step must compile once: a second graph would mean a shape or a host number left in the step,
+which CUDA graphs cannot replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from deep_delta.hf.decode import StaticDecoder
+from deep_delta.models.ddl import output_cache
+from deep_delta.models.ddl.static_cache import DDLStaticCache
+from helpers import tiny_model
+
+ATOL = 1e-5
+STEPS = 4
+
+
+def _dynamic(model, prompt, tokens):
+    """Last-position logits after the prompt and after each token, with the dynamic cache."""
+    with torch.no_grad():
+        out = model(input_ids=prompt, use_cache=True)
+        logits = [out.logits[:, -1]]
+        for tok in tokens:
+            out = model(input_ids=tok[:, None], cache=output_cache(out), use_cache=True)
+            logits.append(out.logits[:, -1])
+    return logits
+
+
+def _static(decoder, prompt, tokens):
+    decoder.reset()
+    return [decoder.prefill(prompt)] + [decoder.step(tok) for tok in tokens]
+
+
+# every residual kind: additive, delta d_v = 1, CC (fused update-and-read), TC + EC (token history), mHC (streams)
+@pytest.mark.parametrize("variant", ["baseline", "ddl-dv1", "ddl-cc", "ddl-tc", "mhc"])
+def test_static_decoding_equals_the_dynamic_cache_and_compiles_once(variant):
+    model = tiny_model(variant)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 256, (2, 5), generator=g)
+    tokens = torch.randint(0, 256, (STEPS, 2), generator=g)
+    ref = _dynamic(model, prompt, tokens)
+    eager = _static(StaticDecoder(model, 2, 12), prompt, tokens)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = StaticDecoder(model, 2, 12, compile=True, backend="eager")
+    got = _static(compiled, prompt, tokens)
+    for step, (r, a, b) in enumerate(zip(ref, eager, got)):
+        assert torch.allclose(a, r, atol=ATOL), (variant, step, (a - r).abs().max().item())
+        assert torch.allclose(b, r, atol=ATOL), (variant, step, (b - r).abs().max().item())
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    # a second batch of prompts through the same decoder: the buffers emptied, nothing recompiled, and the
+    # token history of the first batch gone (TC / EC would read it otherwise)
+    prompt2 = torch.randint(0, 256, (2, 3), generator=g)
+    again = _static(compiled, prompt2, tokens[:2])
+    for r, b in zip(_dynamic(model, prompt2, tokens[:2]), again):
+        assert torch.allclose(b, r, atol=ATOL)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_greedy_equals_generate():
+    model = tiny_model("ddl-tc")
+    prompt = torch.randint(0, 256, (3, 4), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model.generate(input_ids=prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)[:, 4:]
+    assert torch.equal(StaticDecoder(model, 3, 10).greedy(prompt, 6), want)
+
+
+def test_bad_use_is_refused_with_a_clear_error():
+    model = tiny_model("ddl-cc")
+    prompt = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="`max_length` got 65; allowed: at most the model's max_position_emb"):
+        StaticDecoder(model, 2, 65)
+    with pytest.raises(ValueError, match="`batch_size` got 0; allowed: an integer >= 1"):
+        StaticDecoder(model, 0, 8)
+    d = StaticDecoder(model, 2, 6)
+    with pytest.raises(ValueError, match=r"step\(\) before prefill"):
+        d.step(torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`input_ids` must have shape \(2, T\), got \(3, 4\)"):
+        d.prefill(torch.zeros(3, 4, dtype=torch.long))
+    d.prefill(prompt)
+    with pytest.raises(ValueError, match=r"prefill\(\) needs an empty cache"):
+        d.prefill(prompt)
+    d.step(torch.zeros(2, dtype=torch.long))
+    d.step(torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="6 positions written \\+ 1 new exceed `max_length` 6"):
+        d.step(torch.zeros(2, dtype=torch.long))
+    d.reset()
+    d.prefill(prompt)
+    with pytest.raises(ValueError, match="one token per row, got 2"):
+        d.step(torch.zeros(2, 2, dtype=torch.long))
+    cache = DDLStaticCache(model.config, 2, 8, device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="serves unpadded batches; `attention_mask` must be None"):
+        model(input_ids=prompt, attention_mask=torch.ones(2, 4), cache=cache)
+    with pytest.raises(ValueError, match="the batch has 1 rows, the DDLStaticCache 2"):
+        model(input_ids=prompt[:1], cache=cache)
+    model.train()
+    with pytest.raises(ValueError, match=r"training mode; call `model.eval\(\)` first"):
+        StaticDecoder(model, 2, 8)
