@@ -206,11 +206,11 @@ def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(m
     """`ddl bench --compile`: the blocks are compiled as the trainer compiles them (parallelize), prefill runs
     them eagerly (no compilation: the forced-eager stance), giving the same logits as the eager model, and
     decode compiles one step over the fixed-shape cache (StaticDecoder)."""
-    from deep_delta.eval import bench
     from deep_delta.eval.bench import _Subject
+    from deep_delta.hf import decode
     from deep_delta.hf.decode import StaticDecoder
 
-    monkeypatch.setattr(bench, "DECODE_BACKEND", "eager")
+    monkeypatch.setattr(decode, "DEFAULT_BACKEND", "eager")
     from deep_delta.train import distributed
 
     calls = []

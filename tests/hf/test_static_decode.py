@@ -103,3 +103,44 @@ def test_bad_use_is_refused_with_a_clear_error():
     model.train()
     with pytest.raises(ValueError, match=r"training mode; call `model.eval\(\)` first"):
         StaticDecoder(model, 2, 8)
+
+
+def test_generate_text_with_compile(monkeypatch, tmp_path, capsys):
+    """`generate_text(..., compile=True)` / `ddl generate --compile`: greedy gives generate()'s text; a seeded
+    sample repeats; prompts of different lengths and `--no-cache` are refused, naming the flags."""
+    from hf_helpers import cli_error, make_run
+
+    from deep_delta.cli.main import main
+    from deep_delta.hf import SamplingOptions, byte_tokenizer, decode, generate_text
+
+    monkeypatch.setattr(decode, "DEFAULT_BACKEND", "eager")
+    run, model = make_run(tmp_path / "run", variant="ddl-tc")
+    tok = byte_tokenizer()
+    prompts = ["Delta", "rule!"]
+    want, _ = generate_text(model, tok, prompts[:1], SamplingOptions(max_new_tokens=6, greedy=True))
+    sample = SamplingOptions(max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.9, seed=3, compile=True)
+    a, b = (generate_text(model, tok, prompts, sample)[0] for _ in range(2))
+    assert [g.text for g in a] == [g.text for g in b]
+    capsys.readouterr()
+    assert main(["generate", "--model", str(run), "--prompt", "Delta", "--max-new-tokens", "6", "--greedy",
+                 "--compile"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == "Delta" + want[0].text
+    cli_error(capsys, ["generate", "--model", str(run), "--prompt", "ab", "--prompt", "abc", "--compile"],
+              "--prompt", "with --compile every prompt must have the same number of tokens", "[2, 3]")
+    cli_error(capsys, ["generate", "--model", str(run), "--prompt", "ab", "--compile", "--no-cache"], "--compile")
+
+
+def test_sampling_filters():
+    from deep_delta.hf import SamplingOptions
+
+    logits = torch.tensor([[0.0, 3.0, 2.9, -1.0], [1.0, 0.0, 0.5, 0.9]])
+    g = torch.Generator().manual_seed(0)
+    assert SamplingOptions(greedy=True).pick(logits, g).tolist() == [1, 0]
+    assert SamplingOptions(top_k=1).pick(logits, g).tolist() == [1, 0]  # top-k 1 is the argmax
+    assert SamplingOptions(top_p=0.01).pick(logits, g).tolist() == [1, 0]  # so is the smallest nucleus
+    # top-k 2: only the two most likely tokens are ever drawn; over many draws both are
+    draws = torch.stack([SamplingOptions(top_k=2).pick(logits, g) for _ in range(200)])
+    assert set(draws[:, 0].tolist()) == {1, 2} and set(draws[:, 1].tolist()) == {0, 3}
+    # top-p 0.6 on row 0: softmax ~ (0.02, 0.51, 0.46, 0.01): 0.51 < 0.6, so tokens 1 and 2 stay
+    draws = torch.stack([SamplingOptions(top_p=0.6).pick(logits, g) for _ in range(200)])
+    assert set(draws[:, 0].tolist()) == {1, 2}

@@ -33,6 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", default=None, choices=["byte", "gpt2"],
                    help="override the tokenizer saved with the model")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step (slow; for checks)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode with the fixed-shape cache and one compiled step (deep_delta.hf.StaticDecoder; CUDA "
+                   "graphs on CUDA): faster for long generations on a GPU, after a compilation of tens of seconds; "
+                   "every prompt must have the same number of tokens")
     p.set_defaults(func=run)
 
 
@@ -50,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         use_cache=not args.no_cache,
+        compile=args.compile,
     )
     opts.check()  # before loading the model: bad options fail fast
     check_prompts(args.prompts)

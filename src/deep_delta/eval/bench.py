@@ -41,10 +41,6 @@ from deep_delta.eval.timing import (
 )
 from deep_delta.models.ddl import output_cache
 
-# torch.compile's backend for the decoding step of a compiled bench (the tests trace with "eager": the same graph
-# without inductor's code generation, which takes minutes on a CPU)
-DECODE_BACKEND = "inductor"
-
 
 @dataclass
 class BenchRow:
@@ -106,7 +102,7 @@ class _Subject(StepSubject):
 
         s, n = self.s, self.s.decode_tokens
         if self.decoder is None:
-            self.decoder = StaticDecoder(self.model, s.batch_size, s.seq_len, compile=True, backend=DECODE_BACKEND)
+            self.decoder = StaticDecoder(self.model, s.batch_size, s.seq_len, compile=True)
         with self.autocast:
             self.decoder.reset()
             with self._eager():  # the prompt's shape is not the step's: no compilation for it

@@ -20,19 +20,24 @@ import torch
 
 from deep_delta.models.ddl.static_cache import DDLStaticCache
 
+# torch.compile's backend when none is given (tests trace with "eager": the same graph without inductor's code
+# generation, which takes tens of seconds on a CPU)
+DEFAULT_BACKEND = "inductor"
+
 
 class StaticDecoder:
     """Prefill and one-token steps of ``model`` (a :class:`DDLForCausalLM`, in eval mode) over a
     :class:`DDLStaticCache` of ``batch_size`` rows and ``max_length`` positions.
 
     compile: trace the step with ``torch.compile(fullgraph=True)``; ``mode`` (default: ``"reduce-overhead"``
-    on CUDA, CUDA graphs; torch's default elsewhere) and ``backend`` (default inductor) are torch.compile's.
+    on CUDA, CUDA graphs; torch's default elsewhere) and ``backend`` (default ``DEFAULT_BACKEND``, inductor) are
+    torch.compile's.
     Run the calls under the autocast the model should decode in; the cache's K/V take that dtype at the first
     prefill.
     """
 
     def __init__(self, model, batch_size: int, max_length: int, *, compile: bool = False, mode: str | None = None,
-                 backend: str = "inductor"):
+                 backend: str | None = None):
         if model.training:
             raise ValueError("StaticDecoder: the model is in training mode; call `model.eval()` first")
         self.model, self.batch_size, self.max_length = model, batch_size, max_length
@@ -43,8 +48,8 @@ class StaticDecoder:
         self.graphs = compile and self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
         self.cache: DDLStaticCache | None = None
         self.filled = 0  # positions written, counted on the host (the cache counts them on the device)
-        self._step = (torch.compile(self._forward_one, fullgraph=True, mode=mode, backend=backend) if compile
-                      else self._forward_one)
+        self._step = (torch.compile(self._forward_one, fullgraph=True, mode=mode, backend=backend or DEFAULT_BACKEND)
+                      if compile else self._forward_one)
         for name, value in (("batch_size", batch_size), ("max_length", max_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"StaticDecoder: `{name}` got {value!r}; allowed: an integer >= 1")

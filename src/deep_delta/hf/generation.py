@@ -1,4 +1,5 @@
-"""Text generation with ``model.generate()``: greedy or sampled (temperature, top-k, top-p), with the cache."""
+"""Text generation: greedy or sampled (temperature, top-k, top-p), with the cache; through ``model.generate()``,
+or with ``compile`` through :class:`deep_delta.hf.decode.StaticDecoder` (fixed-shape cache, one compiled step)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class SamplingOptions:
     top_p: float | None = None
     seed: int | None = None
     use_cache: bool = True
+    compile: bool = False  # StaticDecoder with a compiled step (prompts of one length) instead of generate()
 
     def check(self) -> None:
         if self.max_new_tokens < 1:
@@ -29,11 +31,33 @@ class SamplingOptions:
             raise ValueError(f"`top_k` got {self.top_k}; allowed: an integer >= 1 (0 or None = off)")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"`top_p` got {self.top_p}; allowed: a float in (0, 1]")
+        if self.compile and not self.use_cache:
+            raise ValueError("`compile` decodes with the fixed-shape cache; it cannot be combined with `use_cache=False`")
+
+    @property
+    def sampled(self) -> bool:
+        return not self.greedy and self.temperature > 0
+
+    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """The next token of each row from its logits (B, V): the argmax, or a draw after temperature, top-k and
+        top-p (the smallest set of most likely tokens whose mass reaches top_p; at least one token)."""
+        if not self.sampled:
+            return logits.argmax(-1)
+        scores = logits.float() / self.temperature
+        if self.top_k:
+            kth = scores.topk(min(self.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            ordered, order = scores.sort(dim=-1, descending=True)
+            probs = ordered.softmax(-1)
+            drop = probs.cumsum(-1) - probs >= self.top_p  # the mass before a token already reaches top_p
+            scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+        return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
 
     def generation_config(self, eos_token_id: int | None, pad_token_id: int | None, max_new_tokens: int):
         from transformers import GenerationConfig
 
-        sample = not self.greedy and self.temperature > 0
+        sample = self.sampled
         kwargs = dict(
             max_new_tokens=max_new_tokens,
             do_sample=sample,
@@ -113,6 +137,8 @@ def generate_text(model, tokenizer, prompts: list[str], options: SamplingOptions
     ids = encode_prompts(tokenizer, prompts, context)
     longest = max(len(x) for x in ids)
     max_new = min(options.max_new_tokens, context - longest)
+    if options.compile:
+        return _generate_static(model, tokenizer, prompts, ids, options, max_new), max_new
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     input_ids = torch.full((len(ids), longest), pad, dtype=torch.long)
@@ -128,10 +154,40 @@ def generate_text(model, tokenizer, prompts: list[str], options: SamplingOptions
         attention_mask=attention_mask.to(device) if len(ids) > 1 else None,
         generation_config=gen_cfg,
     )
+    return _results(tokenizer, prompts, ids, out[:, longest:].tolist()), max_new
+
+
+def _results(tokenizer, prompts: list[str], ids: list[list[int]], new_ids: list[list[int]]) -> list[Generation]:
     results = []
-    for row, x in enumerate(ids):
-        new = out[row, longest:].tolist()
+    for prompt, x, new in zip(prompts, ids, new_ids):
         if tokenizer.eos_token_id in new:  # stop at the first end-of-text (later ones are padding)
             new = new[: new.index(tokenizer.eos_token_id)]
-        results.append(Generation(prompts[row], tokenizer.decode(new), len(x), len(new)))
-    return results, max_new
+        results.append(Generation(prompt, tokenizer.decode(new), len(x), len(new)))
+    return results
+
+
+def _generate_static(model, tokenizer, prompts, ids, options: SamplingOptions, max_new: int) -> list[Generation]:
+    """generate_text's work with the StaticDecoder: the prompts as one unpadded batch, one compiled step."""
+    from deep_delta.hf.decode import StaticDecoder
+
+    lengths = sorted({len(x) for x in ids})
+    if len(lengths) > 1:
+        raise ValueError(
+            f"`prompts`: with `compile` every prompt must have the same number of tokens (the fixed-shape cache "
+            f"holds no padding), got lengths {lengths}; give prompts of one length, or decode without `compile`"
+        )
+    device = next(model.parameters()).device
+    generator = None
+    if options.sampled and options.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(options.seed)
+    decoder = StaticDecoder(model, len(ids), lengths[0] + max_new, compile=True)
+    logits = decoder.prefill(torch.tensor(ids, device=device))
+    new, done = [], torch.zeros(len(ids), dtype=torch.bool, device=device)
+    for i in range(max_new):
+        nxt = options.pick(logits, generator)
+        new.append(nxt)
+        done |= nxt == tokenizer.eos_token_id
+        if i + 1 == max_new or bool(done.all()):  # every row has ended (a host read per token, as generate())
+            break
+        logits = decoder.step(nxt)
+    return _results(tokenizer, prompts, ids, torch.stack(new, dim=1).tolist())
