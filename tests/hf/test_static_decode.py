@@ -64,6 +64,20 @@ def test_static_decoding_equals_the_dynamic_cache_and_compiles_once(variant):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
+def test_static_decoding_under_autocast():
+    """Under bf16 autocast the K/V buffers take the dtype attention computes in (allocated at the prefill), and
+    the logits match the dynamic cache's to bf16 rounding."""
+    model = tiny_model("ddl-tc")
+    g = torch.Generator().manual_seed(2)
+    prompt, tokens = torch.randint(0, 256, (2, 5), generator=g), torch.randint(0, 256, (2, 2), generator=g)
+    with torch.autocast("cpu", torch.bfloat16):
+        ref = _dynamic(model, prompt, tokens)
+        decoder = StaticDecoder(model, 2, 8)
+        got = _static(decoder, prompt, tokens)
+    for r, a in zip(ref, got):
+        assert (a.float() - r.float()).abs().max() <= 0.02 * r.float().abs().max()
+
+
 def test_greedy_equals_generate():
     model = tiny_model("ddl-tc")
     prompt = torch.randint(0, 256, (3, 4), generator=torch.Generator().manual_seed(1))
@@ -95,7 +109,7 @@ def test_bad_use_is_refused_with_a_clear_error():
     d.prefill(prompt)
     with pytest.raises(ValueError, match="one token per row, got 2"):
         d.step(torch.zeros(2, 2, dtype=torch.long))
-    cache = DDLStaticCache(model.config, 2, 8, device="cpu", dtype=torch.float32)
+    cache = DDLStaticCache(model.config, 2, 8, device="cpu")
     with pytest.raises(ValueError, match="serves unpadded batches; `attention_mask` must be None"):
         model(input_ids=prompt, attention_mask=torch.ones(2, 4), cache=cache)
     with pytest.raises(ValueError, match="the batch has 1 rows, the DDLStaticCache 2"):

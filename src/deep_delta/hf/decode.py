@@ -32,8 +32,8 @@ class StaticDecoder:
     compile: trace the step with ``torch.compile(fullgraph=True)``; ``mode`` (default: ``"reduce-overhead"``
     on CUDA, CUDA graphs; torch's default elsewhere) and ``backend`` (default ``DEFAULT_BACKEND``, inductor) are
     torch.compile's.
-    Run the calls under the autocast the model should decode in; the cache's K/V take that dtype at the first
-    prefill.
+    Run the calls under the autocast the model should decode in; the cache's K/V take the dtype attention
+    computes in at the first prefill, and a decoder decodes in one dtype.
     """
 
     def __init__(self, model, batch_size: int, max_length: int, *, compile: bool = False, mode: str | None = None,
@@ -59,12 +59,6 @@ class StaticDecoder:
                 f"max_position_embeddings ({model.config.max_position_embeddings})"
             )
 
-    def _kv_dtype(self) -> torch.dtype:
-        kind = self.device.type
-        if torch.is_autocast_enabled(kind):
-            return torch.get_autocast_dtype(kind)
-        return next(self.model.parameters()).dtype
-
     def _forward_one(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[:, -1]
 
@@ -83,10 +77,8 @@ class StaticDecoder:
         if self.filled:
             raise ValueError("StaticDecoder: prefill() needs an empty cache; call reset() first")
         self._check_ids(input_ids, "input_ids")
-        dtype = self._kv_dtype()
-        if self.cache is None or self.cache.keys[0].dtype != dtype:
-            self.cache = DDLStaticCache(self.model.config, self.batch_size, self.max_length, device=self.device,
-                                        dtype=dtype)
+        if self.cache is None:
+            self.cache = DDLStaticCache(self.model.config, self.batch_size, self.max_length, device=self.device)
         out = self.model(input_ids=input_ids.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=1)
         self.filled = input_ids.shape[1]
         return out.logits[:, -1]

@@ -4,7 +4,8 @@
 host: every decoding step has new shapes and a Python int in it, so a compiled step recompiles and cannot be
 captured as a graph. :class:`DDLStaticCache` holds the same things in buffers allocated once:
 
-- K and V of each layer: (B, heads, max_length, head_dim), written in place at the new positions;
+- K and V of each layer: (B, heads, max_length, head_dim), allocated at the first write (the prefill, in the
+  dtype attention computes in there) and then written in place at the new positions;
 - the number of positions written, ``length``: a 0-d tensor on the device, advanced in place by the model's
   forward (never read on the host inside the forward);
 - the token history of the DDL convolutions (EC, TC): the last K-1 inputs of each, (B, K-1, ...), whose shape is
@@ -27,12 +28,11 @@ import torch
 class DDLStaticCache:
     """Attention K/V and DDL token history in buffers of fixed shape (see the module docstring).
 
-    ``DDLStaticCache(config, batch_size, max_length, device=..., dtype=...)``: ``dtype`` is the K/V dtype
-    (the dtype attention computes in: the autocast dtype under autocast, else the weights').
+    ``DDLStaticCache(config, batch_size, max_length, device=...)``; the first forward through it (the prefill,
+    run eagerly) allocates the K/V and history buffers, later ones (the compiled steps) write into them.
     """
 
-    def __init__(self, config, batch_size: int, max_length: int, *, device: torch.device | str,
-                 dtype: torch.dtype):
+    def __init__(self, config, batch_size: int, max_length: int, *, device: torch.device | str):
         for name, value in (("batch_size", batch_size), ("max_length", max_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DDLStaticCache: `{name}` got {value!r}; allowed: an integer >= 1")
@@ -42,13 +42,11 @@ class DDLStaticCache:
                 f"max_position_embeddings ({config.max_position_embeddings})"
             )
         self.batch_size, self.max_length = batch_size, max_length
-        shape = (batch_size, config.num_attention_heads, max_length, config.head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.keys: list[torch.Tensor | None] = [None] * config.num_hidden_layers
+        self.values: list[torch.Tensor | None] = [None] * config.num_hidden_layers
         self.length = torch.zeros((), dtype=torch.long, device=device)
         self.token_history: dict[str, torch.Tensor] = {}
-        for t in (*self.keys, *self.values, self.length):
-            torch._dynamo.mark_static_address(t)
+        torch._dynamo.mark_static_address(self.length)
 
     def positions(self, t: int) -> torch.Tensor:
         """The positions of ``t`` new tokens: (t,) on the device, from the written length."""
@@ -61,9 +59,14 @@ class DDLStaticCache:
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, heads, t, head_dim) K and V at the next t positions; returns the whole buffers."""
+        if self.keys[layer_idx] is None:
+            shape = (*k.shape[:2], self.max_length, k.shape[3])
+            for store, new in ((self.keys, k), (self.values, v)):
+                store[layer_idx] = torch.zeros(shape, device=new.device, dtype=new.dtype)
+                torch._dynamo.mark_static_address(store[layer_idx])
         at = self.positions(k.shape[2])
-        self.keys[layer_idx].index_copy_(2, at, k.to(self.keys[layer_idx].dtype))
-        self.values[layer_idx].index_copy_(2, at, v.to(self.values[layer_idx].dtype))
+        self.keys[layer_idx].index_copy_(2, at, k)
+        self.values[layer_idx].index_copy_(2, at, v)
         return self.keys[layer_idx], self.values[layer_idx]
 
     def store_history(self, key: str, history: torch.Tensor) -> None:
@@ -84,4 +87,5 @@ class DDLStaticCache:
         is what a convolution reads before the first token."""
         self.length.zero_()
         for t in (*self.keys, *self.values, *self.token_history.values()):
-            t.zero_()
+            if t is not None:
+                t.zero_()
