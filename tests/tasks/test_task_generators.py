@@ -44,9 +44,10 @@ def solve_pointer_chase(task, row):
     assert sorted(f) == sorted(f.values()) == list(range(sym0, sym0 + k))
     assert row[1 + 2 * k] == SEP
     cur, answers = int(row[2 + 2 * k]), {}
+    first = 2 + 2 * k if task.first_answer == "start" else 3 + 2 * k  # s, or the first H
     for j in range(task.num_hops):
         cur = f[cur]
-        answers[3 + 2 * k + j] = (cur, j + 1)
+        answers[first + j] = (cur, j + 1)
     return answers
 
 
@@ -85,10 +86,10 @@ SOLVERS = {"shell-game": solve_shell_game, "pointer-chase": solve_pointer_chase,
            "flip-flop": solve_flip_flop}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, params", [(n, {}) for n in NAMES] + [("pointer-chase", {"first_answer": "start"})])
 @pytest.mark.parametrize("split", ["train", "test"])
-def test_labels_match_brute_force_only_where_they_matter(name, split):
-    task = get_task(name)
+def test_labels_match_brute_force_only_where_they_matter(name, params, split):
+    task = get_task(name, **params)
     batch = task.generate(data_rng(3, split), 300, split)
     assert batch.inputs.shape == (300, task.seq_len) and batch.inputs.dtype == np.int64
     assert batch.inputs.min() >= 0 and batch.inputs.max() < task.vocab_size
@@ -161,6 +162,8 @@ def test_bad_task_and_parameters_are_refused():
         get_task("shell-game", num_swaps=0)
     with pytest.raises(ValueError, match=r"`test_ignore` got 1.0; allowed: a probability"):
         get_task("flip-flop", test_ignore=1.0)
+    with pytest.raises(ValueError, match=r"`first_answer` got 'end'; allowed: 'hop' \| 'start'"):
+        get_task("pointer-chase", first_answer="end")
 
 
 def test_the_metric_can_fail():

@@ -1,6 +1,8 @@
 """Pointer chasing with overwrite: a random permutation f of ``num_symbols`` symbols, shown as its
 ``num_symbols`` pairs ``x f(x)`` in random order, then a start symbol s and ``num_hops`` hop tokens H; at the
-j-th H the model names f^j(s).
+j-th H the model names f^j(s). With ``first_answer="start"`` the first hop is answered at s itself and the
+j-th H answers hop j + 1 (one H fewer): hop 1 is then a lookup of the token in place, as in recall, instead of a
+lookup of the token one position back.
 
 Each hop replaces the current pointer by its image: the old value has to be erased and the new one written.
 Nothing but H is shown after s, so every hop happens inside the network. A delta sublayer with beta near 1
@@ -26,16 +28,25 @@ def _permutations(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
 class PointerChase(Task):
     num_symbols: int = 16
     num_hops: int = 5
+    first_answer: str = "hop"  # where hop 1 is answered: "hop" (the first H) or "start" (at s)
 
     name = "pointer-chase"
     summary = "follow a permutation shown as pairs for up to num_hops hops from a start symbol"
     probes = "erase / overwrite (beta near 1 replaces the k-component of the state)"
     difficulty_name = "hop"
-    layout = "BOS x1 y1 ... x16 y16 SEP s H H H H H; label at the j-th H: f^j(s)"
+    layout = ("BOS x1 y1 ... x16 y16 SEP s H H H H H; label at the j-th H: f^j(s) (first_answer=start: "
+              "SEP s H H H H, label at s: f(s), at the j-th H: f^(j+1)(s))")
 
     def __post_init__(self):
         _positive("num_symbols", self.num_symbols, 2)
         _positive("num_hops", self.num_hops)
+        if self.first_answer not in ("hop", "start"):
+            raise ValueError(f"task parameter `first_answer` got {self.first_answer!r}; allowed: 'hop' | 'start'")
+
+    @property
+    def _first(self) -> int:
+        """The position of hop 1's label: the first H, or s."""
+        return 2 + 2 * self.num_symbols + (self.first_answer == "hop")
 
     @property
     def roles(self) -> dict[str, range]:
@@ -44,7 +55,7 @@ class PointerChase(Task):
 
     @property
     def seq_len(self) -> int:
-        return 3 + 2 * self.num_symbols + self.num_hops
+        return self._first + self.num_hops
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -79,11 +90,11 @@ class PointerChase(Task):
             cur = f[np.arange(n), cur]
             chain[:, j] = cur
         inputs = np.concatenate([np.full((n, 1), BOS), interleave(sym0 + shown, sym0 + image),
-                                 np.full((n, 1), SEP), sym0 + start[:, None], np.full((n, hops), hop)],
-                                axis=1).astype(np.int64)
+                                 np.full((n, 1), SEP), sym0 + start[:, None],
+                                 np.full((n, self.seq_len - 3 - 2 * k), hop)], axis=1).astype(np.int64)
         labels = np.full_like(inputs, IGNORE)
         difficulty = np.full_like(inputs, NO_LEVEL)
-        at = 3 + 2 * k + np.arange(hops)
+        at = self._first + np.arange(hops)
         labels[:, at] = sym0 + chain
         difficulty[:, at] = np.arange(1, hops + 1)
         return Batch(inputs, labels, difficulty)
