@@ -95,7 +95,7 @@ def test_greedy_equals_generate():
     prompt = torch.randint(0, 256, (3, 4), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model.generate(input_ids=prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)[:, 4:]
-    assert torch.equal(StaticDecoder(model, 3, 10).greedy(prompt, 6), want)
+    assert torch.equal(StaticDecoder(model, 3, 10).generate(prompt, 6), want)
 
 
 def test_bad_use_is_refused_with_a_clear_error():

@@ -3,7 +3,7 @@
     decoder = StaticDecoder(model, batch_size=8, max_length=1024, compile=True)
     logits = decoder.prefill(input_ids)       # (B, T) prompts of one length -> (B, V), the last position's logits
     logits = decoder.step(next_ids)           # (B,) or (B, 1) -> (B, V)
-    ids = decoder.greedy(input_ids, 32)       # prefill + 32 greedy steps -> (B, 32) new token ids
+    ids = decoder.generate(input_ids, 32)     # prefill + 32 greedy steps -> (B, 32) new token ids
     decoder.reset()                           # the next batch of prompts, same buffers, no recompilation
 
 Every step has the same shapes and writes its K/V and token history in place
@@ -46,18 +46,11 @@ class StaticDecoder:
             mode = "reduce-overhead"
         # the modes that replay CUDA graphs (on CUDA)
         self.graphs = compile and self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
-        self.cache: DDLStaticCache | None = None
+        # checks the sizes; its K/V buffers are allocated by the first prefill
+        self.cache = DDLStaticCache(model.config, batch_size, max_length, device=self.device)
         self.filled = 0  # positions written, counted on the host (the cache counts them on the device)
         self._step = (torch.compile(self._forward_one, fullgraph=True, mode=mode, backend=backend or DEFAULT_BACKEND)
                       if compile else self._forward_one)
-        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"StaticDecoder: `{name}` got {value!r}; allowed: an integer >= 1")
-        if max_length > model.config.max_position_embeddings:
-            raise ValueError(
-                f"StaticDecoder: `max_length` got {max_length}; allowed: at most the model's "
-                f"max_position_embeddings ({model.config.max_position_embeddings})"
-            )
 
     def _forward_one(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, cache=self.cache, use_cache=True).logits[:, -1]
@@ -77,8 +70,6 @@ class StaticDecoder:
         if self.filled:
             raise ValueError("StaticDecoder: prefill() needs an empty cache; call reset() first")
         self._check_ids(input_ids, "input_ids")
-        if self.cache is None:
-            self.cache = DDLStaticCache(self.model.config, self.batch_size, self.max_length, device=self.device)
         out = self.model(input_ids=input_ids.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=1)
         self.filled = input_ids.shape[1]
         return out.logits[:, -1]
@@ -100,22 +91,30 @@ class StaticDecoder:
         return logits.clone() if self.graphs else logits
 
     @torch.no_grad()
-    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Prefill ``input_ids`` (B, T), then ``max_new_tokens`` greedy steps: the new ids (B, max_new_tokens)."""
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, pick=None,
+                 eos_token_id: int | None = None) -> torch.Tensor:
+        """Prefill ``input_ids`` (B, T), then up to ``max_new_tokens`` steps: the new ids (B, n). ``pick(logits)
+        -> (B,) ids`` chooses each token (default: the argmax); with ``eos_token_id`` decoding stops once every
+        row has produced it (a host read per token, as ``generate()`` does)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"StaticDecoder: `max_new_tokens` got {max_new_tokens!r}; allowed: an integer >= 1")
+        pick = pick or (lambda logits: logits.argmax(-1))
         self.reset()
         logits = self.prefill(input_ids)
         new = []
+        done = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
         for i in range(max_new_tokens):
-            nxt = logits.argmax(-1)
+            nxt = pick(logits)
             new.append(nxt)
+            if eos_token_id is not None:
+                done |= nxt == eos_token_id
+                if bool(done.all()):
+                    break
             if i + 1 < max_new_tokens:
                 logits = self.step(nxt)
         return torch.stack(new, dim=1)
 
     def reset(self) -> None:
         """Empty the cache (keeping its buffers) for the next batch of prompts."""
-        if self.cache is not None:
-            self.cache.reset()
+        self.cache.reset()
         self.filled = 0

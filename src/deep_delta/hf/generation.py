@@ -181,13 +181,6 @@ def _generate_static(model, tokenizer, prompts, ids, options: SamplingOptions, m
     if options.sampled and options.seed is not None:
         generator = torch.Generator(device=device).manual_seed(options.seed)
     decoder = StaticDecoder(model, len(ids), lengths[0] + max_new, compile=True)
-    logits = decoder.prefill(torch.tensor(ids, device=device))
-    new, done = [], torch.zeros(len(ids), dtype=torch.bool, device=device)
-    for i in range(max_new):
-        nxt = options.pick(logits, generator)
-        new.append(nxt)
-        done |= nxt == tokenizer.eos_token_id
-        if i + 1 == max_new or bool(done.all()):  # every row has ended (a host read per token, as generate())
-            break
-        logits = decoder.step(nxt)
-    return _results(tokenizer, prompts, ids, torch.stack(new, dim=1).tolist())
+    new = decoder.generate(torch.tensor(ids, device=device), max_new, lambda logits: options.pick(logits, generator),
+                           tokenizer.eos_token_id)
+    return _results(tokenizer, prompts, ids, new.tolist())
