@@ -209,9 +209,9 @@ def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(m
     from deep_delta.eval.bench import _Subject
     from deep_delta.hf import decode
     from deep_delta.hf.decode import StaticDecoder
+    from deep_delta.train import distributed
 
     monkeypatch.setattr(decode, "DEFAULT_BACKEND", "eager")
-    from deep_delta.train import distributed
 
     calls = []
     real = distributed.parallelize
