@@ -1,0 +1,177 @@
+"""Launch parameters of the delta kernels on one GPU: time each kernel over a grid of settings (a development
+probe, not part of the library).
+
+For the training shape (B x T tokens, width d, d_v, bf16 state as under autocast) it times, per kernel, every
+combination of the launch parameters the library chooses by heuristic: warps per program, tokens per program
+(``ROWS``, the TC ``CHUNK``) and the persistent grid's programs per SM (the fused CC-read and TC backward).
+Each row: median milliseconds (CUDA events over ``--iters`` calls, after warm-up), the bytes the launch
+arguments imply (``deep_delta.ops.launch.count_traffic``) and the bandwidth that gives; the library's current
+choice is marked. Prints markdown, writes it and a JSON beside it.
+
+    python benchmarks/h100/tune_kernels.py --out DIR [--batch 32 --seq 1024 --d 768]
+    TRITON_INTERPRET=1 python benchmarks/h100/tune_kernels.py --device cpu --quick   # a smoke test on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import deep_delta.ops.delta.triton as dt
+import deep_delta.ops.delta.triton_token as tt
+from deep_delta.ops.launch import count_traffic
+
+
+@contextlib.contextmanager
+def settings(warps=None, rows=None, per_sm=None, chunk=None):
+    """Patch the library's launch heuristics for the duration (None: keep the library's choice)."""
+    saved = (dt._num_warps, tt._num_warps, dt._rows_per_program, dt.PROGRAMS_PER_SM, dt.MAX_PROGRAMS, tt.CHUNK)
+    try:
+        if warps is not None:
+            dt._num_warps = tt._num_warps = lambda block, w=warps: w
+        if rows is not None:
+            dt._rows_per_program = lambda n, r=rows: r
+        if per_sm is not None:
+            dt.PROGRAMS_PER_SM = per_sm
+            dt.MAX_PROGRAMS = per_sm * 4  # off CUDA (the smoke test): a small grid that still varies
+        if chunk is not None:
+            tt.CHUNK = chunk
+        yield
+    finally:
+        dt._num_warps, tt._num_warps, dt._rows_per_program, dt.PROGRAMS_PER_SM, dt.MAX_PROGRAMS, tt.CHUNK = saved
+
+
+def inputs(b, t, d, dv, ks, device, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    x = r(b, t, d, dv).to(dtype)
+    k, v, beta = r(b, t, d).to(dtype), r(b, t, dv).to(dtype), torch.rand(b, t, generator=g).to(device).to(dtype)
+    c, w = r(d, dv, scale=0.1), r(ks, d, dv, scale=0.1)
+    g_state, g_in = r(b, t, d, dv).to(dtype), r(b, t, d).to(dtype)
+    return dict(x=x, k=k, v=v, beta=beta, c=c, w=w, g=g_state, gin=g_in)
+
+
+def kernels(a, eps=1e-5):
+    """name -> (call, which parameters it takes)."""
+    b, t, d, dv = a["x"].shape
+    n = b * t
+    flat = dict(x=a["x"].view(n, d, dv), k=a["k"].view(n, d), v=a["v"].view(n, dv), beta=a["beta"].view(n))
+    g, gin = a["g"].view(n, d, dv), a["gin"].view(n, d)
+    f = flat
+    return {  # the likeliest to gain first: a short call may be cut off
+        "delta bwd + TC read": (lambda: tt.token_read_backward(a["g"], a["gin"], a["x"], a["k"], a["v"], a["beta"],
+                                                               a["w"], eps), ("warps", "chunk", "per_sm")),
+        "delta bwd + CC read": (lambda: dt.triton_backward(g, gin, f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
+                                ("warps", "per_sm")),
+        "delta fwd + TC read": (lambda: tt.token_read_forward(a["x"], a["k"], a["v"], a["beta"], a["w"], eps),
+                                ("warps", "chunk")),
+        "delta fwd + CC read": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
+                                ("warps", "rows")),
+        "delta bwd": (lambda: dt.triton_backward(g, None, f["x"], f["k"], f["v"], f["beta"], None, eps),
+                      ("warps", "rows")),
+        "delta fwd": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], None, eps), ("warps", "rows")),
+    }
+
+
+def traffic(fn) -> int:
+    with count_traffic() as c:
+        fn()
+    return sum(x.read_bytes + x.write_bytes for x in c.launches)
+
+
+def time_ms(fn, device, iters: int, warm: int = 2) -> float:
+    for _ in range(warm):
+        fn()
+    if device.type != "cuda":
+        ts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    return statistics.median(ts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="gpu_out")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--dvs", type=int, nargs="+", default=[4, 1])
+    ap.add_argument("--taps", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--only", nargs="*", default=None, help="kernel names (as printed) to sweep; default all")
+    ap.add_argument("--quick", action="store_true", help="a tiny shape and two settings per parameter (CPU smoke)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    grid = dict(warps=[4, 8, 16], rows=[1, 2, 4], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32])
+    if args.quick:
+        args.batch, args.seq, args.d, args.iters = 2, 8, 12, 1
+        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"
+    lines = [f"## tune_kernels on {name}, torch {torch.__version__}", "",
+             f"{args.batch} x {args.seq} tokens, d = {args.d}, K = {args.taps} taps, bf16 state; median ms of "
+             f"{args.iters} calls (CUDA events); GB/s = the launch arguments' bytes / time; 'library' = the library's "
+             "current choice", ""]
+    results = []
+    for dv in args.dvs:
+        a = inputs(args.batch, args.seq, args.d, dv, args.taps, device, torch.bfloat16)
+        for kname, (fn, params) in kernels(a).items():
+            if args.only and kname not in args.only:
+                continue
+            if dv == 1 and "read" in kname:  # d_v = 1 has no compressor
+                continue
+            default_ms = time_ms(fn, device, args.iters)
+            nbytes = traffic(fn)
+            rows = [dict(kernel=kname, dv=dv, setting="library", ms=default_ms, gbs=nbytes / default_ms / 1e6)]
+            axes = dict(grid, warps=[max(1, w // 2) for w in grid["warps"]]) if dv == 1 else grid  # a 4x smaller tile
+            for combo in itertools.product(*(axes[p] for p in params)):
+                setting = dict(zip(params, combo))
+                try:
+                    with settings(**setting):
+                        ms = time_ms(fn, device, args.iters)
+                        nb = traffic(fn)
+                    rows.append(dict(kernel=kname, dv=dv, setting=setting, ms=ms, gbs=nb / ms / 1e6))
+                except Exception as e:  # a setting the compiler refuses (e.g. out of resources): say so, go on
+                    rows.append(dict(kernel=kname, dv=dv, setting=setting, error=f"{type(e).__name__}: {e}"[:200]))
+            best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"])
+            lines += [f"### {kname}, d_v = {dv}: library {default_ms:.3f} ms ({rows[0]['gbs']:.0f} GB/s); "
+                      f"best {best['setting']} {best['ms']:.3f} ms ({best['gbs']:.0f} GB/s, "
+                      f"{default_ms / best['ms']:.2f}x)", "", "| setting | ms | GB/s |", "| --- | --- | --- |"]
+            for r in sorted(rows[1:], key=lambda r: r.get("ms", float("inf"))):
+                lines.append(f"| {r['setting']} | {r['ms']:.3f} | {r['gbs']:.0f} |" if "ms" in r
+                             else f"| {r['setting']} | {r['error']} | |")
+            lines.append("")
+            print("\n".join(lines[-(len(rows) + 4):]), flush=True)
+            results += rows
+            (out / "tune_kernels.json").write_text(json.dumps(results, indent=1))
+            (out / "tune_kernels.md").write_text("\n".join(lines) + "\n")
+        del a
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
