@@ -32,20 +32,24 @@ from deep_delta.ops.launch import count_traffic
 @contextlib.contextmanager
 def settings(warps=None, rows=None, per_sm=None, chunk=None):
     """Patch the library's launch heuristics for the duration (None: keep the library's choice)."""
-    saved = (dt._num_warps, tt._num_warps, dt._rows_per_program, dt.PROGRAMS_PER_SM, dt.MAX_PROGRAMS, tt.CHUNK)
+    names = [(dt, "delta_warps"), (tt, "delta_warps"), (dt, "READ_BWD_WARPS"), (dt, "delta_rows"),
+             (dt, "PROGRAMS_PER_SM"), (dt, "MAX_PROGRAMS"), (tt, "CHUNK"), (tt, "BWD_CHUNK")]
+    saved = [getattr(m, a) for m, a in names]
     try:
         if warps is not None:
-            dt._num_warps = tt._num_warps = lambda block, w=warps: w
+            dt.delta_warps = tt.delta_warps = lambda elements, w=warps: w
+            dt.READ_BWD_WARPS = warps
         if rows is not None:
-            dt._rows_per_program = lambda n, r=rows: r
+            dt.delta_rows = lambda n, tile, r=rows: r
         if per_sm is not None:
             dt.PROGRAMS_PER_SM = per_sm
             dt.MAX_PROGRAMS = per_sm * 4  # off CUDA (the smoke test): a small grid that still varies
         if chunk is not None:
-            tt.CHUNK = chunk
+            tt.CHUNK = tt.BWD_CHUNK = chunk
         yield
     finally:
-        dt._num_warps, tt._num_warps, dt._rows_per_program, dt.PROGRAMS_PER_SM, dt.MAX_PROGRAMS, tt.CHUNK = saved
+        for (m, a), v in zip(names, saved):
+            setattr(m, a, v)
 
 
 def inputs(b, t, d, dv, ks, device, dtype, seed=0):

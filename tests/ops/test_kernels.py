@@ -110,6 +110,40 @@ def test_triton_delta_update_matches_reference(lead, d, dv, dtype):
     run_both(fast, delta_update_reference, (x, k, v, beta), (g,), dtype)
 
 
+@pytest.mark.parametrize("read", [False, True], ids=["update", "update+read"])
+def test_triton_delta_kernels_with_several_tokens_per_program(monkeypatch, read):
+    """The launch heuristic gives one token per program at the sizes tested here; three, with 7 tokens, leaves
+    the last program a partial block (its masks), as two per program does for d_v = 1 past 4096 tokens."""
+    import deep_delta.ops.delta.triton as dt
+
+    monkeypatch.setattr(dt, "delta_rows", lambda n, tile: 3)
+    x, k, v, beta = delta_inputs((7,), 12, 4, torch.float32, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    if read:
+        c = torch.randn(12, 4).to(DEVICE)
+        grads = (torch.randn(x.shape, generator=gen).to(DEVICE), torch.randn(7, 12, generator=gen).to(DEVICE))
+        fast = lambda x, k, v, b, c: update_and_channel_read(x, k, v, b, c, backend="triton")  # noqa: E731
+
+        def ref(x, k, v, b, c):
+            out = delta_update_reference(x, k, v, b)
+            return out, channel_compress_reference(out, c)
+
+        run_both(fast, ref, (x, k, v, beta, c), grads, torch.float32)
+    else:
+        fast = lambda x, k, v, b: delta_update(x, k, v, b, backend="triton")  # noqa: E731
+        run_both(fast, delta_update_reference, (x, k, v, beta), (torch.randn(x.shape, generator=gen).to(DEVICE),),
+                 torch.float32)
+
+
+def test_delta_launch_heuristic():
+    """The measured choices (tune_kernels.py): one warp per 512 fp32 values held, 1 to 16; one token per program
+    for tiles of 4096 elements or more, two below past 4096 tokens."""
+    import deep_delta.ops.delta.triton as dt
+
+    assert [dt.delta_warps(e) for e in (64, 1024, 4096, 16384, 65536)] == [1, 2, 8, 16, 16]
+    assert [dt.delta_rows(n, tile) for n, tile in ((32768, 4096), (32768, 1024), (4096, 1024), (8, 64))] == [1, 2, 1, 1]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("lead,d,dv", [((2, 3), 7, 1), ((3,), 12, 4), ((2,), 33, 3)], ids=["d7-dv1", "d12-dv4", "d33-dv3"])
 def test_triton_fused_update_and_read_matches_reference(lead, d, dv, dtype):

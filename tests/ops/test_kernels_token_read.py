@@ -50,6 +50,7 @@ def _reference(x, k, v, beta, w):
 @pytest.fixture
 def small_grid(monkeypatch):
     monkeypatch.setattr(tt, "CHUNK", 4)
+    monkeypatch.setattr(tt, "BWD_CHUNK", 2)  # the backward's chunks need not be the forward's
     monkeypatch.setattr(dt, "MAX_PROGRAMS", 3)
 
 

@@ -77,7 +77,28 @@ def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1) -> t
 
 
 def _num_warps(block: int) -> int:
+    """Warps per program of the compressor and norm kernels (a (d, d_v) tile of ``block`` elements)."""
     return 4 if block <= 2048 else 8
+
+
+# The delta kernels' launch parameters, chosen by measurement (benchmarks/h100/tune_kernels.py on an H200,
+# 32 x 1024 tokens, d = 768, bf16 state; benchmarks/h100/README.md, 2026-11-26): one token per program for a
+# (d, d_v) tile of 4096 elements or more, and one warp per 512 fp32 values a program holds per token.
+# Against the earlier 4 tokens and 8 warps: forward 1.25x, forward + CC read 1.7x, backward 1.7x (d_v = 4),
+# backward 1.2x (d_v = 1).
+def delta_warps(elements: int) -> int:
+    """Warps per program of a delta kernel holding ``elements`` fp32 values per token: one per 512, 1 to 16."""
+    return max(1, min(16, elements // 512))
+
+
+def delta_rows(n: int, tile: int) -> int:
+    """Tokens per program of a delta kernel without a reduction over tokens (n tokens, a tile of ``tile``
+    elements): one, or two for tiles under 4096 elements (d_v = 1) past 4096 tokens."""
+    return 2 if tile < 4096 and n > 4096 else 1
+
+
+# the fused CC read's backward (a persistent grid holding the grad_c accumulator too): 4 warps measured fastest
+READ_BWD_WARPS = 4
 
 
 @triton.jit
@@ -223,7 +244,7 @@ def triton_forward(
     """
     n, d, dv = x.shape
     bd, bv = _blocks(d, dv)
-    rows = _rows_per_program(n)
+    rows = delta_rows(n, bd * bv)
     out = torch.empty_like(x)
     has_read = c is not None
     xin = torch.empty(n, d, dtype=x.dtype, device=x.device) if has_read else None
@@ -232,7 +253,7 @@ def triton_forward(
         _delta_fwd_kernel, (triton.cdiv(n, rows),),
         (x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
          out if delta is None else delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
-        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
@@ -251,7 +272,7 @@ def triton_backward(
     if has_read:  # a persistent grid: grad_c partials bounded by max_programs, not by n
         progs, chunk = reduction_grid(n, x.device)
     else:  # no reduction over tokens: every row block its own program
-        chunk = _rows_per_program(n)
+        chunk = delta_rows(n, bd * bv)
         progs = triton.cdiv(n, chunk)
     grid = (progs,)
     g = g.contiguous()
@@ -269,7 +290,8 @@ def triton_backward(
         _delta_bwd_kernel, grid,
         (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, d, dv, k_eps * k_eps / d,
          1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, BLOCK_D=bd, BLOCK_V=bv,
+        num_warps=min(READ_BWD_WARPS, delta_warps(bd * bv)) if has_read else delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
 

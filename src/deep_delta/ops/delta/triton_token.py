@@ -35,15 +35,19 @@ import triton.language as tl
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 from deep_delta.ops.delta.triton import (
     _blocks,
-    _num_warps,
     _token_update,
     check_device,
+    delta_warps,
     max_programs,
     sum_partials,
 )
 from deep_delta.ops.launch import launch
 
-CHUNK = 32  # tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
+CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
+# backward tokens per chunk of the persistent loop (no halo there): 8 measured fastest, with 16 warps for the
+# (K, d, d_v) taps and their gradient held in registers (tune_kernels.py on an H200, 2026-11-26: 1.11x against
+# 32 tokens and 8 warps; 4 warps spill and run at half the speed)
+BWD_CHUNK = 8
 
 
 @triton.jit
@@ -136,8 +140,8 @@ def _delta_tc_bwd_kernel(
              mask=mq[:, None, None] & mt[None, :, :])
 
 
-def _chunk(t: int) -> int:
-    return min(CHUNK, triton.next_power_of_2(max(t, 1)))
+def _chunk(t: int, most: int) -> int:
+    return min(most, triton.next_power_of_2(max(t, 1)))
 
 
 def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False):
@@ -146,7 +150,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     bd, bv = _blocks(d, dv)
-    chunk = _chunk(t)
+    chunk = _chunk(t, CHUNK)
     out = torch.empty_like(x)
     xin = torch.empty(bsz, t, d, dtype=x.dtype, device=x.device)
     delta = torch.empty(bsz, t, dv, dtype=torch.float32, device=x.device) if want_delta else None
@@ -154,7 +158,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
         _delta_tc_fwd_kernel, (bsz, triton.cdiv(t, chunk)),
         (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(5, 6, 7), HAS_DELTA=want_delta, KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk,
-        BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
@@ -165,7 +169,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     bd, bv = _blocks(d, dv)
-    chunk = _chunk(t)
+    chunk = _chunk(t, BWD_CHUNK)
     per_seq = triton.cdiv(t, chunk)
     n_chunks = bsz * per_seq
     programs = min(n_chunks, max_programs(x.device))
@@ -177,7 +181,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
         (x, k, v, beta, w, g.contiguous(), gin, gx, gk, gv, gbeta, gw_part, t, d, dv, n_chunks, per_seq,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk, BLOCK_D=bd,
-        BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        BLOCK_V=bv, num_warps=delta_warps(ks * bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
