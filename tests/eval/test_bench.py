@@ -4,6 +4,7 @@ step, the cost table and the kernel tables (no test asserts timings)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -56,6 +57,19 @@ def test_run_bench_rows_and_factors():
     assert "| Baseline | " in table and "| DDL-CC | " in table
     base_line = next(line for line in table.splitlines() if line.startswith("| Baseline"))
     assert base_line.count("| 1.00 |") == 4  # every factor of the baseline is 1
+
+
+def test_bench_without_decode():
+    """decode_tokens 0: no decode measured (the column reads "-"), the other columns as usual."""
+    s = BenchSettings(variants=["baseline", "ddl-dv1"], batch_size=1, seq_len=8, steps=1, repeats=1, warmup=0,
+                      decode_tokens=0, model=DEBUG)
+    rows = run_bench(s)
+    assert all(math.isnan(x) for r in rows for x in r.decode_samples)
+    assert all(r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 for r in rows)
+    table = bench_table(rows, s.resolved())
+    assert "decode: not measured" in table
+    line = next(line for line in table.splitlines() if line.startswith("| DDL"))
+    assert line.split("|")[7:9] == [" - ", " - "]
 
 
 def test_ddl_bench_cli_writes_markdown_and_json(tmp_path, capsys):

@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                    help="interleaved repeats; the median is reported (default 5)")
     p.add_argument("--warmup", type=options.integer, default=1, metavar="W", help="untimed warm-up rounds per variant (default 1)")
     p.add_argument("--decode-tokens", type=options.integer, default=32, metavar="N",
-                   help="decode steps timed per repeat (default 32)")
+                   help="decode steps timed per repeat; 0: no decode column (default 32)")
     p.add_argument("--compile", action="store_true",
                    help="compile each block for the training step, as `ddl train --set compile=true`, and "
                    "decode with the fixed-shape cache and one compiled step (CUDA graphs on CUDA; "

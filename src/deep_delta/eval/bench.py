@@ -24,6 +24,7 @@ during a step (:meth:`deep_delta.eval.step_bench.StepSubject.peak_train_memory`)
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections.abc import Callable, Sequence
@@ -125,7 +126,7 @@ class _Subject(StepSubject):
 
         return {"train": tokens * s.steps / timed(train, self.device),
                 "prefill": tokens / timed(self.prefill, self.device),
-                "decode": s.batch_size * s.decode_tokens / self.decode()}
+                "decode": s.batch_size * s.decode_tokens / self.decode() if s.decode_tokens else math.nan}
 
 
 def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = None) -> list[BenchRow]:
@@ -160,7 +161,13 @@ def _device_name(device: str) -> str:
 
 
 def _fmt_rate(x: float) -> str:
+    if math.isnan(x):  # not measured (decode_tokens 0)
+        return "-"
     return f"{x / 1e3:.1f}K" if x >= 1e3 else f"{x:.0f}"
+
+
+def _fmt_factor(x: float, base: float) -> str:
+    return "-" if math.isnan(x) else f"{x / base:.2f}"
 
 
 def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
@@ -173,8 +180,10 @@ def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
     lines = [
         f"Cost of one training step{compiled} (the trainer's: clip 1.0, AdamW) and of inference, preset {s.preset}, "
         f"{dtype_label(s.dtype)}, batch {s.batch_size} x {s.seq_len} tokens, on {_device_name(s.device)}; median of {s.repeats} interleaved repeats "
-        f"({s.steps} train steps each; decode: {s.decode_tokens} tokens after a {s.seq_len - s.decode_tokens}-token "
-        f"prefill). Peak memory: weights + grads + AdamW state + peak transient of a step ({mem_method}). "
+        f"({s.steps} train steps each; decode: "
+        + (f"{s.decode_tokens} tokens after a {s.seq_len - s.decode_tokens}-token prefill" if s.decode_tokens
+           else "not measured") + "). "
+        f"Peak memory: weights + grads + AdamW state + peak transient of a step ({mem_method}). "
         f"Factors (x) are relative to {base.name}.",
         "",
         "| Model | Params | Train tok/s | x | Prefill tok/s | x | Decode tok/s | x | Peak train memory | x |",
@@ -185,7 +194,7 @@ def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
             f"| {r.name} | {r.params / 1e6:.3f}M ({100 * (r.params - base.params) / base.params:+.2f}%) "
             f"| {_fmt_rate(r.train_tokens_per_s)} | {r.train_tokens_per_s / base.train_tokens_per_s:.2f} "
             f"| {_fmt_rate(r.prefill_tokens_per_s)} | {r.prefill_tokens_per_s / base.prefill_tokens_per_s:.2f} "
-            f"| {_fmt_rate(r.decode_tokens_per_s)} | {r.decode_tokens_per_s / base.decode_tokens_per_s:.2f} "
+            f"| {_fmt_rate(r.decode_tokens_per_s)} | {_fmt_factor(r.decode_tokens_per_s, base.decode_tokens_per_s)} "
             f"| {r.peak_memory_bytes / 2**20:.1f} MiB | {r.peak_memory_bytes / base.peak_memory_bytes:.2f} |"
         )
     return "\n".join(lines)

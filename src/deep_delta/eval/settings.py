@@ -49,12 +49,13 @@ class BenchSettings:
         t = self.seq_len if self.seq_len is not None else min(t, ctx)
         for name, value, lo in (("batch_size", b, 1), ("seq_len", t, 2), ("steps", self.steps, 1),
                                 ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
-                                ("decode_tokens", self.decode_tokens, 1)):
+                                ("decode_tokens", self.decode_tokens, 0)):
             check_int(name, value, lo)
         if t > ctx:
             raise ValueError(f"`seq_len` got {t}; allowed: 2..{ctx} (the preset's context)")
         if self.decode_tokens >= t:
-            raise ValueError(f"`decode_tokens` got {self.decode_tokens}; allowed: 1..{t - 1} (below `seq_len`)")
+            raise ValueError(f"`decode_tokens` got {self.decode_tokens}; allowed: 0..{t - 1} (below `seq_len`; 0: no "
+                             "decode)")
         if not isinstance(self.compile, bool):
             raise ValueError(f"`compile` got {self.compile!r}; allowed: true | false")
         return BenchSettings(self.preset, variants, device, self.dtype, b, t, self.steps, self.repeats,
