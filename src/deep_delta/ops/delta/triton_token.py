@@ -44,10 +44,11 @@ from deep_delta.ops.delta.triton import (
 from deep_delta.ops.launch import launch
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
-# backward tokens per chunk of the persistent loop (no halo there): 8 measured fastest, with 16 warps for the
-# (K, d, d_v) taps and their gradient held in registers (tune_kernels.py on an H200, 2026-11-26: 1.11x against
-# 32 tokens and 8 warps; 4 warps spill and run at half the speed)
-BWD_CHUNK = 8
+# backward tokens per chunk of the persistent loop (no halo there). Alone, 8 tokens with 16 warps ran 1.09x faster
+# than 32 with 8 (tune_kernels.py on an H200, 2026-11-26), but the compiled training step of DDL-TC with them ran
+# at 0.34x the baseline on that H200 against 0.49x with these on an H100 (2026-11-25), with no same-device run of
+# the step to tell the device from the change: these stay until one does (benchmarks/h100/README.md)
+BWD_CHUNK = 32
 UNROLL = 1  # the token loops (forward and backward) unrolled this many times
 
 
@@ -183,7 +184,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
         (x, k, v, beta, w, g.contiguous(), gin, gx, gk, gv, gbeta, gw_part, t, d, dv, n_chunks, per_seq,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk, BLOCK_D=bd,
-        BLOCK_V=bv, UNROLL=UNROLL, num_warps=delta_warps(ks * bd * bv),
+        BLOCK_V=bv, UNROLL=UNROLL, num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
