@@ -75,10 +75,10 @@ def main(argv=None) -> int:
             return timed(steps, device)
 
     @torch.no_grad()
-    def agree(v, steps=4):
+    def agree(v):
         """Largest |logit difference| of the compiled static step against the eager dynamic cache, fed the same
         tokens, relative to the largest |logit| (bf16 rounding differs between the two: about 1e-2)."""
-        m, dec = models[v], decoders[v]
+        m, dec, steps = models[v], decoders[v], min(4, n)  # the cache holds n positions past the prompt
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             dec.reset()
             ls = [dec.prefill(ids)]

@@ -1,0 +1,62 @@
+"""The device-session probes of benchmarks/h100/ run end to end on CPU, so a broken probe is found here and not
+on the GPU machine, where each minute is scarce (the kernels under the Triton interpreter; the decoder traced with
+torch.compile's "eager" backend)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "h100" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):
+    import deep_delta.ops.delta.triton as dt
+    import deep_delta.ops.delta.triton_token as tt
+
+    before = (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, tt.CHUNK, tt.BWD_CHUNK, dt.launch)
+    tune = _load("tune_kernels")
+    assert tune.main(["--device", "cpu", "--quick", "--dvs", "1", "--only", "delta fwd", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "tune_kernels.json").read_text())
+    assert rows[0]["setting"] == "library"
+    assert {tuple(sorted(r["setting"].items())) for r in rows[1:]} == {
+        (("rows", r), ("warps", w)) for r in (1, 4) for w in (1,)
+    }
+    assert all(r["ms"] > 0 and r["gbs"] > 0 for r in rows)
+    assert "### delta fwd, d_v = 1" in (tmp_path / "tune_kernels.md").read_text()
+    assert (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, tt.CHUNK, tt.BWD_CHUNK, dt.launch) == before
+
+
+def test_decode_probe_times_both_paths_and_compares_logits(tmp_path, monkeypatch):
+    import deep_delta.hf.decode as decode
+
+    monkeypatch.setattr(decode, "DEFAULT_BACKEND", "eager")
+    probe = _load("decode_probe")
+    args = ["--device", "cpu", "--preset", "tiny", "--variants", "baseline", "ddl-cc", "--batch", "2", "--seq", "16",
+            "--tokens", "3", "--repeats", "1", "--dtype", "float32", "--out", str(tmp_path)]
+    assert probe.main(args) == 0
+    table = (tmp_path / "decode_probe.md").read_text()
+    line = next(x for x in table.splitlines() if x.startswith("| ddl-cc"))
+    err = float(line.split("|")[7])
+    assert err < 1e-4, line  # fp32: the static cache gives the dynamic cache's logits
+    samples = json.loads((tmp_path / "decode_probe.json").read_text())
+    assert set(samples) == {f"{v} {m}" for v in ("baseline", "ddl-cc") for m in ("eager", "static")}
+    assert all(s > 0 and not math.isnan(s) for v in samples.values() for s in v)
+
+
+@pytest.mark.parametrize("script", ["session.sh"])
+def test_session_script_parses(script):
+    import subprocess
+
+    subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "h100" / script)], check=True)
