@@ -84,8 +84,8 @@ def _num_warps(block: int) -> int:
 # The delta kernels' launch parameters, chosen by measurement (benchmarks/h100/tune_kernels.py on an H200,
 # 32 x 1024 tokens, d = 768, bf16 state; benchmarks/h100/README.md, 2026-11-26): one token per program for a
 # (d, d_v) tile of 4096 elements or more, and one warp per 512 fp32 values a program holds per token.
-# Against the earlier 4 tokens and 8 warps: forward 1.25x, forward + CC read 1.7x, backward 1.7x (d_v = 4),
-# backward 1.2x (d_v = 1).
+# Against the earlier 4 tokens and 8 warps: forward 1.25x, forward + CC read 1.7x, backward 1.7x (d_v = 4);
+# backward 1.2x (d_v = 1) is within the noise of those timings.
 def delta_warps(elements: int) -> int:
     """Warps per program of a delta kernel holding ``elements`` fp32 values per token: one per 512, 1 to 16."""
     return max(1, min(16, elements // 512))
