@@ -31,15 +31,13 @@ from deep_delta.ops.launch import count_traffic, launch
 
 
 @contextlib.contextmanager
-def settings(warps=None, rows=None, per_sm=None, chunk=None, unroll=None, stages=None):
+def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None):
     """Patch the library's launch heuristics for the duration (None: keep the library's choice)."""
     names = [(dt, "delta_warps"), (tt, "delta_warps"), (dt, "READ_BWD_WARPS"), (dt, "delta_rows"),
-             (dt, "PROGRAMS_PER_SM"), (dt, "MAX_PROGRAMS"), (tt, "CHUNK"), (tt, "BWD_CHUNK"), (dt, "BWD_UNROLL"),
-             (tt, "UNROLL"), (dt, "launch"), (tt, "launch")]
+             (dt, "PROGRAMS_PER_SM"), (dt, "MAX_PROGRAMS"), (tt, "CHUNK"), (tt, "BWD_CHUNK"), (dt, "launch"),
+             (tt, "launch")]
     saved = [getattr(m, a) for m, a in names]
     try:
-        if unroll is not None:
-            dt.BWD_UNROLL = tt.UNROLL = unroll
         if stages is not None:  # the launch's num_stages (software pipelining of the loops' loads)
             dt.launch = tt.launch = functools.partial(launch, num_stages=stages)
         if warps is not None:
@@ -132,17 +130,17 @@ def main(argv=None) -> int:
     ap.add_argument("--taps", type=int, default=4)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", nargs="*", default=None, help="kernel names (as printed) to sweep; default all")
-    ap.add_argument("--params", nargs="*", default=None, choices=["warps", "rows", "per_sm", "chunk", "unroll", "stages"],
+    ap.add_argument("--params", nargs="*", default=None, choices=["warps", "rows", "per_sm", "chunk", "stages"],
                     help="sweep these parameters for every kernel (the others at the library's choice); default: "
                          "each kernel's own launch parameters")
     ap.add_argument("--quick", action="store_true", help="a tiny shape and two settings per parameter (CPU smoke)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    grid = dict(warps=[4, 8, 16], rows=[1, 2, 4], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32, 64], unroll=[1, 2],
+    grid = dict(warps=[4, 8, 16], rows=[1, 2, 4], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32, 64],
                 stages=[1, 2, 3, 4])
     if args.quick:
         args.batch, args.seq, args.d, args.iters = 2, 8, 12, 1
-        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], unroll=[1, 2], stages=[1, 2])
+        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], stages=[1, 2])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"

@@ -99,7 +99,6 @@ def delta_rows(n: int, tile: int) -> int:
 
 # the fused CC read's backward (a persistent grid holding the grad_c accumulator too): 4 warps measured fastest
 READ_BWD_WARPS = 4
-BWD_UNROLL = 1  # the backward's token loop unrolled this many times
 
 
 @triton.jit
@@ -156,10 +155,9 @@ def _delta_bwd_kernel(
     X, K, V, BETA, G, GIN, C,
     GX, GK, GV, GBETA, GC_PART,
     N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr,
+    HAS_READ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the read, grad_c of the chunk in registers, one partial.
-    UNROLL: the token loop's unroll factor (the loads of the next tokens issued with this one's math)."""
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the read, grad_c of the chunk in registers, one partial."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -169,7 +167,7 @@ def _delta_bwd_kernel(
     if HAS_READ:
         c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
         gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-    for r in tl.range(0, CHUNK, loop_unroll_factor=UNROLL):
+    for r in range(0, CHUNK):
         n = pid * CHUNK + r
         n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
         n_v = (offs_v * 0) + n
@@ -292,7 +290,7 @@ def triton_backward(
         _delta_bwd_kernel, grid,
         (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, d, dv, k_eps * k_eps / d,
          1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, BLOCK_D=bd, BLOCK_V=bv, UNROLL=BWD_UNROLL,
+        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, BLOCK_D=bd, BLOCK_V=bv,
         num_warps=min(READ_BWD_WARPS, delta_warps(bd * bv)) if has_read else delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None

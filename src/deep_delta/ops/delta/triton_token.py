@@ -49,7 +49,6 @@ CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 to
 # at 0.34x the baseline on that H200 against 0.49x with these on an H100 (2026-11-25), with no same-device run of
 # the step to tell the device from the change: these stay until one does (benchmarks/h100/README.md)
 BWD_CHUNK = 32
-UNROLL = 1  # the token loops (forward and backward) unrolled this many times
 
 
 @triton.jit
@@ -57,7 +56,7 @@ def _delta_tc_fwd_kernel(
     X, K, V, BETA, W, OUT, XIN, DELTA,
     T, D, DV, eps2_over_d, inv_sqrt_d,
     HAS_DELTA: tl.constexpr, KS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, UNROLL: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0)
     t0 = tl.program_id(1) * CHUNK
@@ -72,7 +71,7 @@ def _delta_tc_fwd_kernel(
     pending = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
     start = tl.maximum(t0 - (KS - 1), 0)
     stop = tl.minimum(t0 + CHUNK, T)
-    for t in tl.range(start, stop, loop_unroll_factor=UNROLL):
+    for t in range(start, stop):
         n = b * T + t
         keep_d = md & (((offs_d * 0) + t) >= t0)  # halo tokens are computed, not stored
         keep_v = mv & (((offs_v * 0) + t) >= t0)
@@ -100,7 +99,6 @@ def _delta_tc_bwd_kernel(
     GX, GK, GV, GBETA, GW_PART,
     T, D, DV, n_chunks, chunks_per_seq, eps2_over_d, inv_sqrt_d,
     KS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-    UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -118,7 +116,7 @@ def _delta_tc_bwd_kernel(
     for chunk in range(pid, n_chunks, programs):
         b = chunk // chunks_per_seq
         t0 = (chunk % chunks_per_seq) * CHUNK
-        for t in tl.range(t0, tl.minimum(t0 + CHUNK, T), loop_unroll_factor=UNROLL):
+        for t in range(t0, tl.minimum(t0 + CHUNK, T)):
             n = b * T + t
             x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV,
                                                          eps2_over_d, inv_sqrt_d)
@@ -161,7 +159,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
         _delta_tc_fwd_kernel, (bsz, triton.cdiv(t, chunk)),
         (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(5, 6, 7), HAS_DELTA=want_delta, KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk,
-        BLOCK_D=bd, BLOCK_V=bv, UNROLL=UNROLL, num_warps=delta_warps(bd * bv),
+        BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
@@ -184,7 +182,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
         (x, k, v, beta, w, g.contiguous(), gin, gx, gk, gv, gbeta, gw_part, t, d, dv, n_chunks, per_seq,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk, BLOCK_D=bd,
-        BLOCK_V=bv, UNROLL=UNROLL, num_warps=delta_warps(bd * bv),
+        BLOCK_V=bv, num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
