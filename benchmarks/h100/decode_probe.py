@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from deep_delta.eval.timing import interleaved, timed
-from deep_delta.hf.decode import StaticDecoder
-from deep_delta.models import DDLConfig, DDLForCausalLM
+from deep_delta.eval.bench import _Subject
+from deep_delta.eval.settings import BenchSettings
+from deep_delta.eval.timing import interleaved
 from deep_delta.models.ddl import output_cache
 
 
@@ -37,49 +37,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
     n = args.tokens
-    models, decoders = {}, {}
-    for v in args.variants:
-        torch.manual_seed(0)
-        cfg = DDLConfig.from_variant(v, args.preset, max_position_embeddings=max(args.seq, 1024))
-        models[v] = DDLForCausalLM(cfg).to(device).eval()
-        decoders[v] = StaticDecoder(models[v], args.batch, args.seq, compile=True)
-    ids = torch.randint(0, 256, (args.batch, args.seq - n), generator=torch.Generator().manual_seed(0)).to(device)
-
-    @torch.no_grad()
-    def eager(v):
-        m = models[v]
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            out = m(input_ids=ids, use_cache=True, logits_to_keep=1)
-
-            def steps():
-                o = out
-                for _ in range(n):
-                    o = m(input_ids=o.logits[:, -1:].argmax(-1), cache=output_cache(o), use_cache=True)
-
-            return timed(steps, device)
-
-    @torch.no_grad()
-    def static(v):
-        dec = decoders[v]
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            dec.reset()
-            first = dec.prefill(ids)
-
-            def steps():
-                logits = first
-                for _ in range(n):
-                    logits = dec.step(logits.argmax(-1))
-
-            return timed(steps, device)
+    # `ddl bench`'s own subjects and decode loops, without its compiled training step (not compiled unless run)
+    s = BenchSettings(args.preset, args.variants, str(device), args.dtype, args.batch, args.seq,
+                      decode_tokens=n).resolved()
+    subs = {v: _Subject(v, s, device) for v in args.variants}
 
     @torch.no_grad()
     def agree(v):
         """Largest |logit difference| of the compiled static step against the eager dynamic cache, fed the same
         tokens, relative to the largest |logit| (bf16 rounding differs between the two: about 1e-2)."""
-        m, dec, steps = models[v], decoders[v], min(4, n)  # the cache holds n positions past the prompt
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        sub, steps = subs[v], min(4, n)  # the cache holds n positions past the prompt
+        m, dec, ids = sub.model, sub.decoder, sub.x[:, : args.seq - n]
+        with sub.autocast:
             dec.reset()
             ls = [dec.prefill(ids)]
             toks = []
@@ -97,12 +67,12 @@ def main(argv=None) -> int:
     err = {}
     for v in args.variants:  # compile (and capture the graphs) once, untimed, reported
         s = time.perf_counter()
-        static(v)
+        subs[v].decode(static=True)
         err[v] = agree(v)
         print(f"{v}: first static decode (compilation) {time.perf_counter() - s:.1f} s; static vs eager logits: "
               f"max relative difference {err[v]:.2e}", flush=True)
-    cases = {f"{v} eager": (lambda v=v: eager(v)) for v in args.variants}
-    cases.update({f"{v} static": (lambda v=v: static(v)) for v in args.variants})
+    cases = {f"{v} {kind}": (lambda v=v, st=st: subs[v].decode(static=st))
+             for kind, st in (("eager", False), ("static", True)) for v in args.variants}
     samples = interleaved(cases, args.repeats, warmup=1)
     rate = {k: args.batch * n / statistics.median(s) for k, s in samples.items()}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

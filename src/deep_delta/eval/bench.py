@@ -80,10 +80,11 @@ class _Subject(StepSubject):
             self.model(input_ids=self.x, use_cache=True, logits_to_keep=1)
 
     @torch.no_grad()
-    def decode(self) -> float:
-        """Prefill T - n tokens (untimed), then time n one-token steps; returns the decode seconds."""
+    def decode(self, static: bool | None = None) -> float:
+        """Prefill T - n tokens (untimed), then time n one-token steps; returns the decode seconds. ``static``:
+        the fixed-shape cache and the compiled step (default: when the bench compiles), else the dynamic cache."""
         self.model.eval()
-        if self.compiled:
+        if self.compiled if static is None else static:
             return self._decode_static()
         n = self.s.decode_tokens
         with self.autocast, self._eager():
