@@ -86,11 +86,18 @@ def op_steps(dtype: torch.dtype) -> dict:
     }
 
 
-def captured_launches(dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
-    """(op, kernel, args, meta) of every launch of every op, in order (fake tensors, dry launches)."""
+def captured_launches(dtype: torch.dtype, ops: list[str] | None = None) -> list[tuple[str, object, tuple, dict]]:
+    """(op, kernel, args, meta) of every launch of every op (or of the ops named in ``ops``), in order (fake
+    tensors, dry launches)."""
     out = []
     with FakeTensorMode():
-        for op, step in op_steps(dtype).items():
+        steps = op_steps(dtype)
+        unknown = sorted(set(ops or ()) - set(steps))
+        if unknown:
+            raise ValueError(f"--ops: unknown op(s) {unknown}; allowed: {sorted(steps)}")
+        for op, step in steps.items():
+            if ops and op not in ops:
+                continue
             with count_traffic(dry=True, keep_calls=True) as counter:
                 step()
             out += [(op, kernel, args, meta) for kernel, _, args, meta in counter.calls]
@@ -139,11 +146,11 @@ def resources(src: ASTSource, num_warps: int, tmp: str) -> tuple[int, int]:
     return int(reg.group(1)), int(local.group(1)) + int(stack.group(1))
 
 
-def report(dtypes: list[torch.dtype], warps: tuple[int, ...], progress) -> str:
+def report(dtypes: list[torch.dtype], warps: tuple[int, ...], progress, ops: list[str] | None = None) -> str:
     rows, seen = [], set()
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in dtypes:
-            for op, kernel, args, meta in captured_launches(dtype):
+            for op, kernel, args, meta in captured_launches(dtype, ops):
                 src, label = source(kernel, args, meta)
                 key = (kernel.__name__, tuple(sorted(src.signature.items())), label)
                 if key in seen:
@@ -173,10 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     p.add_argument("--warps", nargs="+", type=int, default=list(WARPS))
+    p.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                   help="only these ops, by their row name (e.g. 'update + TC read'); default: every op")
     p.add_argument("--out", default=None, help="also write the markdown table to this file")
     args = p.parse_args(argv)
-    text = report([getattr(torch, n) for n in args.dtypes], tuple(args.warps),
-                  lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        text = report([getattr(torch, n) for n in args.dtypes], tuple(args.warps),
+                      lambda m: print(m, file=sys.stderr, flush=True), args.ops)
+    except ValueError as err:
+        p.error(str(err))
     print(text)
     if args.out:
         with open(args.out, "w") as fh:

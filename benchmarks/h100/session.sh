@@ -7,7 +7,10 @@
 # variant interleaved, no decode column (60 s on an H200). decode: decode_probe.py, eager decode with the dynamic
 # cache against the StaticDecoder's compiled step replayed as a CUDA graph, 8 sequences after a 992-token prefill,
 # with the two paths' logits compared (100 s). recompute (not in the default): the eager bench with
-# recompute_states=true (the state rebuild; a no-op for the baseline). Logs and tables go to $OUT (or ./gpu_out).
+# recompute_states=true (the state rebuild; a no-op for the baseline). before (not in the default; needs
+# BEFORE=DIR, a directory holding an older checkout's src/, e.g. `git archive <commit> src | tar -x -C DIR`):
+# that library's own launch choices timed by this checkout's tune_kernels.py (--no-sweep) and its compiled bench,
+# in this call, so that a before/after is measured on one machine. Logs and tables go to $OUT (or ./gpu_out).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -34,6 +37,13 @@ for s in $steps; do
     compiled) timeout 330 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 --compile \
              --batch-size 32 --repeats 3 --decode-tokens 0 --out "$OUT/bench_small_bf16_compiled_32x1024.md" 2>&1 \
              | tee "$OUT/bench_compiled.log" | tail -30 ;;
+    before) [ -d "${BEFORE:-}/src" ] || { echo "before: set BEFORE to a directory with an older src/"; continue; }
+            mkdir -p "$OUT/before/tune"
+            PYTHONPATH=$BEFORE/src timeout 120 $PY benchmarks/h100/tune_kernels.py --no-sweep --out "$OUT/before/tune" \
+              2>&1 | tee "$OUT/before/tune.log" | grep '^###'
+            PYTHONPATH=$BEFORE/src timeout 330 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 \
+              --compile --batch-size 32 --repeats 3 --decode-tokens 0 \
+              --out "$OUT/before/bench_small_bf16_compiled_32x1024.md" 2>&1 | tee "$OUT/before/bench_compiled.log" | tail -12 ;;
     decode) timeout 200 $PY benchmarks/h100/decode_probe.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -12 ;;
   esac
 done

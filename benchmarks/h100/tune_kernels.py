@@ -31,25 +31,28 @@ from deep_delta.ops.launch import count_traffic, launch
 
 
 @contextlib.contextmanager
-def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None):
+def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefetch=None):
     """Patch the library's launch heuristics for the duration (None: keep the library's choice)."""
-    names = [(dt, "delta_warps"), (tt, "delta_warps"), (dt, "READ_BWD_WARPS"), (dt, "delta_rows"),
-             (dt, "PROGRAMS_PER_SM"), (dt, "MAX_PROGRAMS"), (tt, "CHUNK"), (tt, "BWD_CHUNK"), (dt, "launch"),
-             (tt, "launch")]
+    names = [(dt, "delta_warps"), (tt, "delta_warps"), (dt, "READ_BWD_WARPS"), (tt, "GRAD_W_WARPS"),
+             (dt, "delta_rows"), (tt, "delta_rows"), (dt, "PROGRAMS_PER_SM"), (dt, "MAX_PROGRAMS"), (tt, "CHUNK"),
+             (tt, "PREFETCH"), (dt, "launch"), (tt, "launch")]
+    names = [(m, a) for m, a in names if hasattr(m, a)]  # an older library (a before-run) may lack some
     saved = [getattr(m, a) for m, a in names]
     try:
         if stages is not None:  # the launch's num_stages (software pipelining of the loops' loads)
             dt.launch = tt.launch = functools.partial(launch, num_stages=stages)
         if warps is not None:
             dt.delta_warps = tt.delta_warps = lambda elements, w=warps: w
-            dt.READ_BWD_WARPS = warps
+            dt.READ_BWD_WARPS = tt.GRAD_W_WARPS = warps
         if rows is not None:
-            dt.delta_rows = lambda n, tile, r=rows: r
+            dt.delta_rows = tt.delta_rows = lambda n, tile, r=rows: r
         if per_sm is not None:
             dt.PROGRAMS_PER_SM = per_sm
             dt.MAX_PROGRAMS = per_sm * 4  # off CUDA (the smoke test): a small grid that still varies
         if chunk is not None:
-            tt.CHUNK = tt.BWD_CHUNK = chunk
+            tt.CHUNK = chunk
+        if prefetch is not None:
+            tt.PREFETCH = prefetch
         yield
     finally:
         for (m, a), v in zip(names, saved):
@@ -78,11 +81,11 @@ def kernels(a, eps=1e-5):
     f = flat
     return {  # the likeliest to gain first: a short call may be cut off
         "delta bwd + TC read": (lambda: tt.token_read_backward(a["g"], a["gin"], a["x"], a["k"], a["v"], a["beta"],
-                                                               a["w"], eps), ("warps", "chunk", "per_sm")),
+                                                               a["w"], eps), ("warps", "rows", "per_sm")),
         "delta bwd + CC read": (lambda: dt.triton_backward(g, gin, f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
                                 ("warps", "per_sm")),
         "delta fwd + TC read": (lambda: tt.token_read_forward(a["x"], a["k"], a["v"], a["beta"], a["w"], eps),
-                                ("warps", "chunk")),
+                                ("warps", "chunk", "prefetch")),
         "delta fwd + CC read": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
                                 ("warps", "rows")),
         "delta bwd": (lambda: dt.triton_backward(g, None, f["x"], f["k"], f["v"], f["beta"], None, eps),
@@ -125,17 +128,20 @@ def main(argv=None) -> int:
     ap.add_argument("--taps", type=int, default=4)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", nargs="*", default=None, help="kernel names (as printed) to sweep; default all")
-    ap.add_argument("--params", nargs="*", default=None, choices=["warps", "rows", "per_sm", "chunk", "stages"],
+    ap.add_argument("--params", nargs="*", default=None,
+                    choices=["warps", "rows", "per_sm", "chunk", "stages", "prefetch"],
                     help="sweep these parameters for every kernel (the others at the library's choice); default: "
                          "each kernel's own launch parameters")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="time the library's own choice only (e.g. an older checkout, for a before/after)")
     ap.add_argument("--quick", action="store_true", help="a tiny shape and two settings per parameter (CPU smoke)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     grid = dict(warps=[4, 8, 16], rows=[1, 2, 4], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32, 64],
-                stages=[1, 2, 3, 4])
+                stages=[1, 2, 3, 4], prefetch=[False, True])
     if args.quick:
         args.batch, args.seq, args.d, args.iters = 2, 8, 12, 1
-        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], stages=[1, 2])
+        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], stages=[1, 2], prefetch=[False, True])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"
@@ -147,7 +153,7 @@ def main(argv=None) -> int:
     for dv in args.dvs:
         a = inputs(args.batch, args.seq, args.d, dv, args.taps, device, torch.bfloat16)
         for kname, (fn, params) in kernels(a).items():
-            params = tuple(args.params) if args.params else params
+            params = () if args.no_sweep else tuple(args.params) if args.params else params
             if args.only and kname not in args.only:
                 continue
             if dv == 1 and "read" in kname:  # d_v = 1 has no compressor

@@ -3,8 +3,8 @@
 The reference is the two plain ops in a row: ``delta_update_reference`` then ``token_compress_reference``
 of the new state. The kernels run under ``TRITON_INTERPRET=1`` on CPU. Sizes are odd (d = 37, d_v = 3) and
 the chunk of tokens per program is made small (4) so that the halo (the K-1 tokens recomputed before each
-chunk) crosses chunk and sequence boundaries; the backward's persistent grid is made small (3 programs) so
-that programs loop over several chunks. Tolerances: fp32 1e-5 relative (the same arithmetic in another
+chunk) crosses chunk and sequence boundaries; the taps' gradient's persistent grid is made small (3 programs)
+so that each program's chunk of tokens crosses sequences. K = 5 takes two groups of taps (a second grid axis). Tolerances: fp32 1e-5 relative (the same arithmetic in another
 order); bf16 state 2e-2 relative (one bf16 rounding of each stored value, as the reference's).
 """
 
@@ -50,7 +50,6 @@ def _reference(x, k, v, beta, w):
 @pytest.fixture
 def small_grid(monkeypatch):
     monkeypatch.setattr(tt, "CHUNK", 4)
-    monkeypatch.setattr(tt, "BWD_CHUNK", 2)  # the backward's chunks need not be the forward's
     monkeypatch.setattr(dt, "MAX_PROGRAMS", 3)
 
 
@@ -99,7 +98,7 @@ def test_lean_path_is_the_update_then_the_read():
 @pytest.mark.parametrize("tokens", [512, 8192])
 def test_partial_buffer_is_bounded_by_the_programs(monkeypatch, tokens):
     """grad_w's partial buffer holds one (K, d, d_v) tile per program, at most MAX_PROGRAMS, for any token count."""
-    monkeypatch.setattr(tt, "max_programs", lambda device: 5)  # on CUDA too (there: 2 x the SM count)
+    monkeypatch.setattr(dt, "max_programs", lambda device: 5)  # on CUDA too (there: 2 x the SM count)
     d, dv, ks = 16, 4, 4
     x, k, v, beta, w = _inputs(2, tokens // 2, d, dv, ks, torch.float32)
     with count_traffic(dry=True) as c:

@@ -35,7 +35,8 @@ from deep_delta.ops.launch import launch
 
 
 @triton.jit
-def _cc_fwd_kernel(X, C, XIN, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+def _cc_fwd_kernel(X, C, XIN, N, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+                   BLOCK_V: tl.constexpr):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -52,7 +53,8 @@ def _cc_fwd_kernel(X, C, XIN, N, D, DV, ROWS: tl.constexpr, BLOCK_D: tl.constexp
 
 
 @triton.jit
-def _cc_bwd_kernel(X, C, G, GX, GC_PART, N, CHUNK, D, DV, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+def _cc_bwd_kernel(X, C, G, GX, GC_PART, N, CHUNK, D, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+                   BLOCK_V: tl.constexpr):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK): grad_x per token, grad_c of the chunk in registers, one partial."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -76,8 +78,9 @@ def _cc_bwd_kernel(X, C, G, GX, GC_PART, N, CHUNK, D, DV, BLOCK_D: tl.constexpr,
 
 @triton.jit
 def _tc_fwd_kernel(
-    XP, W, XIN, N, T, L, D, DV,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    XP, W, XIN, N, T, L, D,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     """Output row n = (b, t) in [0, B*T); input rows (b, t + P - s) of XP (B, L = P + T, d, d_v)."""
     pid = tl.program_id(0)
@@ -104,8 +107,9 @@ def _tc_fwd_kernel(
 
 @triton.jit
 def _tc_bwd_x_kernel(
-    G, W, GXP, M, T, L, D, DV,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    G, W, GXP, M, T, L, D,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     """Input row m = (b, q) in [0, B*L): grad = sum_s w_s g(b, q - P + s) for 0 <= q - P + s < T."""
     pid = tl.program_id(0)
@@ -133,8 +137,9 @@ def _tc_bwd_x_kernel(
 
 @triton.jit
 def _conv_bwd_w_kernel(
-    A, S, GW_PART, N, CHUNK, T, L, D, DV,
-    A_IS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    A, S, GW_PART, N, CHUNK, T, L, D,
+    A_IS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     """Partial ``sum_n A(b, t) * S(b, t + P - s)`` over the tokens n in [pid * CHUNK, (pid + 1) * CHUNK) for tap
     s = program_id(1), accumulated in fp32 registers; one (d, d_v) partial per (program, tap).
@@ -171,8 +176,9 @@ def _conv_bwd_w_kernel(
 
 @triton.jit
 def _ec_fwd_kernel(
-    EP, W, X, N, T, L, D, DV,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    EP, W, X, N, T, L, D,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -198,8 +204,9 @@ def _ec_fwd_kernel(
 
 @triton.jit
 def _ec_bwd_e_kernel(
-    G, W, GEP, M, T, L, D, DV,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    G, W, GEP, M, T, L, D,
+    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -227,7 +234,7 @@ def _ec_bwd_e_kernel(
 def _reduction_meta(d: int, dv: int) -> dict:
     """The meta-parameters of a persistent reduction kernel (its tokens per program are a runtime argument)."""
     bd, bv = _blocks(d, dv)
-    return dict(BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
+    return dict(BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
 
 
 def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
@@ -245,7 +252,7 @@ class ChannelCompressTriton(torch.autograd.Function):
         c = c.contiguous()
         xin = torch.empty(n, d, dtype=x.dtype, device=x.device)
         grid, meta = _launch_args(n, d, dv)
-        launch(_cc_fwd_kernel, grid, (x, c, xin, n, d, dv), writes=(2,), **meta)
+        launch(_cc_fwd_kernel, grid, (x, c, xin, n, d), writes=(2,), **meta)
         ctx.save_for_backward(x, c)
         return xin
 
@@ -257,7 +264,7 @@ class ChannelCompressTriton(torch.autograd.Function):
         meta = _reduction_meta(d, dv)
         gx = torch.empty_like(x)
         part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
-        launch(_cc_bwd_kernel, (progs,), (x, c, g.contiguous(), gx, part, n, chunk, d, dv), writes=(3, 4), **meta)
+        launch(_cc_bwd_kernel, (progs,), (x, c, g.contiguous(), gx, part, n, chunk, d), writes=(3, 4), **meta)
         return gx, sum_partials(part, c.dtype)
 
 
@@ -267,7 +274,7 @@ def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_sta
     n = b * t
     progs, chunk = reduction_grid(n, a.device, per_program_axis=kk)  # (progs, K) programs, at most max_programs
     part = torch.empty(progs, kk, d, dv, dtype=torch.float32, device=a.device)
-    launch(_conv_bwd_w_kernel, (progs, kk), (a, src, part, n, chunk, t, length, d, dv), writes=(2,),
+    launch(_conv_bwd_w_kernel, (progs, kk), (a, src, part, n, chunk, t, length, d), writes=(2,),
            A_IS_STATE=a_is_state, **_reduction_meta(d, dv))
     return sum_partials(part, w.dtype)
 
@@ -282,7 +289,7 @@ class TokenCompressTriton(torch.autograd.Function):
         n = b * t
         xin = torch.empty(b, t, d, dtype=xp.dtype, device=xp.device)
         grid, meta = _launch_args(n, d, dv)
-        launch(_tc_fwd_kernel, grid, (xp, w, xin, n, t, length, d, dv), writes=(2,), KS=w.shape[0], **meta)
+        launch(_tc_fwd_kernel, grid, (xp, w, xin, n, t, length, d), writes=(2,), KS=w.shape[0], **meta)
         ctx.save_for_backward(xp, w)
         ctx.t = t
         return xin
@@ -298,7 +305,7 @@ class TokenCompressTriton(torch.autograd.Function):
             m = b * length
             gx = torch.empty_like(xp)
             grid, meta = _launch_args(m, d, dv)
-            launch(_tc_bwd_x_kernel, grid, (g, w, gx, m, t, length, d, dv), writes=(2,), KS=w.shape[0], **meta)
+            launch(_tc_bwd_x_kernel, grid, (g, w, gx, m, t, length, d), writes=(2,), KS=w.shape[0], **meta)
         if ctx.needs_input_grad[1]:
             gw = _wgrad(g, xp, w, t, a_is_state=False)
         return gx, gw, None
@@ -315,7 +322,7 @@ class EmbedConvTriton(torch.autograd.Function):
         n = b * t
         x = torch.empty(b, t, d, dv, dtype=ep.dtype, device=ep.device)
         grid, meta = _launch_args(n, d, dv)
-        launch(_ec_fwd_kernel, grid, (ep, w, x, n, t, length, d, dv), writes=(2,), KS=kk, **meta)
+        launch(_ec_fwd_kernel, grid, (ep, w, x, n, t, length, d), writes=(2,), KS=kk, **meta)
         ctx.save_for_backward(ep, w)
         ctx.t = t
         return x
@@ -332,7 +339,7 @@ class EmbedConvTriton(torch.autograd.Function):
             m = b * length
             ge = torch.empty_like(ep)
             grid, meta = _launch_args(m, d, dv)
-            launch(_ec_bwd_e_kernel, grid, (g, w, ge, m, t, length, d, dv), writes=(2,), KS=kk, **meta)
+            launch(_ec_bwd_e_kernel, grid, (g, w, ge, m, t, length, d), writes=(2,), KS=kk, **meta)
         if ctx.needs_input_grad[1]:
             gw = _wgrad(g, ep, w, t, a_is_state=True)
         return ge, gw, None

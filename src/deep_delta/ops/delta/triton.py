@@ -102,25 +102,44 @@ READ_BWD_WARPS = 4
 
 
 @triton.jit
-def _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d):
-    """One token's update in fp32 registers, as every delta kernel (forward and backward) computes it:
+def _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
+    """Token n's k, x, v and beta as stored (not yet fp32); ok_d / ok_v mask the loads."""
+    k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0)
+    x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
+    v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0)
+    beta = tl.load(BETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+    return k, x, v, beta
+
+
+@triton.jit
+def _token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d):
+    """One token's update in fp32 registers from its loaded inputs (:func:`_token_load`):
     (x, u, rho, v, beta, p, delta) with u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d) (as
-    ops.delta.naive.unit_direction), p = u^T x, delta = beta (v - p). ok_d / ok_v mask the row's loads."""
-    k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    ops.delta.naive.unit_direction), p = u^T x, delta = beta (v - p)."""
+    k = k.to(tl.float32)
     rho = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d) * inv_sqrt_d
     u = k * rho
-    x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0).to(tl.float32)
+    x = x.to(tl.float32)
     p = tl.sum(u[:, None] * x, axis=0)
-    v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
-    beta = tl.sum(tl.load(BETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32), axis=0)
+    v = v.to(tl.float32)
+    beta = tl.sum(beta.to(tl.float32), axis=0)
     return x, u, rho, v, beta, p, beta * (v - p)
+
+
+@triton.jit
+def _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d):
+    """One token's update in fp32 registers, as every delta kernel (forward and backward) computes it:
+    :func:`_token_math` of :func:`_token_load`."""
+    k, x, v, beta = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    return _token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d)
 
 
 @triton.jit
 def _delta_fwd_kernel(
     X, K, V, BETA, OUT, C, XIN, DELTA,
-    N, D, DV, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, HAS_DELTA: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    N, D, eps2_over_d, inv_sqrt_d,
+    HAS_READ: tl.constexpr, HAS_DELTA: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -154,10 +173,13 @@ def _delta_fwd_kernel(
 def _delta_bwd_kernel(
     X, K, V, BETA, G, GIN, C,
     GX, GK, GV, GBETA, GC_PART,
-    N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    N, CHUNK, T, D, eps2_over_d, inv_sqrt_d,
+    HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the read, grad_c of the chunk in registers, one partial."""
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the CC read (HAS_READ), grad_c of the chunk in registers,
+    one partial. With TAPS > 0, C holds the next sublayer's TC taps (TAPS, d, d_v) and the state's gradient
+    gains the read's, sum_s w_s g_in[t+s] (tokens of one sequence of length T); their own gradient is another
+    kernel's (ops.delta.triton_token), so nothing is accumulated here."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -182,6 +204,12 @@ def _delta_bwd_kernel(
             g = g + gin[:, None] * c
             out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
             gc += gin[:, None] * out
+        if TAPS > 0:
+            for s in tl.static_range(TAPS):  # the read of token t + s took x'_t through tap s
+                ok_s = ok_d & ((n_d % T) + s < T)
+                gin = tl.load(GIN + (n + s) * D + offs_d, mask=ok_s, other=0.0).to(tl.float32)
+                w = tl.load(C + s * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+                g = g + w * gin[:, None]
         a = tl.sum(u[:, None] * g, axis=0)  # u^T G, (BLOCK_V,)
         gp = -beta * a
         gx = g + u[:, None] * gp[None, :]
@@ -252,8 +280,8 @@ def triton_forward(
     launch(
         _delta_fwd_kernel, (triton.cdiv(n, rows),),
         (x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
-         out if delta is None else delta, n, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
-        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+         out if delta is None else delta, n, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
+        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
@@ -288,9 +316,9 @@ def triton_backward(
         gin, gc_part, c_arg = g, g, g  # unused placeholders
     launch(
         _delta_bwd_kernel, grid,
-        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, d, dv, k_eps * k_eps / d,
+        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, 1, d, k_eps * k_eps / d,
          1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, BLOCK_D=bd, BLOCK_V=bv,
+        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, TAPS=0, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
         num_warps=min(READ_BWD_WARPS, delta_warps(bd * bv)) if has_read else delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None

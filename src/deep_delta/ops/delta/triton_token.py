@@ -35,28 +35,30 @@ import triton.language as tl
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 from deep_delta.ops.delta.triton import (
     _blocks,
+    _delta_bwd_kernel,
+    _token_load,
+    _token_math,
     _token_update,
     check_device,
+    delta_rows,
     delta_warps,
-    max_programs,
+    reduction_grid,
     sum_partials,
 )
 from deep_delta.ops.launch import launch
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
-# backward tokens per chunk of the persistent loop (no halo there). Alone, 8 tokens with 16 warps ran 1.09x faster
-# than 32 with 8 (tune_kernels.py on an H200, 2026-11-26), but the compiled training step of DDL-TC with them ran
-# at 0.34x the baseline on that H200 against 0.49x with these on an H100 (2026-11-25), with no same-device run of
-# the step to tell the device from the change: these stay until one does (benchmarks/h100/README.md)
-BWD_CHUNK = 32
+TAP_GROUP = 4  # taps per program of the taps' gradient (its kernel's four named accumulators; a grid axis covers more)
+GRAD_W_WARPS = 8
+PREFETCH = False  # the forward loads token t + 1 while computing t (more registers: 141 against 109 at 8 warps)
 
 
 @triton.jit
 def _delta_tc_fwd_kernel(
     X, K, V, BETA, W, OUT, XIN, DELTA,
-    T, D, DV, eps2_over_d, inv_sqrt_d,
+    T, D, eps2_over_d, inv_sqrt_d,
     HAS_DELTA: tl.constexpr, KS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     t0 = tl.program_id(1) * CHUNK
@@ -65,80 +67,94 @@ def _delta_tc_fwd_kernel(
     offs_q = tl.arange(0, BLOCK_K)
     md = offs_d < D
     mv = offs_v < DV
-    mq = offs_q < KS
     mt = md[:, None] & mv[None, :]
     tile = offs_d[:, None] * DV + offs_v[None, :]
-    pending = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
+    pending = tl.zeros((BLOCK_D, BLOCK_K), dtype=tl.float32)  # (d, slot): the tile's layout when BLOCK_K == BLOCK_V
     start = tl.maximum(t0 - (KS - 1), 0)
     stop = tl.minimum(t0 + CHUNK, T)
+    # PREFETCH: token t's inputs are loaded one iteration ahead (their latency behind token t-1's math, at the
+    # cost of the registers that hold them: fewer programs per SM)
+    ok_d = md & (((offs_d * 0) + start) < stop)
+    ok_v = mv & (((offs_v * 0) + start) < stop)
+    k_raw, x_raw, v_raw, b_raw = _token_load(X, K, V, BETA, b * T + start, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
     for t in range(start, stop):
         n = b * T + t
+        if PREFETCH:
+            k_cur, x_cur, v_cur, b_cur = k_raw, x_raw, v_raw, b_raw
+            ok_d = md & (((offs_d * 0) + t + 1) < stop)
+            ok_v = mv & (((offs_v * 0) + t + 1) < stop)
+            k_raw, x_raw, v_raw, b_raw = _token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+        else:
+            k_cur, x_cur, v_cur, b_cur = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV)
         keep_d = md & (((offs_d * 0) + t) >= t0)  # halo tokens are computed, not stored
         keep_v = mv & (((offs_v * 0) + t) >= t0)
-        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV,
-                                                     eps2_over_d, inv_sqrt_d)
+        x, u, rho, v, beta, p, delta = _token_math(k_cur, x_cur, v_cur, b_cur, D, eps2_over_d, inv_sqrt_d)
         if HAS_DELTA:
             tl.store(DELTA + n * DV + offs_v, delta, mask=keep_v)
         out_st = (x + u[:, None] * delta[None, :]).to(OUT.dtype.element_ty)
         tl.store(OUT + n * D * DV + tile, out_st, mask=keep_d[:, None] & mv[None, :])
         out = out_st.to(tl.float32)  # the read sees the stored (rounded) state, as a separate read would
-        # slot q holds the read of token t' = t + ((q - t) mod K): x'_t enters it through tap (q - t) mod K
-        tap = (offs_q + KS - (t % KS)) % KS
-        w = tl.load(W + tap[:, None, None] * D * DV + tile[None, :, :], mask=mq[:, None, None] & mt[None, :, :],
-                    other=0.0).to(tl.float32)
-        pending += tl.sum(w * out[None, :, :], axis=2)
+        # tap s carries x'_t into the read of token t + s, whose pending sum lives in slot (t + s) mod K: one
+        # (d, d_v) tile of the taps at a time (reloaded per token from L1, not held: registers decide occupancy)
+        for s in tl.static_range(KS):
+            w_s = tl.load(W + s * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+            r_s = tl.sum(w_s * out, axis=1)
+            pending += tl.where((offs_q == (t + s) % KS)[None, :], r_s[:, None], 0.0)
         done = offs_q == (t % KS)
-        xin = tl.sum(tl.where(done[:, None], pending, 0.0), axis=0)
+        xin = tl.sum(tl.where(done[None, :], pending, 0.0), axis=1)
         tl.store(XIN + n * D + offs_d, xin.to(XIN.dtype.element_ty), mask=keep_d)
-        pending = tl.where(done[:, None], 0.0, pending)
+        pending = tl.where(done[None, :], 0.0, pending)
 
 
 @triton.jit
-def _delta_tc_bwd_kernel(
-    X, K, V, BETA, W, G, GIN,
-    GX, GK, GV, GBETA, GW_PART,
-    T, D, DV, n_chunks, chunks_per_seq, eps2_over_d, inv_sqrt_d,
-    KS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+def _tap_grad(GIN, row, ok, offs_d, D, out, gw):
+    """grad_w_s += g_in[t+s] x'_t for one tap s: GIN row ``row`` = t + s, ``ok`` masks it (past the sequence, or
+    s past the taps)."""
+    gin = tl.load(GIN + row * D + offs_d, mask=ok, other=0.0).to(tl.float32)
+    return gw + gin[:, None] * out
+
+
+@triton.jit
+def _delta_tc_grad_w_kernel(
+    X, K, V, BETA, GIN, GW_PART,
+    N, CHUNK, T, D, KS, eps2_over_d, inv_sqrt_d,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3 with
+    s0 = 4 * program_id(1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t recomputed from x (as the forward made
+    it, rounded to x's dtype), one (d, d_v) fp32 accumulator per tap in registers, one partial per program."""
     pid = tl.program_id(0)
-    programs = tl.num_programs(0)
+    s0 = tl.program_id(1) * 4  # TAP_GROUP
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
-    offs_q = tl.arange(0, BLOCK_K)
     md = offs_d < D
     mv = offs_v < DV
-    mq = offs_q < KS
-    mt = md[:, None] & mv[None, :]
     tile = offs_d[:, None] * DV + offs_v[None, :]
-    w = tl.load(W + offs_q[:, None, None] * D * DV + tile[None, :, :], mask=mq[:, None, None] & mt[None, :, :],
-                other=0.0).to(tl.float32)
-    gw = tl.zeros((BLOCK_K, BLOCK_D, BLOCK_V), dtype=tl.float32)
-    for chunk in range(pid, n_chunks, programs):
-        b = chunk // chunks_per_seq
-        t0 = (chunk % chunks_per_seq) * CHUNK
-        for t in range(t0, tl.minimum(t0 + CHUNK, T)):
-            n = b * T + t
-            x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV,
-                                                         eps2_over_d, inv_sqrt_d)
-            out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
-            ts = t + offs_q  # the tokens whose read x'_t enters, through tap s = ts - t
-            okq = mq & (ts < T)
-            gin = tl.load(GIN + (b * T + ts)[:, None] * D + offs_d[None, :], mask=okq[:, None] & md[None, :],
-                          other=0.0).to(tl.float32)
-            g = tl.load(G + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
-            g = g + tl.sum(w * gin[:, :, None], axis=0)
-            gw += gin[:, :, None] * out[None, :, :]
-            a = tl.sum(u[:, None] * g, axis=0)
-            gp = -beta * a
-            tl.store(GX + n * D * DV + tile, (g + u[:, None] * gp[None, :]).to(GX.dtype.element_ty), mask=mt)
-            gu = tl.sum(g * delta[None, :] + x * gp[None, :], axis=1)
-            gk = rho * (gu - u * tl.sum(u * gu, axis=0))
-            tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=md)
-            tl.store(GV + n * DV + offs_v, (beta * a).to(GV.dtype.element_ty), mask=mv)
-            gb = tl.full((BLOCK_V,), 0.0, tl.float32) + tl.sum(a * (v - p), axis=0)
-            tl.store(GBETA + n + offs_v * 0, gb.to(GBETA.dtype.element_ty), mask=mv & (offs_v == 0))
-    tl.store(GW_PART + pid * KS * D * DV + offs_q[:, None, None] * D * DV + tile[None, :, :], gw,
-             mask=mq[:, None, None] & mt[None, :, :])
+    gw0 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)  # named: a loop carries no list
+    gw1 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    gw2 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    gw3 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    for r in range(0, CHUNK):
+        n = pid * CHUNK + r
+        n_d = (offs_d * 0) + n  # masks must be tensors
+        ok_d = md & (n_d < N)
+        ok_v = mv & (((offs_v * 0) + n) < N)
+        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
+                                                     eps2_over_d, inv_sqrt_d)
+        out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
+        t_d = n_d % T
+        s_d = (offs_d * 0) + s0
+        gw0 = _tap_grad(GIN, n + s0, ok_d & (t_d + s0 < T) & (s_d < KS), offs_d, D, out, gw0)
+        gw1 = _tap_grad(GIN, n + s0 + 1, ok_d & (t_d + s0 + 1 < T) & (s_d + 1 < KS), offs_d, D, out, gw1)
+        gw2 = _tap_grad(GIN, n + s0 + 2, ok_d & (t_d + s0 + 2 < T) & (s_d + 2 < KS), offs_d, D, out, gw2)
+        gw3 = _tap_grad(GIN, n + s0 + 3, ok_d & (t_d + s0 + 3 < T) & (s_d + 3 < KS), offs_d, D, out, gw3)
+    part = GW_PART + (pid * KS + s0) * D * DV + tile
+    mt = md[:, None] & mv[None, :]
+    s_t = (tile * 0) + s0  # masks must be tensors
+    tl.store(part, gw0, mask=mt & (s_t < KS))
+    tl.store(part + D * DV, gw1, mask=mt & (s_t + 1 < KS))
+    tl.store(part + 2 * D * DV, gw2, mask=mt & (s_t + 2 < KS))
+    tl.store(part + 3 * D * DV, gw3, mask=mt & (s_t + 3 < KS))
 
 
 def _chunk(t: int, most: int) -> int:
@@ -157,32 +173,38 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
     delta = torch.empty(bsz, t, dv, dtype=torch.float32, device=x.device) if want_delta else None
     launch(
         _delta_tc_fwd_kernel, (bsz, triton.cdiv(t, chunk)),
-        (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, dv, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
+        (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(5, 6, 7), HAS_DELTA=want_delta, KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk,
-        BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
 
 def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
-    None for zero); shapes as :func:`token_read_forward`'s inputs."""
+    None for zero); shapes as :func:`token_read_forward`'s inputs. Two launches: the update's backward with the
+    read's gradient added per token (ops.delta.triton's kernel, every token its own program), then the taps'
+    gradient over a bounded persistent grid."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
+    n = bsz * t
     bd, bv = _blocks(d, dv)
-    chunk = _chunk(t, BWD_CHUNK)
-    per_seq = triton.cdiv(t, chunk)
-    n_chunks = bsz * per_seq
-    programs = min(n_chunks, max_programs(x.device))
+    eps2, inv = k_eps * k_eps / d, 1.0 / math.sqrt(d)
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
-    gw_part = torch.empty(programs, ks, d, dv, dtype=torch.float32, device=x.device)
+    rows = delta_rows(n, bd * bv)
     launch(
-        _delta_tc_bwd_kernel, (programs,),
-        (x, k, v, beta, w, g.contiguous(), gin, gx, gk, gv, gbeta, gw_part, t, d, dv, n_chunks, per_seq,
-         k_eps * k_eps / d, 1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk, BLOCK_D=bd,
-        BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+        _delta_bwd_kernel, (triton.cdiv(n, rows),),
+        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gx, n, rows, t, d, eps2, inv),
+        writes=(7, 8, 9, 10), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
+        num_warps=delta_warps(bd * bv),
+    )
+    groups = triton.cdiv(ks, TAP_GROUP)
+    progs, chunk = reduction_grid(n, x.device, per_program_axis=groups)
+    gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
+    launch(
+        _delta_tc_grad_w_kernel, (progs, groups), (x, k, v, beta, gin, gw_part, n, chunk, t, d, ks, eps2, inv),
+        writes=(5,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=GRAD_W_WARPS,
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
