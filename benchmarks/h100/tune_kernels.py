@@ -34,8 +34,8 @@ from deep_delta.ops.launch import count_traffic, launch
 def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefetch=None):
     """Patch the library's launch heuristics for the duration (None: keep the library's choice)."""
     names = [(dt, "delta_warps"), (tt, "delta_warps"), (dt, "READ_BWD_WARPS"), (tt, "GRAD_W_WARPS"),
-             (dt, "delta_rows"), (tt, "delta_rows"), (dt, "PROGRAMS_PER_SM"), (dt, "MAX_PROGRAMS"), (tt, "CHUNK"),
-             (tt, "PREFETCH"), (dt, "launch"), (tt, "launch")]
+             (dt, "delta_rows"), (tt, "delta_rows"), (dt, "PROGRAMS_PER_SM"), (dt, "READ_BWD_PER_SM"),
+             (dt, "MAX_PROGRAMS"), (tt, "CHUNK"), (tt, "PREFETCH"), (dt, "launch"), (tt, "launch")]
     names = [(m, a) for m, a in names if hasattr(m, a)]  # an older library (a before-run) may lack some
     saved = [getattr(m, a) for m, a in names]
     try:
@@ -43,11 +43,11 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
             dt.launch = tt.launch = functools.partial(launch, num_stages=stages)
         if warps is not None:
             dt.delta_warps = tt.delta_warps = lambda elements, w=warps: w
-            dt.READ_BWD_WARPS = tt.GRAD_W_WARPS = warps
+            dt.READ_BWD_WARPS = tt.GRAD_W_WARPS = warps  # (older libraries' own constants)
         if rows is not None:
             dt.delta_rows = tt.delta_rows = lambda n, tile, r=rows: r
         if per_sm is not None:
-            dt.PROGRAMS_PER_SM = per_sm
+            dt.PROGRAMS_PER_SM = dt.READ_BWD_PER_SM = per_sm
             dt.MAX_PROGRAMS = per_sm * 4  # off CUDA (the smoke test): a small grid that still varies
         if chunk is not None:
             tt.CHUNK = chunk

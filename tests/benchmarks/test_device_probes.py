@@ -25,7 +25,7 @@ def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):
     import deep_delta.ops.delta.triton as dt
     import deep_delta.ops.delta.triton_token as tt
 
-    before = (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, tt.CHUNK, tt.PREFETCH, tt.GRAD_W_WARPS, dt.launch)
+    before = (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch)
     tune = _load("tune_kernels")
     assert tune.main(["--device", "cpu", "--quick", "--dvs", "1", "--only", "delta fwd", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "tune_kernels.json").read_text())
@@ -35,7 +35,7 @@ def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):
     }
     assert all(r["ms"] > 0 and r["gbs"] > 0 for r in rows)
     assert "### delta fwd, d_v = 1" in (tmp_path / "tune_kernels.md").read_text()
-    assert (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, tt.CHUNK, tt.PREFETCH, tt.GRAD_W_WARPS, dt.launch) == before
+    assert (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch) == before
 
 
 def test_decode_probe_times_both_paths_and_compares_logits(tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ B, T = 3, 5  # 15 tokens: 4 programs of 4, 4, 4, 3 tokens (2 of 8 and 7 per tap 
 
 @pytest.fixture
 def few_programs(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device: PROGRAMS)
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: PROGRAMS)
 
 
 def fused(x, k, v, beta, c):

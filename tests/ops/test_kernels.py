@@ -136,11 +136,11 @@ def test_triton_delta_kernels_with_several_tokens_per_program(monkeypatch, read)
 
 
 def test_delta_launch_heuristic():
-    """The measured choices (tune_kernels.py): one warp per 512 fp32 values held, 1 to 16; one token per program
+    """The measured choices (tune_kernels.py): one warp per 1024 fp32 values held, 2 to 16; one token per program
     for tiles of 4096 elements or more, two below past 4096 tokens."""
     import deep_delta.ops.delta.triton as dt
 
-    assert [dt.delta_warps(e) for e in (64, 1024, 4096, 16384, 65536)] == [1, 2, 8, 16, 16]
+    assert [dt.delta_warps(e) for e in (64, 1024, 4096, 16384, 65536)] == [2, 2, 4, 16, 16]
     assert [dt.delta_rows(n, tile) for n, tile in ((32768, 4096), (32768, 1024), (4096, 1024), (8, 64))] == [1, 2, 1, 1]
 
 

@@ -6,7 +6,9 @@ update + next block's read, last MLP update + final readout). ``model.model.fuse
 unfused path. Both backends: the lean torch path and the Triton kernel (interpreter on CPU).
 
 Tolerances: the fused op does the same arithmetic as the separate ops, so logits, loss and gradients
-agree to fp32 rounding (1e-6 relative; observed: bit-identical on this machine).
+agree to fp32 rounding: 1e-6 relative on the torch backend (bit-identical on the CPU machine), 1e-5 with the
+Triton kernels, whose fused and separate launches sum in different orders on a GPU (3.6e-6 observed on an
+H200 once d_v became a compile-time constant, 2026-11-26).
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ def test_fused_reads_equal_unfused(variant, backend, padded, count_fused):
     assert len(count_fused) == cfg.num_hidden_layers  # only the in-block attention update + MLP read
     model.model.fuse_reads = True
     assert torch.isfinite(loss_f)
-    assert rel_error(logits_f, logits_u) <= 1e-6 and abs(loss_f.item() - loss_u.item()) <= 1e-6
+    tol = 1e-6 if backend == "torch" else 1e-5
+    assert rel_error(logits_f, logits_u) <= tol and abs(loss_f.item() - loss_u.item()) <= tol
     assert grads_f.keys() == grads_u.keys()
     for name, g in grads_u.items():
-        assert rel_error(grads_f[name], g) <= 1e-6, name
+        assert rel_error(grads_f[name], g) <= tol, name
 
 
 @pytest.fixture

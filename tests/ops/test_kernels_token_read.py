@@ -98,7 +98,7 @@ def test_lean_path_is_the_update_then_the_read():
 @pytest.mark.parametrize("tokens", [512, 8192])
 def test_partial_buffer_is_bounded_by_the_programs(monkeypatch, tokens):
     """grad_w's partial buffer holds one (K, d, d_v) tile per program, at most MAX_PROGRAMS, for any token count."""
-    monkeypatch.setattr(dt, "max_programs", lambda device: 5)  # on CUDA too (there: 2 x the SM count)
+    monkeypatch.setattr(dt, "max_programs", lambda device, per_sm=None: 5)  # on CUDA too (there: 2 x the SM count)
     d, dv, ks = 16, 4, 4
     x, k, v, beta, w = _inputs(2, tokens // 2, d, dv, ks, torch.float32)
     with count_traffic(dry=True) as c:

@@ -107,7 +107,7 @@ def test_triton_matches_reference(lead, d, dv, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_triton_with_more_tokens_than_programs(monkeypatch, dtype):
     """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs: the persistent loop and its short last chunk."""
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device: 4)
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
     compare(triton_fn, norm_inputs((3, 5), 33, 4, dtype, seed=3), dtype)
 
 
@@ -121,7 +121,7 @@ def partial_bytes(n: int, d: int, dv: int) -> list[int]:
 
 
 def test_partial_buffers_do_not_grow_with_the_token_count(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device: 4)
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
     d, dv = 9, 4
     small, large = partial_bytes(10, d, dv), partial_bytes(40, d, dv)
     weights = [2 * d * 4, (1 + dv) * 4, dv * d * 4]  # (g, w_g), (b_g, b_v), W_v in fp32
@@ -130,7 +130,7 @@ def test_partial_buffers_do_not_grow_with_the_token_count(monkeypatch):
 
 
 def test_persistent_sums_are_deterministic(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device: 4)
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
     inputs = norm_inputs((15,), 12, 4)
     grads = upstream(inputs[0], 4)
     first, second = (outputs_and_grads(triton_fn, inputs, grads)[1] for _ in range(2))

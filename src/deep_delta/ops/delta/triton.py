@@ -22,7 +22,6 @@ reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_kernels.py).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -43,6 +42,7 @@ def _blocks(d: int, dv: int) -> tuple[int, int]:
 
 MAX_PROGRAMS = 256  # the persistent grid's size off CUDA (the interpreter, dry counting); tests patch it small
 PROGRAMS_PER_SM = 2  # on CUDA: max_programs = 2 x the SM count (264 on an H100 SXM)
+READ_BWD_PER_SM = 8  # the fused CC read's backward: 8 x the SM count measured fastest (tune_kernels.py, H200)
 
 
 def _rows_per_program(n: int) -> int:
@@ -50,19 +50,18 @@ def _rows_per_program(n: int) -> int:
     return 1 if n <= 4096 else (4 if n <= 65536 else 16)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def max_programs(device: torch.device) -> int:
-    """Programs of a persistent reduction grid: 2 x the SM count on CUDA, ``MAX_PROGRAMS`` elsewhere."""
+def max_programs(device: torch.device, per_sm: int | None = None) -> int:
+    """Programs of a persistent reduction grid: ``per_sm`` (default ``PROGRAMS_PER_SM``, 2) x the SM count on
+    CUDA, ``MAX_PROGRAMS`` elsewhere."""
     if device.type == "cuda":
-        return PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        sms = torch.cuda.get_device_properties(index).multi_processor_count  # cached by torch
+        return (PROGRAMS_PER_SM if per_sm is None else per_sm) * sms
     return MAX_PROGRAMS
 
 
-def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1) -> tuple[int, int]:
+def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1,
+                   per_sm: int | None = None) -> tuple[int, int]:
     """(programs, tokens per program) of a kernel that sums a weight gradient over its n tokens.
 
     Each program takes a contiguous chunk of tokens and accumulates in fp32 registers, then writes one partial;
@@ -70,7 +69,7 @@ def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1) -> t
     size of a second grid axis, e.g. the K taps), so the partial buffer is bounded by ``max_programs`` x the
     weight whatever the token count. Deterministic: the same n gives the same chunks and summation order.
     """
-    cap = max(1, max_programs(device) // per_program_axis)
+    cap = max(1, max_programs(device, per_sm) // per_program_axis)
     progs = max(1, min(triton.cdiv(n, _rows_per_program(n)), cap))
     chunk = max(1, triton.cdiv(n, progs))
     return triton.cdiv(n, chunk), chunk
@@ -83,22 +82,19 @@ def _num_warps(block: int) -> int:
 
 # The delta kernels' launch parameters, chosen by measurement (benchmarks/h100/tune_kernels.py on an H200,
 # 32 x 1024 tokens, d = 768, bf16 state; benchmarks/h100/README.md, 2026-11-26): one token per program for a
-# (d, d_v) tile of 4096 elements or more, and one warp per 512 fp32 values a program holds per token.
-# Against the earlier 4 tokens and 8 warps: forward 1.25x, forward + CC read 1.7x, backward 1.7x (d_v = 4);
-# backward 1.2x (d_v = 1) is within the noise of those timings.
+# (d, d_v) tile of 4096 elements or more, and one warp per 1024 fp32 values a program holds per token, at least 2
+# (4 for d_v = 4 at d = 768, 2 for d_v = 1). With d_v a compile-time constant each thread holds whole rows of the
+# tile (vectorised loads), and 4 warps then beat 8 by 1.0-1.2x on every d_v = 4 kernel; before it (d_v a runtime
+# value), 8 did.
 def delta_warps(elements: int) -> int:
-    """Warps per program of a delta kernel holding ``elements`` fp32 values per token: one per 512, 1 to 16."""
-    return max(1, min(16, elements // 512))
+    """Warps per program of a delta kernel holding ``elements`` fp32 values per token: one per 1024, 2 to 16."""
+    return max(2, min(16, elements // 1024))
 
 
 def delta_rows(n: int, tile: int) -> int:
     """Tokens per program of a delta kernel without a reduction over tokens (n tokens, a tile of ``tile``
     elements): one, or two for tiles under 4096 elements (d_v = 1) past 4096 tokens."""
     return 2 if tile < 4096 and n > 4096 else 1
-
-
-# the fused CC read's backward (a persistent grid holding the grad_c accumulator too): 4 warps measured fastest
-READ_BWD_WARPS = 4
 
 
 @triton.jit
@@ -298,7 +294,7 @@ def triton_backward(
     bd, bv = _blocks(d, dv)
     has_read = c is not None
     if has_read:  # a persistent grid: grad_c partials bounded by max_programs, not by n
-        progs, chunk = reduction_grid(n, x.device)
+        progs, chunk = reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
     else:  # no reduction over tokens: every row block its own program
         chunk = delta_rows(n, bd * bv)
         progs = triton.cdiv(n, chunk)
@@ -319,7 +315,7 @@ def triton_backward(
         (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, 1, d, k_eps * k_eps / d,
          1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), HAS_READ=has_read, TAPS=0, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        num_warps=min(READ_BWD_WARPS, delta_warps(bd * bv)) if has_read else delta_warps(bd * bv),
+        num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
 

@@ -49,8 +49,9 @@ from deep_delta.ops.launch import launch
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
 TAP_GROUP = 4  # taps per program of the taps' gradient (its kernel's four named accumulators; a grid axis covers more)
-GRAD_W_WARPS = 8
-PREFETCH = False  # the forward loads token t + 1 while computing t (more registers: 141 against 109 at 8 warps)
+# the forward loads token t + 1 while computing t: more registers (141 against 109 at 8 warps, sm_90), and
+# 1.13x faster at 4 warps on an H200 (tune_kernels.py, 2026-11-26)
+PREFETCH = True
 
 
 @triton.jit
@@ -204,7 +205,7 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     launch(
         _delta_tc_grad_w_kernel, (progs, groups), (x, k, v, beta, gin, gw_part, n, chunk, t, d, ks, eps2, inv),
-        writes=(5,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=GRAD_W_WARPS,
+        writes=(5,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
