@@ -8,18 +8,20 @@ in its own registers:
 
 forward   for t = t0-K+1 .. t0+CHUNK-1 (t >= 0): the update of token t as ops.delta.triton (fp32 math),
           x'_t stored (t >= t0); the read's contributions of x'_t (as stored, rounded) to the K tokens it
-          reaches, r_m = sum_j w_m[:, j] x'_t[:, j] for t+m, added to K pending sums kept in registers (the
-          sum of token t+m lives in slot (t+m) mod K, so nothing is shifted); the slot of t is then complete:
-          x_in_t = that slot, stored (t >= t0), and the slot cleared.
-backward  the gradient of x'_t is G_t + sum_s w_s g_in_{t+s} (the K rows of g_in, d-vectors, from L2), formed in
-          registers; the update's backward as ops.delta.triton with it; the taps' gradient
-          grad_w_s += g_in_{t+s} x'_t^T accumulated in fp32 registers. A persistent grid: at most
-          ``max_programs`` programs (ops.delta.triton: 2 x the SM count on CUDA), each looping over chunks, so the partial buffer of grad_w is
-          (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
+          reaches, r_s = sum_j w_s[:, j] x'_t[:, j] for t+s, one tap tile at a time, added to K pending sums
+          kept in a (d, slot) register tensor (the sum of token t+s lives in slot (t+s) mod K, so nothing is
+          shifted); the slot of t is then complete: x_in_t = that slot, stored (t >= t0), and the slot
+          cleared. With ``PREFETCH`` token t+1's inputs are loaded before token t's math.
+backward  two launches. (1) ops.delta.triton's update backward with ``TAPS = K``: the gradient of x'_t is
+          G_t + sum_s w_s g_in_{t+s} (the K rows of g_in, d-vectors, from L2), formed in registers, one token
+          per program. (2) the taps' gradient grad_w_s = sum_t g_in_{t+s} x'_t^T: x'_t recomputed from x,
+          four taps per program in fp32 registers (a second grid axis for more), on a persistent grid of at
+          most ``max_programs`` programs (ops.delta.triton: 2 x the SM count on CUDA), so the partial buffer
+          is (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
 
 Compared with the update followed by a separate TC read (two kernels each way): one pass over the state
 instead of two forward (plus the halo's K-1 in CHUNK re-reads), and backward no separate state-sized
-gradient of the read, no read of the state for grad_w and no state-sized gradient add. Without history
+gradient of the read and no state-sized gradient add (the taps' gradient reads x once more). Without history
 only (training and a cache-less forward); decoding keeps the separate read. Tested against the plain
 reference (update, then the TC read) under ``TRITON_INTERPRET=1`` (tests/ops/test_kernels_token_read.py).
 """
