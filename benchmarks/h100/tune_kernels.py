@@ -32,31 +32,35 @@ from deep_delta.ops.launch import count_traffic, launch
 
 @contextlib.contextmanager
 def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefetch=None):
-    """Patch the library's launch heuristics for the duration (None: keep the library's choice)."""
-    names = [(dt, "delta_warps"), (tt, "delta_warps"), (dt, "READ_BWD_WARPS"), (tt, "GRAD_W_WARPS"),
-             (dt, "delta_rows"), (tt, "delta_rows"), (dt, "PROGRAMS_PER_SM"), (dt, "READ_BWD_PER_SM"),
-             (dt, "MAX_PROGRAMS"), (tt, "CHUNK"), (tt, "PREFETCH"), (dt, "launch"), (tt, "launch")]
-    names = [(m, a) for m, a in names if hasattr(m, a)]  # an older library (a before-run) may lack some
-    saved = [getattr(m, a) for m, a in names]
+    """Patch the library's launch heuristics for the duration (None: keep the library's choice). Only the names
+    the library has are patched: an older checkout (a before-run, ``--no-sweep``) lacks some, and had
+    ``READ_BWD_WARPS`` where the library now uses ``delta_warps``."""
+    patches = {}
+    if stages is not None:  # the launch's num_stages (software pipelining of the loops' loads)
+        patches.update({(dt, "launch"): functools.partial(launch, num_stages=stages),
+                        (tt, "launch"): functools.partial(launch, num_stages=stages)})
+    if warps is not None:
+        fixed = lambda elements, w=warps: w  # noqa: E731
+        patches.update({(dt, "delta_warps"): fixed, (tt, "delta_warps"): fixed, (dt, "READ_BWD_WARPS"): warps})
+    if rows is not None:
+        fixed_rows = lambda n, tile, r=rows: r  # noqa: E731
+        patches.update({(dt, "delta_rows"): fixed_rows, (tt, "delta_rows"): fixed_rows})
+    if per_sm is not None:
+        patches.update({(dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm,
+                        (dt, "MAX_PROGRAMS"): per_sm * 4})  # off CUDA (the smoke test): a small grid that varies
+    if chunk is not None:
+        patches[(tt, "CHUNK")] = chunk
+    if prefetch is not None:
+        patches[(tt, "PREFETCH")] = prefetch
+    patches = {key: value for key, value in patches.items() if hasattr(*key)}
+    saved = {key: getattr(*key) for key in patches}
     try:
-        if stages is not None:  # the launch's num_stages (software pipelining of the loops' loads)
-            dt.launch = tt.launch = functools.partial(launch, num_stages=stages)
-        if warps is not None:
-            dt.delta_warps = tt.delta_warps = lambda elements, w=warps: w
-            dt.READ_BWD_WARPS = tt.GRAD_W_WARPS = warps  # (older libraries' own constants)
-        if rows is not None:
-            dt.delta_rows = tt.delta_rows = lambda n, tile, r=rows: r
-        if per_sm is not None:
-            dt.PROGRAMS_PER_SM = dt.READ_BWD_PER_SM = per_sm
-            dt.MAX_PROGRAMS = per_sm * 4  # off CUDA (the smoke test): a small grid that still varies
-        if chunk is not None:
-            tt.CHUNK = chunk
-        if prefetch is not None:
-            tt.PREFETCH = prefetch
+        for (module, name), value in patches.items():
+            setattr(module, name, value)
         yield
     finally:
-        for (m, a), v in zip(names, saved):
-            setattr(m, a, v)
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
 
 
 def inputs(b, t, d, dv, ks, device, dtype, seed=0):

@@ -73,6 +73,17 @@ def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks):
         assert rel_error(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_forward_with_and_without_the_prefetch(small_grid, monkeypatch, prefetch):
+    """Both forms of the forward's token loop (the launch knob ``PREFETCH``: token t+1 loaded before token t's
+    math, or each token loaded in its own iteration) give the reference's values."""
+    monkeypatch.setattr(tt, "PREFETCH", prefetch)
+    args = [a.detach() for a in _inputs(2, 11, 37, 3, 4, torch.float32)]
+    out, xin = update_and_token_read(*args, backend="triton")
+    ref_out, ref_xin = _reference(*args)
+    assert rel_error(out, ref_out) < 1e-5 and rel_error(xin, ref_xin) < 1e-5
+
+
 def test_only_one_output_used(small_grid):
     """The read's gradient absent (None in backward) is zero, not garbage."""
     args = _inputs(2, 9, 16, 4, 4, torch.float32)
