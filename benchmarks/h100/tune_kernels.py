@@ -8,7 +8,8 @@ Each row: median milliseconds (CUDA events over ``--iters`` calls, after warm-up
 arguments imply (``deep_delta.ops.launch.count_traffic``) and the bandwidth that gives; the library's current
 choice is marked. Prints markdown, writes it and a JSON beside it.
 
-    python benchmarks/h100/tune_kernels.py --out DIR [--batch 32 --seq 1024 --d 768]
+    python benchmarks/h100/tune_kernels.py --out DIR [--batch 32 --seq 1024 --d 768] [--only KERNEL ...]
+        [--params warps per_sm ...] [--grid per_sm=4,8,16 prefetch=0,1 ...]
     TRITON_INTERPRET=1 python benchmarks/h100/tune_kernels.py --device cpu --quick   # a smoke test on CPU
 """
 
@@ -26,6 +27,7 @@ import torch
 
 import deep_delta.ops.delta.triton as dt
 import deep_delta.ops.delta.triton_token as tt
+import deep_delta.ops.norm.triton as nt
 from deep_delta.eval.timing import timed
 from deep_delta.ops.launch import count_traffic, launch
 
@@ -41,17 +43,19 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
                         (tt, "launch"): functools.partial(launch, num_stages=stages)})
     if warps is not None:
         fixed = lambda elements, w=warps: w  # noqa: E731
-        patches.update({(dt, "delta_warps"): fixed, (tt, "delta_warps"): fixed, (dt, "READ_BWD_WARPS"): warps})
+        patches.update({(dt, "delta_warps"): fixed, (tt, "delta_warps"): fixed, (dt, "READ_BWD_WARPS"): warps,
+                        (nt, "WARPS"): warps})
     if rows is not None:
         fixed_rows = lambda n, tile, r=rows: r  # noqa: E731
-        patches.update({(dt, "delta_rows"): fixed_rows, (tt, "delta_rows"): fixed_rows})
+        patches.update({(dt, "delta_rows"): fixed_rows, (tt, "delta_rows"): fixed_rows, (nt, "FWD_ROWS"): rows})
     if per_sm is not None:
-        patches.update({(dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm,
+        patches.update({(dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm, (nt, "BWD_PER_SM"): per_sm,
                         (dt, "MAX_PROGRAMS"): per_sm * 4})  # off CUDA (the smoke test): a small grid that varies
     if chunk is not None:
         patches[(tt, "CHUNK")] = chunk
-    if prefetch is not None:
-        patches[(tt, "PREFETCH")] = prefetch
+    if prefetch is not None:  # every token loop that has the knob
+        patches.update({(tt, "PREFETCH"): prefetch, (tt, "GRAD_W_PREFETCH"): prefetch,
+                        (dt, "READ_BWD_PREFETCH"): prefetch, (nt, "BWD_PREFETCH"): prefetch})
     patches = {key: value for key, value in patches.items() if hasattr(*key)}
     saved = {key: getattr(*key) for key in patches}
     try:
@@ -73,7 +77,11 @@ def inputs(b, t, d, dv, ks, device, dtype, seed=0):
     k, v, beta = r(b, t, d).to(dtype), r(b, t, dv).to(dtype), torch.rand(b, t, generator=g).to(device).to(dtype)
     c, w = r(d, dv, scale=0.1), r(ks, d, dv, scale=0.1)
     g_state, g_in = r(b, t, d, dv).to(dtype), r(b, t, d).to(dtype)
-    return dict(x=x, k=k, v=v, beta=beta, c=c, w=w, g=g_state, gin=g_in)
+    # the sublayer's norm, gate and value (ops.norm): src as stored (the state's dtype), fp32 weights and the
+    # fp32 gradients of c, beta, v
+    norm = (r(b * t, d).to(dtype), 1 + r(d, scale=0.1), r(1, d, scale=0.1), r(1), r(dv, d, scale=0.1), r(dv))
+    norm_grads = (r(b * t, d), r(b * t, 1), r(b * t, dv))
+    return dict(x=x, k=k, v=v, beta=beta, c=c, w=w, g=g_state, gin=g_in, norm=norm, norm_grads=norm_grads)
 
 
 def kernels(a, eps=1e-5):
@@ -83,11 +91,14 @@ def kernels(a, eps=1e-5):
     flat = dict(x=a["x"].view(n, d, dv), k=a["k"].view(n, d), v=a["v"].view(n, dv), beta=a["beta"].view(n))
     g, gin = a["g"].view(n, d, dv), a["gin"].view(n, d)
     f = flat
+    consts = (1e-5, 2.0, 4.0)  # the norm's eps, beta_max, value_scale
     return {  # the likeliest to gain first: a short call may be cut off
         "delta bwd + TC read": (lambda: tt.token_read_backward(a["g"], a["gin"], a["x"], a["k"], a["v"], a["beta"],
-                                                               a["w"], eps), ("warps", "rows", "per_sm")),
+                                                               a["w"], eps), ("warps", "rows", "per_sm", "prefetch")),
         "delta bwd + CC read": (lambda: dt.triton_backward(g, gin, f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
-                                ("warps", "per_sm")),
+                                ("warps", "per_sm", "prefetch")),
+        "norm bwd": (lambda: nt.triton_backward(*a["norm_grads"], *a["norm"], *consts), ("warps", "per_sm", "prefetch")),
+        "norm fwd": (lambda: nt.triton_forward(*a["norm"], *consts), ("warps", "rows")),
         "delta fwd + TC read": (lambda: tt.token_read_forward(a["x"], a["k"], a["v"], a["beta"], a["w"], eps),
                                 ("warps", "chunk", "prefetch")),
         "delta fwd + CC read": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
@@ -136,16 +147,27 @@ def main(argv=None) -> int:
                     choices=["warps", "rows", "per_sm", "chunk", "stages", "prefetch"],
                     help="sweep these parameters for every kernel (the others at the library's choice); default: "
                          "each kernel's own launch parameters")
+    ap.add_argument("--grid", nargs="*", default=[], metavar="NAME=V1,V2",
+                    help="the values to sweep for a parameter, e.g. per_sm=4,8,16 prefetch=0,1 (default: all the "
+                         "script's values)")
     ap.add_argument("--no-sweep", action="store_true",
                     help="time the library's own choice only (e.g. an older checkout, for a before/after)")
     ap.add_argument("--quick", action="store_true", help="a tiny shape and two settings per parameter (CPU smoke)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    grid = dict(warps=[4, 8, 16], rows=[1, 2, 4], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32, 64],
+    grid = dict(warps=[4, 8, 16], rows=[1, 2, 4, 16], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32, 64],
                 stages=[1, 2, 3, 4], prefetch=[False, True])
     if args.quick:
         args.batch, args.seq, args.d, args.iters = 2, 8, 12, 1
         grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], stages=[1, 2], prefetch=[False, True])
+    for item in args.grid:
+        name, _, values = item.partition("=")
+        if name not in grid or not values:
+            ap.error(f"--grid: expected NAME=V1,V2 with NAME one of {sorted(grid)}, got {item!r}")
+        try:
+            grid[name] = [bool(int(x)) if name == "prefetch" else int(x) for x in values.split(",")]
+        except ValueError:
+            ap.error(f"--grid {name}: values must be integers (prefetch: 0 or 1), got {values!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"

@@ -71,6 +71,16 @@ def test_persistent_kernels_match_reference_with_more_tokens_than_programs(few_p
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_fused_channel_read_backward_without_the_prefetch(few_programs, monkeypatch, dtype):
+    """The fused CC read's backward loop in its other form (``READ_BWD_PREFETCH`` off: each token loaded in its
+    own iteration, not one ahead) also equals the reference."""
+    monkeypatch.setattr(delta_triton, "READ_BWD_PREFETCH", False)
+    x, k, v, beta = delta_inputs((B, T), 12, 4, dtype, seed=5)
+    *_, c, _past, _past_e, gx, gin = state_inputs(B, T, 12, 4, 2, dtype, seed=6)
+    run_both(fused, fused_reference, (x, k, v, beta, c), (gx, gin), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("d,n,mixed", [(33, 4, False), (300, 3, True)], ids=["d33-n4", "d300-n3-r-per-token"])
 def test_static_stream_coefficients_with_more_tokens_than_programs(few_programs, d, n, mixed, dtype):
     """Static a, R, b (mixed: R per token, b static): their gradients summed on the persistent grid."""

@@ -84,6 +84,22 @@ def test_forward_with_and_without_the_prefetch(small_grid, monkeypatch, prefetch
     assert rel_error(out, ref_out) < 1e-5 and rel_error(xin, ref_xin) < 1e-5
 
 
+def test_taps_gradient_without_the_prefetch(small_grid, monkeypatch):
+    """The taps' gradient kernel's loop in its other form (``GRAD_W_PREFETCH`` off) gives the reference's
+    gradients too."""
+    monkeypatch.setattr(tt, "GRAD_W_PREFETCH", False)
+    args = _inputs(2, 19, 37, 3, 4, torch.float32)
+    ref_args = [a.detach().clone().requires_grad_() for a in args]
+    out, xin = update_and_token_read(*args, backend="triton")
+    ref_out, ref_xin = _reference(*ref_args)
+    gen = torch.Generator().manual_seed(2)
+    grads = (torch.randn(out.shape, generator=gen).to(DEVICE), torch.randn(xin.shape, generator=gen).to(DEVICE))
+    torch.autograd.backward((out, xin), grads)
+    torch.autograd.backward((ref_out, ref_xin), grads)
+    for name, a, r in zip(("x", "k", "v", "beta", "w"), args, ref_args):
+        assert rel_error(a.grad, r.grad) < 1e-5, name
+
+
 def test_only_one_output_used(small_grid):
     """The read's gradient absent (None in backward) is zero, not garbage."""
     args = _inputs(2, 9, 16, 4, 4, torch.float32)

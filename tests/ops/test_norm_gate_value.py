@@ -104,11 +104,42 @@ def test_triton_matches_reference(lead, d, dv, dtype):
     compare(triton_fn, norm_inputs(lead, d, dv, dtype, seed=d + dv), dtype)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_triton_with_more_tokens_than_programs(monkeypatch, dtype):
-    """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs: the persistent loop and its short last chunk."""
+def test_triton_with_more_tokens_than_programs(monkeypatch, dtype, prefetch):
+    """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs: the persistent loop and its short last chunk, with
+    the next token's rows loaded ahead (``BWD_PREFETCH``) or each in its own iteration."""
+    from deep_delta.ops.norm import triton as norm_triton
+
     monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    monkeypatch.setattr(norm_triton, "BWD_PREFETCH", prefetch)
     compare(triton_fn, norm_inputs((3, 5), 33, 4, dtype, seed=3), dtype)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_low_precision_src_equals_a_cast_before_the_op(backend):
+    """A bf16 src (a bf16 state, as DeltaResidual passes it on the Triton backend) gives exactly what casting it to
+    the norm weight's dtype first gives: the same c, beta, v and weight gradients, and src's gradient is the cast
+    one's rounded to bf16 (the cast's backward), bit for bit. Under the Triton interpreter (CPU) the kernel's
+    fp32 -> bf16 store truncates where the GPU rounds to nearest, so there src's gradient may differ by one bf16
+    step; on CUDA it is checked bit for bit."""
+    src, *weights = norm_inputs((3, 7), 40, 4, torch.bfloat16, seed=11)
+    grads = upstream(src, 4)
+    fn = lambda *a, **kw: norm_gate_value(*a, **kw, backend=backend)  # noqa: E731
+    new, new_grads = outputs_and_grads(fn, (src, *weights), grads)
+    cast = lambda s, *w, **kw: fn(s.float(), *w, **kw)  # noqa: E731
+    old, old_grads = outputs_and_grads(cast, (src, *weights), grads)
+    assert new_grads[0].dtype == torch.bfloat16
+    for a, b in zip(new, old):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    truncating = backend == "triton" and DEVICE == "cpu"
+    for name, a, b in zip(NAMES, new_grads, old_grads):
+        assert a.dtype == b.dtype, name
+        if truncating and name == "src":
+            step = 2.0 ** -7 * b.float().abs()  # one bf16 step (8 significant bits) at b's magnitude
+            assert ((a.float() - b.float()).abs() <= step).all(), f"grad {name} differs by more than one bf16 step"
+        else:
+            assert torch.equal(a, b), f"grad {name} differs"
 
 
 def partial_bytes(n: int, d: int, dv: int) -> list[int]:

@@ -180,8 +180,10 @@ class DeltaResidual(nn.Module):
             src = x
         else:
             src = x.mean(-1) if x_in is None else x_in
-        src = src.to(self.norm.weight.dtype)  # a state stored in lower precision is read in the module's dtype
         if self.fuse_inputs and resolve_backend(self.backend, src.device) == "triton":  # one read of src
+            # src as stored (a bf16 state stays bf16): the op reads it in the norm weight's dtype in registers and
+            # writes its gradient in src's dtype, the same values as a cast before it, without the cast's two
+            # passes over src (forward) and its gradient (backward)
             weights = (self.gate.proj.weight, self.gate.proj.bias, self.value_proj.weight, self.value_proj.bias)
             c, beta, v = norm_gate_value(src, self.norm.weight, *weights, eps=self.norm.eps,
                                          beta_max=self.gate.beta_max, value_scale=self.value_scale,
@@ -189,6 +191,7 @@ class DeltaResidual(nn.Module):
             return self.branch(c, *branch_args, **branch_kwargs), v, beta
         # elsewhere the modules themselves (the lean op, deep_delta.ops.norm.lean, is their ops bit for bit;
         # the modules keep the gradient of c summed in today's order and their forward hooks firing)
+        src = src.to(self.norm.weight.dtype)  # a state stored in lower precision is read in the module's dtype
         c = self.norm(src)
         h = self.branch(c, *branch_args, **branch_kwargs)
         if self.additive:

@@ -42,7 +42,11 @@ def _blocks(d: int, dv: int) -> tuple[int, int]:
 
 MAX_PROGRAMS = 256  # the persistent grid's size off CUDA (the interpreter, dry counting); tests patch it small
 PROGRAMS_PER_SM = 2  # on CUDA: max_programs = 2 x the SM count (264 on an H100 SXM)
-READ_BWD_PER_SM = 8  # the fused CC read's backward: 8 x the SM count measured fastest (tune_kernels.py, H200)
+# The fused CC read's backward (a loop over a chunk of tokens): token n+1 loaded while token n is computed, on
+# 2 programs per SM. On an H200 (tune_kernels.py, 2026-11-26, 32 x 1024 tokens, d = 768, bf16): 0.576 ms without
+# the prefetch on 8 per SM (the choice before it), 0.391 ms with it on 8, 0.374 ms with it on 2.
+READ_BWD_PER_SM = 2
+READ_BWD_PREFETCH = True
 
 
 def _rows_per_program(n: int) -> int:
@@ -166,16 +170,28 @@ def _delta_fwd_kernel(
 
 
 @triton.jit
+def _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, HAS_READ: tl.constexpr):
+    """Token n's backward inputs as stored: k, x, v, beta (:func:`_token_load`), G's tile and (with the CC read)
+    g_in's row; without the read, g_in is a load with an all-false mask (no traffic)."""
+    k, x, v, beta = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    g = tl.load(G + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
+    gin = tl.load(GIN + n * D + offs_d, mask=ok_d & HAS_READ, other=0.0)
+    return k, x, v, beta, g, gin
+
+
+@triton.jit
 def _delta_bwd_kernel(
     X, K, V, BETA, G, GIN, C,
     GX, GK, GV, GBETA, GC_PART,
     N, CHUNK, T, D, eps2_over_d, inv_sqrt_d,
     HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the CC read (HAS_READ), grad_c of the chunk in registers,
     one partial. With TAPS > 0, C holds the next sublayer's TC taps (TAPS, d, d_v) and the state's gradient
     gains the read's, sum_s w_s g_in[t+s] (tokens of one sequence of length T); their own gradient is another
-    kernel's (ops.delta.triton_token), so nothing is accumulated here."""
+    kernel's (ops.delta.triton_token), so nothing is accumulated here. PREFETCH: token n+1's inputs are loaded
+    before token n's math (their latency behind it, for the registers that hold them)."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -185,6 +201,11 @@ def _delta_bwd_kernel(
     if HAS_READ:
         c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
         gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    if PREFETCH:
+        first = pid * CHUNK
+        k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx = _bwd_load(
+            X, K, V, BETA, G, GIN, first, offs_d, offs_v, tile, md & (((offs_d * 0) + first) < N),
+            mv & (((offs_v * 0) + first) < N), D, DV, HAS_READ)
     for r in range(0, CHUNK):
         n = pid * CHUNK + r
         n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
@@ -192,11 +213,20 @@ def _delta_bwd_kernel(
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
-        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
-                                                     eps2_over_d, inv_sqrt_d)
-        g = tl.load(G + n * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
+        if PREFETCH:
+            k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx
+            more_d = ((offs_d * 0) + r + 1) < CHUNK
+            more_v = ((offs_v * 0) + r + 1) < CHUNK
+            k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx = _bwd_load(
+                X, K, V, BETA, G, GIN, n + 1, offs_d, offs_v, tile, md & (n_d + 1 < N) & more_d,
+                mv & (n_v + 1 < N) & more_v, D, DV, HAS_READ)
+        else:
+            k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile,
+                                                                   ok_d, ok_v, D, DV, HAS_READ)
+        x, u, rho, v, beta, p, delta = _token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
+        g = g_raw.to(tl.float32)
         if HAS_READ:
-            gin = tl.load(GIN + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+            gin = gin_raw.to(tl.float32)
             g = g + gin[:, None] * c
             out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
             gc += gin[:, None] * out
@@ -315,7 +345,7 @@ def triton_backward(
         (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, 1, d, k_eps * k_eps / d,
          1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), HAS_READ=has_read, TAPS=0, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        num_warps=delta_warps(bd * bv),
+        PREFETCH=has_read and READ_BWD_PREFETCH, num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
 

@@ -40,7 +40,6 @@ from deep_delta.ops.delta.triton import (
     _delta_bwd_kernel,
     _token_load,
     _token_math,
-    _token_update,
     check_device,
     delta_rows,
     delta_warps,
@@ -54,6 +53,10 @@ TAP_GROUP = 4  # taps per program of the taps' gradient (its kernel's four named
 # the forward loads token t + 1 while computing t: more registers (141 against 109 at 8 warps, sm_90), and
 # 1.13x faster at 4 warps on an H200 (tune_kernels.py, 2026-11-26)
 PREFETCH = True
+# the taps' gradient (a loop over a chunk of tokens): token n+1 loaded while token n is computed, on 4 programs
+# per SM (H200, tune_kernels.py, 2026-11-26: the TC backward 0.840 ms on 2 per SM, 0.816 on 4)
+GRAD_W_PREFETCH = True
+GRAD_W_PER_SM = 4
 
 
 @triton.jit
@@ -121,11 +124,12 @@ def _tap_grad(GIN, row, ok, offs_d, D, out, gw):
 def _delta_tc_grad_w_kernel(
     X, K, V, BETA, GIN, GW_PART,
     N, CHUNK, T, D, KS, eps2_over_d, inv_sqrt_d,
-    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3 with
     s0 = 4 * program_id(1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t recomputed from x (as the forward made
-    it, rounded to x's dtype), one (d, d_v) fp32 accumulator per tap in registers, one partial per program."""
+    it, rounded to x's dtype), one (d, d_v) fp32 accumulator per tap in registers, one partial per program.
+    PREFETCH: token n+1's k, x, v, beta are loaded before token n's math."""
     pid = tl.program_id(0)
     s0 = tl.program_id(1) * 4  # TAP_GROUP
     offs_d = tl.arange(0, BLOCK_D)
@@ -137,13 +141,24 @@ def _delta_tc_grad_w_kernel(
     gw1 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     gw2 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     gw3 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    if PREFETCH:
+        first = pid * CHUNK
+        k_nx, x_nx, v_nx, b_nx = _token_load(X, K, V, BETA, first, offs_d, offs_v, tile,
+                                             md & (((offs_d * 0) + first) < N), mv & (((offs_v * 0) + first) < N),
+                                             D, DV)
     for r in range(0, CHUNK):
         n = pid * CHUNK + r
         n_d = (offs_d * 0) + n  # masks must be tensors
         ok_d = md & (n_d < N)
         ok_v = mv & (((offs_v * 0) + n) < N)
-        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
-                                                     eps2_over_d, inv_sqrt_d)
+        if PREFETCH:
+            k_raw, x_raw, v_raw, b_raw = k_nx, x_nx, v_nx, b_nx
+            nxt_d = md & (n_d + 1 < N) & (((offs_d * 0) + r + 1) < CHUNK)
+            nxt_v = mv & (((offs_v * 0) + n + 1) < N) & (((offs_v * 0) + r + 1) < CHUNK)
+            k_nx, x_nx, v_nx, b_nx = _token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, nxt_d, nxt_v, D, DV)
+        else:
+            k_raw, x_raw, v_raw, b_raw = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+        x, u, rho, v, beta, p, delta = _token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
         out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
         t_d = n_d % T
         s_d = (offs_d * 0) + s0
@@ -199,15 +214,15 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
     launch(
         _delta_bwd_kernel, (triton.cdiv(n, rows),),
         (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gx, n, rows, t, d, eps2, inv),
-        writes=(7, 8, 9, 10), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
+        writes=(7, 8, 9, 10), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=False,
         num_warps=delta_warps(bd * bv),
     )
     groups = triton.cdiv(ks, TAP_GROUP)
-    progs, chunk = reduction_grid(n, x.device, per_program_axis=groups)
+    progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=GRAD_W_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     launch(
         _delta_tc_grad_w_kernel, (progs, groups), (x, k, v, beta, gin, gw_part, n, chunk, t, d, ks, eps2, inv),
-        writes=(5,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+        writes=(5,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=GRAD_W_PREFETCH, num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 

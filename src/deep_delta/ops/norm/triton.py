@@ -22,15 +22,36 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops.delta import triton as delta_triton
-from deep_delta.ops.delta.triton import MAX_WIDTH, _num_warps, _rows_per_program, check_device, sum_partials
+from deep_delta.ops.delta.triton import MAX_WIDTH, check_device, sum_partials
 from deep_delta.ops.launch import launch
 from deep_delta.ops.norm.lean import missing_grads_as_zeros, out_dtype
 
+# Launch choices, measured on an H200 (benchmarks/h100/tune_kernels.py, 2026-11-26, run_2026-11-26d/: 32 x 1024
+# tokens, d = 768, bf16 src; d_v = 4 / 1). Forward: one warp per 4096 values of the (d_v, d) tile, at least 1, and
+# 4 tokens per program at d_v > 1, 1 at d_v = 1 (0.106 and 0.083 ms; 0.188 and 0.111 with 8 / 4 warps and 16
+# tokens, the choice before). Backward: one warp per 1024 values, at least 2 (ops.delta.triton.delta_warps), on 8
+# (d_v > 1) or 4 (d_v = 1) programs per SM, token n+1's rows loaded while token n is computed (0.33 and 0.21 ms;
+# 0.40 and 0.37 with 8 / 4 warps on 2 per SM without the prefetch). The knobs (None: the rule) are for
+# tune_kernels.py.
+BWD_PER_SM = None
+BWD_PREFETCH = True
+FWD_ROWS = None
+WARPS = None
+
+
+def _fwd_warps(block: int) -> int:
+    return max(1, min(16, block // 4096)) if WARPS is None else WARPS
+
+
+def _bwd_warps(block: int) -> int:
+    return delta_triton.delta_warps(block) if WARPS is None else WARPS
+
 
 @triton.jit
-def _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps, beta_max, value_scale):
-    """One token's forward in fp32 registers: (s, r, y, c, g, w_g, s_g, s_v); masked lanes are 0."""
-    s = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0).to(NW.dtype.element_ty).to(tl.float32)
+def _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps):
+    """One token's forward in fp32 registers from its loaded source row: (s, r, y, c, g, w_g, s_g, s_v); masked
+    lanes are 0."""
+    s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
     r = tl.rsqrt(tl.sum(s * s, axis=0) / D + eps)
     y = s * r
     g = tl.load(NW + offs_d, mask=ok_d, other=0.0).to(tl.float32)
@@ -43,6 +64,23 @@ def _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps, bet
     bv = tl.load(BV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
     s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv)
     return s, r, y, c, g, wg, s_g, s_v
+
+
+@triton.jit
+def _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps, beta_max, value_scale):
+    """One token's forward in fp32 registers: :func:`_row_math` of src's row n."""
+    s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
+    return _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
+
+
+@triton.jit
+def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV):
+    """Token n's backward inputs as stored: src's row, its gradient gc, gbeta (lane 0 of a d_v-sized vector), gv."""
+    s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
+    gc = tl.load(GC + n * D + offs_d, mask=ok_d, other=0.0)
+    gbeta = tl.load(GBETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+    gv = tl.load(GV + n * DV + offs_v, mask=ok_v, other=0.0)
+    return s_raw, gc, gbeta, gv
 
 
 @triton.jit
@@ -73,10 +111,11 @@ def _norm_gate_value_bwd_kernel(
     SRC, NW, GW, GB, WV, BV, GC, GBETA, GV,
     GSRC, PART_D, PART_V, PART_B,
     N, CHUNK, D, DV, eps, beta_max, value_scale,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK). Partials of this program: PART_D (2, d) = (grad_g, grad_w_g),
-    PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v)."""
+    PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v). PREFETCH: token n+1's rows are loaded
+    before token n's math."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -90,15 +129,26 @@ def _norm_gate_value_bwd_kernel(
     acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
     acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
     acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    if PREFETCH:
+        first = pid * CHUNK
+        s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, first, offs_d, offs_v,
+                                                     md & ((offs_d * 0 + first) < N), mv & ((offs_v * 0 + first) < N),
+                                                     D, DV)
     for i in range(0, CHUNK):
         n = pid * CHUNK + i
         ok_d = md & ((offs_d * 0 + n) < N)
         ok_v = mv & ((offs_v * 0 + n) < N)
-        s, r, y, c, g, wg, s_g, s_v = _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps,
-                                           beta_max, value_scale)
-        gc = tl.load(GC + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
-        gbeta = tl.load(GBETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32)
-        gv = tl.load(GV + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        if PREFETCH:
+            s_raw, gc_raw, gbeta_raw, gv_raw = s_nx, gc_nx, gbeta_nx, gv_nx
+            nxt_d = md & ((offs_d * 0 + n + 1) < N) & ((offs_d * 0 + i + 1) < CHUNK)
+            nxt_v = mv & ((offs_v * 0 + n + 1) < N) & ((offs_v * 0 + i + 1) < CHUNK)
+            s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, n + 1, offs_d, offs_v, nxt_d, nxt_v, D, DV)
+        else:
+            s_raw, gc_raw, gbeta_raw, gv_raw = _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV)
+        s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
+        gc = gc_raw.to(tl.float32)
+        gbeta = gbeta_raw.to(tl.float32)
+        gv = gv_raw.to(tl.float32)
         dlg = gbeta * beta_max * s_g * (1.0 - s_g)  # lane 0; 0 elsewhere and past the last token
         dlg_s = tl.sum(dlg, axis=0)
         dlv = gv * value_scale * s_v * (1.0 - s_v)  # 0 past d_v and the last token
@@ -137,12 +187,12 @@ def triton_forward(
     v = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=src.device)
     if n == 0:
         return c, beta, v
-    rows = _rows_per_program(n)
+    rows = (4 if dv > 1 else 1) if FWD_ROWS is None else FWD_ROWS
     launch(
         _norm_gate_value_fwd_kernel, (triton.cdiv(n, rows),),
         (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, c, beta, v, n, d, dv, float(eps),
          float(beta_max), float(value_scale)), writes=(6, 7, 8),
-        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_fwd_warps(bd * bv),
     )
     return c, beta, v
 
@@ -157,7 +207,9 @@ def triton_backward(
     n, d = src.shape
     dv = value_weight.shape[0]
     bd, bv = _blocks(d, dv)
-    progs, chunk = delta_triton.reduction_grid(n, src.device)  # at most max_programs partials, whatever n
+    # at most max_programs partials, whatever n
+    per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
+    progs, chunk = delta_triton.reduction_grid(n, src.device, per_sm=per_sm)
     gsrc = torch.empty_like(src)
     part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=src.device)
     part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=src.device)
@@ -170,7 +222,7 @@ def triton_backward(
             (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc.contiguous(),
              gbeta.contiguous(), gv.contiguous(), gsrc, part_d, part_v, part_b, n, chunk, d, dv, float(eps),
              float(beta_max), float(value_scale)), writes=(9, 10, 11, 12),
-            BLOCK_D=bd, BLOCK_V=bv, num_warps=_num_warps(bd * bv),
+            BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, num_warps=_bwd_warps(bd * bv),
         )
     gd = sum_partials(part_d, torch.float32)
     gb = sum_partials(part_b, torch.float32)
