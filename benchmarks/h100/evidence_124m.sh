@@ -13,6 +13,9 @@
 #   OUT=$OUT bash benchmarks/h100/evidence_124m.sh
 #   VARIANTS="baseline ddl-cc" STEPS=400 bash benchmarks/h100/evidence_124m.sh     # fewer, longer
 #   SEEDS="1 2" bash benchmarks/h100/evidence_124m.sh                                # more paired seeds
+#   LRS="5e-4 1e-3 2e-3 4e-3" VARIANTS="baseline ddl-cc" bash benchmarks/h100/evidence_124m.sh
+#       # each variant at its own best lr of a grid (chosen on validation loss; `ddl compare --lrs`), with the
+#       # loss-against-lr plot; replaces LR, and multiplies the runs by the grid's size
 # A dry run of the whole pipeline on CPU (minutes): DEVICE=cpu PRESET=tiny STEPS=4 BATCH=2 SEQ=64 CORPUS_MB=2 \
 #   COMPILE=false bash benchmarks/h100/evidence_124m.sh
 set -euo pipefail
@@ -25,7 +28,8 @@ STEPS=${STEPS:-250}
 BATCH=${BATCH:-32}
 SEQ=${SEQ:-1024}
 LR=${LR:-1e-3}
-SEEDS=${SEEDS:-0}
+LRS=${LRS:-}
+SEEDS=${SEEDS:-1}  # `ddl compare --seeds`: one value is a count (1: seed 0), two or more a list
 DEVICE=${DEVICE:-cuda}
 COMPILE=${COMPILE:-true}
 CORPUS_MB=${CORPUS_MB:-600}
@@ -68,11 +72,13 @@ $PY -m deep_delta.cli.main data prepare --source "$WORK/corpus.jsonl" --tokenize
   --out "$WORK/data" --overwrite --no-progress 2>&1 | tail -5
 cp "$WORK/data/meta.json" "$OUT/data_meta.json"
 
-echo "=== compare ($(date +%T)): $VARIANTS, seeds $SEEDS, $STEPS steps of $BATCH x $SEQ tokens, lr $LR, compile $COMPILE"
+if [ -n "$LRS" ]; then LR_ARGS=(--lrs $LRS); LR_SAID="each variant at its best of lrs $LRS"
+else LR_ARGS=(--lr "$LR"); LR_SAID="lr $LR"; fi
+echo "=== compare ($(date +%T)): $VARIANTS, seeds $SEEDS, $STEPS steps of $BATCH x $SEQ tokens, $LR_SAID, compile $COMPILE"
 # shellcheck disable=SC2086
 $PY -m deep_delta.cli.main compare --preset "$PRESET" --variants $VARIANTS --data "$WORK/data" \
-  --steps "$STEPS" --seeds $SEEDS --batch-size "$BATCH" --seq-len "$SEQ" --lr "$LR" --warmup-steps $((STEPS / 10 + 1)) \
+  --steps "$STEPS" --seeds $SEEDS --batch-size "$BATCH" --seq-len "$SEQ" "${LR_ARGS[@]}" --warmup-steps $((STEPS / 10 + 1)) \
   --eval-every $((STEPS / 5 > 0 ? STEPS / 5 : 1)) --eval-batches 20 --device "$DEVICE" --set compile=$COMPILE \
   --time-repeats 3 --out "$WORK/compare" --no-progress 2>&1 | tee "$OUT/compare.log" | tail -40
-for f in compare.md compare.json curves.png; do cp "$WORK/compare/$f" "$OUT/" 2>/dev/null || true; done
+for f in compare.md compare.json curves.png lr_sensitivity.png; do cp "$WORK/compare/$f" "$OUT/" 2>/dev/null || true; done
 echo "=== done ($(date +%T)); tables in $OUT"
