@@ -67,13 +67,6 @@ def _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps):
 
 
 @triton.jit
-def _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps, beta_max, value_scale):
-    """One token's forward in fp32 registers: :func:`_row_math` of src's row n."""
-    s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
-    return _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
-
-
-@triton.jit
 def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV):
     """Token n's backward inputs as stored: src's row, its gradient gc, gbeta (lane 0 of a d_v-sized vector), gv."""
     s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
@@ -99,8 +92,8 @@ def _norm_gate_value_fwd_kernel(
         n = pid * ROWS + i
         ok_d = md & ((offs_d * 0 + n) < N)  # the row index as a vector: masks must be tensors
         ok_v = mv & ((offs_v * 0 + n) < N)
-        s, r, y, c, g, wg, s_g, s_v = _row(SRC, NW, GW, GB, WV, BV, n, offs_d, offs_v, ok_d, ok_v, wv, D, eps,
-                                           beta_max, value_scale)
+        s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
+        s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
         tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
         tl.store(BETA + n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
         tl.store(V + n * DV + offs_v, (value_scale * s_v).to(V.dtype.element_ty), mask=ok_v)
