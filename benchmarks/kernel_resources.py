@@ -60,7 +60,10 @@ def op_steps(dtype: torch.dtype) -> dict:
         BATCH, SEQ, NS, dt=torch.float32)
     rs, bs, as_ = rnd(NS, NS, dt=torch.float32), rnd(NS, dt=torch.float32), rnd(NS, dt=torch.float32)
     z = rnd(BATCH, SEQ, NS, NS, dt=torch.float32)
-    src = rnd(BATCH, SEQ, D, dt=torch.float32)  # the sublayer's source row, read in the norm weight's dtype
+    # the sublayer's source row as the models pass it (the state's dtype; read in the norm weight's dtype), c
+    # written in that dtype under autocast (norm_output="autocast"), fp32 otherwise
+    src = rnd(BATCH, SEQ, D)
+    c_dtype = None if dtype == torch.float32 else dtype
     norm_weights = (rnd(D, dt=torch.float32), rnd(1, D, dt=torch.float32), rnd(1, dt=torch.float32),
                     rnd(DV, D, dt=torch.float32), rnd(DV, dt=torch.float32))
 
@@ -82,7 +85,7 @@ def op_steps(dtype: torch.dtype) -> dict:
         "HC read (static)": lambda: back(stream_read(h, as_, backend=t)),
         "Sinkhorn-Knopp": lambda: back(sinkhorn_knopp(z, 20, 1e-6, backend=t)),
         "norm + gate + value": lambda: back(norm_gate_value(src, *norm_weights, eps=1e-5, beta_max=2.0,
-                                                            value_scale=4.0, backend=t)),
+                                                            value_scale=4.0, c_dtype=c_dtype, backend=t)),
     }
 
 

@@ -9,7 +9,7 @@ arguments imply (``deep_delta.ops.launch.count_traffic``) and the bandwidth that
 choice is marked. Prints markdown, writes it and a JSON beside it.
 
     python benchmarks/h100/tune_kernels.py --out DIR [--batch 32 --seq 1024 --d 768] [--only KERNEL ...]
-        [--params warps per_sm ...] [--grid per_sm=4,8,16 prefetch=0,1 ...]
+        [--params warps per_sm ...] [--grid per_sm=4,8,16 prefetch=0,1 one_pass=0,1 ...]
     TRITON_INTERPRET=1 python benchmarks/h100/tune_kernels.py --device cpu --quick   # a smoke test on CPU
 """
 
@@ -33,7 +33,7 @@ from deep_delta.ops.launch import count_traffic, launch
 
 
 @contextlib.contextmanager
-def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefetch=None):
+def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefetch=None, one_pass=None):
     """Patch the library's launch heuristics for the duration (None: keep the library's choice). Only the names
     the library has are patched: an older checkout (a before-run, ``--no-sweep``) lacks some, and had
     ``READ_BWD_WARPS`` where the library now uses ``delta_warps``."""
@@ -56,6 +56,8 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
     if prefetch is not None:  # every token loop that has the knob
         patches.update({(tt, "PREFETCH"): prefetch, (tt, "GRAD_W_PREFETCH"): prefetch,
                         (dt, "READ_BWD_PREFETCH"): prefetch, (nt, "BWD_PREFETCH"): prefetch})
+    if one_pass is not None:  # the norm kernels' per-token reductions at once or chained (ops/norm/triton.py)
+        patches[(nt, "ONE_PASS")] = one_pass
     patches = {key: value for key, value in patches.items() if hasattr(*key)}
     saved = {key: getattr(*key) for key in patches}
     try:
@@ -77,10 +79,10 @@ def inputs(b, t, d, dv, ks, device, dtype, seed=0):
     k, v, beta = r(b, t, d).to(dtype), r(b, t, dv).to(dtype), torch.rand(b, t, generator=g).to(device).to(dtype)
     c, w = r(d, dv, scale=0.1), r(ks, d, dv, scale=0.1)
     g_state, g_in = r(b, t, d, dv).to(dtype), r(b, t, d).to(dtype)
-    # the sublayer's norm, gate and value (ops.norm): src as stored (the state's dtype), fp32 weights and the
-    # fp32 gradients of c, beta, v
+    # the sublayer's norm, gate and value (ops.norm): src as stored (the state's dtype), fp32 weights, c and its
+    # gradient in the state's dtype (the models' norm_output="autocast"), the fp32 gradients of beta, v
     norm = (r(b * t, d).to(dtype), 1 + r(d, scale=0.1), r(1, d, scale=0.1), r(1), r(dv, d, scale=0.1), r(dv))
-    norm_grads = (r(b * t, d), r(b * t, 1), r(b * t, dv))
+    norm_grads = (r(b * t, d).to(dtype), r(b * t, 1), r(b * t, dv))
     return dict(x=x, k=k, v=v, beta=beta, c=c, w=w, g=g_state, gin=g_in, norm=norm, norm_grads=norm_grads)
 
 
@@ -97,8 +99,9 @@ def kernels(a, eps=1e-5):
                                                                a["w"], eps), ("warps", "rows", "per_sm", "prefetch")),
         "delta bwd + CC read": (lambda: dt.triton_backward(g, gin, f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
                                 ("warps", "per_sm", "prefetch")),
-        "norm bwd": (lambda: nt.triton_backward(*a["norm_grads"], *a["norm"], *consts), ("warps", "per_sm", "prefetch")),
-        "norm fwd": (lambda: nt.triton_forward(*a["norm"], *consts), ("warps", "rows")),
+        "norm bwd": (lambda: nt.triton_backward(*a["norm_grads"], *a["norm"], *consts),
+                     ("warps", "per_sm", "prefetch", "one_pass")),
+        "norm fwd": (lambda: nt.triton_forward(*a["norm"], *consts, *norm_c_dtype(a)), ("warps", "rows", "one_pass")),
         "delta fwd + TC read": (lambda: tt.token_read_forward(a["x"], a["k"], a["v"], a["beta"], a["w"], eps),
                                 ("warps", "chunk", "prefetch")),
         "delta fwd + CC read": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
@@ -107,6 +110,13 @@ def kernels(a, eps=1e-5):
                       ("warps", "rows")),
         "delta fwd": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], None, eps), ("warps", "rows")),
     }
+
+
+def norm_c_dtype(a) -> tuple:
+    """The forward's c_dtype argument where the library has one (an older checkout, a before-run, has not)."""
+    import inspect
+
+    return (a["x"].dtype,) if "c_dtype" in inspect.signature(nt.triton_forward).parameters else ()
 
 
 def traffic(fn) -> int:
@@ -164,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", nargs="*", default=None, help="kernel names (as printed) to sweep; default all")
     ap.add_argument("--params", nargs="*", default=None,
-                    choices=["warps", "rows", "per_sm", "chunk", "stages", "prefetch"],
+                    choices=["warps", "rows", "per_sm", "chunk", "stages", "prefetch", "one_pass"],
                     help="sweep these parameters for every kernel (the others at the library's choice); default: "
                          "each kernel's own launch parameters")
     ap.add_argument("--grid", nargs="*", default=[], metavar="NAME=V1,V2",
@@ -176,18 +186,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     grid = dict(warps=[4, 8, 16], rows=[1, 2, 4, 16], per_sm=[2, 4, 8, 16], chunk=[8, 16, 32, 64],
-                stages=[1, 2, 3, 4], prefetch=[False, True])
+                stages=[1, 2, 3, 4], prefetch=[False, True], one_pass=[False, True])
     if args.quick:
         args.batch, args.seq, args.d, args.iters = 2, 8, 12, 1
-        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], stages=[1, 2], prefetch=[False, True])
+        grid = dict(warps=[1, 2], rows=[1, 4], per_sm=[1, 2], chunk=[2, 4], stages=[1, 2], prefetch=[False, True],
+                    one_pass=[False, True])
     for item in args.grid:
         name, _, values = item.partition("=")
         if name not in grid or not values:
             ap.error(f"--grid: expected NAME=V1,V2 with NAME one of {sorted(grid)}, got {item!r}")
         try:
-            grid[name] = [bool(int(x)) if name == "prefetch" else int(x) for x in values.split(",")]
+            grid[name] = [bool(int(x)) if name in ("prefetch", "one_pass") else int(x) for x in values.split(",")]
         except ValueError:
-            ap.error(f"--grid {name}: values must be integers (prefetch: 0 or 1), got {values!r}")
+            ap.error(f"--grid {name}: values must be integers (prefetch, one_pass: 0 or 1), got {values!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"

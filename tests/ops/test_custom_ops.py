@@ -147,10 +147,15 @@ def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
     weights = (1 + 0.3 * r(d), r(1, d), r(1), r(dv, d), r(dv))
     grads = (r(n, d), r(n, 1), r(n, dv))
     consts = (1e-5, 2.0, 4.0)
+    low = torch.bfloat16 if dtype != torch.float64 else torch.float32  # c in a lower precision (c_dtype)
     cases = [
-        (norm_gate_value_op, (src.clone().requires_grad_(), *(w.clone().requires_grad_() for w in weights), *consts)),
-        (norm_gate_value_op, (src, *weights, *consts)),
+        (norm_gate_value_op, (src.clone().requires_grad_(), *(w.clone().requires_grad_() for w in weights), *consts,
+                              None)),
+        (norm_gate_value_op, (src.clone().requires_grad_(), *(w.clone().requires_grad_() for w in weights), *consts,
+                              low)),
+        (norm_gate_value_op, (src, *weights, *consts, None)),
         (norm_gate_value_backward_op, (*grads, src, *weights, *consts)),
+        (norm_gate_value_backward_op, (grads[0].to(low), *grads[1:], src, *weights, *consts)),
     ]
     for op, args in cases:
         result = torch.library.opcheck(op, args)
@@ -183,7 +188,8 @@ def test_cuda_kernels_of_every_op_return_fresh_tensors(monkeypatch):
         "delta_update_backward": (delta_library._delta_update_backward_cuda, (g, x, k, v, beta, 1e-5)),
         "delta_update_read_backward": (delta_library._delta_update_read_backward_cuda,
                                        (g, gin, x, out, k, v, beta, c, 1e-5)),
-        "norm_gate_value": (norm_library._norm_gate_value_cuda, (src, *weights, *consts)),
+        "norm_gate_value": (norm_library._norm_gate_value_cuda, (src, *weights, *consts, None)),
+        "norm_gate_value c_dtype": (norm_library._norm_gate_value_cuda, (src, *weights, *consts, torch.bfloat16)),
         "norm_gate_value_backward": (norm_library._norm_gate_value_backward_cuda, (*ngrads, src, *weights, *consts)),
     }
     for name, (kernel, args) in cases.items():

@@ -1,7 +1,9 @@
 """The sublayer's input stage (:func:`deep_delta.ops.norm.norm_gate_value`): RMSNorm, linear gate, k-Map value.
 
 - The Triton kernels (``TRITON_INTERPRET=1`` on CPU, native on CUDA) against the plain reference, in values and
-  the gradients of src and every weight: fp32 and bf16 src, d = 48 and 100, N = 1, 7 and 90, d_v = 1, 3, 4.
+  the gradients of src and every weight: fp32 and bf16 src, d = 48 and 100, N = 1, 7 and 90, d_v = 1, 3, 4; both
+  forms of the per-token reductions (``ONE_PASS``) and of the backward loop (``BWD_PREFETCH``).
+- c in a lower dtype (``c_dtype``): only c changes; ``DeltaResidual(norm_output="autocast")`` casts c once.
 - The weight gradients on the persistent grid: with ``max_programs`` patched to 4, still equal; the partial
   buffers have the same size at N and 4N tokens, at most ``max_programs`` x the weights.
 - The lean path against the reference (fp64 to 1e-12, fp32), its closed-form backward (the custom op's off
@@ -104,15 +106,18 @@ def test_triton_matches_reference(lead, d, dv, dtype):
     compare(triton_fn, norm_inputs(lead, d, dv, dtype, seed=d + dv), dtype)
 
 
+@pytest.mark.parametrize("one_pass", [False, True], ids=["chained", "one-pass"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_triton_with_more_tokens_than_programs(monkeypatch, dtype, prefetch):
+def test_triton_with_more_tokens_than_programs(monkeypatch, dtype, prefetch, one_pass):
     """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs: the persistent loop and its short last chunk, with
-    the next token's rows loaded ahead (``BWD_PREFETCH``) or each in its own iteration."""
+    the next token's rows loaded ahead (``BWD_PREFETCH``) or each in its own iteration; each token's reductions
+    taken at once (``ONE_PASS``, forward and backward) or in the order the math is written."""
     from deep_delta.ops.norm import triton as norm_triton
 
     monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
     monkeypatch.setattr(norm_triton, "BWD_PREFETCH", prefetch)
+    monkeypatch.setattr(norm_triton, "ONE_PASS", one_pass)
     compare(triton_fn, norm_inputs((3, 5), 33, 4, dtype, seed=3), dtype)
 
 
@@ -140,6 +145,95 @@ def test_low_precision_src_equals_a_cast_before_the_op(backend):
             assert ((a.float() - b.float()).abs() <= step).all(), f"grad {name} differs by more than one bf16 step"
         else:
             assert torch.equal(a, b), f"grad {name} differs"
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "op"])
+def test_c_in_a_lower_dtype_changes_only_c(backend):
+    """``c_dtype=bf16``: c is the fp32 one rounded to bf16 (what autocast's cast before a matmul gives), beta and v
+    are unchanged (the gate reads c before the rounding), and with a bf16 gradient of c every gradient is bit for
+    bit what the fp32 c gives for the same gradient values. Under the Triton interpreter (CPU) the kernel's fp32
+    -> bf16 store truncates where the GPU and torch round to nearest: there c may differ by one bf16 step."""
+    from deep_delta.ops.norm.library import norm_gate_value_with_op
+
+    if backend == "op":
+        def fn(*a, eps, beta_max, value_scale, **kw):
+            return norm_gate_value_with_op(*a, eps, beta_max, value_scale, **kw)
+    else:
+        fn = lambda *a, **kw: norm_gate_value(*a, **kw, backend=backend)  # noqa: E731
+    inputs = norm_inputs((3, 7), 40, 4, seed=12)
+    gc, gbeta, gv = upstream(inputs[0], 4)
+    gc = gc.to(torch.bfloat16)
+    low, low_grads = outputs_and_grads(lambda *a, **kw: fn(*a, **kw, c_dtype=torch.bfloat16), inputs,
+                                       (gc, gbeta, gv))
+    full, full_grads = outputs_and_grads(fn, inputs, (gc.float(), gbeta, gv))
+    assert low[0].dtype == torch.bfloat16 and full[0].dtype == torch.float32
+    if backend == "triton" and DEVICE == "cpu":
+        step = 2.0 ** -7 * full[0].abs()
+        assert ((low[0].float() - full[0]).abs() <= step).all(), "c differs by more than one bf16 step"
+    else:
+        assert torch.equal(low[0], full[0].to(torch.bfloat16))
+    assert torch.equal(low[1], full[1]) and torch.equal(low[2], full[2])
+    for name, a, b in zip(NAMES, low_grads, full_grads):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"grad {name} differs"
+    with pytest.raises(TypeError, match="`c_dtype` must be None or a floating-point torch.dtype, got torch.int32"):
+        norm_gate_value(*inputs, **CONSTS, c_dtype=torch.int32)
+
+
+class ThreeMatmuls(torch.nn.Module):
+    """A branch whose first ops on c are three matmuls (attention's q, k and v)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, c):
+        return torch.tanh(self.q(c)) * self.k(c) + self.v(c)
+
+
+@pytest.mark.parametrize("dv,additive", [(1, False), (4, False), (1, True)], ids=["dv1", "dv4", "additive"])
+def test_norm_output_autocast_rounds_c_once(dv, additive):
+    """``DeltaResidual(norm_output="autocast")`` under (CPU) autocast on the modules' path: the branch gets c in
+    bf16, one cast where autocast made one per matmul (3 here); the output is bit for bit the default's (the same
+    rounding, done once), and the gradients differ only by c's gradient being summed in bf16 (close)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountCasts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32 and args[0].dim() > 1 \
+                    and tuple(args[0].shape[-1:]) == (d,) and kwargs.get("dtype") == torch.bfloat16 \
+                    and not isinstance(args[0], torch.nn.Parameter) and args[0].requires_grad:
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    d = 16
+    torch.manual_seed(0)
+    res = DeltaResidual(d, ThreeMatmuls(d), value_channels=dv, additive=additive, backend="torch")
+    x = torch.randn(2, 5, d, *((dv,) if dv > 1 else ()))
+    x_in = torch.randn(2, 5, d) if dv > 1 else None
+    g = torch.randn_like(x)
+
+    def run(mode):
+        res.norm_output = mode
+        res.zero_grad()
+        xs = x.clone().requires_grad_()
+        counter = CountCasts()
+        with torch.autocast("cpu", dtype=torch.bfloat16), counter:
+            out = res(xs, x_in=x_in)
+        out.backward(g.to(out.dtype))
+        return out, [xs.grad] + [p.grad.clone() for p in res.parameters() if p.grad is not None], counter.n
+
+    new, new_grads, new_casts = run("autocast")
+    old, old_grads, old_casts = run("module")
+    assert torch.equal(new, old)
+    assert old_casts - new_casts == 2, (old_casts, new_casts)  # 3 casts of c become 1 (src's for v: both)
+    for i, (a, b) in enumerate(zip(new_grads, old_grads)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=f"gradient {i}")
+    with pytest.raises(ValueError, match="`norm_output` must be one of \\('module', 'autocast'\\), got 'bf16'"):
+        DeltaResidual(d, ThreeMatmuls(d), norm_output="bf16")
 
 
 def partial_bytes(n: int, d: int, dv: int) -> list[int]:
@@ -298,6 +392,43 @@ def test_delta_residual_fused_on_triton_equals_the_modules(dv):
     assert len(new_grads) == len(old_grads)
     for i, (a, b) in enumerate(zip(new_grads, old_grads)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"gradient {i} differs")
+
+
+@pytest.mark.parametrize("dv", [1, 4])
+def test_delta_residual_fused_under_autocast_matches_the_modules(dv):
+    """``norm_output="autocast"`` under (CPU) autocast: the fused op writes c in bf16 and the modules' path casts
+    it once; both give the same output and gradients to bf16's precision (the output first, then x's and every
+    parameter's gradient)."""
+    d = 24
+    torch.manual_seed(1)
+    res = DeltaResidual(d, ThreeMatmuls(d), value_channels=dv, backend="triton", norm_output="autocast").to(DEVICE)
+    x = torch.randn(2, 5, d, *((dv,) if dv > 1 else ()), device=DEVICE)
+    x_in = torch.randn(2, 5, d, device=DEVICE) if dv > 1 else None
+    g = torch.randn_like(x)
+
+    def run(fused: bool):
+        res.fuse_inputs = fused
+        res.zero_grad()
+        xs = x.clone().requires_grad_()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            out = res(xs, x_in=x_in)
+        out.backward(g.to(out.dtype))
+        return out, [xs.grad] + [p.grad.clone() for p in res.parameters()]
+
+    (new, new_grads), (old, old_grads) = run(True), run(False)
+    names = ["output", "x", *(name for name, _ in res.named_parameters())]
+    # bf16 matmuls on both paths, and under the interpreter c's store truncates where the cast rounds: each
+    # within 2% of its largest entry or of x's gradient's (the gate bias's is a sum over tokens that cancels);
+    # one to two bf16 steps. The op's own test (c_dtype above) checks every gradient bit for bit.
+    scale = old_grads[0].float().abs().max().item()
+    for name, a, b in zip(names, [new, *new_grads], [old, *old_grads]):
+        err = (a.float() - b.float()).abs().max().item()
+        assert err <= 2e-2 * max(b.float().abs().max().item(), scale), f"{name}: max error {err:.3g}"
+    seen = []
+    hook = res.branch.register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    run(True)
+    hook.remove()
+    assert seen == [torch.bfloat16]
 
 
 def test_bad_arguments_are_named():

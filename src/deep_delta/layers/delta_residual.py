@@ -30,6 +30,7 @@ from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
 from deep_delta.ops.norm import norm_gate_value
 
 RESIDUAL_MAPS = ("k", "v")
+NORM_OUTPUTS = ("module", "autocast")
 
 
 class DeltaResidual(nn.Module):
@@ -50,6 +51,12 @@ class DeltaResidual(nn.Module):
         vmap_rank: rank of the low-rank phi_k branch of the v-Map.
         additive: use the plain additive residual ``x + branch(RMSNorm(x))`` instead (d_v = 1 only): the baseline.
         backend: delta-update backend, "auto", "torch" or "triton".
+        norm_output: the dtype the branch gets c in. "module": the norm weight's (``nn.RMSNorm``'s output);
+            "autocast": under autocast, the autocast dtype (bf16, say), rounded once after the norm. Right for a
+            branch whose first ops on c are matmuls, which autocast would feed that rounding anyway (once per
+            matmul: three casts for q, k, v): the forward's values are the same, the casts before the matmuls go,
+            and the gradient of c arrives summed in the autocast dtype (as a compiled graph sums it) instead of in
+            fp32. The gate reads the unrounded c either way. The library's models use "autocast".
     """
 
     def __init__(
@@ -69,8 +76,11 @@ class DeltaResidual(nn.Module):
         vmap_rank: int | None = None,
         additive: bool = False,
         backend: str = "auto",
+        norm_output: str = "module",
     ):
         super().__init__()
+        if norm_output not in NORM_OUTPUTS:
+            raise ValueError(f"DeltaResidual: `norm_output` must be one of {NORM_OUTPUTS}, got {norm_output!r}")
         if value_channels < 1:
             raise ValueError(f"DeltaResidual: `value_channels` must be >= 1, got {value_channels}")
         if residual_map not in RESIDUAL_MAPS:
@@ -82,6 +92,7 @@ class DeltaResidual(nn.Module):
         resolve_backend(backend, torch.device("cpu"))  # validates the name
         self.dim, self.value_channels, self.residual_map = dim, value_channels, residual_map
         self.value_scale, self.k_eps, self.additive, self.backend = value_scale, k_eps, additive, backend
+        self.norm_output = norm_output
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
         self.fuse_inputs = False
         self.branch = branch
@@ -180,6 +191,7 @@ class DeltaResidual(nn.Module):
             src = x
         else:
             src = x.mean(-1) if x_in is None else x_in
+        c_dtype = self._branch_dtype(src)
         if self.fuse_inputs and resolve_backend(self.backend, src.device) == "triton":  # one read of src
             # src as stored (a bf16 state stays bf16): the op reads it in the norm weight's dtype in registers and
             # writes its gradient in src's dtype, the same values as a cast before it, without the cast's two
@@ -187,13 +199,13 @@ class DeltaResidual(nn.Module):
             weights = (self.gate.proj.weight, self.gate.proj.bias, self.value_proj.weight, self.value_proj.bias)
             c, beta, v = norm_gate_value(src, self.norm.weight, *weights, eps=self.norm.eps,
                                          beta_max=self.gate.beta_max, value_scale=self.value_scale,
-                                         backend=self.backend)
+                                         c_dtype=c_dtype, backend=self.backend)
             return self.branch(c, *branch_args, **branch_kwargs), v, beta
         # elsewhere the modules themselves (the lean op, deep_delta.ops.norm.lean, is their ops bit for bit;
         # the modules keep the gradient of c summed in today's order and their forward hooks firing)
         src = src.to(self.norm.weight.dtype)  # a state stored in lower precision is read in the module's dtype
         c = self.norm(src)
-        h = self.branch(c, *branch_args, **branch_kwargs)
+        h = self.branch(c if c_dtype is None else c.to(c_dtype), *branch_args, **branch_kwargs)
         if self.additive:
             return h
         beta = self.gate(c)
@@ -207,6 +219,14 @@ class DeltaResidual(nn.Module):
             else:
                 v = self.value_proj(h)
         return k, v, beta
+
+    def _branch_dtype(self, src: torch.Tensor) -> torch.dtype | None:
+        """The dtype the branch gets c in when it is not the norm weight's (``norm_output``), else None."""
+        device = src.device.type
+        if self.norm_output == "autocast" and torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            return None if dtype == self.norm.weight.dtype else dtype
+        return None
 
     def _check_read(self, read: nn.Module, x: torch.Tensor) -> None:
         if self.additive or self.value_channels == 1:

@@ -23,7 +23,9 @@ Tensor = torch.Tensor
 
 
 def _check(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
-           value_bias: Tensor, eps: float, beta_max: float, value_scale: float) -> None:
+           value_bias: Tensor, eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None) -> None:
+    if c_dtype is not None and (not isinstance(c_dtype, torch.dtype) or not c_dtype.is_floating_point):
+        raise TypeError(f"norm_gate_value: `c_dtype` must be None or a floating-point torch.dtype, got {c_dtype!r}")
     if src.dim() < 1:
         raise ValueError(f"norm_gate_value: `src` must have shape (..., d), got {tuple(src.shape)}")
     d = src.shape[-1]
@@ -58,6 +60,7 @@ def norm_gate_value(
     eps: float,
     beta_max: float,
     value_scale: float,
+    c_dtype: torch.dtype | None = None,
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The RMSNorm, the linear gate and the k-Map value of one source row, read once.
@@ -69,24 +72,28 @@ def norm_gate_value(
         norm_weight: (d,), the RMSNorm's g; eps: its eps, added to the mean of squares (``nn.RMSNorm``).
         gate_weight: (1, d) and gate_bias: (1,), the linear gate ``beta = beta_max sigmoid(c . w_g + b_g)``.
         value_weight: (d_v, d) and value_bias: (d_v,), the value ``v = value_scale sigmoid(W_v src + b_v)``.
+        c_dtype: the dtype c is returned in; None: norm_weight's. The gate reads c before this rounding, so
+            only c itself changes: :class:`deep_delta.layers.DeltaResidual` passes the autocast dtype under
+            autocast (``norm_output="autocast"``), the dtype its branch's matmuls read c in anyway, which spares
+            the casts before them and halves c's bytes and its gradient's.
         backend: "auto", "torch" or "triton" (module docstring).
     Returns:
-        c (..., d) in norm_weight's dtype; beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
+        c (..., d) in c_dtype (default norm_weight's dtype); beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
         The gate's logits are fp32 under autocast too; the lean path's value projection runs in the autocast
         dtype, as ``nn.Linear`` does, and the kernels' in fp32.
     """
-    _check(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale)
+    _check(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
     args = (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
     impl = resolve_backend(backend, src.device)
     if impl == "triton" and backend == "auto":  # the registered op: one node under torch.compile
         from deep_delta.ops.norm.library import norm_gate_value_with_op
 
-        return norm_gate_value_with_op(*args, eps, beta_max, value_scale)
+        return norm_gate_value_with_op(*args, eps, beta_max, value_scale, c_dtype)
     if impl == "triton":
         from deep_delta.ops.norm.triton import norm_gate_value_triton
 
-        return norm_gate_value_triton(*args, eps=eps, beta_max=beta_max, value_scale=value_scale)
-    return norm_gate_value_lean(*args, eps=eps, beta_max=beta_max, value_scale=value_scale)
+        return norm_gate_value_triton(*args, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
+    return norm_gate_value_lean(*args, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
 
 
 __all__ = ["norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference"]

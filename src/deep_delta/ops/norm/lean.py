@@ -35,10 +35,10 @@ def gate_value_lean(c: Tensor, src: Tensor, gate_weight: Tensor, gate_bias: Tens
 
 def norm_gate_value_lean(
     src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
-    value_bias: Tensor, *, eps: float, beta_max: float, value_scale: float,
+    value_bias: Tensor, *, eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(c, beta, v): :func:`rms_norm_lean`, then :func:`gate_value_lean` (autograd through these ops gives the
-    gradients). Shapes: :func:`deep_delta.ops.norm.norm_gate_value`.
+    gradients); c cast to c_dtype last (the gate reads it before). Shapes: :func:`deep_delta.ops.norm.norm_gate_value`.
 
     :class:`DeltaResidual` calls the two halves around its branch (the gate's and the value's autograd nodes
     then come after the branch's, as before this op existed, so autograd sums the gradient of c in the same
@@ -48,7 +48,7 @@ def norm_gate_value_lean(
     c = rms_norm_lean(src, norm_weight, eps)
     beta, v = gate_value_lean(c, src, gate_weight, gate_bias, value_weight, value_bias, beta_max=beta_max,
                               value_scale=value_scale)
-    return c, beta, v
+    return (c if c_dtype is None else c.to(c_dtype)), beta, v
 
 
 def norm_gate_value_backward_lean(

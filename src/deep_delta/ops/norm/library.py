@@ -3,7 +3,7 @@
 
 | op | CUDA kernel | every other device |
 | --- | --- | --- |
-| ``deep_delta::norm_gate_value(src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale) -> (c, beta, v)`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
+| ``deep_delta::norm_gate_value(src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale, c_dtype) -> (c, beta, v)`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
 | ``deep_delta::norm_gate_value_backward(gc, gbeta, gv, src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale)`` | Triton | the closed-form lean backward |
 
 The backward op is what ``register_autograd`` calls (no double backward). Shapes are the flattened ones: src
@@ -36,10 +36,11 @@ def _use_triton(src: Tensor) -> bool:
 
 
 def _forward_lean(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
-                  value_bias: Tensor, eps: float, beta_max: float, value_scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(c, beta, v) of a flattened src (N, d). Lean math."""
+                  value_bias: Tensor, eps: float, beta_max: float, value_scale: float,
+                  c_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(c, beta, v) of a flattened src (N, d); c in c_dtype (None: the norm weight's). Lean math."""
     c, beta, v = norm_gate_value_lean(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps=eps,
-                                      beta_max=beta_max, value_scale=value_scale)
+                                      beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
     return c.contiguous(), beta.contiguous(), v.contiguous()
 
 
@@ -48,20 +49,20 @@ norm_gate_value_op = torch.library.custom_op("deep_delta::norm_gate_value", _for
 
 @norm_gate_value_op.register_kernel("cuda")
 def _norm_gate_value_cuda(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                          value_scale):
+                          value_scale, c_dtype):
     if not _use_triton(src):
         return _forward_lean(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                             value_scale)
+                             value_scale, c_dtype)
     from deep_delta.ops.norm.triton import triton_forward
 
     return triton_forward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                          value_scale)
+                          value_scale, c_dtype)
 
 
 @norm_gate_value_op.register_fake
-def _(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale):
+def _(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype):
     n, d = src.shape
-    return (src.new_empty(n, d, dtype=norm_weight.dtype), src.new_empty(n, 1, dtype=out_dtype(norm_weight)),
+    return (src.new_empty(n, d, dtype=c_dtype or norm_weight.dtype), src.new_empty(n, 1, dtype=out_dtype(norm_weight)),
             src.new_empty(n, value_weight.shape[0], dtype=out_dtype(norm_weight)))
 
 
@@ -98,7 +99,7 @@ def _(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, val
 
 
 def _save_inputs(ctx, inputs, output) -> None:
-    *tensors, eps, beta_max, value_scale = inputs
+    *tensors, eps, beta_max, value_scale, _ = inputs
     ctx.save_for_backward(*tensors)
     ctx.consts = (eps, beta_max, value_scale)
 
@@ -107,7 +108,7 @@ def _norm_gate_value_grad(ctx, gc, gbeta, gv):
     src, norm_weight, gate_weight, gate_bias, value_weight, value_bias = ctx.saved_tensors
     gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, norm_weight, value_weight)
     grads = norm_gate_value_backward_op(gc, gbeta, gv, *ctx.saved_tensors, *ctx.consts)
-    return (*grads, None, None, None)
+    return (*grads, None, None, None, None)
 
 
 norm_gate_value_op.register_autograd(_norm_gate_value_grad, setup_context=_save_inputs)
@@ -117,10 +118,10 @@ OPS = (norm_gate_value_op, norm_gate_value_backward_op)
 
 def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
                             value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float,
-                            value_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                            value_scale: float, c_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The custom op at any leading shape: src (..., d) -> c (..., d), beta (..., 1), v (..., d_v)."""
     lead, d = src.shape[:-1], src.shape[-1]
     c, beta, v = norm_gate_value_op(
         src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
-        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale))
+        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale), c_dtype)
     return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])

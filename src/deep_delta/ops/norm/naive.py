@@ -17,11 +17,11 @@ Tensor = torch.Tensor
 
 def norm_gate_value_reference(
     src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
-    value_bias: Tensor, *, eps: float, beta_max: float, value_scale: float,
+    value_bias: Tensor, *, eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """src (..., d), norm_weight (d,), gate_weight (1, d), gate_bias (1,), value_weight (d_v, d), value_bias (d_v,).
 
-    Returns c (..., d) in norm_weight's dtype, beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
+    Returns c (..., d) in c_dtype (None: norm_weight's dtype; the gate reads c unrounded), beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
     """
     ct = torch.promote_types(norm_weight.dtype, torch.float32)
     s = src.to(norm_weight.dtype).to(ct)
@@ -29,4 +29,4 @@ def norm_gate_value_reference(
     c = y * norm_weight.to(ct)
     beta = beta_max * torch.sigmoid(c @ gate_weight.to(ct).t() + gate_bias.to(ct))
     v = value_scale * torch.sigmoid(s @ value_weight.to(ct).t() + value_bias.to(ct))
-    return c.to(norm_weight.dtype), beta, v
+    return c.to(c_dtype or norm_weight.dtype), beta, v

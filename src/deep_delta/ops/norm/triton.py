@@ -3,8 +3,8 @@
 forward   read src (one row per token), g, w_g, b_g, W_v, b_v
           -> s = src in the norm weight's dtype, r = rsqrt(mean(s^2) + eps), y = s r, c = y g    (fp32)
           -> beta = beta_max sigmoid(c . w_g + b_g), v = value_scale sigmoid(W_v s + b_v)        (fp32)
-          write c (the norm weight's dtype), beta (N, 1) and v (N, d_v) (fp32)
-backward  read src, gc, gbeta, gv; recompute r, y, c and the two sigmoids (nothing but src is saved)
+          write c (the norm weight's dtype, or the c_dtype asked for), beta (N, 1) and v (N, d_v) (fp32)
+backward  read src, gc (in c's dtype), gbeta, gv; recompute r, y, c and the two sigmoids (nothing but src is saved)
           write grad_src = r (dy - y mean(dy y)) + dlogit_v W_v   with dy = (gc + dlogit_g w_g) g
           the weight gradients (g, w_g, b_g, W_v, b_v) on a persistent grid
           (:func:`deep_delta.ops.delta.triton.reduction_grid`): each program accumulates its contiguous chunk of
@@ -37,6 +37,12 @@ BWD_PER_SM = None
 BWD_PREFETCH = True
 FWD_ROWS = None
 WARPS = None
+# ONE_PASS: every reduction over d of a token is taken from the loaded rows at once (one multi-operand reduction,
+# plus the value's), the scalars follow: sum(c w_g) = r sum(s g w_g) and sum(dy y) = r (sum(s g gc) + dlogit_g
+# sum(s g w_g)). The other form reduces in the order the math is written (r, then the gate's logit, then the
+# backward's mean), a chain of dependent cross-warp reductions per token. The same values to fp32 rounding; not
+# yet timed on a GPU (2026-11-26): tune_kernels.py --grid one_pass=0,1 compares the two.
+ONE_PASS = True
 
 
 def _fwd_warps(block: int) -> int:
@@ -67,6 +73,16 @@ def _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps):
 
 
 @triton.jit
+def _add2(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def _add3(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
 def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV):
     """Token n's backward inputs as stored: src's row, its gradient gc, gbeta (lane 0 of a d_v-sized vector), gv."""
     s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
@@ -80,7 +96,7 @@ def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV):
 def _norm_gate_value_fwd_kernel(
     SRC, NW, GW, GB, WV, BV, C, BETA, V,
     N, D, DV, eps, beta_max, value_scale,
-    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -88,12 +104,25 @@ def _norm_gate_value_fwd_kernel(
     md = offs_d < D
     mv = offs_v < DV
     wv = tl.load(WV + offs_v[:, None] * D + offs_d[None, :], mask=mv[:, None] & md[None, :], other=0.0).to(tl.float32)
+    if ONE_PASS:  # the biases, loaded once; g and w_g per row (held across the rows, they spill at 1 warp)
+        bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
+        bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
     for i in range(ROWS):
         n = pid * ROWS + i
         ok_d = md & ((offs_d * 0 + n) < N)  # the row index as a vector: masks must be tensors
         ok_v = mv & ((offs_v * 0 + n) < N)
         s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
-        s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
+        if ONE_PASS:
+            s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
+            g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
+            gw1 = g1 * tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
+            ss, sgw = tl.reduce((s * s, s * gw1), 0, _add2)
+            r = tl.rsqrt(ss / D + eps)
+            c = s * r * g1
+            s_g = tl.sigmoid(r * sgw + bg1)  # lane 0 is the gate's
+            s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv1)
+        else:
+            s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
         tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
         tl.store(BETA + n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
         tl.store(V + n * DV + offs_v, (value_scale * s_v).to(V.dtype.element_ty), mask=ok_v)
@@ -104,11 +133,11 @@ def _norm_gate_value_bwd_kernel(
     SRC, NW, GW, GB, WV, BV, GC, GBETA, GV,
     GSRC, PART_D, PART_V, PART_B,
     N, CHUNK, D, DV, eps, beta_max, value_scale,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK). Partials of this program: PART_D (2, d) = (grad_g, grad_w_g),
     PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v). PREFETCH: token n+1's rows are loaded
-    before token n's math."""
+    before token n's math. ONE_PASS: the module's note."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -122,6 +151,12 @@ def _norm_gate_value_bwd_kernel(
     acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
     acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
     acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    if ONE_PASS:  # the program's weights, loaded once
+        g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
+        wg1 = tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
+        gw1 = g1 * wg1
+        bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
+        bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
     if PREFETCH:
         first = pid * CHUNK
         s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, first, offs_d, offs_v,
@@ -138,16 +173,30 @@ def _norm_gate_value_bwd_kernel(
             s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, n + 1, offs_d, offs_v, nxt_d, nxt_v, D, DV)
         else:
             s_raw, gc_raw, gbeta_raw, gv_raw = _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV)
-        s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
         gc = gc_raw.to(tl.float32)
         gbeta = gbeta_raw.to(tl.float32)
         gv = gv_raw.to(tl.float32)
+        if ONE_PASS:
+            s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
+            ss, sgw, sggc = tl.reduce((s * s, s * gw1, s * g1 * gc), 0, _add3)
+            r = tl.rsqrt(ss / D + eps)
+            y = s * r
+            c = y * g1
+            s_g = tl.sigmoid(r * sgw + bg1)
+            s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv1)
+            g, wg = g1, wg1
+        else:
+            s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
         dlg = gbeta * beta_max * s_g * (1.0 - s_g)  # lane 0; 0 elsewhere and past the last token
         dlg_s = tl.sum(dlg, axis=0)
         dlv = gv * value_scale * s_v * (1.0 - s_v)  # 0 past d_v and the last token
         gct = gc + dlg_s * wg
         dy = gct * g
-        gsrc = r * (dy - y * (tl.sum(dy * y, axis=0) / D)) + tl.sum(dlv[:, None] * wv, axis=0)
+        if ONE_PASS:
+            dyy = r * (sggc + dlg_s * sgw)  # sum(dy y)
+        else:
+            dyy = tl.sum(dy * y, axis=0)
+        gsrc = r * (dy - y * (dyy / D)) + tl.sum(dlv[:, None] * wv, axis=0)
         tl.store(GSRC + n * D + offs_d, gsrc.to(GSRC.dtype.element_ty), mask=ok_d)
         acc_g += gct * y
         acc_wg += dlg_s * c
@@ -170,12 +219,14 @@ def _blocks(d: int, dv: int) -> tuple[int, int]:
 def triton_forward(
     src: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
     value_weight: torch.Tensor, value_bias: torch.Tensor, eps: float, beta_max: float, value_scale: float,
+    c_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One launch: (c (N, d) in norm_weight's dtype, beta (N, 1), v (N, d_v) fp32) for a contiguous src (N, d)."""
+    """One launch: (c (N, d) in c_dtype (None: norm_weight's dtype), beta (N, 1), v (N, d_v) fp32) for a contiguous
+    src (N, d)."""
     n, d = src.shape
     dv = value_weight.shape[0]
     bd, bv = _blocks(d, dv)
-    c = torch.empty(n, d, dtype=norm_weight.dtype, device=src.device)
+    c = torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=src.device)
     beta = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=src.device)
     v = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=src.device)
     if n == 0:
@@ -185,7 +236,7 @@ def triton_forward(
         _norm_gate_value_fwd_kernel, (triton.cdiv(n, rows),),
         (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, c, beta, v, n, d, dv, float(eps),
          float(beta_max), float(value_scale)), writes=(6, 7, 8),
-        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, num_warps=_fwd_warps(bd * bv),
+        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, ONE_PASS=ONE_PASS, num_warps=_fwd_warps(bd * bv),
     )
     return c, beta, v
 
@@ -215,7 +266,7 @@ def triton_backward(
             (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc.contiguous(),
              gbeta.contiguous(), gv.contiguous(), gsrc, part_d, part_v, part_b, n, chunk, d, dv, float(eps),
              float(beta_max), float(value_scale)), writes=(9, 10, 11, 12),
-            BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, num_warps=_bwd_warps(bd * bv),
+            BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ONE_PASS=ONE_PASS, num_warps=_bwd_warps(bd * bv),
         )
     gd = sum_partials(part_d, torch.float32)
     gb = sum_partials(part_b, torch.float32)
@@ -233,26 +284,26 @@ class NormGateValueTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                value_scale):
+                value_scale, c_dtype):
         ctx.save_for_backward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
         ctx.consts = (eps, beta_max, value_scale)
         return triton_forward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                              value_scale)
+                              value_scale, c_dtype)
 
     @staticmethod
     def backward(ctx, gc, gbeta, gv):
         src, *weights = ctx.saved_tensors
         gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, weights[0], weights[3])
-        return (*triton_backward(gc, gbeta, gv, src, *weights, *ctx.consts), None, None, None)
+        return (*triton_backward(gc, gbeta, gv, src, *weights, *ctx.consts), None, None, None, None)
 
 
 def norm_gate_value_triton(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, *, eps, beta_max,
-                           value_scale):
+                           value_scale, c_dtype=None):
     """The kernels' autograd Function at any leading shape: src (..., d) -> c (..., d), beta (..., 1),
     v (..., d_v)."""
     check_device("norm_gate_value", src)
     lead, d = src.shape[:-1], src.shape[-1]
     c, beta, v = NormGateValueTriton.apply(
         src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
-        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale))
+        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale), c_dtype)
     return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])
