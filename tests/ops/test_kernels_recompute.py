@@ -108,8 +108,11 @@ def test_model_recompute_states_matches_and_saves_memory(variant, backend):
         res[rec] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert torch.equal(res[True][0], res[False][0])  # the forward is unchanged
     assert res[True][1].keys() == res[False][1].keys()
+    # The rebuilt states differ from the saved ones by rounding, which the layer-0 TC read's gradient (4 entries
+    # of about 2e-4, sums that cancel) amplifies most: 8e-5 to 1.0e-3 over seeds 0-4 with either form of the norm
+    # kernel's reductions (2026-11-26), so the bound is 2e-3; a wrong rebuild is off by O(1).
     for name, g in res[False][1].items():
-        assert rel_error(res[True][1][name], g) <= 1e-3, (name, rel_error(res[True][1][name], g))
+        assert rel_error(res[True][1][name], g) <= 2e-3, (name, rel_error(res[True][1][name], g))
 
     saved = {}
     for rec in (False, True):

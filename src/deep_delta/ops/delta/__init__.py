@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.backend import resolve_backend, through_registered_op
 from deep_delta.ops.delta.lean import delta_update_lean
 from deep_delta.ops.delta.naive import delta_operator_reference, delta_update_reference, unit_direction
 
@@ -61,14 +61,15 @@ def delta_update(
         beta: gate, (...) or (..., 1); the paper keeps it in (0, 2).
         k_eps: the eps guard of the normalisation (a zero k gives a zero update, finite gradients).
         backend: "auto" (the custom op ``deep_delta::delta_update``: the Triton kernel on CUDA, the lean math
-            elsewhere; see :mod:`deep_delta.ops.delta.library`), "torch" (the lean autograd Function) or
-            "triton" (the kernel's autograd Function; CPU tensors only under the Triton interpreter).
+            elsewhere; see :mod:`deep_delta.ops.delta.library`; in eager on CUDA the kernel's autograd Function
+            directly, :func:`deep_delta.ops.backend.through_registered_op`), "torch" (the lean autograd
+            Function) or "triton" (the kernel's autograd Function; CPU tensors only under the Triton interpreter).
     Returns:
         the new state, (..., d, d_v), in x's dtype.
     """
     beta = _check_inputs(x, k, v, beta)
     impl = resolve_backend(backend, x.device)
-    if backend == "auto":  # the registered op: one node under torch.compile, Triton on CUDA, lean elsewhere
+    if through_registered_op(backend, impl, x.dtype):  # one node under torch.compile, Triton on CUDA, lean elsewhere
         from deep_delta.ops.delta.library import update_with_op
 
         return update_with_op(x, k, v, beta, None, k_eps)
@@ -115,11 +116,12 @@ def update_and_channel_read(
     from deep_delta.ops.compress.lean import channel_compress_lean
 
     beta = _check_inputs(x, k, v, beta)
-    if backend == "auto":  # the registered op (deep_delta.ops.delta.library): Triton on CUDA, lean elsewhere
+    impl = resolve_backend(backend, x.device)
+    if through_registered_op(backend, impl, x.dtype):  # the custom op (deep_delta.ops.delta.library)
         from deep_delta.ops.delta.library import update_with_op
 
         return update_with_op(x, k, v, beta, weight, k_eps)
-    if resolve_backend(backend, x.device) == "triton":
+    if impl == "triton":
         from deep_delta.ops.delta.triton import delta_update_read_triton
 
         return delta_update_read_triton(x, k, v, beta, weight, k_eps=k_eps)

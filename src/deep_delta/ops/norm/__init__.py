@@ -6,7 +6,8 @@
 src or c again). ``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`: ``"torch"`` is the lean path
 (:mod:`.lean`: the module's own ops, bit for bit), ``"triton"`` the fused kernels (:mod:`.triton`; CPU tensors
 only under the Triton interpreter), ``"auto"`` the custom op (:mod:`.library`, one node under ``torch.compile``)
-where it resolves to Triton (CUDA) and the lean path elsewhere. The plain reference is :mod:`.naive`.
+where it resolves to Triton (CUDA) while compiling, the kernels' Function in eager there, and the lean path
+elsewhere. The plain reference is :mod:`.naive`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 
 import torch
 
-from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.backend import resolve_backend, through_registered_op
 from deep_delta.ops.norm.lean import norm_gate_value_lean
 from deep_delta.ops.norm.naive import norm_gate_value_reference
 
@@ -85,7 +86,7 @@ def norm_gate_value(
     _check(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
     args = (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
     impl = resolve_backend(backend, src.device)
-    if impl == "triton" and backend == "auto":  # the registered op: one node under torch.compile
+    if impl == "triton" and through_registered_op(backend, impl, src.dtype):  # the registered op: one node under compile
         from deep_delta.ops.norm.library import norm_gate_value_with_op
 
         return norm_gate_value_with_op(*args, eps, beta_max, value_scale, c_dtype)
