@@ -50,6 +50,11 @@ def add_parser(sub) -> None:
     p.add_argument("--lengths", type=options.integer, nargs="+", default=None, metavar="STEPS",
                    help="training lengths (optimizer steps) of the width / length study (default: the one "
                    "--steps)")
+    p.add_argument("--step-costs", nargs="+", default=None, metavar="VARIANT=RATIO",
+                   help="an equal-cost comparison: VARIANT's step costs RATIO x the baseline's (its step time over "
+                   "the baseline's, e.g. from `ddl bench` on the machine the comparison stands for), so it trains "
+                   "round(STEPS / RATIO) steps with its own warm-up and cosine schedule, where STEPS is the "
+                   "baseline's (--steps, or each of --lengths); e.g. --step-costs ddl-cc=1.22 ddl-tc=1.45")
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
@@ -85,24 +90,29 @@ def run(args: argparse.Namespace) -> int:
     variants = options.variant_list(args.variants)
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
+    step_costs = parse_step_costs(args.step_costs)
     grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
+    if step_costs:
+        grid += "; equal cost: " + ", ".join(f"{v}'s step {c:g}x the baseline's" for v, c in step_costs.items())
     steps = "/".join(map(str, args.lengths)) if args.lengths else str(base.steps)
     widths = f", widths {' '.join(map(str, args.widths))}" if args.widths else ""
     print(f"ddl compare: {', '.join(variants)} at preset {base.preset}{widths}, {steps} steps x "
           f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
     if args.widths is not None or args.lengths is not None:
-        return _run_scaling(args, base, variants, seeds, lrs)
+        return _run_scaling(args, base, variants, seeds, lrs, step_costs)
     if lrs is None:
         summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
-                              progress=not args.no_progress, time_repeats=args.time_repeats)
+                              progress=not args.no_progress, time_repeats=args.time_repeats, step_costs=step_costs)
     else:
         summary = run_lr_grid(base, variants, args.out, lrs, seeds=seeds, overwrite=args.overwrite,
-                              progress=not args.no_progress, time_repeats=args.time_repeats)
+                              progress=not args.no_progress, time_repeats=args.time_repeats, step_costs=step_costs)
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)
-    print(f"{tokens:,} training tokens per variant; differences against {summary['reference']}; "
+    each = ("" if not step_costs else " for the reference (" + ", ".join(
+        f"{r['variant']} {r['tokens']:,}" for r in rows if r["variant"] in step_costs) + ")")
+    print(f"{tokens:,} training tokens per variant{each}; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
     if lrs is not None:
         from deep_delta.experiments.lr_grid import grid_table
@@ -119,7 +129,25 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: list[int], lrs) -> int:
+def parse_step_costs(items: list[str] | None) -> dict[str, float]:
+    """``--step-costs VARIANT=RATIO ...`` as {variant: ratio}; a malformed item is an error naming it."""
+    costs = {}
+    for item in items or []:
+        variant, sep, ratio = item.partition("=")
+        try:
+            value = float(ratio) if sep and variant else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ValueError(f"`step_costs` got {item!r}; allowed: VARIANT=RATIO, e.g. ddl-cc=1.22")
+        if variant in costs:
+            raise ValueError(f"`step_costs` names {variant!r} twice; allowed: each variant once")
+        costs[variant] = value
+    return costs
+
+
+def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: list[int], lrs,
+                 step_costs: dict[str, float]) -> int:
     """``--widths`` / ``--lengths``: the comparison at every (width, length), then the study's summary."""
     from deep_delta.experiments.scaling import format_scaling, run_scaling
     from deep_delta.models.ddl.configuration_ddl import PRESETS
@@ -133,7 +161,7 @@ def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: lis
     widths = args.widths or [base.model.get("hidden_size", PRESETS[base.preset]["hidden_size"])]
     summary = run_scaling(base, variants, args.out, widths=widths, lengths=args.lengths or [base.steps], lrs=lrs,
                           seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress,
-                          time_repeats=args.time_repeats)
+                          time_repeats=args.time_repeats, step_costs=step_costs)
     print()
     print(format_scaling(summary))
     print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")

@@ -34,14 +34,40 @@ from deep_delta.variants import DEFAULT_VARIANTS, paper_name
 
 
 def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None = None,
-                   per_seed_dirs: bool = False) -> TrainConfig:
+                   per_seed_dirs: bool = False, step_cost: float | None = None) -> TrainConfig:
     """The run of ``variant`` (with ``seed``): ``base`` with its own variant, seed and run directory,
     ``out/<variant>`` or, for several seeds, ``out/seed_<s>/<variant>``; with ``wandb``, the W&B run
-    ``<variant>-seed<s>`` (in ``base.wandb_group``, the comparison's group)."""
+    ``<variant>-seed<s>`` (in ``base.wandb_group``, the comparison's group). With ``step_cost`` (its step's
+    cost relative to the reference's), :func:`cost_steps` of ``base.steps``: an equal-cost budget with its own
+    full lr schedule."""
     seed = base.seed if seed is None else seed
     run = out / f"seed_{seed}" / variant if per_seed_dirs else out / variant
     name = f"{variant}-seed{seed}" if base.wandb else base.wandb_run_name
-    return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name)
+    steps = base.steps if step_cost is None else cost_steps(base.steps, step_cost)
+    return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name, steps=steps)
+
+
+def cost_steps(steps: int, cost: float) -> int:
+    """The optimizer steps that cost what ``steps`` reference steps cost, for a step ``cost`` x as dear."""
+    return max(1, round(steps / cost))
+
+
+def check_step_costs(step_costs: dict[str, float] | None, variants: list[str]) -> dict[str, float]:
+    """``step_costs`` validated against the comparison's variants: each a variant of it other than the reference
+    (``baseline`` when present, else the first), with a finite cost > 0."""
+    step_costs = dict(step_costs or {})
+    reference = "baseline" if "baseline" in variants else variants[0]
+    for variant, cost in step_costs.items():
+        if variant not in variants:
+            raise ValueError(f"compare: `step_costs` names {variant!r}, which is not compared; allowed: one of "
+                             f"{', '.join(v for v in variants if v != reference)}")
+        if variant == reference:
+            raise ValueError(f"compare: `step_costs` names the reference {variant!r}, whose steps are the budget "
+                             "(`steps`); allowed: the other variants")
+        if not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost <= 0:
+            raise ValueError(f"compare: `step_costs` for {variant!r} got {cost!r}; allowed: a finite number > 0 "
+                             "(the variant's step time over the reference's)")
+    return step_costs
 
 
 def wandb_group(base: TrainConfig, out: Path) -> str:
@@ -88,6 +114,7 @@ def run_compare(
     progress: bool = True,
     quiet: bool = False,
     time_repeats: int = 5,
+    step_costs: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Train every variant with every seed and write the comparison.
 
@@ -96,8 +123,10 @@ def run_compare(
     ``out/<variant>``; several use ``out/seed_<s>/<variant>``. A finished identical run is reused and an
     interrupted one continued; a run with other settings is refused unless ``overwrite``. After training, the
     step time of each variant is measured interleaved (``time_repeats`` rounds; 0 skips it) for the
-    equal-wall-clock view. ``out`` is locked while the comparison runs. Returns the summary (also
-    ``compare.json``).
+    equal-wall-clock view. ``step_costs`` ({variant: its step time over the reference's, e.g. measured by
+    ``ddl bench`` on the machine the comparison stands for}) gives those variants the budget of the reference's
+    ``steps`` at that cost (:func:`cost_steps`), each with its own full lr schedule: an equal-cost comparison.
+    ``out`` is locked while the comparison runs. Returns the summary (also ``compare.json``).
     """
     out = Path(out)
     variants = list(dict.fromkeys(variants))
@@ -106,11 +135,13 @@ def run_compare(
         raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"compare: `seeds` got {seeds!r}; allowed: one or more integers >= 0")
+    step_costs = check_step_costs(step_costs, variants)
     if base.wandb:
         base = replace(base, wandb_group=wandb_group(base, out))
     from deep_delta.train.trainer import _resolve_data
 
-    runs = {(v, s): compare_config(base, v, out, s, len(seeds) > 1) for s in seeds for v in variants}
+    runs = {(v, s): compare_config(base, v, out, s, len(seeds) > 1, step_costs.get(v)) for s in seeds
+            for v in variants}
     data_dir, data_meta = _resolve_data(base)
     fingerprint = data_fingerprint(data_dir, data_meta)
     for cfg in runs.values():  # validated before anything runs
@@ -127,6 +158,8 @@ def run_compare(
         timing = measure_step_times(base, variants, repeats=time_repeats) if time_repeats else None
         summary = summarize(out, variants, base, seeds=seeds, diverged=diverged, step_times=timing)
         summary["data_fingerprint"] = fingerprint
+        if step_costs:
+            summary["step_costs"] = step_costs
         summary["wall_s"] = time.perf_counter() - t0
         write_outputs(out, summary)
         if base.wandb:
@@ -145,6 +178,7 @@ def run_lr_grid(
     progress: bool = True,
     quiet: bool = False,
     time_repeats: int = 5,
+    step_costs: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """:func:`run_compare` at every lr of ``lrs`` (``out/lr_<lr>``, a complete comparison each, resumable as
     one), then each variant at its own best lr, chosen on the final validation loss alone
@@ -162,13 +196,14 @@ def run_lr_grid(
     seeds = list(dict.fromkeys([base.seed] if seeds is None else seeds))
     if not variants:
         raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
+    step_costs = check_step_costs(step_costs, variants)
     data_dir, data_meta = _resolve_data(base)
     fingerprint = data_fingerprint(data_dir, data_meta)
     for lr in lrs:  # every stored run is checked before anything trains
         for s in seeds:
             for v in variants:
-                check_reusable(compare_config(replace(base, lr=lr), v, lr_dir(out, lr), s, len(seeds) > 1),
-                               fingerprint, overwrite=overwrite)
+                check_reusable(compare_config(replace(base, lr=lr), v, lr_dir(out, lr), s, len(seeds) > 1,
+                                              step_costs.get(v)), fingerprint, overwrite=overwrite)
     refuse_replaced_dir(out)
     refuse_unwritable_results(out / name for name in ("compare.md", "compare.json", "curves.png",
                                                       "lr_sensitivity.png"))
@@ -182,7 +217,8 @@ def run_lr_grid(
             if not quiet:
                 print(f"lr {lr:g} ({i}/{len(lrs)} of the grid): {lr_dir(out, lr)}", flush=True)
             per_lr[lr] = run_compare(replace(base, lr=lr), variants, lr_dir(out, lr), seeds=seeds,
-                                     overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=0)
+                                     overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=0,
+                                     step_costs=step_costs)
         points = []
         for lr, at_lr in per_lr.items():
             for row in at_lr["rows"]:
@@ -211,6 +247,8 @@ def run_lr_grid(
                    "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
                                     "divergence_limit": limit, "chosen": chosen},
                    "lr_grid": points, "data_fingerprint": fingerprint, "wall_s": time.perf_counter() - t0}
+        if step_costs:
+            summary["step_costs"] = step_costs
         write_outputs(out, summary)
     return summary
 
@@ -517,7 +555,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
         f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {lr_text} (warm-up "
         f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
-        f"batches every {s.get('eval_every')} steps.",
+        f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
         f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
         f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). Wall time "
@@ -604,6 +642,17 @@ def _moving_average(xs, window: int) -> list[float]:
             total -= xs[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+def cost_sentence(summary: dict[str, Any]) -> str:
+    """' Equal cost: ...' for a comparison with step costs (each such variant's steps and cost), else ''."""
+    costs = summary.get("step_costs")
+    if not costs:
+        return ""
+    steps = summary["settings"].get("steps")
+    parts = [f"{v} {cost_steps(steps, c)} steps (its step {c:g}x the reference's)" for v, c in costs.items()]
+    return (f" Equal cost: the budget is {steps} steps of `{summary['reference']}`; {', '.join(parts)}, each with "
+            "its own warm-up and cosine schedule over its steps (the costs are given, not measured here).")
 
 
 def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:

@@ -41,13 +41,15 @@ def point_dir(out: str | os.PathLike, width: int, steps: int) -> Path:
 def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, *, widths: list[int],
                 lengths: list[int], lrs: list[float] | None = None, seeds: list[int] | None = None,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False,
-                time_repeats: int = 0) -> dict[str, Any]:
+                time_repeats: int = 0, step_costs: dict[str, float] | None = None) -> dict[str, Any]:
     """The comparison at every width (``model.hidden_size``; the preset's heads, layers and the rest stay) and
     every length (``steps``), each in its own directory and resumable; returns the summary (also
-    ``scaling.json``)."""
-    from deep_delta.experiments.compare import run_compare, run_lr_grid
+    ``scaling.json``). ``step_costs``: an equal-cost comparison at every point
+    (:func:`~deep_delta.experiments.compare.run_compare`; a length is the reference's steps)."""
+    from deep_delta.experiments.compare import check_step_costs, run_compare, run_lr_grid
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
+    step_costs = check_step_costs(step_costs, variants)
     widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
     for w in widths:  # a width the heads cannot divide is refused before anything trains
         DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
@@ -59,10 +61,13 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
         where = point_dir(out, w, n)
         if not quiet:
             print(f"width {w}, {n} steps ({i}/{len(widths) * len(lengths)} of the study): {where}", flush=True)
-        kw = dict(seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats)
+        kw = dict(seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats,
+                  step_costs=step_costs)
         studies[w, n] = (run_compare(cfg, variants, where, **kw) if lrs is None
                          else run_lr_grid(cfg, variants, where, lrs, **kw))
     summary = summarize_scaling(studies, base, lrs)
+    if step_costs:
+        summary["step_costs"] = step_costs
     write_scaling(out, summary)
     return summary
 
@@ -112,6 +117,10 @@ def format_scaling(summary: dict[str, Any]) -> str:
         compute = "-" if p["compute"] is None else f"{p['compute']:.3g}"
         lines.append(f"| {p['variant']} | {p['width']} | {p['steps']} | {p['tokens']:,} | {p['parameters']:,} | "
                      f"{compute} | {d} | {ci} | {p['wins']}/{p['n']} | {lr} | {ref_lr} |")
+    if summary.get("step_costs"):
+        costs = ", ".join(f"{v} {c:g}x" for v, c in summary["step_costs"].items())
+        lines += ["", f"Equal cost: `steps` is `{ref}`'s; a variant whose step costs c x as much ({costs}; given, "
+                  "not measured here) trained steps / c steps with its own schedule (its tokens above)."]
     lines += ["", "Each point's own comparison is in `d<width>_s<steps>/compare.md`.", "",
               "![the difference against width and compute](scaling.png)", ""]
     return "\n".join(lines)
