@@ -60,3 +60,22 @@ def test_session_script_parses(script):
     import subprocess
 
     subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "h100" / script)], check=True)
+
+
+def test_op_dispatch_probe_prints_both_paths():
+    """benchmarks/op_dispatch.py (host time of the custom ops against the Functions) runs in its own process: it
+    points the ops' CPU kernels at the Triton wrappers, which must not leak into this one."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "op_dispatch.py"), "--iters", "2", "--repeats",
+                           "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "us" not in line
+            and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["norm + gate + value", "delta update", "update + CC read"]
+    for r in rows:
+        op_us, fn_us = (float(x) for x in r.split("|")[2:4])
+        assert op_us > 0 and fn_us > 0
