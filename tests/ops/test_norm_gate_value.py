@@ -190,11 +190,13 @@ class ThreeMatmuls(torch.nn.Module):
         return torch.tanh(self.q(c)) * self.k(c) + self.v(c)
 
 
-@pytest.mark.parametrize("dv,additive", [(1, False), (4, False), (1, True)], ids=["dv1", "dv4", "additive"])
-def test_norm_output_autocast_rounds_c_once(dv, additive):
+@pytest.mark.parametrize("dv,additive,rmap", [(1, False, "k"), (4, False, "k"), (1, True, "k"), (1, False, "v")],
+                         ids=["dv1", "dv4", "additive", "vmap"])
+def test_norm_output_autocast_rounds_c_once(dv, additive, rmap):
     """``DeltaResidual(norm_output="autocast")`` under (CPU) autocast on the modules' path: the branch gets c in
-    bf16, one cast where autocast made one per matmul (3 here); the output is bit for bit the default's (the same
-    rounding, done once), and the gradients differ only by c's gradient being summed in bf16 (close)."""
+    bf16, one cast where autocast made one per matmul (3 here, and the v-Map's phi_k a fourth); the output is bit
+    for bit the default's (the same rounding, done once), and the gradients differ only by c's gradient being
+    summed in bf16 (close)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountCasts(TorchDispatchMode):
@@ -211,7 +213,8 @@ def test_norm_output_autocast_rounds_c_once(dv, additive):
 
     d = 16
     torch.manual_seed(0)
-    res = DeltaResidual(d, ThreeMatmuls(d), value_channels=dv, additive=additive, backend="torch")
+    res = DeltaResidual(d, ThreeMatmuls(d), value_channels=dv, additive=additive, residual_map=rmap,
+                        backend="torch")
     x = torch.randn(2, 5, d, *((dv,) if dv > 1 else ()))
     x_in = torch.randn(2, 5, d) if dv > 1 else None
     g = torch.randn_like(x)
@@ -229,7 +232,8 @@ def test_norm_output_autocast_rounds_c_once(dv, additive):
     new, new_grads, new_casts = run("autocast")
     old, old_grads, old_casts = run("module")
     assert torch.equal(new, old)
-    assert old_casts - new_casts == 2, (old_casts, new_casts)  # 3 casts of c become 1 (src's for v: both)
+    # 3 casts of c (4 with phi_k) become 1; src's for the k-Map's value is in both
+    assert old_casts - new_casts == (3 if rmap == "v" else 2), (old_casts, new_casts)
     for i, (a, b) in enumerate(zip(new_grads, old_grads)):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=f"gradient {i}")
     with pytest.raises(ValueError, match="`norm_output` must be one of \\('module', 'autocast'\\), got 'bf16'"):

@@ -205,7 +205,8 @@ class DeltaResidual(nn.Module):
         # the modules keep the gradient of c summed in today's order and their forward hooks firing)
         src = src.to(self.norm.weight.dtype)  # a state stored in lower precision is read in the module's dtype
         c = self.norm(src)
-        h = self.branch(c if c_dtype is None else c.to(c_dtype), *branch_args, **branch_kwargs)
+        c_low = c if c_dtype is None else c.to(c_dtype)  # what the branch's (and phi_k's) matmuls read
+        h = self.branch(c_low, *branch_args, **branch_kwargs)
         if self.additive:
             return h
         beta = self.gate(c)
@@ -213,7 +214,7 @@ class DeltaResidual(nn.Module):
             k = h
             v = self.value_scale * torch.sigmoid(self.value_proj(src).to(torch.promote_types(src.dtype, torch.float32)))
         else:
-            k = self.key_up(self.key_down(c))
+            k = self.key_up(self.key_down(c_low))
             if self.value_channels == 1:
                 v = self.value_scale * torch.sigmoid(self.value_proj(h).to(torch.promote_types(h.dtype, torch.float32)))
             else:
