@@ -206,7 +206,7 @@ def test_norm_output_autocast_rounds_c_once(dv, additive, rmap):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32 and args[0].dim() > 1 \
-                    and tuple(args[0].shape[-1:]) == (d,) and kwargs.get("dtype") == torch.bfloat16 \
+                    and tuple(args[0].shape[-1:]) == (d,) and (kwargs or {}).get("dtype") == torch.bfloat16 \
                     and not isinstance(args[0], torch.nn.Parameter) and args[0].requires_grad:
                 self.n += 1
             return func(*args, **(kwargs or {}))

@@ -110,9 +110,9 @@ def run(args: argparse.Namespace) -> int:
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)
-    each = ("" if not step_costs else " for the reference (" + ", ".join(
+    each = (" per variant" if not step_costs else f" for {summary['reference']} (" + ", ".join(
         f"{r['variant']} {r['tokens']:,}" for r in rows if r["variant"] in step_costs) + ")")
-    print(f"{tokens:,} training tokens per variant{each}; differences against {summary['reference']}; "
+    print(f"{tokens:,} training tokens{each}; differences against {summary['reference']}; "
           f"wall time {summary['wall_s']:.0f} s")
     if lrs is not None:
         from deep_delta.experiments.lr_grid import grid_table

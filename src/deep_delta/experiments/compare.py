@@ -52,11 +52,16 @@ def cost_steps(steps: int, cost: float) -> int:
     return max(1, round(steps / cost))
 
 
+def reference_variant(variants: list[str]) -> str:
+    """The variant a comparison measures the others against: ``baseline`` when compared, else the first."""
+    return "baseline" if "baseline" in variants else variants[0]
+
+
 def check_step_costs(step_costs: dict[str, float] | None, variants: list[str]) -> dict[str, float]:
     """``step_costs`` validated against the comparison's variants: each a variant of it other than the reference
     (``baseline`` when present, else the first), with a finite cost > 0."""
     step_costs = dict(step_costs or {})
-    reference = "baseline" if "baseline" in variants else variants[0]
+    reference = reference_variant(variants)
     for variant, cost in step_costs.items():
         if variant not in variants:
             raise ValueError(f"compare: `step_costs` names {variant!r}, which is not compared; allowed: one of "
@@ -238,7 +243,7 @@ def run_lr_grid(
             if lr is None:
                 rows[-1]["diverged"] = chosen[v]["why"]
         timing = measure_step_times(base, variants, repeats=time_repeats) if time_repeats else None
-        ref = next((r for r in rows if r["variant"] == "baseline"), rows[0])
+        ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
         for r in rows:
             _compare_to(r, ref, timing)
         settings = {**base.to_dict(), "lr": None}  # no one lr: each row has its own
@@ -386,7 +391,7 @@ def summarize(out: str | os.PathLike, variants: list[str], base: TrainConfig | N
         results = [_seed_result(out / f"seed_{s}" / v if per_seed_dirs else out / v, s, diverged.get((v, s)),
                                 base.eval_batches if base is not None else None) for s in seeds]
         rows.append(_variant_row(v, results))
-    ref = next((r for r in rows if r["variant"] == "baseline"), rows[0])
+    ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
     for r in rows:
         _compare_to(r, ref, step_times)
     return {"rows": rows, "reference": ref["variant"], "seeds": seeds,

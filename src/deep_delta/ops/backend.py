@@ -35,7 +35,7 @@ def through_registered_op(backend: str, impl: str, dtype: torch.dtype) -> bool:
     ``torch.compile`` traces (one opaque node, fullgraph), off the Triton path (the delta op's CPU kernel is the
     lean math) and for fp64 (the ops keep fp64 on the lean math; the kernels compute in fp32). Eager on the
     Triton path calls the kernels' autograd Function directly: the same kernels without the custom op's Python
-    dispatch, about 160-180 us of host time per forward + backward of each op on the 2-core CPU VM
+    dispatch, 156-180 us of host time per forward + backward of each op on the 2-core CPU VM
     (benchmarks/op_dispatch.py), two ops per DDL sublayer; eager steps of small batches are host-bound."""
     return backend == "auto" and (impl != "triton" or dtype == torch.float64 or torch.compiler.is_compiling())
 

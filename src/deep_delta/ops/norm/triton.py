@@ -73,6 +73,17 @@ def _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps):
 
 
 @triton.jit
+def _one_pass_row(s, ss, sgw, g, bg, bv, wv, D, eps):
+    """(r, c, s_g, s_v) of one token in the one-pass form, from its row s (fp32) and its sums ss = sum(s^2) and
+    sgw = sum(s g w_g): c . w_g = r sgw."""
+    r = tl.rsqrt(ss / D + eps)
+    c = s * r * g
+    s_g = tl.sigmoid(r * sgw + bg)  # lane 0 is the gate's
+    s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv)
+    return r, c, s_g, s_v
+
+
+@triton.jit
 def _add2(a0, b0, a1, b1):
     return a0 + a1, b0 + b1
 
@@ -117,10 +128,7 @@ def _norm_gate_value_fwd_kernel(
             g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
             gw1 = g1 * tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
             ss, sgw = tl.reduce((s * s, s * gw1), 0, _add2)
-            r = tl.rsqrt(ss / D + eps)
-            c = s * r * g1
-            s_g = tl.sigmoid(r * sgw + bg1)  # lane 0 is the gate's
-            s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv1)
+            r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
         else:
             s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
         tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
@@ -179,11 +187,8 @@ def _norm_gate_value_bwd_kernel(
         if ONE_PASS:
             s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
             ss, sgw, sggc = tl.reduce((s * s, s * gw1, s * g1 * gc), 0, _add3)
-            r = tl.rsqrt(ss / D + eps)
+            r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
             y = s * r
-            c = y * g1
-            s_g = tl.sigmoid(r * sgw + bg1)
-            s_v = tl.sigmoid(tl.sum(wv * s[None, :], axis=1) + bv1)
             g, wg = g1, wg1
         else:
             s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
