@@ -59,7 +59,10 @@ def test_traffic_of_a_step_matches_a_hand_count():
     norm_bwd = bwd_norm.read_bytes + bwd_norm.write_bytes + sum(la.read_bytes + la.write_bytes for la in norm_partials)
     assert res.total("backward", norm=True) == 2 * norm_bwd / N
     assert res.total("backward", norm=False) + res.total("backward", norm=True) == res.total("backward")
+    step = (res.total("forward", norm=False) + res.total("backward", norm=False)) / (2 * (5 * S + 10 * 8))
+    assert res.step_ratio() == pytest.approx(step)
     text = traffic_markdown([res], "tiny", "float32")
+    assert f"| {step:.2f} |" in text
     assert "| ddl-cc-noec | forward | delta_fwd_kernel | 2 |" in text
 
 
