@@ -58,3 +58,63 @@ def test_a_study_whose_summary_cannot_be_written_is_refused_before_training(tmp_
     assert main(micro(out, data_dir, "--widths", "16", "--lengths", "2")) != 0
     assert "scaling.md is a directory" in capsys.readouterr().err
     assert not (out / "d16_s2").exists()
+
+
+@pytest.fixture(scope="module")
+def study_in_parts(tmp_path_factory, data_dir):
+    """A study run in two parts into one OUT: width 16 with two seeds at the shared lr, then width 32 with one
+    seed and an lr grid; and beside it a point made with another batch size."""
+    out = tmp_path_factory.mktemp("parts") / "study"
+    assert main(micro(out, data_dir, "--seeds", "2", "--widths", "16", "--lengths", "2")) == 0
+    assert main(micro(out, data_dir, "--seeds", "1", "--lrs", "1e-3", "4e-3", "--widths", "32", "--lengths",
+                      "2")) == 0
+    (out / "scaling.md").unlink()  # the second part's summary covers width 32 alone
+    return out
+
+
+def test_report_only_summarises_every_point_of_a_study_run_in_parts(study_in_parts, capsys):
+    out = study_in_parts
+    stamp = {p: p.stat().st_mtime_ns for p in out.glob("d*/**/*") if p.is_file()}
+    assert len(stamp) > 20
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    assert all(p.stat().st_mtime_ns == t for p, t in stamp.items())  # nothing retrained or rewritten
+    summary = json.loads((out / "scaling.json").read_text())
+    assert [(p["width"], p["steps"], p["seeds"], p["lrs"]) for p in summary["points"]] == [
+        (16, 2, [0, 1], None), (32, 2, [0], [1e-3, 4e-3])]
+    assert summary["seeds"] is None and summary["lrs"] is None and summary["widths"] == [16, 32]
+    for p in summary["points"]:
+        point = json.loads((out / f"d{p['width']}_s{p['steps']}" / "compare.json").read_text())
+        row = next(r for r in point["rows"] if r["variant"] == "ddl-dv1")
+        assert (p["d_val_loss"], p["ci95"], p["wins"], p["n"], p["lr"]) == (
+            row["d_val_loss"], row["d_val_loss_ci95"], row["wins"], row["n_paired"], row.get("lr") or 2e-3)
+    assert summary["points"][0]["ci95"] is not None and summary["points"][1]["ci95"] is None  # 2 seeds vs 1
+    report = (out / "scaling.md").read_text()
+    assert "each point's own seeds, below" in report and "its point's grid (below)" in report
+    assert "| d16_s2 | 0, 1 | - |" in report and "| d32_s2 | 0 | 0.001, 0.004 |" in report
+    assert report in capsys.readouterr().out
+    assert main(["compare", "--out", str(out), "--report-only", "--widths", "32"]) == 0
+    assert [p["width"] for p in json.loads((out / "scaling.json").read_text())["points"]] == [32]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--lrs", "1e-3"], "--report-only trains nothing, but got --lrs; allowed with it: --out, --widths"),
+    (["--seeds", "2", "--batch-size", "4"], "got --seeds, --batch-size;"),
+    (["--widths", "64"], "holds no finished point for width 64 (points found: d16_s2, d32_s2)"),
+])
+def test_report_only_refuses_training_options_and_absent_points(study_in_parts, capsys, extra, expected):
+    assert main(["compare", "--out", str(study_in_parts), "--report-only", *extra]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_report_only_refuses_points_of_different_studies(study_in_parts, tmp_path, data_dir, capsys):
+    import shutil
+
+    out = tmp_path / "mixed"
+    shutil.copytree(study_in_parts / "d16_s2", out / "d16_s2")
+    assert main(micro(out, data_dir, "--batch-size", "3", "--widths", "24", "--lengths", "2")) == 0
+    assert main(["compare", "--out", str(out), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert "the point d24_s2 differs from d16_s2 in more than width, length, lr and seeds" in err
+    assert "batch_size: d16_s2 has 2, now 3" in err
+    assert main(["compare", "--out", str(tmp_path / "none"), "--report-only"]) == 2
+    assert "which is not a directory" in capsys.readouterr().err

@@ -55,6 +55,11 @@ def add_parser(sub) -> None:
                    "the baseline's, e.g. from `ddl bench` on the machine the comparison stands for), so it trains "
                    "round(STEPS / RATIO) steps with its own warm-up and cosine schedule, where STEPS is the "
                    "baseline's (--steps, or each of --lengths); e.g. --step-costs ddl-cc=1.22 ddl-tc=1.45")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write OUT/scaling.md, scaling.json and scaling.png from the finished points "
+                   "already in OUT (every d<W>_s<STEPS>/ of earlier --widths runs; with --widths / --lengths only "
+                   "those), each point with its own seeds and lr grid, for a study run in parts. The points must "
+                   "share every setting but width, length, lr and seeds. Refused with the options that train")
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
@@ -79,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.experiments.compare import format_table, run_compare, run_lr_grid, verdicts
     from deep_delta.train.config import load_config
 
+    if args.report_only:
+        return _report_only(args)
     lrs = options.lr_grid(args.lrs, args.lr, args.assignments)
     flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
              "eval_batches", "seed", "device", "dtype")
@@ -163,6 +170,28 @@ def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: lis
                           seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress,
                           time_repeats=args.time_repeats, step_costs=step_costs)
     print()
+    print(format_scaling(summary))
+    print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")
+    return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
+
+
+def _report_only(args: argparse.Namespace) -> int:
+    """``--report-only``: the width / length study's summary from the points already in OUT, training nothing."""
+    from deep_delta.experiments.scaling import collect_scaling, format_scaling
+    from deep_delta.variants import DEFAULT_VARIANTS
+
+    trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
+              "--time-repeats": args.time_repeats != 5, "--step-costs": args.step_costs is not None,
+              "--lrs": args.lrs is not None, "--seeds": args.seeds is not None, "--config": args.config is not None,
+              "--overwrite": args.overwrite, "--wandb": args.wandb, "--wandb-project": args.wandb_project is not None}
+    trains.update({"--" + k.replace("_", "-"): getattr(args, k) is not None for k in (
+        "preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every", "eval_batches",
+        "seed", "device", "dtype")})
+    given = [flag for flag, on in trains.items() if on]
+    if given:
+        raise ValueError(f"`report_only` trains nothing, but got {', '.join(given)}; allowed with it: --out, "
+                         "--widths and --lengths (which points to summarise), --threads, --no-progress")
+    summary = collect_scaling(args.out, widths=args.widths, lengths=args.lengths)
     print(format_scaling(summary))
     print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0

@@ -8,6 +8,9 @@ to the reference, its 95% t-interval, the seeds in which it was lower, the chose
 training compute) and ``scaling.png`` (the difference against width, one line per training length, and against
 training compute, with the intervals as error bars).
 
+A study run in parts (a width added later, with its own seeds or lr grid) is summarised afterwards from the
+points already on disk by :func:`collect_scaling` (``ddl compare --out OUT --report-only``), training nothing.
+
 Training compute is estimated as 6 x parameters x training tokens (the usual forward + backward count of a
 dense model's matrix products; attention's own products and the delta update are left out), so it ranks the
 points; it is not a measurement of time.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,13 @@ def _check_sizes(name: str, values: list[int], low: int) -> list[int]:
 
 def point_dir(out: str | os.PathLike, width: int, steps: int) -> Path:
     return Path(out) / f"d{width}_s{steps}"
+
+
+_POINT_NAME = re.compile(r"d([0-9]+)_s([0-9]+)")
+# settings in which the points of one summary may differ: the point's own width and length, its lr and seeds (each
+# point's grid and seeds are recorded with it), how often it validated (the final loss is what is compared), the
+# data's path (the data is compared by fingerprint) and what never changes a result
+_POINTS_MAY_DIFFER = frozenset({"steps", "lr", "seed", "eval_every", "data", "variant", "model"})
 
 
 def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, *, widths: list[int],
@@ -65,19 +76,95 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
                   step_costs=step_costs)
         studies[w, n] = (run_compare(cfg, variants, where, **kw) if lrs is None
                          else run_lr_grid(cfg, variants, where, lrs, **kw))
-    summary = summarize_scaling(studies, base, lrs)
+    summary = summarize_scaling(studies, base.to_dict(), lrs)
     if step_costs:
         summary["step_costs"] = step_costs
     write_scaling(out, summary)
     return summary
 
 
-def summarize_scaling(studies: dict[tuple[int, int], dict], base: TrainConfig | None,
+def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
+                    lengths: list[int] | None = None) -> dict[str, Any]:
+    """The study's summary from the finished points already in ``out`` (every ``d<W>_s<N>/compare.json``; with
+    ``widths`` / ``lengths`` only those, each of which must be there), training nothing; written as
+    :func:`run_scaling` writes it. Each point keeps its own seeds and lr grid; the points must share the reference,
+    the data (by fingerprint), the step costs and every setting that changes a result except width, length, lr
+    and seeds, else they are refused, naming the differences."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a study's directory "
+                                "(the `out` of `ddl compare --widths ...`)")
+    found = {}
+    for d in sorted(out.iterdir()):
+        m = _POINT_NAME.fullmatch(d.name)
+        if m and d.is_dir():
+            found[int(m.group(1)), int(m.group(2))] = d
+    keep = {k: d for k, d in found.items()
+            if (widths is None or k[0] in widths) and (lengths is None or k[1] in lengths)}
+    missing = [f"width {w}" for w in widths or [] if all(k[0] != w for k in keep)]
+    missing += [f"length {n}" for n in lengths or [] if all(k[1] != n for k in keep)]
+    if missing or not keep:
+        raise FileNotFoundError(
+            f"{out} holds no finished point for {', '.join(missing) or 'the study'} (points found: "
+            f"{', '.join(d.name for d in found.values()) or 'none'}); allowed: the d<W>_s<STEPS> directories a "
+            "finished `ddl compare --widths ...` leaves in its `out`")
+    studies = {}
+    for key, d in sorted(keep.items()):
+        path = d / "compare.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the point {d.name} has not finished; finish it with the "
+                                    "`ddl compare` that started it (runs are resumed)")
+        try:
+            studies[key] = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); rerun that point's `ddl compare`") from None
+        settings = studies[key].get("settings") or {}
+        if (settings.get("model") or {}).get("hidden_size") != key[0] or settings.get("steps") != key[1]:
+            raise ValueError(f"{path} holds hidden_size {(settings.get('model') or {}).get('hidden_size')} and "
+                             f"{settings.get('steps')} steps, not what its directory's name says ({d.name}); "
+                             "allowed: a point directory as `ddl compare --widths` wrote it")
+    _check_points_agree(studies)
+    first = next(iter(studies.values()))
+    grids = [(s.get("lr_selection") or {}).get("lrs") for s in studies.values()]
+    settings = {k: v for k, v in first["settings"].items() if k != "steps"}  # a point's own, not the study's
+    settings["model"] = {k: v for k, v in (settings.get("model") or {}).items() if k != "hidden_size"}
+    summary = summarize_scaling(studies, settings, grids[0] if all(g == grids[0] for g in grids) else None)
+    if first.get("step_costs"):
+        summary["step_costs"] = first["step_costs"]
+    write_scaling(out, summary)
+    return summary
+
+
+def _check_points_agree(studies: dict[tuple[int, int], dict]) -> None:
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.trainer import RESULT_NEUTRAL
+
+    (w0, n0), first = next(iter(studies.items()))
+
+    def comparable(s: dict) -> dict:
+        settings = s.get("settings") or {}
+        model = {k: v for k, v in (settings.get("model") or {}).items() if k != "hidden_size"}
+        return {**{k: v for k, v in settings.items() if k not in RESULT_NEUTRAL | _POINTS_MAY_DIFFER},
+                "model (but hidden_size)": model, "reference": s.get("reference"),
+                "data fingerprint": s.get("data_fingerprint"), "step_costs": s.get("step_costs")}
+
+    for (w, n), s in studies.items():
+        diff = differences(comparable(first), comparable(s), has=f"d{w0}_s{n0} has")
+        if diff:
+            raise ValueError(f"the point d{w}_s{n} differs from d{w0}_s{n0} in more than width, length, lr and "
+                             f"seeds ({'; '.join(diff)}); allowed: points of one study (summarise the others from "
+                             "their own directory)")
+
+
+def summarize_scaling(studies: dict[tuple[int, int], dict], settings: dict | None,
                       lrs: list[float] | None) -> dict[str, Any]:
-    """One point per (variant other than the reference, width, length), from each comparison's summary."""
+    """One point per (variant other than the reference, width, length), from each comparison's summary; each
+    point records its comparison's seeds and lr grid (``lrs``: the grid every point shares, if one)."""
     points = []
     for (width, steps), summary in sorted(studies.items()):
         ref = next(r for r in summary["rows"] if r["variant"] == summary["reference"])
+        grid = (summary.get("lr_selection") or {}).get("lrs")
+        lr = (summary.get("settings") or {}).get("lr")  # without a grid, every variant's
         for r in summary["rows"]:
             if r is ref:
                 continue
@@ -86,24 +173,38 @@ def summarize_scaling(studies: dict[tuple[int, int], dict], base: TrainConfig | 
                 "parameters": r["parameters"],
                 "compute": 6 * r["parameters"] * r["tokens"] if r["parameters"] and r["tokens"] else None,
                 "d_val_loss": r["d_val_loss"], "ci95": r.get("d_val_loss_ci95"), "wins": r.get("wins"),
-                "n": r.get("n_paired"), "lr": r.get("lr"), "reference_lr": ref.get("lr"),
-                "diverged": r.get("diverged"),
+                "n": r.get("n_paired"), "lr": r.get("lr") if grid else lr, "reference_lr": ref.get("lr") if grid else lr,
+                "diverged": r.get("diverged"), "seeds": summary["seeds"], "lrs": grid,
             })
     first = next(iter(studies.values()))
-    return {"reference": first["reference"], "seeds": first["seeds"], "lrs": lrs, "points": points,
-            "widths": sorted({w for w, _ in studies}), "lengths": sorted({n for _, n in studies}),
-            "settings": base.to_dict() if base is not None else None, "machine": first["machine"]}
+    seeds = [s["seeds"] for s in studies.values()]
+    return {"reference": first["reference"], "seeds": first["seeds"] if all(x == seeds[0] for x in seeds) else None,
+            "lrs": lrs, "points": points, "widths": sorted({w for w, _ in studies}),
+            "lengths": sorted({n for _, n in studies}), "settings": settings, "machine": first["machine"]}
+
+
+def _grid(lrs: list[float]) -> str:
+    return ", ".join(f"{x:g}" for x in lrs)
 
 
 def format_scaling(summary: dict[str, Any]) -> str:
-    ref, seeds = summary["reference"], summary["seeds"]
-    how = ("each variant at its own best lr of the grid " + ", ".join(f"{x:g}" for x in summary["lrs"])
-           + ", chosen on the final validation loss at every point" if summary["lrs"] else
-           f"one shared lr ({(summary['settings'] or {}).get('lr')}) for every variant")
+    ref, seeds, points = summary["reference"], summary["seeds"], summary["points"]
+    grids = {(p["width"], p["steps"]): p.get("lrs") for p in points}
+    if summary["lrs"]:
+        how = f"each variant at its own best lr of the grid {_grid(summary['lrs'])}, chosen on the final validation " \
+              "loss at every point"
+    elif any(grids.values()):
+        how = "each variant at its own best lr of its point's grid (below), chosen on the final validation loss"
+    elif len({p["lr"] for p in points} | {p["reference_lr"] for p in points}) <= 1:
+        how = f"one shared lr ({(summary['settings'] or {}).get('lr')}) for every variant"
+    else:
+        how = "one lr shared by the variants of each point (the lr column)"
+    paired = (f"{len(seeds)} seed(s): {', '.join(map(str, seeds))}" if seeds is not None else
+              "each point's own seeds, below; `lower in` counts them")
     lines = [
         "# Width and length study", "",
-        f"Final validation loss of each variant minus `{ref}`'s, paired by seed ({len(seeds)} seed(s): "
-        f"{', '.join(map(str, seeds))}); learning rate: {how}. Compute: 6 x parameters x training tokens.", "",
+        f"Final validation loss of each variant minus `{ref}`'s, paired by seed ({paired}); learning rate: {how}. "
+        "Compute: 6 x parameters x training tokens.", "",
         "| variant | width | steps | tokens | parameters | compute (FLOPs) | d loss | 95% CI of d | lower in | lr | "
         f"{ref} lr |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -117,6 +218,10 @@ def format_scaling(summary: dict[str, Any]) -> str:
         compute = "-" if p["compute"] is None else f"{p['compute']:.3g}"
         lines.append(f"| {p['variant']} | {p['width']} | {p['steps']} | {p['tokens']:,} | {p['parameters']:,} | "
                      f"{compute} | {d} | {ci} | {p['wins']}/{p['n']} | {lr} | {ref_lr} |")
+    if seeds is None or (not summary["lrs"] and any(grids.values())):
+        lines += ["", "| point | seeds | lr grid |", "| --- | --- | --- |"]
+        lines += [f"| d{w}_s{n} | {', '.join(map(str, p['seeds']))} | {_grid(p['lrs']) if p.get('lrs') else '-'} |"
+                  for (w, n), p in {(p["width"], p["steps"]): p for p in points}.items()]
     if summary.get("step_costs"):
         costs = ", ".join(f"{v} {c:g}x" for v, c in summary["step_costs"].items())
         lines += ["", f"Equal cost: `steps` is `{ref}`'s; a variant whose step costs c x as much ({costs}; given, "
