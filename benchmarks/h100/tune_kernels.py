@@ -95,8 +95,9 @@ def kernels(a, eps=1e-5):
     f = flat
     consts = (1e-5, 2.0, 4.0)  # the norm's eps, beta_max, value_scale
     return {  # the likeliest to gain first: a short call may be cut off
-        "delta bwd + TC read": (lambda: tt.token_read_backward(a["g"], a["gin"], a["x"], a["k"], a["v"], a["beta"],
-                                                               a["w"], eps), ("warps", "rows", "per_sm", "prefetch")),
+        "delta bwd + TC read": (lambda: tt.token_read_backward(a["g"], a["gin"], a["x"], *tc_out(a), a["k"], a["v"],
+                                                               a["beta"], a["w"], eps),
+                                ("warps", "rows", "per_sm", "prefetch")),
         "delta bwd + CC read": (lambda: dt.triton_backward(g, gin, f["x"], f["k"], f["v"], f["beta"], a["c"], eps),
                                 ("warps", "per_sm", "prefetch")),
         "norm bwd": (lambda: nt.triton_backward(*a["norm_grads"], *a["norm"], *consts),
@@ -117,6 +118,12 @@ def norm_c_dtype(a) -> tuple:
     import inspect
 
     return (a["x"].dtype,) if "c_dtype" in inspect.signature(nt.triton_forward).parameters else ()
+
+
+def tc_out(a: dict) -> tuple:
+    """x' for the TC backward where it takes one (since 2026-11-26: the taps' gradient reads x' instead of
+    recomputing it; x stands in, the same shape and bytes), nothing for a copy of older code."""
+    return (a["x"],) if "out" in inspect.signature(tt.token_read_backward).parameters else ()
 
 
 def traffic(fn) -> int:

@@ -130,7 +130,7 @@ def test_partial_buffer_is_bounded_by_the_programs(monkeypatch, tokens):
     x, k, v, beta, w = _inputs(2, tokens // 2, d, dv, ks, torch.float32)
     with count_traffic(dry=True) as c:
         c.phase = "backward"
-        tt.token_read_backward(torch.zeros_like(x), None, x.detach(), k.detach(), v.detach(),
+        tt.token_read_backward(torch.zeros_like(x), None, x.detach(), x.detach(), k.detach(), v.detach(),
                                beta.detach().reshape(2, -1), w.detach(), 1e-5)
     partial = [launch for launch in c.launches if launch.kernel == "partial_sum"]
     assert len(partial) == 1 and partial[0].read_bytes == 5 * ks * d * dv * 4

@@ -14,14 +14,14 @@ forward   for t = t0-K+1 .. t0+CHUNK-1 (t >= 0): the update of token t as ops.de
           cleared. With ``PREFETCH`` token t+1's inputs are loaded before token t's math.
 backward  two launches. (1) ops.delta.triton's update backward with ``TAPS = K``: the gradient of x'_t is
           G_t + sum_s w_s g_in_{t+s} (the K rows of g_in, d-vectors, from L2), formed in registers, one token
-          per program. (2) the taps' gradient grad_w_s = sum_t g_in_{t+s} x'_t^T: x'_t recomputed from x,
-          four taps per program in fp32 registers (a second grid axis for more), on a persistent grid of at
+          per program. (2) the taps' gradient grad_w_s = sum_t g_in_{t+s} x'_t^T: x'_t read as stored (the
+          Function saves x', the next update's input, kept anyway), four taps per program in fp32 registers (a second grid axis for more), on a persistent grid of at
           most ``max_programs`` programs (ops.delta.triton: 2 x the SM count on CUDA), so the partial buffer
           is (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
 
 Compared with the update followed by a separate TC read (two kernels each way): one pass over the state
 instead of two forward (plus the halo's K-1 in CHUNK re-reads), and backward no separate state-sized
-gradient of the read and no state-sized gradient add (the taps' gradient reads x once more). Without history
+gradient of the read and no state-sized gradient add (the taps' gradient reads x' once more). Without history
 only (training and a cache-less forward); decoding keeps the separate read. Tested against the plain
 reference (update, then the TC read) under ``TRITON_INTERPRET=1`` (tests/ops/test_kernels_token_read.py).
 """
@@ -122,20 +122,21 @@ def _tap_grad(GIN, row, ok, offs_d, D, out, gw):
 
 @triton.jit
 def _delta_tc_grad_w_kernel(
-    X, K, V, BETA, GIN, GW_PART,
-    N, CHUNK, T, D, KS, eps2_over_d, inv_sqrt_d,
+    OUT, GIN, GW_PART,
+    N, CHUNK, T, D, KS,
     BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3 with
-    s0 = 4 * program_id(1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t recomputed from x (as the forward made
-    it, rounded to x's dtype), one (d, d_v) fp32 accumulator per tap in registers, one partial per program.
-    PREFETCH: token n+1's k, x, v, beta are loaded before token n's math."""
+    s0 = 4 * program_id(1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t read as the forward stored it, one (d, d_v)
+    fp32 accumulator per tap in registers, one partial per program. PREFETCH: token n+1's x' is loaded before
+    token n's products."""
     pid = tl.program_id(0)
     s0 = tl.program_id(1) * 4  # TAP_GROUP
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
     mv = offs_v < DV
+    mt = md[:, None] & mv[None, :]
     tile = offs_d[:, None] * DV + offs_v[None, :]
     gw0 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)  # named: a loop carries no list
     gw1 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
@@ -143,23 +144,18 @@ def _delta_tc_grad_w_kernel(
     gw3 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     if PREFETCH:
         first = pid * CHUNK
-        k_nx, x_nx, v_nx, b_nx = _token_load(X, K, V, BETA, first, offs_d, offs_v, tile,
-                                             md & (((offs_d * 0) + first) < N), mv & (((offs_v * 0) + first) < N),
-                                             D, DV)
+        out_nx = tl.load(OUT + first * D * DV + tile, mask=mt & (((tile * 0) + first) < N), other=0.0)
     for r in range(0, CHUNK):
         n = pid * CHUNK + r
         n_d = (offs_d * 0) + n  # masks must be tensors
         ok_d = md & (n_d < N)
-        ok_v = mv & (((offs_v * 0) + n) < N)
         if PREFETCH:
-            k_raw, x_raw, v_raw, b_raw = k_nx, x_nx, v_nx, b_nx
-            nxt_d = md & (n_d + 1 < N) & (((offs_d * 0) + r + 1) < CHUNK)
-            nxt_v = mv & (((offs_v * 0) + n + 1) < N) & (((offs_v * 0) + r + 1) < CHUNK)
-            k_nx, x_nx, v_nx, b_nx = _token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, nxt_d, nxt_v, D, DV)
+            out_raw = out_nx
+            nxt = mt & (((tile * 0) + n + 1) < N) & (((tile * 0) + r + 1) < CHUNK)
+            out_nx = tl.load(OUT + (n + 1) * D * DV + tile, mask=nxt, other=0.0)
         else:
-            k_raw, x_raw, v_raw, b_raw = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
-        x, u, rho, v, beta, p, delta = _token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
-        out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
+            out_raw = tl.load(OUT + n * D * DV + tile, mask=mt & (((tile * 0) + n) < N), other=0.0)
+        out = out_raw.to(tl.float32)
         t_d = n_d % T
         s_d = (offs_d * 0) + s0
         gw0 = _tap_grad(GIN, n + s0, ok_d & (t_d + s0 < T) & (s_d < KS), offs_d, D, out, gw0)
@@ -167,7 +163,6 @@ def _delta_tc_grad_w_kernel(
         gw2 = _tap_grad(GIN, n + s0 + 2, ok_d & (t_d + s0 + 2 < T) & (s_d + 2 < KS), offs_d, D, out, gw2)
         gw3 = _tap_grad(GIN, n + s0 + 3, ok_d & (t_d + s0 + 3 < T) & (s_d + 3 < KS), offs_d, D, out, gw3)
     part = GW_PART + (pid * KS + s0) * D * DV + tile
-    mt = md[:, None] & mv[None, :]
     s_t = (tile * 0) + s0  # masks must be tensors
     tl.store(part, gw0, mask=mt & (s_t < KS))
     tl.store(part + D * DV, gw1, mask=mt & (s_t + 1 < KS))
@@ -198,11 +193,11 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
     return out, xin, delta
 
 
-def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
+def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float):
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
-    None for zero); shapes as :func:`token_read_forward`'s inputs. Two launches: the update's backward with the
-    read's gradient added per token (ops.delta.triton's kernel, every token its own program), then the taps'
-    gradient over a bounded persistent grid."""
+    None for zero); out = x', the forward's new state; other shapes as :func:`token_read_forward`'s inputs. Two
+    launches: the update's backward with the read's gradient added per token (ops.delta.triton's kernel, every
+    token its own program), then the taps' gradient from x' over a bounded persistent grid."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     n = bsz * t
@@ -221,8 +216,8 @@ def token_read_backward(g, gin, x, k, v, beta, w, k_eps: float):
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=GRAD_W_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     launch(
-        _delta_tc_grad_w_kernel, (progs, groups), (x, k, v, beta, gin, gw_part, n, chunk, t, d, ks, eps2, inv),
-        writes=(5,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=GRAD_W_PREFETCH, num_warps=delta_warps(bd * bv),
+        _delta_tc_grad_w_kernel, (progs, groups), (out.contiguous(), gin, gw_part, n, chunk, t, d, ks),
+        writes=(2,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=GRAD_W_PREFETCH, num_warps=delta_warps(bd * bv),
     )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
@@ -236,14 +231,16 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
         out, xin, delta = token_read_forward(x, k, v, beta, w, k_eps, want_delta=tape is not None)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
-        ctx.save_for_backward(x, k, v, beta, w)
+        # x' too, for the taps' gradient: the next update's input, saved by it anyway (no extra memory in a
+        # model; under a StateTape a state handle like x)
+        ctx.save_for_backward(x, out, k, v, beta, w)
         ctx.k_eps = k_eps
         return out, xin
 
     @staticmethod
     def backward(ctx, g, gin):
-        x, k, v, beta, w = ctx.saved_tensors
-        return (*token_read_backward(g, gin, x, k, v, beta, w, ctx.k_eps), None)
+        x, out, k, v, beta, w = ctx.saved_tensors
+        return (*token_read_backward(g, gin, x, out, k, v, beta, w, ctx.k_eps), None)
 
 
 def delta_update_token_read_triton(x, k, v, beta, weight, *, k_eps: float = 1e-5):
