@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import inspect
 import itertools
 import json
 import statistics
@@ -115,8 +116,6 @@ def kernels(a, eps=1e-5):
 
 def norm_c_dtype(a) -> tuple:
     """The forward's c_dtype argument where the library has one (an older checkout, a before-run, has not)."""
-    import inspect
-
     return (a["x"].dtype,) if "c_dtype" in inspect.signature(nt.triton_forward).parameters else ()
 
 

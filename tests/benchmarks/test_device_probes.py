@@ -38,6 +38,15 @@ def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):
     assert (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch) == before
 
 
+def test_tune_kernels_times_the_library_setting_of_the_tc_backward(tmp_path):
+    """The TC backward's call (it takes x' since the taps' gradient reads it) runs as the library launches it."""
+    tune = _load("tune_kernels")
+    assert tune.main(["--device", "cpu", "--quick", "--dvs", "4", "--only", "delta bwd + TC read", "--no-sweep",
+                      "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "tune_kernels.json").read_text())
+    assert rows[0]["setting"] == "library" and all(r["ms"] > 0 and r["gbs"] > 0 for r in rows)
+
+
 def test_decode_probe_times_both_paths_and_compares_logits(tmp_path, monkeypatch):
     import deep_delta.hf.decode as decode
 
