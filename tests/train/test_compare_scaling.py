@@ -63,7 +63,7 @@ def test_a_study_whose_summary_cannot_be_written_is_refused_before_training(tmp_
 @pytest.fixture(scope="module")
 def study_in_parts(tmp_path_factory, data_dir):
     """A study run in two parts into one OUT: width 16 with two seeds at the shared lr, then width 32 with one
-    seed and an lr grid; and beside it a point made with another batch size."""
+    seed and an lr grid."""
     out = tmp_path_factory.mktemp("parts") / "study"
     assert main(micro(out, data_dir, "--seeds", "2", "--widths", "16", "--lengths", "2")) == 0
     assert main(micro(out, data_dir, "--seeds", "1", "--lrs", "1e-3", "4e-3", "--widths", "32", "--lengths",

@@ -76,6 +76,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+# the flags that set a TrainConfig field (None when not given)
+_CONFIG_FLAGS = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
+                 "eval_batches", "seed", "device", "dtype")
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -87,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report_only:
         return _report_only(args)
     lrs = options.lr_grid(args.lrs, args.lr, args.assignments)
-    flags = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
-             "eval_batches", "seed", "device", "dtype")
-    given = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
     project = options.wandb_project(args)
     if args.wandb:
         given.update(wandb=True, **({"wandb_project": project} if project else {}))
@@ -184,9 +187,7 @@ def _report_only(args: argparse.Namespace) -> int:
               "--time-repeats": args.time_repeats != 5, "--step-costs": args.step_costs is not None,
               "--lrs": args.lrs is not None, "--seeds": args.seeds is not None, "--config": args.config is not None,
               "--overwrite": args.overwrite, "--wandb": args.wandb, "--wandb-project": args.wandb_project is not None}
-    trains.update({"--" + k.replace("_", "-"): getattr(args, k) is not None for k in (
-        "preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every", "eval_batches",
-        "seed", "device", "dtype")})
+    trains.update({"--" + k.replace("_", "-"): getattr(args, k) is not None for k in _CONFIG_FLAGS})
     given = [flag for flag, on in trains.items() if on]
     if given:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(given)}; allowed with it: --out, "

@@ -173,7 +173,8 @@ def summarize_scaling(studies: dict[tuple[int, int], dict], settings: dict | Non
                 "parameters": r["parameters"],
                 "compute": 6 * r["parameters"] * r["tokens"] if r["parameters"] and r["tokens"] else None,
                 "d_val_loss": r["d_val_loss"], "ci95": r.get("d_val_loss_ci95"), "wins": r.get("wins"),
-                "n": r.get("n_paired"), "lr": r.get("lr") if grid else lr, "reference_lr": ref.get("lr") if grid else lr,
+                "n": r.get("n_paired"), "lr": r.get("lr") if grid else lr,
+                "reference_lr": ref.get("lr") if grid else lr,
                 "diverged": r.get("diverged"), "seeds": summary["seeds"], "lrs": grid,
             })
     first = next(iter(studies.values()))

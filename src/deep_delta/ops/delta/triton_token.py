@@ -15,9 +15,10 @@ forward   for t = t0-K+1 .. t0+CHUNK-1 (t >= 0): the update of token t as ops.de
 backward  two launches. (1) ops.delta.triton's update backward with ``TAPS = K``: the gradient of x'_t is
           G_t + sum_s w_s g_in_{t+s} (the K rows of g_in, d-vectors, from L2), formed in registers, one token
           per program. (2) the taps' gradient grad_w_s = sum_t g_in_{t+s} x'_t^T: x'_t read as stored (the
-          Function saves x', the next update's input, kept anyway), four taps per program in fp32 registers (a second grid axis for more), on a persistent grid of at
-          most ``max_programs`` programs (ops.delta.triton: 2 x the SM count on CUDA), so the partial buffer
-          is (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
+          Function saves x', the next update's input, kept anyway), four taps per program in fp32 registers
+          (a second grid axis for more), on a persistent grid of at most ``max_programs`` programs
+          (ops.delta.triton: 2 x the SM count on CUDA), so the partial buffer is (programs, K, d, d_v) whatever
+          the number of tokens, summed by torch (deterministic, no atomics).
 
 Compared with the update followed by a separate TC read (two kernels each way): one pass over the state
 instead of two forward (plus the halo's K-1 in CHUNK re-reads), and backward no separate state-sized
