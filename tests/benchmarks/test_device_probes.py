@@ -88,3 +88,37 @@ def test_op_dispatch_probe_prints_both_paths():
     for r in rows:
         op_us, fn_us = (float(x) for x in r.split("|")[2:4])
         assert op_us > 0 and fn_us > 0
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_saved_by_source_counts_the_state_and_the_differences(capsys):
+    """benchmarks/saved_by_source.py: DDL-CC on the GPU's path keeps one bf16 (d, d_v) state per sublayer (the
+    first from the expander, the others from the fused update + read), the norm op's source and the update's k,
+    and none of the baseline's fp32 norm inputs; each difference row is the two variants' rows subtracted."""
+    saved = _load_script("saved_by_source")
+    layers, tokens, d, dv = 2, 24, 256, 4  # preset tiny: d = 256, d_v = 4
+    cc = saved.saved_by_source("ddl-cc", "tiny", layers, tokens)
+    base = saved.saved_by_source("baseline", "tiny", layers, tokens)
+    states = sum(b for (where, dtype, last), (b, _) in cc.items() if dtype == "bfloat16" and last == dv)
+    assert states == 2 * d * dv * 2  # 2 sublayers per layer, bf16
+    assert any("norm_gate_value_triton" in where for where, _, _ in cc)  # the Triton path ran (dry)
+    assert not any(dtype == "float32" and last == d and "_update_inputs" in where for where, dtype, last in cc)
+    assert any(dtype == "float32" and last == d and "_update_inputs" in where for where, dtype, last in base)
+    assert saved.main(["--variants", "baseline", "ddl-cc", "--preset", "tiny", "--layers", "2", "--tokens",
+                       str(tokens)]) == 0
+    out = capsys.readouterr().out
+    totals = [int(line.split(": ")[1].split()[0].replace(",", "").replace("+", "")) for line in out.splitlines()
+              if line.startswith(("total:", "difference:"))]
+    assert totals[2] == totals[1] - totals[0] == sum(b for b, _ in cc.values()) - sum(b for b, _ in base.values())
+    with pytest.raises(ValueError, match="`tokens` got 256"):
+        saved.saved_by_source("baseline", "tiny", 1, 256)
+    with pytest.raises(SystemExit):
+        saved.main(["--variants", "ddl-cc"])  # no baseline to subtract

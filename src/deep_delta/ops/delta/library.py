@@ -141,7 +141,8 @@ def _update_read_backward_lean(
     g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
-    forward's new state (saved: it is the next update's input, alive anyway). Lean math: the read's gradient
+    forward's new state (saved: the next update's input, kept anyway, except after a model's last update:
+    one state per model, ``benchmarks/saved_by_source.py``). Lean math: the read's gradient
     ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton kernel does in
     registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
     ``grad_c = sum_n g_in x'^T``."""
@@ -183,7 +184,8 @@ def _save_inputs(ctx, inputs, output) -> None:
 
 
 def _save_inputs_and_state(ctx, inputs, output) -> None:
-    """The fused op also saves its new state x' (the next update's input: no extra memory) for grad_c."""
+    """The fused op also saves its new state x' for grad_c (the next update's input, kept anyway; the extra
+    memory is the model's last state only)."""
     x, k, v, beta, c, k_eps = inputs
     ctx.save_for_backward(x, output[0], k, v, beta, c)
     ctx.k_eps = k_eps
