@@ -19,24 +19,26 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 import traceback
 
 import torch
 
+import deep_delta
 from deep_delta.models.ddl.configuration_ddl import DDLConfig
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM
 from deep_delta.ops.launch import count_traffic
 from deep_delta.variants import PRESETS, VARIANTS
 
-_HERE = __file__
+_PACKAGE = os.path.dirname(os.path.abspath(deep_delta.__file__)) + os.sep
 
 
 def _source() -> str:
-    """The innermost frame in the library's own code (``deep_delta/...``), as ``path:line function``."""
+    """The innermost frame in the library's own code, as ``path:line function`` (path within the package)."""
     for frame in reversed(traceback.extract_stack()[:-2]):
-        if "deep_delta" in frame.filename and frame.filename != _HERE:
-            return f"{frame.filename.split('deep_delta/')[-1]}:{frame.lineno} {frame.name}"
+        if frame.filename.startswith(_PACKAGE):
+            return f"{frame.filename[len(_PACKAGE):]}:{frame.lineno} {frame.name}"
     return "(outside the library)"
 
 
@@ -78,7 +80,7 @@ def _table(title: str, rows: dict, signed: bool = False) -> list[str]:
     fmt = "{:+,}" if signed else "{:,}"
     out = [f"### {title}", "", "| source | dtype | last dim | bytes / token / layer | tensors |",
            "| --- | --- | ---: | ---: | ---: |"]
-    for (where, dtype, last), (b, n) in sorted(rows.items(), key=lambda kv: -abs(kv[1][0])):
+    for (where, dtype, last), (b, n) in sorted(rows.items(), key=lambda kv: (-abs(kv[1][0]), kv[0])):
         if b:
             out.append(f"| `{where}` | {dtype} | {last} | {fmt.format(b)} | {fmt.format(n)} |")
     total = fmt.format(sum(b for b, _ in rows.values()))
@@ -99,20 +101,25 @@ def main(argv: list[str] | None = None) -> int:
     if "baseline" not in args.variants:
         ap.error(f"--variants must include baseline (the differences are against it), got {' '.join(args.variants)}")
     torch.set_num_threads(args.threads)
-    lines = [f"## Saved for backward by source: preset {args.preset}, {args.layers} layers, {args.tokens} tokens, "
-             "bf16 autocast, the GPU's eager path (Triton wrappers, dry launches) on CPU", ""]
     found = {v: saved_by_source(v, args.preset, args.layers, args.tokens) for v in args.variants}
-    for v in args.variants:
+    print(report(found, args.preset, args.layers, args.tokens))
+    return 0
+
+
+def report(found: dict[str, dict], preset: str, layers: int, tokens: int) -> str:
+    """The markdown of :func:`saved_by_source`'s rows per variant (``found``, baseline included), each variant's
+    table, then each DDL variant's rows minus the baseline's."""
+    lines = [f"## Saved for backward by source: preset {preset}, {layers} layers, {tokens} tokens, "
+             "bf16 autocast, the GPU's eager path (Triton wrappers, dry launches) on CPU", ""]
+    for v in found:
         lines += _table(v, found[v])
-    base = found["baseline"]
-    for v in args.variants:
+    base, zero = found["baseline"], [0, 0]
+    for v in found:
         if v == "baseline":
             continue
-        zero = [0, 0]
         diff = {k: [a - b for a, b in zip(found[v].get(k, zero), base.get(k, zero))] for k in set(found[v]) | set(base)}
         lines += _table(f"{v} minus baseline", diff, signed=True)
-    print("\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

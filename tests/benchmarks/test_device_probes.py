@@ -99,7 +99,7 @@ def _load_script(name: str):
     return module
 
 
-def test_saved_by_source_counts_the_state_and_the_differences(capsys):
+def test_saved_by_source_counts_the_state_and_the_differences():
     """benchmarks/saved_by_source.py: DDL-CC on the GPU's path keeps one bf16 (d, d_v) state per sublayer (the
     first from the expander, the others from the fused update + read), the norm op's source and the update's k,
     and none of the baseline's fp32 norm inputs; each difference row is the two variants' rows subtracted."""
@@ -112,9 +112,7 @@ def test_saved_by_source_counts_the_state_and_the_differences(capsys):
     assert any("norm_gate_value_triton" in where for where, _, _ in cc)  # the Triton path ran (dry)
     assert not any(dtype == "float32" and last == d and "_update_inputs" in where for where, dtype, last in cc)
     assert any(dtype == "float32" and last == d and "_update_inputs" in where for where, dtype, last in base)
-    assert saved.main(["--variants", "baseline", "ddl-cc", "--preset", "tiny", "--layers", "2", "--tokens",
-                       str(tokens)]) == 0
-    out = capsys.readouterr().out
+    out = saved.report({"baseline": base, "ddl-cc": cc}, "tiny", layers, tokens)
     totals = [int(line.split(": ")[1].split()[0].replace(",", "").replace("+", "")) for line in out.splitlines()
               if line.startswith(("total:", "difference:"))]
     assert totals[2] == totals[1] - totals[0] == sum(b for b, _ in cc.values()) - sum(b for b, _ in base.values())
