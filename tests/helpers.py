@@ -50,3 +50,16 @@ def tiny_model(variant: str = "ddl-cc", *, perturb: float = 0.1, seed: int = 0, 
             for p in model.parameters():
                 p.add_(perturb * torch.randn(p.shape, generator=g))
     return model.eval()
+
+
+def with_options(argv: list[str], *extra: str) -> list[str]:
+    """``argv`` + ``extra``, where an option in ``extra`` replaces the same option (and its values) in ``argv``:
+    the command line refuses a non-appending option given twice. ``--set`` and ``--prompt`` append."""
+    given = {x for x in extra if x.startswith("--") and x not in ("--set", "--prompt")}
+    kept, skip = [], False
+    for x in argv:
+        if x.startswith("--"):
+            skip = x in given
+        if not skip:
+            kept.append(x)
+    return [*kept, *extra]

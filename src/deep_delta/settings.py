@@ -24,6 +24,14 @@ import yaml
 
 # A decimal number, with an optional exponent: 3, -2, 0.5, .5, 1e-3, 2.5E+4 (not nan, inf, 0x10 or 1_000)
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# Every integer a setting holds fits in 64 bits (what torch and numpy take): 1e300 is a typo, not a number of
+# steps or a seed.
+MAX_INT = 2**63 - 1
+# The bound of every count (steps, batches, sizes, repeats, tokens to decode): far above any real run, low
+# enough that a typo is an error instead of a loop that never ends or a list that fills the memory.
+MAX_COUNT = 10**9
+# The most seeds of one study: each is a complete training run of every variant.
+MAX_SEEDS = 1000
 
 
 def parse_number(text: str, *, integer: bool = False) -> int | float:
@@ -35,11 +43,15 @@ def parse_number(text: str, *, integer: bool = False) -> int | float:
         raise ValueError(f"got {text!r}; allowed: {allowed}")
     if integer:
         if re.fullmatch(r"[-+]?\d+", s):
-            return int(s)
-        value = float(s)
-        if not (math.isfinite(value) and value.is_integer()):
-            raise ValueError(f"got {text!r}; allowed: {allowed}")
-        return int(value)
+            value = int(s)
+        else:
+            number = float(s)
+            if not (math.isfinite(number) and number.is_integer()):
+                raise ValueError(f"got {text!r}; allowed: {allowed}")
+            value = int(number)
+        if abs(value) > MAX_INT:
+            raise ValueError(f"got {text!r}; allowed: an integer of at most 64 bits (|value| <= 2**63 - 1)")
+        return value
     value = float(s)
     if not math.isfinite(value):  # 1e999 overflows to inf
         raise ValueError(f"got {text!r}; allowed: {allowed}")
@@ -51,7 +63,8 @@ def _numbers(value: Any, item: str) -> Any:
     as a string) and non-finite floats (``.nan``, ``.inf``) refused."""
     if isinstance(value, str) and NUMBER.fullmatch(value.strip()):
         number = parse_number(value)
-        return int(number) if "." not in value and number.is_integer() else number  # 1e3: an int
+        # 1e3: an int (1e300 stays a float, which no integer setting takes)
+        return int(number) if "." not in value and number.is_integer() and abs(number) <= MAX_INT else number
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"`assignments` got {item!r}; allowed: finite numbers (not nan or inf)")
     if isinstance(value, list):
@@ -114,6 +127,15 @@ def check_fields(settings: Any) -> None:
             raise ValueError(f"{owner}: `{f.name}` got {value!r}; allowed: {e}") from None
 
 
+def check_count(name: str, value: Any, low: int, high: int = MAX_COUNT, *, owner: str = "") -> int:
+    """``value`` as a count in [``low``, ``high``] (default :data:`MAX_COUNT`); else a ``ValueError`` naming
+    ``owner`` (a class, or nothing), the field, what it got and the bounds."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        prefix = f"{owner}: " if owner else ""
+        raise ValueError(f"{prefix}`{name}` got {value!r}; allowed: an integer >= {low} and <= {high:,}")
+    return value
+
+
 def _check(value: Any, kind: Any) -> Any:
     """``value`` as ``kind`` (an annotation); ``TypeError(what is allowed)`` when it is not one."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
@@ -142,6 +164,8 @@ def _check(value: Any, kind: Any) -> Any:
                 raise TypeError(_describe(kind)) from None
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
             raise TypeError(_describe(kind))
+        if kind is int and abs(value) > MAX_INT:
+            raise TypeError("an integer of at most 64 bits (|value| <= 2**63 - 1)")
         if kind is float and not math.isfinite(value):
             raise TypeError("a finite number")
         return float(value) if kind is float else value

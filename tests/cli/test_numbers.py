@@ -94,3 +94,61 @@ def test_tasks_run_bad_set_is_one_line_not_a_traceback(item, said, capsys):
     assert main(["tasks", "run", "flip-flop", "--seeds", "1", "--set", item]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ddl tasks: error: ") and said in err and "Traceback" not in err
+
+
+def test_every_integer_option_refuses_numbers_beyond_64_bits():
+    integers = [a for _, _, a in OPTIONS if a.type in (options.integer, data_cli.count)]
+    assert len(integers) > 20
+    for action in integers:
+        with pytest.raises(argparse.ArgumentTypeError, match="at most 64 bits"):
+            action.type("1e300")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["compare", "--seeds", "1e9"], "--seeds got a count of 1,000,000,000; allowed: at most 1000 seeds"),
+    (["tasks", "run", "flip-flop", "--seeds", "5000"], "--seeds got a count of 5,000; allowed: at most 1000 seeds"),
+    (["compare", "--step-costs", "ddl-cc=1e-300"], "--step-costs for 'ddl-cc' got 1e-300; allowed: a number in "
+                                                   "[0.01, 100]"),
+    (["train", "--steps", "1e10"], "TrainConfig: --steps got 10000000000; allowed: an integer >= 1 and <= 1,000,000,000"),
+    (["train", "--set", "warmup_steps=1e300"], "TrainConfig: --warmup-steps got 1e+300; allowed: an integer"),
+    (["bench", "--repeats", "1e12"], "--repeats got 1000000000000; allowed: an integer >= 1 and <= 1,000,000,000"),
+])
+def test_every_count_has_a_bound_that_names_itself(tmp_path, capsys, argv, said):
+    """Counts that would run a loop for ever or fill the memory (a seed list of 1e9, 6e300 equal-cost steps) are
+    one-line errors naming the option and its bound, before any work."""
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_steps_beyond_64_bits_are_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--steps", "1e300"])
+    assert e.value.code == 2 and "--steps: got '1e300'; allowed: an integer of at most 64 bits" in capsys.readouterr().err
+
+
+def test_an_option_given_twice_that_does_not_append_is_an_error(capsys):
+    """`--lrs 1e-3 --lrs 2e-3` kept only the last grid; now any option that stores its value(s), in every
+    command, refuses a second occurrence, and options that collect (`--set`, `--prompt`) still append."""
+    from deep_delta.cli.main import _StoreOnce
+
+    def walk(parser):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from walk(sub)
+            elif a.option_strings and a.nargs != 0 and not isinstance(a, (argparse._AppendAction,
+                                                                           argparse._HelpAction,
+                                                                           argparse._VersionAction)):
+                yield a
+    stores = list(walk(build_parser()))
+    assert len(stores) > 100 and all(isinstance(a, _StoreOnce) for a in stores), [
+        a.option_strings for a in stores if not isinstance(a, _StoreOnce)]
+    for argv in (["compare", "--lrs", "1e-3", "--lrs", "2e-3"], ["train", "--steps", "3", "--steps", "4"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert f"argument {argv[1]}: given twice" in capsys.readouterr().err
+    args = build_parser().parse_args(["train", "--set", "lr=1", "--set", "steps=2", "--steps", "3"])
+    assert args.assignments == ["lr=1", "steps=2"] and args.steps == 3  # appends, and each parse starts afresh

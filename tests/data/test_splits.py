@@ -67,3 +67,41 @@ def test_too_few_tokens_to_split(tmp_path):
     with pytest.raises(DataError, match="1 token.* too few for a train and a validation split"):
         prepare(src, "byte", tmp_path / "o", val_fraction=0.5, max_tokens=1, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_a_few_large_files_honour_the_fraction(tmp_path, capsys):
+    """A book and a note at --val-fraction 0.01: whole documents put the book (99% of the tokens) in validation,
+    since the first document always goes there; the split is by tokens instead, and the validation share is what
+    was asked for. The stream is the train documents followed by the validation ones, cut once."""
+    src = tmp_path / "big"
+    src.mkdir()
+    book, note = TEXT * 100, "A short note. " * 20  # 39,200 and 280 bytes
+    (src / "a.txt").write_text(book)
+    (src / "z.txt").write_text(note)
+    out = tmp_path / "o"
+    assert main(["data", "prepare", "--source", str(src), "--out", str(out), "--val-fraction", "0.01",
+                 "--no-progress"]) == 0
+    assert "split by tokens" in capsys.readouterr().out
+    meta = check_data_dir(out)
+    total = len(book) + len(note) + 2
+    train, val = meta["splits"]["train"]["num_tokens"], meta["splits"]["val"]["num_tokens"]
+    assert (meta["split_by"], val, train + val) == ("tokens", round(0.01 * total), total)
+    # the book went to validation as a whole document, the note to training: the note comes first, then the book
+    stream = np.concatenate([np.asarray(open_shard(p)) for s in ("train", "val") for p in split_shards(out, s)])
+    np.testing.assert_array_equal(stream, list(note.encode()) + [256] + list(book.encode()) + [256])
+    assert (meta["splits"]["train"]["num_documents"], meta["splits"]["val"]["num_documents"]) == (2, 1)
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.1, 0.3])
+def test_every_split_is_within_the_tolerance_of_its_fraction(tmp_path, fraction):
+    """Documents of very different sizes: whatever the split, by documents or by tokens, the validation share is
+    within SPLIT_TOLERANCE of --val-fraction."""
+    from deep_delta.data.prepare import SPLIT_TOLERANCE
+
+    rng = np.random.default_rng(0)
+    docs = ["x" * int(n) for n in rng.lognormal(5, 1.5, size=40)]
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": x}) + "\n" for x in docs))
+    meta = prepare(src, "byte", tmp_path / "o", val_fraction=fraction, shard_tokens=512, progress=False)
+    share = meta["splits"]["val"]["num_tokens"] / meta["num_tokens"]
+    assert abs(share - fraction) <= SPLIT_TOLERANCE * fraction, (meta["split_by"], share)

@@ -3,6 +3,8 @@ say), one document per file, in sorted path order; binary files and other suffix
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,43 @@ def test_python_api(tmp_path, suffixes):
 
     src = resolve_source(_tree(tmp_path / "src"), suffixes)
     assert len(list(src.documents)) == 1 + sum(rel.endswith(suffixes) for rel in FILES if not rel.endswith(".txt"))
+
+
+def test_our_own_outputs_are_never_read_as_sources(tmp_path, capsys):
+    """`--out` inside `--source` with `--text-suffixes .md .json`: neither that run nor a rerun, nor a later run
+    with another `--out` in the tree, reads meta.json, a shard or anything else of our outputs (prepared data,
+    a preparation in progress, a training run, an exported model) as a document."""
+    src = _tree(tmp_path / "src")
+    argv = ["data", "prepare", "--source", str(src), "--text-suffixes", ".py", ".md", ".json", "--val-fraction", "0",
+            "--no-progress", "--num-proc", "1"]
+    assert main([*argv, "--out", str(src / "out")]) == 0
+    first = read_meta(src / "out")
+    assert main([*argv, "--out", str(src / "out"), "--overwrite"]) == 0
+    assert main([*argv, "--out", str(src / "out2")]) == 0
+    for name in ("out", "out2"):
+        meta = read_meta(src / name)
+        assert (meta["num_tokens"], meta["num_documents"]) == (first["num_tokens"], 4)
+        assert not any("out" in Path(f).relative_to(src).parts[0] for f in meta["source_files"])
+    # a run, a checkpoint, an export and a preparation in progress inside the tree are left out too
+    for marker, text in (("runs/a/run.json", "{}"), ("ckpt/train_meta.json", "{}"),
+                         ("export/config.json", '{"model_type": "deep_delta"}'), (".o3.partial/.prepare.lock", "")):
+        (src / marker).parent.mkdir(parents=True)
+        (src / marker).write_text(text)
+        (src / marker).with_name("notes.md").write_text("written by us\n")
+    (src / "other" / "config.json").parent.mkdir()
+    (src / "other" / "config.json").write_text('{"model_type": "llama"}')  # someone else's: read
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "o4")]) == 0
+    files = {Path(f).relative_to(src).as_posix() for f in read_meta(tmp_path / "o4")["source_files"]}
+    assert files == {"README.md", "notes.txt", "pkg/a.py", "pkg/sub/d.py", "other/config.json"}
+
+
+def test_a_tree_without_source_files_names_text_suffixes(tmp_path, capsys):
+    src = tmp_path / "src"
+    for i in range(3):
+        (src / f"m{i}.py").parent.mkdir(parents=True, exist_ok=True)
+        (src / f"m{i}.py").write_text(f"x = {i}\n")
+    assert main(["data", "prepare", "--source", str(src), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no .txt/.jsonl/.parquet files (it holds .py (3) files" in err
+    assert "name their suffixes with --text-suffixes, e.g. .py" in err

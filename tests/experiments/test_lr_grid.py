@@ -26,6 +26,20 @@ def test_a_bad_grid_is_refused_naming_what_it_got(lrs, why):
     assert why in str(e.value) and "allowed: one or more distinct finite learning rates > 0" in str(e.value)
 
 
+def test_two_lrs_that_share_a_directory_are_refused_before_anything_trains(tmp_path, capsys):
+    """1e-3 and 1.0000001e-3 are both named lr_0.001: the grid is refused (by `ddl compare` before any training,
+    and by the task studies, which check their grid the same way) instead of training one over the other."""
+    from deep_delta.cli.main import main
+
+    with pytest.raises(ValueError, match=r"`lrs` got 0.001 and 0.0010000001, which share the name lr_0.001"):
+        check_lrs([2e-3, 1e-3, 1.0000001e-3])
+    assert check_lrs([1e-3, 1.00001e-3]) == [1e-3, 1.00001e-3]  # distinct within 6 significant digits
+    out = tmp_path / "grid"
+    assert main(["compare", "--lrs", "1e-3", "1.0000001e-3", "--out", str(out), "--steps", "2"]) == 2
+    assert "--lrs got 0.001 and 0.0010000001, which share the name lr_0.001" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_divergence_is_non_finite_or_above_the_limit():
     assert divergence(1.0, 2.0) is None
     assert "non-finite" in divergence(math.nan, 2.0) and divergence(None, 2.0, "val loss") == "no final val loss"

@@ -153,7 +153,64 @@ def test_generate_text_with_compile(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().out.rstrip("\n") == "Delta" + want[0].text
     cli_error(capsys, ["generate", "--model", str(run), "--prompt", "ab", "--prompt", "abc", "--compile"],
               "--prompt", "with --compile every prompt must have the same number of tokens", "[2, 3]")
-    cli_error(capsys, ["generate", "--model", str(run), "--prompt", "ab", "--compile", "--no-cache"], "--compile")
+    err = cli_error(capsys, ["generate", "--model", str(run), "--prompt", "ab", "--compile", "--no-cache"],
+                    "--compile", "--no-cache")
+    assert "use_cache" not in err
+
+
+def test_generate_text_compiles_once_per_shape_over_many_calls(monkeypatch):
+    """A notebook or server calls generate_text(..., compile=True) again and again on one model: the decoder
+    and its compiled step are made once per shape and reused (no recompilation per call, so no
+    FailOnRecompileLimitHit at the ninth call); another length in the same bucket reuses it too, and a copy of
+    the model starts without the decoders."""
+    import copy
+
+    from deep_delta.hf import SamplingOptions, byte_tokenizer, decode, generate_text
+
+    monkeypatch.setattr(decode, "DEFAULT_BACKEND", "eager")
+    model, tok = tiny_model("ddl-tc"), byte_tokenizer()
+    greedy = SamplingOptions(max_new_tokens=4, greedy=True, compile=True)
+    want = generate_text(model, tok, ["abcd"], SamplingOptions(max_new_tokens=4, greedy=True))[0][0].text
+    torch._dynamo.reset()
+    counters.clear()
+    for _ in range(20):
+        assert generate_text(model, tok, ["abcd"], greedy)[0][0].text == want
+    assert generate_text(model, tok, ["abcdef"], greedy)[0][0].new_tokens == 4  # 10 positions: the same bucket
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert len(model._ddl_decoders) == 1 and not copy.deepcopy(model).__dict__["_ddl_decoders"]
+
+
+def test_decoders_of_many_models_each_compile_their_own_step():
+    """More decoders than torch's recompile limit (8 per code object) in one process, each of another model:
+    every one compiles its own step (its own code object) instead of the ninth failing."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 256, (1, 3), generator=g)
+    torch._dynamo.reset()
+    counters.clear()
+    for i in range(10):
+        model = tiny_model(("baseline", "ddl-dv1")[i % 2], seed=i)
+        new = StaticDecoder(model, 1, 8, compile=True, backend="eager").generate(prompt, 3)
+        assert torch.equal(new, StaticDecoder(model, 1, 8).generate(prompt, 3))
+    assert counters["stats"]["unique_graphs"] == 10, dict(counters["stats"])
+
+
+def test_bad_prompts_and_sizes_are_refused_before_decoding():
+    """An empty prompt, ids outside the vocabulary and a generation longer than the cache are one clear error
+    each, before anything is decoded (the cache stays empty)."""
+    decoder = StaticDecoder(tiny_model("ddl-tc"), 1, 8)
+    for ids, message in ((torch.zeros(1, 0, dtype=torch.long), r"shape \(1, 0\), an empty prompt"),
+                         (torch.tensor([[3, 320]]), r"token ids in \[3, 320\]; allowed: ids in \[0, 320\)"),
+                         (torch.tensor([[-1, 5]]), r"token ids in \[-1, 5\]")):
+        with pytest.raises(ValueError, match=message):
+            decoder.prefill(ids)
+        assert decoder.filled == 0
+    decoder.prefill(torch.tensor([[1, 2]]))
+    with pytest.raises(ValueError, match=r"`ids` holds token ids in \[999, 999\]"):
+        decoder.step(torch.tensor([999]))
+    with pytest.raises(ValueError, match="a 3-token prompt and `max_new_tokens` 7 need 9 positions"):
+        decoder.generate(torch.tensor([[1, 2, 3]]), 7)
+    assert decoder.filled == 2  # nothing was decoded (generate() did not even reset)
+    assert decoder.generate(torch.tensor([[1, 2, 3]]), 6).shape == (1, 6)  # 8 positions: fits
 
 
 def test_sampling_filters():

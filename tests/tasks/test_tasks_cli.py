@@ -13,6 +13,7 @@ from deep_delta.cli.main import main
 from deep_delta.tasks import data_rng, get_task
 from deep_delta.tasks.evaluation import evaluate
 from deep_delta.tasks.settings import TaskSettings, model_config
+from helpers import with_options
 
 MICRO = ["--steps", "4", "--threads", "1", "--no-progress", "--set", "test_size=48", "--set", "eval_size=16",
          "--set", "eval_every=2", "--set", "log_every=2", "--set", "warmup_steps=1", "--set", "batch_size=8",
@@ -242,8 +243,8 @@ def test_sigterm_keeps_every_finished_result_and_says_how_to_continue(tmp_path):
     import sys
     import time
 
-    argv = ["tasks", "run", "shell-game", "--variants", "baseline", "ddl-dv1", "--seeds", "1", "--out",
-            str(tmp_path), *MICRO, "--steps", "400"]
+    argv = with_options(["tasks", "run", "shell-game", "--variants", "baseline", "ddl-dv1", "--seeds", "1", "--out",
+                         str(tmp_path), *MICRO], "--steps", "400")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "deep_delta.cli.main", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)

@@ -133,6 +133,18 @@ def test_a_planted_pickle_is_refused_and_never_opened(tmp_path, model, monkeypat
         load_checkpoint(path)
 
 
+def test_a_pickle_beside_the_safetensors_state_is_refused(tmp_path, model, monkeypatch):
+    """A complete checkpoint with a pickle planted beside its safetensors state is refused, naming the pickle
+    (docs/reliability.md, section 6), not loaded while the pickle is ignored."""
+    path = _save(tmp_path, model, 3)
+    torch.save({"step": 3}, path / "optimizer.pt")
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load must not be called"))
+    with pytest.raises(ckpt.CheckpointError, match=r"optimizer.pt: this checkpoint holds a pickle"):
+        latest_checkpoint(tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="optimizer.pt"):
+        load_checkpoint(path)
+
+
 @pytest.mark.parametrize("name", ["model.safetensors", "train_state.safetensors"])
 def test_a_bit_flip_in_a_weight_file_is_refused_naming_it(tmp_path, model, name):
     path = _save(tmp_path, model, 3)

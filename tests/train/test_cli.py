@@ -9,15 +9,16 @@ import pytest
 from deep_delta.cli.main import main
 from deep_delta.train import latest_checkpoint
 from deep_delta.train.metrics import read_metrics
+from helpers import with_options
 
 MODEL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=1", "--set",
          "model.num_attention_heads=2", "--set", "model.max_position_embeddings=64"]
 
 
 def _train_args(data_dir, out, *extra):
-    return ["train", "--variant", "ddl-dv1", "--data", str(data_dir), "--out", str(out), "--steps", "3",
-            "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--device", "cpu", "--no-progress",
-            *MODEL, *extra]
+    return with_options(["train", "--variant", "ddl-dv1", "--data", str(data_dir), "--out", str(out), "--steps",
+                         "3", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--device", "cpu",
+                         "--no-progress", *MODEL], *extra)
 
 
 def test_train_then_resume(tmp_path, data_dir, capsys):

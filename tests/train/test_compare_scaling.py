@@ -13,10 +13,11 @@ MODEL = ["--set", "model.num_hidden_layers=1", "--set", "model.num_attention_hea
          "model.max_position_embeddings=64"]
 
 
-def micro(out, data_dir, *extra):
+def micro(out, data_dir, *extra, batch_size=2):
     return ["compare", "--variants", "baseline", "ddl-dv1", "--out", str(out), "--data", str(data_dir),
-            "--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1", "--warmup-steps",
-            "0", "--device", "cpu", "--threads", "1", "--no-progress", "--time-repeats", "0", *MODEL, *extra]
+            "--batch-size", str(batch_size), "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1",
+            "--warmup-steps", "0", "--device", "cpu", "--threads", "1", "--no-progress", "--time-repeats", "0", *MODEL,
+            *extra]
 
 
 def test_the_study_reports_each_points_paired_difference(tmp_path, data_dir, capsys):
@@ -111,10 +112,39 @@ def test_report_only_refuses_points_of_different_studies(study_in_parts, tmp_pat
 
     out = tmp_path / "mixed"
     shutil.copytree(study_in_parts / "d16_s2", out / "d16_s2")
-    assert main(micro(out, data_dir, "--batch-size", "3", "--widths", "24", "--lengths", "2")) == 0
+    assert main(micro(out, data_dir, "--widths", "24", "--lengths", "2", batch_size=3)) == 0
     assert main(["compare", "--out", str(out), "--report-only"]) == 2
     err = capsys.readouterr().err
     assert "the point d24_s2 differs from d16_s2 in more than width, length, lr and seeds" in err
     assert "batch_size: d16_s2 has 2, now 3" in err
     assert main(["compare", "--out", str(tmp_path / "none"), "--report-only"]) == 2
     assert "which is not a directory" in capsys.readouterr().err
+
+
+def test_report_only_refuses_a_point_whose_runs_were_replaced(study_in_parts, tmp_path, data_dir, capsys):
+    """A finished point rerun with another setting and --overwrite, stopped after its first run, leaves the old
+    compare.json beside a new run: --report-only refuses it, naming the run and the setting, instead of
+    reporting the old numbers. A point kept without its runs (a record) is taken as recorded, and said so."""
+    import shutil
+
+    out = tmp_path / "study"
+    shutil.copytree(study_in_parts / "d16_s2", out / "d16_s2")
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    capsys.readouterr()
+    # the first run of the rerun (seed 0, baseline) at lr 1e-3 replaces the old one; the rest stay old
+    rerun = tmp_path / "rerun"
+    assert main(micro(rerun, data_dir, "--lr", "1e-3", "--seeds", "2", "--widths", "16", "--lengths", "2")) == 0
+    shutil.rmtree(out / "d16_s2" / "seed_0" / "baseline")
+    shutil.copytree(rerun / "d16_s2" / "seed_0" / "baseline", out / "d16_s2" / "seed_0" / "baseline")
+    assert main(["compare", "--out", str(out), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert "d16_s2/compare.json no longer describes its runs" in err and "lr: run has 0.001, now 0.002" in err
+    # a run directory that is gone
+    shutil.rmtree(out / "d16_s2" / "seed_0" / "baseline")
+    assert main(["compare", "--out", str(out), "--report-only"]) == 2
+    assert "seed_0/baseline/run.json is missing" in capsys.readouterr().err
+    # every run gone: the point is a record, reported as recorded and said so
+    for d in (out / "d16_s2").glob("seed_*"):
+        shutil.rmtree(d)
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    assert "The runs of d16_s2 are not on disk" in (out / "scaling.md").read_text()

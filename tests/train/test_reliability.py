@@ -18,6 +18,7 @@ import torch
 from deep_delta.cli.main import main
 from deep_delta.train import latest_checkpoint, train
 from deep_delta.train.metrics import read_metrics
+from helpers import with_options
 
 MODEL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=2", "--set",
          "model.num_attention_heads=2", "--set", "model.max_position_embeddings=64"]
@@ -25,10 +26,10 @@ TIMING = ("tokens_per_s", "step_time_s", "flops_per_s", "mfu")
 
 
 def _args(data_dir, out, steps, *extra):
-    return ["train", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out), "--steps", str(steps),
-            "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "2", "--eval-every", "50",
-            "--eval-batches", "1", "--save-every", "1000", "--device", "cpu", "--no-progress", "--log-every", "0",
-            "--threads", "1", *MODEL, *extra]
+    return with_options(["train", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out), "--steps",
+                         str(steps), "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "2", "--eval-every",
+                         "50", "--eval-batches", "1", "--save-every", "1000", "--device", "cpu", "--no-progress",
+                         "--log-every", "0", "--threads", "1", *MODEL], *extra)
 
 
 def _spawn(args) -> subprocess.Popen:

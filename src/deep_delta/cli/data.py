@@ -12,7 +12,7 @@ _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 
 def count(text: str) -> int:
     """A positive token count: ``1000000``, ``1_000_000``, ``1e6``, ``500k``, ``10M``, ``2B``."""
-    from deep_delta.settings import parse_number
+    from deep_delta.settings import MAX_INT, parse_number
 
     t = text.replace("_", "").strip()
     m = _COUNT.fullmatch(t)
@@ -20,8 +20,9 @@ def count(text: str) -> int:
         value = parse_number(m.group(1)) * _SCALE[m.group(2).lower()] if m else parse_number(t)
     except ValueError:
         value = 0.0
-    if not value >= 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"expected a positive whole number such as 1000000, 1e6, 500k or 10M, got {text!r}")
+    if not 1 <= value <= MAX_INT or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of at most 64 bits such as 1000000, 1e6, "
+                                         f"500k or 10M, got {text!r}")
     return int(value)
 
 
@@ -147,9 +148,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     _print_splits(meta)
     val = meta["splits"]["val"]["num_tokens"]
     if meta.get("split_by") == "tokens":
-        print(f"  split by tokens: {meta['num_documents']:,} document(s) are too few to give both splits whole "
-              f"documents, so the last {val:,} tokens (--val-fraction {meta['val_fraction']}) are the validation "
-              f"split")
+        print(f"  split by tokens: whole documents ({meta['num_documents']:,}) cannot give --val-fraction "
+              f"{meta['val_fraction']}, so the last {val:,} tokens of the train documents followed by the validation "
+              "ones are the validation split (one document is cut in two)")
     elif val == 0:
         print("  no validation split (--val-fraction 0): train with validation off (--eval-every 0)")
     print(f"  written to {args.out} in {seconds:.1f} s ({meta['num_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")

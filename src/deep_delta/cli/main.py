@@ -28,10 +28,41 @@ class UsageError(Exception):
     """A user error: printed as ``ddl <cmd>: error: ...`` with exit code 2, no traceback."""
 
 
+class _StoreOnce(argparse._StoreAction):
+    """An option that stores its value(s): a second occurrence would silently replace the first (``--lrs 1e-3
+    --lrs 2e-3`` keeping only 2e-3), so it is an error. Options that collect (``--set``, ``--prompt``) append."""
+
+    given = False
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.given and option_string is not None:
+            many = " takes all its values at once" if self.nargs not in (None, "?") else " takes one value"
+            raise argparse.ArgumentError(self, f"given twice; it{many}, and the second would replace the first "
+                                         "(give it once)")
+        self.given = True
+        super().__call__(parser, namespace, values, option_string)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``ddl`` and every subcommand (subparsers take the class of their parent): an option given
+    twice that does not append is an error (:class:`_StoreOnce`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        for action in self._actions:
+            if isinstance(action, _StoreOnce):
+                action.given = False
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from deep_delta import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ddl",
         description="Deep Delta Learning: train, compare, evaluate and benchmark DDL language models.",
     )
@@ -85,6 +116,7 @@ def describe_error(error: BaseException) -> tuple[str, int] | None:
 # without a table): the library's name -> the flag, where a command has that flag.
 PARAMETER_FLAGS = {
     "model": "--set",  # a command's DDLConfig fields come from --set model.FIELD=VALUE (where it has no --model)
+    "use_cache=False": "--no-cache",  # a switched-off library setting whose flag is a negative one
 }
 
 
@@ -130,7 +162,7 @@ def as_flags(message: str, parser: argparse.ArgumentParser, command: str | list[
                 return candidate
         return m.group(0)
 
-    return re.sub(r"`([a-z][a-z0-9_]*)`", flag, message)
+    return re.sub(r"`([a-z][a-z0-9_]*(?:=False|=True)?)`", flag, message)
 
 
 def _os_message(error: OSError) -> str:

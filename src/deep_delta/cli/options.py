@@ -123,11 +123,18 @@ def add_seeds(p, help: str, default: list[int] | None = None) -> None:
 
 
 def seed_list(values: list[int] | None, seed: int) -> list[int]:
-    """``--seeds``: None -> [seed]; one number N -> 0..N-1; several -> those seeds."""
+    """``--seeds``: None -> [seed]; one number N -> 0..N-1; several -> those seeds (at most
+    :data:`~deep_delta.settings.MAX_SEEDS`)."""
+    from deep_delta.settings import MAX_SEEDS
+
     if not values:
         return [seed]
     if any(v < 0 for v in values) or values == [0]:
         raise ValueError(f"`seeds` got {values}; allowed: a count N >= 1 (seeds 0..N-1) or a list of seeds >= 0")
+    if (values[0] if len(values) == 1 else len(values)) > MAX_SEEDS:
+        got = f"a count of {values[0]:,}" if len(values) == 1 else f"{len(values):,} seeds"
+        raise ValueError(f"`seeds` got {got}; allowed: at most {MAX_SEEDS} seeds (each is a full run of every "
+                         "variant)")
     return list(range(values[0])) if len(values) == 1 else list(dict.fromkeys(values))
 
 

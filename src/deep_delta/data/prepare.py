@@ -10,9 +10,12 @@ Every document is followed by the end-of-text token. The validation split is a d
 choice of whole documents: the first document, then each document that brings the validation share of the
 tokens so far closer to ``val_fraction`` (so the share stays within about half a document of ``val_fraction``
 all along the stream, with no need to know the total in advance). Documents may span shard boundaries; the
-loader reads a split's shards as one stream. When the source has too few documents for that to leave any for
-training (one ``.txt`` file is one document), the split is by tokens instead: the last ``val_fraction`` of the
-tokens are the validation split (``meta.json``: ``"split_by": "tokens"``).
+loader reads a split's shards as one stream. When documents are too large for that to give the fraction asked
+for (the validation share ends more than :data:`SPLIT_TOLERANCE` of ``val_fraction`` away from it: one ``.txt``
+file is one document, and a corpus of a few large files puts most of its tokens in whichever split its first
+file went to), the split is by tokens instead: the train documents then the validation documents, as one stream
+cut so that the last ``round(val_fraction * N)`` tokens are the validation split, one document cut in two
+(``meta.json``: ``"split_by": "tokens"``).
 
 The output is built in a temporary directory beside ``out_dir`` and renamed into place at the end, so a
 failure (an unreachable Hub, a bad record, Ctrl-C) leaves any existing ``out_dir`` untouched; temporary
@@ -62,6 +65,9 @@ DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
 STALE_AFTER = 24 * 3600  # seconds: when a temporary directory without a process in its name counts as stale
+# how far (relative to val_fraction) the whole-document split's validation share may end from val_fraction
+# before the split is by tokens instead
+SPLIT_TOLERANCE = 0.2
 
 
 _PROGRESS_FILE = ".prepare-progress.json"  # in a resumable build directory: finished shards and where to resume
@@ -326,9 +332,9 @@ def _finish(directory: Path, tokenizer: Tokenizer, asm: _Assembler, source_info:
     train, val = asm.train, asm.val
     documents = train.num_documents + val.num_documents
     split_by = "documents" if asm.val_fraction > 0 else "none"
-    if train.num_tokens == 0 and asm.val_fraction > 0:
-        # too few documents: whole ones would all be validation (one .txt file is one document)
-        train, val = _split_by_tokens(directory, val, asm.val_fraction, shard_tokens, tokenizer.eot_token)
+    if asm.val_fraction > 0 and not _share_holds(val.num_tokens, asm.total, asm.val_fraction):
+        # documents too large for the fraction (one .txt file is one document; a few large files)
+        train, val = _split_by_tokens(directory, train, val, asm.val_fraction, shard_tokens, tokenizer.eot_token)
         split_by = "tokens"
     splits = {"train": train.close(), "val": val.close()}
     meta = {
@@ -353,21 +359,29 @@ def _finish(directory: Path, tokenizer: Tokenizer, asm: _Assembler, source_info:
     return meta
 
 
-def _split_by_tokens(directory: Path, stream: _SplitWriter, val_fraction: float, shard_tokens: int,
-                     eot: int) -> tuple[_SplitWriter, _SplitWriter]:
-    """Re-split the tokens ``stream`` wrote (every document of the source) by tokens: the last
-    ``round(val_fraction * N)`` (at least 1) go to val, the rest to train. Returns the new (train, val)."""
-    old = stream.close()
-    total = old["num_tokens"]
+def _share_holds(val_tokens: int, total: int, val_fraction: float) -> bool:
+    """Whether a whole-document split with ``val_tokens`` of ``total`` in validation gives ``val_fraction``:
+    a validation share within :data:`SPLIT_TOLERANCE` (relative) of it, and some tokens left for training."""
+    return val_tokens < total and abs(val_tokens - val_fraction * total) <= SPLIT_TOLERANCE * val_fraction * total
+
+
+def _split_by_tokens(directory: Path, train_stream: _SplitWriter, val_stream: _SplitWriter, val_fraction: float,
+                     shard_tokens: int, eot: int) -> tuple[_SplitWriter, _SplitWriter]:
+    """Re-split by tokens what the whole-document split wrote: the train documents then the validation
+    documents as one stream, the last ``round(val_fraction * N)`` tokens (at least 1) of it to val, the rest to
+    train. Returns the new (train, val)."""
+    parts = [train_stream.close(), val_stream.close()]
+    total = sum(p["num_tokens"] for p in parts)
+    documents = sum(p["num_documents"] for p in parts)
     n_val = max(1, round(val_fraction * total))
     n_train = total - n_val
     if n_train < 1:
         raise DataError(
-            f"the source gave {total} token(s) in {old['num_documents']} document(s): too few for a train and a "
+            f"the source gave {total} token(s) in {documents} document(s): too few for a train and a "
             f"validation split; allowed: at least 2 tokens (more data, a larger --max-tokens, or --val-fraction 0)"
         )
     moved = []
-    for s in old["shards"]:  # set the shards aside: the new val shards take their names
+    for s in (s for p in parts for s in p["shards"]):  # set the shards aside: the new shards take their names
         aside = directory / f".resplit-{s['file']}"
         os.replace(directory / s["file"], aside)
         moved.append(aside)
@@ -392,7 +406,7 @@ def _split_by_tokens(directory: Path, stream: _SplitWriter, val_fraction: float,
         path.unlink()
     # a document belongs to each split it has tokens in: the one cut in two is counted in both
     train.num_documents = complete_in_train + (last_train != eot)
-    val.num_documents = old["num_documents"] - complete_in_train
+    val.num_documents = documents - complete_in_train
     return train, val
 
 
@@ -629,7 +643,8 @@ def prepare(
         tokenizer: "byte", "gpt2", or a tokenizer object (see :mod:`deep_delta.data.tokenizers`).
         out_dir: output directory; an existing non-empty one is replaced only with ``overwrite=True`` (and only
             if it holds nothing but shards and meta.json).
-        val_fraction: share of tokens (whole documents) in the validation split, in [0, 1).
+        val_fraction: share of tokens in the validation split, in [0, 1): whole documents, or split by tokens
+            when whole documents cannot come within ``SPLIT_TOLERANCE`` of it (see the module docstring).
         shard_tokens: tokens per shard (the last shard of a split holds the rest).
         max_tokens: cap on the total number of tokens (train + val); None reads the whole source.
         bpe_file: local GPT-2 BPE for ``tokenizer="gpt2"`` (see :func:`get_tokenizer`).
@@ -647,8 +662,8 @@ def prepare(
     num_proc = default_num_proc() if num_proc is None else check_num_proc(num_proc)
     out = Path(out_dir).expanduser()
     _check_output(out, overwrite)
-    src = resolve_source(source, text_suffixes)
     staging = partial_dir(out)
+    src = resolve_source(source, text_suffixes, exclude=(out, staging))
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)

@@ -96,27 +96,95 @@ def check_text_suffixes(text_suffixes: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-def local_files(spec: str | os.PathLike, text_suffixes: Iterable[str] = ()) -> list[Path]:
+# What marks a directory as an output of ours: prepared data (meta.json of this format family), a preparation in
+# progress (its lock or progress record), a training run (run.json), a checkpoint (train_meta.json), a comparison
+# (compare.json) or an exported model (config.json with our model_type).
+_OUTPUT_MARKERS = (".prepare.lock", ".prepare-progress.json", "run.json", "train_meta.json", "compare.json")
+
+
+def is_output_dir(directory: Path) -> bool:
+    """Whether ``directory`` was written by one of our commands (see ``_OUTPUT_MARKERS``): such a directory is
+    never read as a source, so that ``--out`` inside ``--source`` (or an earlier output there) does not feed our
+    own metadata back in as text."""
+    if any((directory / name).is_file() for name in _OUTPUT_MARKERS):
+        return True
+    for name, key, mark in (("meta.json", "format", "deep_delta.tokens/"), ("config.json", "model_type", "deep_delta")):
+        path = directory / name
+        if path.is_file() and path.stat().st_size < 1 << 20:
+            try:
+                value = json.loads(path.read_bytes()).get(key)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(value, str) and (value.startswith(mark) if mark.endswith("/") else value == mark):
+                return True
+    return False
+
+
+def _outside_outputs(files: list[Path], root: Path | None, exclude: Iterable[Path]) -> list[Path]:
+    """``files`` without those inside an output directory of ours (below ``root``, the source directory, when
+    given) or inside one of ``exclude``."""
+    excluded = [Path(os.path.abspath(p)) for p in exclude]
+    verdict: dict[Path, bool] = {}
+
+    def ours(d: Path) -> bool:
+        if d not in verdict:
+            verdict[d] = is_output_dir(d) or any(d == e for e in excluded)
+        return verdict[d]
+
+    keep = []
+    for f in files:
+        absolute = Path(os.path.abspath(f))
+        parents = list(absolute.parents)
+        if root is not None:
+            top = Path(os.path.abspath(root))
+            parents = parents[: parents.index(top) + 1] if top in parents else parents
+        if not any(ours(d) for d in parents) and not any(e in absolute.parents for e in excluded):
+            keep.append(f)
+    return keep
+
+
+def _no_files(what: str, kinds: str, found: list[Path], candidates: list[Path]) -> FileNotFoundError:
+    """The error for a directory or pattern with no source files (of ``found``, the ``candidates`` had a source
+    suffix but lie in output directories of ours), naming the other suffixes it holds and `text_suffixes`, which
+    would read them."""
+    others: dict[str, int] = {}
+    for p in found:
+        if p.suffix and p not in candidates:
+            others[p.suffix] = others.get(p.suffix, 0) + 1
+    listed = ", ".join(f"{s} ({n})" for s, n in sorted(others.items(), key=lambda x: -x[1])[:5])
+    hint = (f" (it holds {listed} files: to read other text files, one document each, name their suffixes with "
+            f"`text_suffixes`, e.g. {' '.join(sorted(others, key=lambda s: -others[s])[:2])})") if others else ""
+    where = " outside output directories of ours" if candidates else ""
+    return FileNotFoundError(f"{what} no {kinds} files{where}{hint}")
+
+
+def local_files(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
+                exclude: Iterable[str | os.PathLike] = ()) -> list[Path]:
     """Files named by ``spec``: one file, a directory (searched recursively), or a glob pattern.
 
     From a directory or glob only ``.txt``, ``.jsonl`` and ``.parquet`` files are used, and files ending in one
     of ``text_suffixes`` (read as plain text: any UTF-8 text, source code say); an explicit file must have one of
-    these suffixes.
+    these suffixes. Files inside an output directory of ours (:func:`is_output_dir`) or inside one of
+    ``exclude`` (the output being written) are left out.
     """
     suffixes = LOCAL_SUFFIXES + check_text_suffixes(text_suffixes)
     kinds = "/".join(suffixes)
+    exclude = [Path(os.path.expanduser(str(p))) for p in exclude]
     text = str(spec)
     if any(c in text for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if Path(p).is_file())
-        files = [p for p in files if p.suffix in suffixes]
+        found = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if Path(p).is_file())
+        candidates = [p for p in found if p.suffix in suffixes]
+        files = _outside_outputs(candidates, None, exclude)
         if not files:
-            raise FileNotFoundError(f"source {text!r}: the pattern matches no {kinds} files")
+            raise _no_files(f"source {text!r}: the pattern matches", kinds, found, candidates)
         return files
     path = Path(os.path.expanduser(text))
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+        found = sorted(p for p in path.rglob("*") if p.is_file())
+        candidates = [p for p in found if p.suffix in suffixes]
+        files = _outside_outputs(candidates, path, exclude)
         if not files:
-            raise FileNotFoundError(f"source directory {path} holds no {kinds} files")
+            raise _no_files(f"source directory {path} holds", kinds, found, candidates)
         return files
     if path.is_file():
         if path.suffix not in suffixes:
@@ -276,9 +344,11 @@ def parse_fineweb(spec: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
-def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = ()) -> Source:
+def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
+                   exclude: Iterable[str | os.PathLike] = ()) -> Source:
     """The :class:`Source` for ``spec``: "default", "fineweb-edu[:CONFIG]", or a local file / directory / glob
-    (``text_suffixes``: more suffixes of files to read as plain text, e.g. ``(".py", ".md")``)."""
+    (``text_suffixes``: more suffixes of files to read as plain text, e.g. ``(".py", ".md")``; ``exclude``:
+    directories never read, the output being written)."""
     text_suffixes = check_text_suffixes(text_suffixes)
     text = str(spec)
     if not text:
@@ -295,7 +365,7 @@ def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = ()) -
     if config is not None:
         return Source(iter_texts(fineweb_records(config), f"{FINEWEB_REPO}:{config}"),
                       {"source": f"fineweb-edu:{config}", "source_detail": f"{FINEWEB_REPO} (config {config})"})
-    files = local_files(text, text_suffixes)
+    files = local_files(text, text_suffixes, exclude)
     info = {"source": text, "source_files": [str(p) for p in files]}
     if text_suffixes:
         info["text_suffixes"] = list(text_suffixes)

@@ -141,7 +141,11 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
     for v in s.variants:
         say(f"building {v}")
         subjects[v] = _Subject(v, s, device)
-    samples = interleaved({v: sub.measure for v, sub in subjects.items()}, s.repeats, s.warmup, progress=say)
+    # Every variant's blocks run through the same code objects (the block's forward), and each variant's structure
+    # is one more compilation of them: torch's limit of 8 per code object is per variant here, and a variant
+    # past it must fail loudly, not fall back to eager and be timed as compiled.
+    with torch._dynamo.config.patch(recompile_limit=8 * len(subjects), fail_on_recompile_limit_hit=True):
+        samples = interleaved({v: sub.measure for v, sub in subjects.items()}, s.repeats, s.warmup, progress=say)
     rows = []
     for v, sub in subjects.items():
         say(f"peak memory {v}")

@@ -78,9 +78,10 @@ def interleaved_medians(cases: Mapping[str, Callable[[], object]], device: torch
 
 
 def check_int(name: str, value: int, lo: int) -> None:
-    """Refuse ``value`` below ``lo`` (or a non-integer), naming the parameter ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"`{name}` got {value!r}; allowed: an integer >= {lo}")
+    """Refuse ``value`` outside [``lo``, MAX_COUNT] (or a non-integer), naming the parameter ``name``."""
+    from deep_delta.settings import check_count
+
+    check_count(name, value, lo)
 
 
 def bench_device(device: str | torch.device) -> torch.device:

@@ -27,6 +27,7 @@ from deep_delta.experiments.lr_grid import (
 )
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
+from deep_delta.settings import MAX_SEEDS
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
 from deep_delta.train.provenance import data_fingerprint
@@ -45,6 +46,10 @@ def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None 
     name = f"{variant}-seed{seed}" if base.wandb else base.wandb_run_name
     steps = base.steps if step_cost is None else cost_steps(base.steps, step_cost)
     return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name, steps=steps)
+
+
+# the step costs an equal-cost comparison takes: a step between a hundredth and a hundred times the reference's
+MIN_STEP_COST, MAX_STEP_COST = 0.01, 100.0
 
 
 def cost_steps(steps: int, cost: float) -> int:
@@ -69,9 +74,10 @@ def check_step_costs(step_costs: dict[str, float] | None, variants: list[str]) -
         if variant == reference:
             raise ValueError(f"compare: `step_costs` names the reference {variant!r}, whose steps are the budget "
                              "(`steps`); allowed: the other variants")
-        if not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost <= 0:
-            raise ValueError(f"compare: `step_costs` for {variant!r} got {cost!r}; allowed: a finite number > 0 "
-                             "(the variant's step time over the reference's)")
+        if (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)
+                or not MIN_STEP_COST <= cost <= MAX_STEP_COST):
+            raise ValueError(f"compare: `step_costs` for {variant!r} got {cost!r}; allowed: a number in "
+                             f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (the variant's step time over the reference's)")
     return step_costs
 
 
@@ -138,8 +144,8 @@ def run_compare(
     seeds = list(dict.fromkeys([base.seed] if seeds is None else seeds))
     if not variants:
         raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
-    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"compare: `seeds` got {seeds!r}; allowed: one or more integers >= 0")
+    if not seeds or len(seeds) > MAX_SEEDS or any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise ValueError(f"compare: `seeds` got {seeds!r}; allowed: 1 to {MAX_SEEDS} integers >= 0")
     step_costs = check_step_costs(step_costs, variants)
     if base.wandb:
         base = replace(base, wandb_group=wandb_group(base, out))

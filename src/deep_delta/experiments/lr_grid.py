@@ -28,7 +28,8 @@ DIVERGENCE_FACTOR = 1.5
 
 def check_lrs(lrs: Sequence[float]) -> list[float]:
     """The grid as floats, in the order given; refused when empty, with a value that is not a finite number > 0,
-    or with a value twice."""
+    with a value twice, or with two values that share a name (:func:`lr_name`: 6 significant digits), whose runs
+    would share a directory."""
     values = list(lrs)
     bad = [x for x in values if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
            or x <= 0]
@@ -38,12 +39,24 @@ def check_lrs(lrs: Sequence[float]) -> list[float]:
                else "no value")
         raise ValueError(f"`lrs` got {got}; allowed: one or more distinct finite learning rates > 0, "
                          "e.g. 5e-4 1e-3 2e-3 4e-3")
+    names: dict[str, float] = {}
+    for x in values:
+        other = names.setdefault(lr_name(x), x)
+        if other != x:
+            raise ValueError(f"`lrs` got {other!r} and {x!r}, which share the name {lr_name(x)} (its runs' "
+                             "directory; lrs are named with 6 significant digits); allowed: lrs that differ within "
+                             "their first 6 significant digits")
     return [float(x) for x in values]
+
+
+def lr_name(lr: float) -> str:
+    """How an lr names its runs and rows: ``lr_0.002`` (6 significant digits)."""
+    return f"lr_{lr:g}"
 
 
 def lr_dir(out: str | os.PathLike, lr: float) -> Path:
     """Where the runs at ``lr`` live: ``out/lr_<lr>`` (``lr_0.002``), one complete study per lr."""
-    return Path(out) / f"lr_{lr:g}"
+    return Path(out) / lr_name(lr)
 
 
 def divergence(loss: float | None, limit: float, what: str = "loss") -> str | None:

@@ -108,7 +108,7 @@ def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
             f"{out} holds no finished point for {', '.join(missing) or 'the study'} (points found: "
             f"{', '.join(d.name for d in found.values()) or 'none'}); allowed: the d<W>_s<STEPS> directories a "
             "finished `ddl compare --widths ...` leaves in its `out`")
-    studies = {}
+    studies, unchecked = {}, []
     for key, d in sorted(keep.items()):
         path = d / "compare.json"
         if not path.is_file():
@@ -123,6 +123,8 @@ def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
             raise ValueError(f"{path} holds hidden_size {(settings.get('model') or {}).get('hidden_size')} and "
                              f"{settings.get('steps')} steps, not what its directory's name says ({d.name}); "
                              "allowed: a point directory as `ddl compare --widths` wrote it")
+        if not check_point_runs(d, studies[key]):
+            unchecked.append(d.name)
     _check_points_agree(studies)
     first = next(iter(studies.values()))
     grids = [(s.get("lr_selection") or {}).get("lrs") for s in studies.values()]
@@ -131,8 +133,44 @@ def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
     summary = summarize_scaling(studies, settings, grids[0] if all(g == grids[0] for g in grids) else None)
     if first.get("step_costs"):
         summary["step_costs"] = first["step_costs"]
+    if unchecked:
+        summary["runs_not_on_disk"] = unchecked
     write_scaling(out, summary)
     return summary
+
+
+def check_point_runs(point: Path, summary: dict) -> bool:
+    """Refuse a point whose ``compare.json`` no longer describes its run directories: every run it summarises
+    (each variant and seed, at each lr of its grid) must still hold a ``run.json`` made with the settings and
+    data the summary records. A rerun with other settings and ``--overwrite`` that was stopped part-way leaves
+    the old summary beside some new runs; a report from it would mix the two. A point with none of its runs on
+    disk (a record kept without them, as docs/evidence keeps its points) is taken as recorded: returns False
+    for it, True for a point whose runs were checked."""
+    from deep_delta.experiments.compare import check_reusable, compare_config
+    from deep_delta.experiments.lr_grid import lr_dir
+
+    settings = dict(summary.get("settings") or {})
+    seeds, costs = summary.get("seeds") or [settings.get("seed")], summary.get("step_costs") or {}
+    grid = (summary.get("lr_selection") or {}).get("lrs")
+    where = {lr: lr_dir(point, lr) for lr in grid} if grid else {settings.get("lr"): point}
+    variants = [r["variant"] for r in summary.get("rows", [])]
+    runs = []
+    for lr, root in where.items():
+        base = TrainConfig.from_dict({**settings, "lr": lr}, origin=f" ({point / 'compare.json'})")
+        runs += [compare_config(base, variant, root, seed, len(seeds) > 1, costs.get(variant))
+                 for seed in seeds for variant in variants]
+    if not any(Path(cfg.out).exists() for cfg in runs):
+        return False
+    for cfg in runs:
+        if not (Path(cfg.out) / "run.json").is_file():
+            raise FileNotFoundError(f"{cfg.out}/run.json is missing, but {point / 'compare.json'} summarises that "
+                                    "run; finish the point's `ddl compare` (its summary is rewritten at the end)")
+        try:
+            check_reusable(cfg, summary.get("data_fingerprint"), overwrite=False)
+        except FileExistsError as e:
+            raise ValueError(f"{point / 'compare.json'} no longer describes its runs: {e}. Finish the `ddl compare` "
+                             "that replaced them (the point's summary is rewritten at the end)") from None
+    return True
 
 
 def _check_points_agree(studies: dict[tuple[int, int], dict]) -> None:
@@ -227,6 +265,9 @@ def format_scaling(summary: dict[str, Any]) -> str:
         costs = ", ".join(f"{v} {c:g}x" for v, c in summary["step_costs"].items())
         lines += ["", f"Equal cost: `steps` is `{ref}`'s; a variant whose step costs c x as much ({costs}; given, "
                   "not measured here) trained steps / c steps with its own schedule (its tokens above)."]
+    if summary.get("runs_not_on_disk"):
+        lines += ["", f"The runs of {', '.join(summary['runs_not_on_disk'])} are not on disk: their compare.json is "
+                  "taken as recorded (the other points' runs were checked against it)."]
     lines += ["", "Each point's own comparison is in `d<width>_s<steps>/compare.md`.", "",
               "![the difference against width and compute](scaling.png)", ""]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deep_delta.settings import check_fields
+from deep_delta.settings import MAX_SEEDS, check_count, check_fields
 from deep_delta.variants import VARIANTS
 
 PARAMETRIZATIONS = ("sp", "mup")
@@ -47,12 +47,11 @@ class CoordCheckSettings:
         if bad or not self.parametrizations:
             raise ValueError(f"`parametrizations` got {list(self.parametrizations)!r}; allowed: sp, mup")
         for name in ("steps", "layers", "head_dim", "batch_size", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` got {getattr(self, name)!r}; allowed: an integer >= 1")
+            check_count(name, getattr(self, name), 1)
         if len(set(self.widths)) < 2 or any(w < 1 or w % self.head_dim for w in self.widths):
             raise ValueError(f"`widths` got {list(self.widths)!r}; allowed: two or more different multiples of "
                              f"head_dim={self.head_dim} (a slope needs two widths)")
         if not self.lr > 0:
             raise ValueError(f"`lr` got {self.lr!r}; allowed: a float > 0")
-        if not self.seeds:
-            raise ValueError("`seeds` got an empty list; allowed: one or more integers")
+        if not self.seeds or len(self.seeds) > MAX_SEEDS:
+            raise ValueError(f"`seeds` got {len(self.seeds)} seeds; allowed: 1 to {MAX_SEEDS}")

@@ -32,7 +32,8 @@ class SamplingOptions:
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"`top_p` got {self.top_p}; allowed: a float in (0, 1]")
         if self.compile and not self.use_cache:
-            raise ValueError("`compile` decodes with the fixed-shape cache; it cannot be combined with `use_cache=False`")
+            raise ValueError("`compile` decodes with the fixed-shape cache; it cannot be combined with "
+                             "`use_cache=False`")
 
     @property
     def sampled(self) -> bool:
@@ -168,7 +169,7 @@ def _results(tokenizer, prompts: list[str], ids: list[list[int]], new_ids: list[
 
 def _generate_static(model, tokenizer, prompts, ids, options: SamplingOptions, max_new: int) -> list[Generation]:
     """generate_text's work with the StaticDecoder: the prompts as one unpadded batch, one compiled step."""
-    from deep_delta.hf.decode import StaticDecoder
+    from deep_delta.hf.decode import shared_decoder
 
     lengths = sorted({len(x) for x in ids})
     if len(lengths) > 1:
@@ -180,7 +181,7 @@ def _generate_static(model, tokenizer, prompts, ids, options: SamplingOptions, m
     generator = None
     if options.sampled and options.seed is not None:
         generator = torch.Generator(device=device).manual_seed(options.seed)
-    decoder = StaticDecoder(model, len(ids), lengths[0] + max_new, compile=True)
+    decoder = shared_decoder(model, len(ids), lengths[0] + max_new)  # compiled once per model and shape
     new = decoder.generate(torch.tensor(ids, device=device), max_new, lambda logits: options.pick(logits, generator),
                            tokenizer.eos_token_id)
     return _results(tokenizer, prompts, ids, new.tolist())

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from deep_delta.settings import check_fields, parse_assignment, parse_assignments
+from deep_delta.settings import check_count, check_fields, parse_assignment, parse_assignments
 from deep_delta.tasks import Task, get_task
 
 # The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
@@ -49,11 +49,9 @@ class TaskSettings:
     def __post_init__(self):
         check_fields(self)  # the types, from the annotations
         for name in ("steps", "batch_size", "test_size", "log_every", "eval_size"):
-            if getattr(self, name) < 1:
-                raise _bad(name, getattr(self, name), "an integer >= 1")
+            check_count(name, getattr(self, name), 1, owner="TaskSettings")
         for name in ("warmup_steps", "eval_every"):
-            if getattr(self, name) < 0:
-                raise _bad(name, getattr(self, name), "an integer >= 0")
+            check_count(name, getattr(self, name), 0, owner="TaskSettings")
         if self.lr <= 0:
             raise _bad("lr", self.lr, "a number > 0")
         for name in ("weight_decay", "grad_clip"):

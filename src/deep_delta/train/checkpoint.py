@@ -48,7 +48,6 @@ LATEST = "LATEST"
 STATE_TENSORS = "train_state.safetensors"
 STATE_TREE = "train_state.json"
 META_FILE = "train_meta.json"
-PICKLED_STATE = "train_state.pt"  # written by versions before 0.2; never opened
 REQUIRED = ("config.json", "model.safetensors", STATE_TENSORS, STATE_TREE, META_FILE, CHECKSUMS)
 LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d{7,})")
@@ -247,12 +246,19 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
 
 
 def _check_complete(path: Path, subject: str) -> None:
+    """Refuse a checkpoint that holds a pickle (whatever else it holds: a pickle beside the safetensors state
+    was planted or left by an older version, and nothing in the directory is trusted then), or that lacks a
+    required file."""
+    from deep_delta.models.ddl.weights import PICKLE_SUFFIXES
+
     missing = [f for f in REQUIRED if not (path / f).is_file()]
-    if missing and (path / PICKLED_STATE).is_file():
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
+    if pickles:
         raise CheckpointError(
-            f"{path / PICKLED_STATE}: this checkpoint keeps its training state as a pickle (written by an older "
-            f"version, or planted); pickles are never opened, only {STATE_TENSORS} + {STATE_TREE}. Start a new run "
-            "(or `overwrite`), or resume it with the version that wrote it"
+            f"{path / pickles[0]}: this checkpoint holds a pickle (written by an older version, or planted); "
+            f"pickles are never opened, and a checkpoint holding one is refused: training state is only "
+            f"{STATE_TENSORS} + {STATE_TREE}. Start a new run (or `overwrite`), or remove the file if you know "
+            "where it came from"
         )
     if missing:
         raise FileNotFoundError(f"{subject} lacks {', '.join(missing)}")

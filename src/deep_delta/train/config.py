@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from deep_delta.settings import check_fields, parse_assignments
+from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments
 from deep_delta.train.recipes import RECIPES
 from deep_delta.variants import PRESETS, VARIANTS
 
@@ -118,13 +118,13 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig: unknown model field(s) {unknown} in `model`; allowed: {', '.join(sorted(known))}"
             )
-        for name in ("steps", "batch_size", "grad_accum", "seq_len", "keep"):
-            _at_least(name, getattr(self, name), 1)
-        for name in ("warmup_steps", "eval_every", "save_every", "log_every", "seed"):
-            _at_least(name, getattr(self, name), 0)
-        _at_least("eval_batches", self.eval_batches, 1)
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "keep", "eval_batches"):
+            check_count(name, getattr(self, name), 1, owner="TrainConfig")
+        for name in ("warmup_steps", "eval_every", "save_every", "log_every"):
+            check_count(name, getattr(self, name), 0, owner="TrainConfig")
+        check_count("seed", self.seed, 0, MAX_INT, owner="TrainConfig")
         if self.global_batch_size is not None:
-            _at_least("global_batch_size", self.global_batch_size, 1)
+            check_count("global_batch_size", self.global_batch_size, 1, owner="TrainConfig")
         if not self.lr > 0:
             raise _bad("lr", self.lr, "a float > 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -271,8 +271,3 @@ def _bad(name: str, got: Any, allowed: str) -> ValueError:
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise _bad(name, value, " | ".join(allowed))
-
-
-def _at_least(name: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise _bad(name, value, f"an integer >= {minimum}")
