@@ -181,7 +181,8 @@ def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
     base = next((r for r in rows if r.variant == "baseline"), rows[0])
     mem_method = ("torch.cuda.max_memory_allocated" if s.device.startswith("cuda")
                   else "torch profiler CPU allocation events")
-    compiled = " (blocks compiled with torch.compile; inference eager)" if s.compile else ""
+    compiled = (" (blocks compiled with torch.compile for training; prefill eager; decode: one compiled step over "
+                "the fixed-shape cache)" if s.compile else "")
     lines = [
         f"Cost of one training step{compiled} (the trainer's: clip 1.0, AdamW) and of inference, preset {s.preset}, "
         f"{dtype_label(s.dtype)}, batch {s.batch_size} x {s.seq_len} tokens, on {_device_name(s.device)}; median of {s.repeats} interleaved repeats "
@@ -207,10 +208,12 @@ def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
 
 def write_bench(path: str | os.PathLike, rows: Sequence[BenchRow], settings: BenchSettings) -> Path:
     """Write the markdown table to ``path`` and every sample to ``path`` with suffix .json."""
+    from deep_delta.fsutil import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# ddl bench\n\n" + bench_table(rows, settings) + "\n")
+    atomic_write(path, "# ddl bench\n\n" + bench_table(rows, settings) + "\n")
     payload = {"settings": asdict(settings) | {"device_name": _device_name(settings.device)},
                "rows": [asdict(r) for r in rows]}
-    path.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=list) + "\n")
+    atomic_write(path.with_suffix(".json"), json.dumps(payload, indent=2, default=list) + "\n")
     return path
