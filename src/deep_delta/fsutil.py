@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
+import socket
 import tempfile
-from collections.abc import Iterable
+import time
+import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -63,6 +69,133 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> Path:
     plt.close(fig)
     atomic_write(path, buf.getvalue())
     return Path(path)
+
+
+# ---------------------------------------------------------------------- build beside, then swap in
+# A directory written as a whole (prepared data, the default data cache, a checkpoint, an export) is built in a
+# directory beside its target (same filesystem, so one rename moves it) and put in place by ``swap_in``: a failure
+# before the swap leaves the target as it was, and nothing half-built is ever at the target's name.
+STALE_AFTER = 24 * 3600  # seconds: when a temporary directory without a process in its name counts as stale
+
+
+def _owner() -> str:
+    """``HOST-PID`` of this process, written into the names of its temporary directories."""
+    return f"{re.sub(r'[^A-Za-z0-9.-]', '_', socket.gethostname()) or 'host'}-{os.getpid()}"
+
+
+def beside(target: str | os.PathLike, kind: str) -> Path:
+    """A fresh name beside ``target`` for a temporary directory of this process: ``.NAME.KIND-HOST-PID-XXXXXXXX``
+    (``kind`` "tmp": being built; "old": a previous ``target`` set aside), the names :func:`remove_stale` knows."""
+    target = Path(target)
+    return target.parent / f".{target.name}.{kind}-{_owner()}-{uuid.uuid4().hex[:8]}"
+
+
+def staging_dir(target: str | os.PathLike) -> Path:
+    """A new empty directory beside ``target`` (:func:`beside`, kind "tmp") to build it in."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = beside(target, "tmp")
+    path.mkdir()
+    return path
+
+
+def swap_in(
+    built: str | os.PathLike,
+    target: str | os.PathLike,
+    *,
+    aside: str | os.PathLike | None = None,
+    keep: Callable[[Path], bool] | None = None,
+) -> bool:
+    """Put the directory ``built`` (made beside ``target``, on the same filesystem) at ``target``: the one place
+    the library swaps a directory it built into place. A ``target`` already there (other than an empty directory,
+    which the rename replaces) is renamed aside (to ``aside``, else a fresh :func:`beside` name of kind "old"),
+    ``built`` is renamed onto ``target``, and only then is the old one removed; if that rename fails, the old one
+    is renamed back and the error raised. Returns True.
+
+    ``keep`` serves a directory that several processes may build at once (a cache): it is called with a
+    ``target`` found in the way. When it says True, that one stays, ``built`` is left to the caller, and the
+    result is False; otherwise that one is worth nothing, so it is removed at once, and a copy another process
+    puts there meanwhile is offered to ``keep`` in turn."""
+    built, target = Path(built), Path(target)
+    for _ in range(10):
+        try:
+            os.rename(built, target)  # nothing at target (or an empty directory): nothing to set aside
+            break
+        except OSError:
+            if not os.path.lexists(target):
+                raise
+        if keep is not None and keep(target):
+            return False
+        old = Path(aside) if aside is not None else beside(target, "old")
+        try:
+            os.rename(target, old)
+        except FileNotFoundError:
+            continue  # another process set it aside first
+        if keep is not None:
+            _remove(old)
+            continue
+        try:
+            os.rename(built, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+        _remove(old)
+        break
+    else:
+        raise RuntimeError(f"could not put {built} at {target}: other processes keep replacing it")
+    fsync_dir(target.parent)
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except (OverflowError, OSError):
+        return False
+    return True
+
+
+def remove_stale(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporary directories beside ``target`` (:func:`beside` names) that a killed process (SIGKILL,
+    a crash, power loss) left: those named for a process of this host that no longer runs, and those of older
+    versions (no process in the name) untouched for :data:`STALE_AFTER` seconds. A running process's directories
+    are left alone. Returns what was removed."""
+    target = Path(target)
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:tmp|old)-(.+)")
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return []
+    host = _owner().rsplit("-", 1)[0]
+    removed = []
+    for path in entries:
+        m = pattern.fullmatch(path.name)
+        if m is None or path.is_symlink() or not path.is_dir():
+            continue
+        owner = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]{8}", m.group(1))
+        if owner is not None:
+            stale = owner.group(1) == host and not _running(int(owner.group(2)))
+        else:
+            try:
+                stale = time.time() - path.stat().st_mtime > STALE_AFTER
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 # ---------------------------------------------------------------------- integrity of weight files

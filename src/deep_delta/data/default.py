@@ -6,17 +6,10 @@ import os
 import shutil
 from pathlib import Path
 
-from deep_delta.data.prepare import (
-    DEFAULT_SHARD_TOKENS,
-    META_FORMAT,
-    aside_name,
-    check_data_dir,
-    remove_stale,
-    staging_dir,
-    write_dataset,
-)
+from deep_delta.data.prepare import DEFAULT_SHARD_TOKENS, META_FORMAT, check_data_dir, write_dataset
 from deep_delta.data.sources import default_texts, texts_sha256
 from deep_delta.data.tokenizers import ByteTokenizer
+from deep_delta.fsutil import remove_stale, staging_dir, swap_in
 
 CACHE_ENV = "DDL_CACHE_DIR"
 DEFAULT_DIR_NAME = "pydoc-byte"
@@ -66,21 +59,8 @@ def default_data_dir(cache_dir: str | os.PathLike | None = None) -> Path:
         write_dataset(texts, ByteTokenizer(), staging, val_fraction=PYDOC_VAL_FRACTION,
                       shard_tokens=DEFAULT_SHARD_TOKENS,
                       source_info={"source": "default", "source_detail": "pydoc_data.topics", "source_sha256": sha})
-        for _ in range(10):
-            try:
-                os.rename(staging, out)  # fails if out exists (another process finished first, or a stale copy)
-                return out
-            except OSError:
-                pass
-            if _is_current(out, sha):
-                return out
-            stale = aside_name(out, "old")
-            try:
-                os.rename(out, stale)  # set the invalid copy aside; a concurrent process may have done so already
-            except OSError:
-                continue
-            shutil.rmtree(stale, ignore_errors=True)
-        raise RuntimeError(f"could not install the default data directory at {out} (it keeps changing)")
+        swap_in(staging, out, keep=lambda found: _is_current(found, sha))  # another process's good copy stays
+        return out
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -31,9 +31,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +53,7 @@ from deep_delta.data.shards import (
 from deep_delta.data.sources import resolve_source
 from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
-from deep_delta.fsutil import atomic_write
+from deep_delta.fsutil import atomic_write, remove_stale, swap_in
 
 __all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "read_meta", "write_dataset"]
 
@@ -64,7 +61,6 @@ META_FORMAT = "deep_delta.tokens/3"  # /2: closest-share validation rule; /3: pe
 DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
-STALE_AFTER = 24 * 3600  # seconds: when a temporary directory without a process in its name counts as stale
 # how far (relative to val_fraction) the whole-document split's validation share may end from val_fraction
 # before the split is by tokens instead
 SPLIT_TOLERANCE = 0.2
@@ -512,82 +508,6 @@ def _check_output(out: Path, overwrite: bool) -> None:
         )
 
 
-def _owner() -> str:
-    """``HOST-PID`` of this process, written into the names of its temporary directories."""
-    return f"{re.sub(r'[^A-Za-z0-9.-]', '_', socket.gethostname()) or 'host'}-{os.getpid()}"
-
-
-def aside_name(out: Path, kind: str) -> Path:
-    """A fresh name beside ``out`` for a temporary directory of this process: ``.OUT.KIND-HOST-PID-XXXXXXXX``
-    (``kind`` "tmp": being built; "old": a previous ``out`` set aside)."""
-    return out.parent / f".{out.name}.{kind}-{_owner()}-{uuid.uuid4().hex[:8]}"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    except (OverflowError, OSError):
-        return False
-    return True
-
-
-def remove_stale(out: Path) -> list[Path]:
-    """Remove the temporary directories beside ``out`` that a killed run (SIGKILL, a crash, power loss) left:
-    those named for a process of this host that no longer runs, and those of older versions (no process in
-    the name) untouched for a day. A running process's directories are left alone. Returns what was removed."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)-(.+)")
-    try:
-        entries = list(out.parent.iterdir())
-    except OSError:
-        return []
-    host = _owner().rsplit("-", 1)[0]
-    removed = []
-    for path in entries:
-        m = pattern.fullmatch(path.name)
-        if m is None or path.is_symlink() or not path.is_dir():
-            continue
-        owner = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]{8}", m.group(1))
-        if owner is not None:
-            stale = owner.group(1) == host and not _running(int(owner.group(2)))
-        else:
-            try:
-                stale = time.time() - path.stat().st_mtime > STALE_AFTER
-            except OSError:
-                continue
-        if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def staging_dir(out: Path) -> Path:
-    """A new empty directory beside ``out`` (same filesystem, so it can be renamed onto ``out``), named for
-    this process (see :func:`remove_stale`)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    path = aside_name(out, "tmp")
-    path.mkdir()
-    return path
-
-
-def replace_dir(staging: Path, out: Path) -> None:
-    """Move ``staging`` to ``out``; an existing ``out`` is moved aside first and deleted only after the move."""
-    if not out.exists():
-        os.rename(staging, out)
-        return
-    trash = aside_name(out, "old")
-    os.rename(out, trash)
-    try:
-        os.rename(staging, out)
-    except BaseException:
-        os.rename(trash, out)
-        raise
-    shutil.rmtree(trash, ignore_errors=True)
-
-
 def partial_dir(out: Path) -> Path:
     """Where :func:`prepare` builds ``out``: ``.OUT.partial`` beside it (same filesystem, so it can be renamed
     onto ``out``). It outlives an interrupted run, so that a rerun with the same settings resumes there."""
@@ -673,7 +593,7 @@ def prepare(
                                  num_proc=num_proc, resume=True, source_stamp=_source_stamp(src.info))
             _check_output(out, overwrite)  # the directory may have been filled while we worked
             (staging / _LOCK_FILE).unlink()
-            replace_dir(staging, out)
+            swap_in(staging, out)
     except OSError as e:
         _discard(staging)
         error = _output_error(e, out, staging)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from deep_delta.fsutil import fsync_dir, fsync_file, remove_stale, staging_dir, swap_in, write_checksums
 from deep_delta.hf.loading import LoadedModel, load_model, resolve_model_dir
 from deep_delta.models.utils import count_parameters
 
@@ -149,17 +149,15 @@ def export_model(
     eot = tok.eos_token_id
     model.config.bos_token_id = model.config.eos_token_id = model.config.pad_token_id = eot
     model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_stale(out)  # what a killed export left beside OUT_DIR
+    tmp = staging_dir(out)
     try:
         _write_export(tmp, loaded)
         check_out_dir(out, overwrite)  # again: OUT_DIR may have changed while the model loaded
-        aside = _swap_in(tmp, out)
+        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
     return out
 
 
@@ -167,7 +165,6 @@ def _write_export(tmp: Path, loaded: LoadedModel) -> None:
     """Everything an export holds, written into ``tmp`` and fsynced: weights, config, tokenizer, model card,
     checksums.json and the marker listing the files."""
     from deep_delta import __version__
-    from deep_delta.fsutil import fsync_dir, fsync_file, write_checksums
 
     model, tok = loaded.model, loaded.tokenizer
     model.save_pretrained(str(tmp))
@@ -185,23 +182,3 @@ def _write_export(tmp: Path, loaded: LoadedModel) -> None:
         fsync_file(f)
     fsync_dir(tmp)
 
-
-def _swap_in(tmp: Path, out: Path) -> Path | None:
-    """Rename ``tmp`` to ``out``. An existing ``out`` (empty, or an earlier export that check_out_dir
-    allowed) is first moved into a directory beside it, which is returned for removal; if the rename fails,
-    it is moved back."""
-    from deep_delta.fsutil import fsync_dir
-
-    aside = None
-    if out.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, aside / out.name)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if aside is not None:
-            os.replace(aside / out.name, out)
-            aside.rmdir()
-        raise
-    fsync_dir(out.parent)
-    return aside

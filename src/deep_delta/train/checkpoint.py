@@ -38,6 +38,7 @@ from deep_delta.fsutil import (
     as_os_error,
     fsync_dir,
     fsync_file,
+    swap_in,
     verify_checksums,
     write_checksums,
 )
@@ -297,14 +298,8 @@ def save_checkpoint(
         for f in tmp.iterdir():
             fsync_file(f)
         fsync_dir(tmp)
-        old = None
-        if final.exists():  # an older copy of the same step: set it aside, swap in the new one, then delete it
-            old = root / f".tmp-old-{name}-{os.getpid()}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        fsync_dir(root)
+        # an older copy of this step is set aside under a .tmp-* name, which clean_stale removes after a kill
+        swap_in(tmp, final, aside=root / f".tmp-old-{name}-{os.getpid()}")
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         disk = as_os_error(e, tmp)
