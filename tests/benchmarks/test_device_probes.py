@@ -1,4 +1,4 @@
-"""The device-session probes of benchmarks/h100/ run end to end on CPU, so a broken probe is found here and not
+"""The device-session probes of benchmarks/tools/ run end to end on CPU, so a broken probe is found here and not
 on the GPU machine, where each minute is scarce (the kernels under the Triton interpreter; the decoder traced with
 torch.compile's "eager" backend)."""
 
@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "benchmarks" / "tools"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "h100" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -64,22 +65,22 @@ def test_decode_probe_times_both_paths_and_compares_logits(tmp_path, monkeypatch
     assert all(s > 0 and not math.isnan(s) for v in samples.values() for s in v)
 
 
-@pytest.mark.parametrize("script", ["session.sh"])
+@pytest.mark.parametrize("script", ["session.sh", "evidence_124m.sh"])
 def test_session_script_parses(script):
     import subprocess
 
-    subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "h100" / script)], check=True)
+    subprocess.run(["bash", "-n", str(TOOLS / script)], check=True)
 
 
 def test_op_dispatch_probe_prints_both_paths():
-    """benchmarks/op_dispatch.py (host time of the custom ops against the Functions) runs in its own process: it
+    """benchmarks/tools/op_dispatch.py (host time of the custom ops against the Functions) runs in its own process: it
     points the ops' CPU kernels at the Triton wrappers, which must not leak into this one."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "op_dispatch.py"), "--iters", "2", "--repeats",
+    done = subprocess.run([sys.executable, str(TOOLS / "op_dispatch.py"), "--iters", "2", "--repeats",
                            "1"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "us" not in line
@@ -90,20 +91,11 @@ def test_op_dispatch_probe_prints_both_paths():
         assert op_us > 0 and fn_us > 0
 
 
-def _load_script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_saved_by_source_counts_the_state_and_the_differences():
-    """benchmarks/saved_by_source.py: DDL-CC on the GPU's path keeps one bf16 (d, d_v) state per sublayer (the
+    """benchmarks/tools/saved_by_source.py: DDL-CC on the GPU's path keeps one bf16 (d, d_v) state per sublayer (the
     first from the expander, the others from the fused update + read), the norm op's source and the update's k,
     and none of the baseline's fp32 norm inputs; each difference row is the two variants' rows subtracted."""
-    saved = _load_script("saved_by_source")
+    saved = _load("saved_by_source")
     layers, tokens, d, dv = 2, 24, 256, 4  # preset tiny: d = 256, d_v = 4
     cc = saved.saved_by_source("ddl-cc", "tiny", layers, tokens)
     base = saved.saved_by_source("baseline", "tiny", layers, tokens)
