@@ -14,8 +14,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from deep_delta.hf.decode import StaticDecoder
-from deep_delta.models.ddl import output_cache
-from deep_delta.models.ddl.static_cache import DDLStaticCache
+from deep_delta.models.ddl import DDLStaticCache, output_cache
 from helpers import tiny_model
 
 ATOL = 1e-5

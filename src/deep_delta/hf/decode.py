@@ -8,7 +8,7 @@
     decoder = shared_decoder(model, 8, 100)   # the decoder kept on the model for (8 rows, 100 positions)
 
 Every step has the same shapes and writes its K/V and token history in place
-(:class:`deep_delta.models.ddl.static_cache.DDLStaticCache`), so ``torch.compile(fullgraph=True)`` traces it
+(:class:`deep_delta.models.ddl.cache.DDLStaticCache`), so ``torch.compile(fullgraph=True)`` traces it
 once; on CUDA the default mode is ``"reduce-overhead"``, which replays the step as a CUDA graph (one launch
 instead of a few hundred: decoding one token at a time is bound by the host, not the GPU). The prefill runs
 eagerly (its length differs from batch to batch). Greedy decoding here equals ``generate()``'s with the
@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 import torch
 
-from deep_delta.models.ddl.static_cache import DDLStaticCache
+from deep_delta.models.ddl.cache import DDLStaticCache
 
 # torch.compile's backend when none is given (tests trace with "eager": the same graph without inductor's code
 # generation, which takes tens of seconds on a CPU)

@@ -14,6 +14,7 @@ from deep_delta.layers.compressors import COMPRESSORS, STATE_INITS
 from deep_delta.layers.delta_residual import RESIDUAL_MAPS
 from deep_delta.layers.gate import GATE_KINDS
 from deep_delta.layers.hyper_connections import HYPER_KINDS
+from deep_delta.models.ddl.cache import CACHE_NAMES
 from deep_delta.ops import BACKENDS
 from deep_delta.variants import PRESETS, VARIANTS
 
@@ -21,11 +22,6 @@ _RESIDUALS = ("additive", "delta", "hyper")
 PARAMETRIZATIONS = ("sp", "mup")
 STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _COMPRESSORS = ("none",) + COMPRESSORS
-
-
-# The names of the generation cache in transformers: `past_key_values` up to 5.23; `cache` from 5.24, where
-# `past_key_values` (and `cache_params`, the recurrent models' name) are deprecated aliases.
-CACHE_NAMES = ("cache", "past_key_values", "cache_params")
 
 
 def _bad(field: str, got: Any, allowed: str) -> ValueError:

@@ -14,8 +14,9 @@ sublayers, and a final compressor reads the last state. HC / mHC (the rivals) ke
 The backbone is the same for every variant: pre-norm RMSNorm, RoPE multi-head attention with RMSNorm on q and
 k (after RoPE, as the authors' model does), SwiGLU MLP, no biases, tied embeddings, final RMSNorm.
 
-Reading order: the sublayers (RoPE, attention, MLP); the residual around each and the block; the generation
-cache (attention K/V plus the token history of the convolutions); initialisation and muP; the model; the LM.
+Reading order: the sublayers (RoPE, attention, MLP); the residual around each and the block; initialisation and
+muP; the model; the LM. The generation caches (attention K/V plus the token history of the convolutions) and the
+names transformers gives the cache argument live in cache.py.
 """
 
 from __future__ import annotations
@@ -40,8 +41,17 @@ from deep_delta.layers.compressors import (
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
-from deep_delta.models.ddl.configuration_ddl import CACHE_NAMES, DDLConfig
-from deep_delta.models.ddl.static_cache import DDLStaticCache
+from deep_delta.models.ddl.cache import (
+    CACHE_FIELD,
+    CACHE_NAMES,
+    DDLCache,
+    DDLStaticCache,
+    cache_to_fill,
+    one_cache,
+    output_cache,
+    refuse_unknown_kwargs,
+)
+from deep_delta.models.ddl.configuration_ddl import DDLConfig
 from deep_delta.ops.delta.recompute import StateTape
 
 
@@ -254,113 +264,6 @@ def fusable_read(compressor: nn.Module | None, cache: DDLCache | None, pad_mask:
     return isinstance(compressor, TokenConvCompressor) and cache is None and pad_mask is None
 
 
-class DDLCache(DynamicCache):
-    """Attention K/V (the library's DynamicCache) plus DDL's token history.
-
-    ``token_history[name]`` holds the last K-1 inputs of a token-axis convolution: the embeddings for EC
-    ("embed") and the expanded states read by each TC compressor ("<layer>.attn", "<layer>.mlp", "final").
-    CC and d_v = 1 carry nothing beyond the K/V. Beam search reorders and selects rows of both.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.token_history: dict[str, torch.Tensor] = {}
-
-    def store_history(self, key: str, history: torch.Tensor) -> None:
-        self.token_history[key] = history
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        super().reorder_cache(beam_idx)
-        self._select_history(beam_idx)
-
-    def batch_select_indices(self, indices: torch.Tensor):
-        super().batch_select_indices(indices)
-        self._select_history(indices)
-
-    def _select_history(self, rows: torch.Tensor) -> None:
-        for key, t in self.token_history.items():
-            self.token_history[key] = t.index_select(0, rows.to(t.device))
-
-    def batch_repeat_interleave(self, repeats: int):
-        super().batch_repeat_interleave(repeats)
-        for key, t in self.token_history.items():
-            self.token_history[key] = t.repeat_interleave(repeats, dim=0)
-
-    def crop(self, max_length: int):
-        if self.token_history:
-            raise NotImplementedError(
-                "DDLCache: cannot crop a cache that holds DDL token history (TC compressors, EC): the states "
-                "before the cut are not kept; decoding strategies that roll the cache back (assisted "
-                "decoding, prompt lookup) are not supported for these variants"
-            )
-        super().crop(max_length)
-
-    def reset(self):
-        super().reset()
-        self.token_history.clear()
-
-
-# The forwards take the cache under each of its names (CACHE_NAMES, configuration_ddl.py; one at a time) and
-# return it under the installed release's name (CACHE_FIELD); `output_cache(out)` reads it there.
-CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-# Keywords transformers passes to a forward that we accept when they ask for nothing we would have to do:
-# their neutral values. (`cache_position`, passed by generate() before 5.24, is the range of new positions,
-# which the model takes from the cache length; it is accepted whatever it holds.)
-_NEUTRAL_KWARGS = {"output_attentions": False, "output_hidden_states": False, "output_router_logits": False}
-
-
-def output_cache(output) -> DDLCache | None:
-    """The cache a forward returned, under the name the installed transformers gives it."""
-    return getattr(output, CACHE_FIELD)
-
-
-def _one_cache(where: str, *given: DynamicCache | None) -> DynamicCache | None:
-    """The cache passed under one of its names (CACHE_NAMES, in that order); the same object twice is fine."""
-    caches = {id(c): c for c in given if c is not None}
-    if len(caches) > 1:
-        names = ", ".join(f"`{n}`" for n, c in zip(CACHE_NAMES, given) if c is not None)
-        raise ValueError(f"{where}: pass the cache once, as `cache`, not under several names ({names})")
-    return next(iter(caches.values()), None)
-
-
-def _refuse_unknown_kwargs(where: str, kwargs: dict) -> None:
-    """Raise on every keyword the forward does not use: a renamed or misspelt argument (`past_key_value=`, a
-    future name of the cache) must not be dropped without a word. Neutral values of the flags transformers
-    passes are accepted; asking for what the model does not compute is an error."""
-    unknown = []
-    for key, value in kwargs.items():
-        if key == "cache_position":
-            continue
-        if key in _NEUTRAL_KWARGS:
-            if value not in (None, _NEUTRAL_KWARGS[key]):
-                raise ValueError(f"{where}: `{key}={value!r}` is not supported; allowed: None or False")
-            continue
-        unknown.append(f"`{key}`")
-    if unknown:
-        raise TypeError(
-            f"{where}: unexpected keyword argument(s) {', '.join(unknown)}; the cache is passed as `cache` "
-            "(or `past_key_values`, its name before transformers 5.24)"
-        )
-
-
-def _ddl_cache(cache: DynamicCache | None, use_cache: bool) -> DDLCache | DDLStaticCache | None:
-    """The cache to fill: the given DDLCache or DDLStaticCache, a new DDLCache for ``use_cache``, or a new one in
-    place of the empty DynamicCache that ``generate()`` makes for a model. Any other cache (transformers' static
-    or quantized caches, a filled one) is refused: it cannot carry the token history of the DDL convolutions."""
-    if use_cache and cache is None:
-        cache = DDLCache()
-    if cache is None or isinstance(cache, (DDLCache, DDLStaticCache)):
-        return cache
-    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
-        return DDLCache()
-    raise ValueError(
-        "DDLModel: `cache` must be a DDLCache (attention K/V plus the token history of the DDL convolutions) or "
-        f"an empty DynamicCache, got {'a filled ' if cache.get_seq_length() else ''}{type(cache).__name__}; "
-        "a static or quantized cache (`cache_implementation=...` in generate) is not supported for this model "
-        "(for fixed-shape decoding use deep_delta's DDLStaticCache, through deep_delta.hf.StaticDecoder)"
-    )
-
-
 class DDLPreTrainedModel(PreTrainedModel):
     config_class = DDLConfig
     config: DDLConfig
@@ -549,13 +452,13 @@ class DDLModel(DDLPreTrainedModel):
         find out whether anything is padded). cache: a :class:`DDLCache` (``past_key_values`` is the same
         argument under its name before transformers 5.24). Any other keyword is an error.
         """
-        cache = _one_cache("DDLModel.forward", cache, past_key_values, kwargs.pop("cache_params", None))
-        _refuse_unknown_kwargs("DDLModel.forward", kwargs)
+        cache = one_cache("DDLModel.forward", cache, past_key_values, kwargs.pop("cache_params", None))
+        refuse_unknown_kwargs("DDLModel.forward", kwargs)
         inputs_embeds = self._embed(input_ids, inputs_embeds)
         b, t = inputs_embeds.shape[:2]
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
-        cache = _ddl_cache(cache, use_cache)
+        cache = cache_to_fill(cache, use_cache)
         if isinstance(cache, DDLStaticCache):
             # positions and mask from the written length on the device: no host read, the same graph each step
             if attention_mask is not None:
@@ -689,8 +592,8 @@ class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
         """Logits (B, T, V) (the last ``logits_to_keep`` positions when > 0), the loss when labels are given, and
         the cache. ``num_items_in_batch`` (from transformers' Trainer under gradient accumulation) divides the
         summed token losses instead of their count. Any keyword not named here is an error."""
-        cache = _one_cache("DDLForCausalLM.forward", cache, past_key_values, kwargs.pop("cache_params", None))
-        _refuse_unknown_kwargs("DDLForCausalLM.forward", kwargs)
+        cache = one_cache("DDLForCausalLM.forward", cache, past_key_values, kwargs.pop("cache_params", None))
+        refuse_unknown_kwargs("DDLForCausalLM.forward", kwargs)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
