@@ -62,6 +62,26 @@ def test_an_annotation_without_a_check_is_a_bug_not_a_pass():
         check_fields(Odd())
 
 
+def test_declared_in_checks_only_the_fields_a_class_declares():
+    """DDLConfig's case: a dataclass over a library's class checks its own fields and leaves the inherited ones
+    (here an annotation check_fields has no check for) to the library."""
+
+    @dataclasses.dataclass
+    class Library:
+        tags: set = dataclasses.field(default_factory=set)
+
+    @dataclasses.dataclass
+    class Ours(Library):
+        width: int = 8
+        scale: float = 1
+
+    ours = Ours(scale="1e-1")
+    check_fields(ours, declared_in=Ours)
+    assert ours.scale == 0.1
+    with pytest.raises(ValueError, match=r"^Ours: `width` got 'wide'; allowed: an integer$"):
+        check_fields(Ours(width="wide"), declared_in=Ours)
+
+
 def test_ddl_train_has_one_flag_per_field_with_the_help_kept_beside_the_field():
     import argparse
 

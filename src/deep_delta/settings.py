@@ -4,14 +4,15 @@ dataclass checks its fields against their annotations.
 Every numeric command-line option parses through :func:`parse_number` (``deep_delta.cli.options.integer`` and
 ``real``), and every ``--set`` through :func:`parse_assignments`, so ``1e-3`` is a number and ``nan`` is refused
 the same way in every command. :func:`check_fields` is the type check of every settings dataclass
-(``TrainConfig``, ``TaskSettings``, the bench and coord-check settings): the annotation says what a field
-takes, the error names the class, the field, what it got and what is allowed. No import of PyTorch: the command
-line's parser uses this module.
+(``TrainConfig``, ``TaskSettings``, the bench and coord-check settings, and ``DDLConfig``'s own fields): the
+annotation says what a field takes, the error names the class, the field, what it got and what is allowed. No
+import of PyTorch: the command line's parser uses this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 import re
@@ -112,14 +113,22 @@ _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or 
           type(None): "null"}
 
 
-def check_fields(settings: Any) -> None:
+def check_fields(settings: Any, declared_in: type | None = None) -> None:
     """Check every field of the dataclass instance ``settings`` against its annotation and store the value in
     its canonical form (an int where a float is annotated becomes a float, ``"1e-3"`` a number, a list a tuple
     where a tuple is annotated, a path a string). A ``ValueError`` names the class, the field, what it got and
-    what is allowed; ranges and choices are the class's own checks, after this one."""
+    what is allowed; ranges and choices are the class's own checks, after this one.
+
+    ``declared_in``: check only the fields this class declares itself, not those it inherits (``DDLConfig``
+    over transformers' ``PreTrainedConfig``, whose own fields are the library's to check)."""
     owner = type(settings).__name__
-    hints = typing.get_type_hints(type(settings))
+    if declared_in is None:
+        hints = typing.get_type_hints(type(settings))
+    else:
+        hints = inspect.get_annotations(declared_in, eval_str=True)
     for f in dataclasses.fields(settings):
+        if f.name not in hints:
+            continue
         value = getattr(settings, f.name)
         try:
             setattr(settings, f.name, _check(value, hints[f.name]))

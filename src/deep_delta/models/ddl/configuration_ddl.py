@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +15,7 @@ from deep_delta.layers.gate import GATE_KINDS
 from deep_delta.layers.hyper_connections import HYPER_KINDS
 from deep_delta.models.ddl.cache import CACHE_NAMES
 from deep_delta.ops import BACKENDS
+from deep_delta.settings import check_fields
 from deep_delta.variants import PRESETS, VARIANTS
 
 _RESIDUALS = ("additive", "delta", "hyper")
@@ -85,9 +85,9 @@ class DDLConfig(PreTrainedConfig):
     hidden_init_scale: float = 0.5
     tie_word_embeddings: bool = True
     use_cache: bool = True
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
+    bos_token_id: int | list[int] | None = None  # transformers allows several ids here
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | list[int] | None = None
 
     variant: str | None = None
     preset: str | None = None
@@ -117,7 +117,8 @@ class DDLConfig(PreTrainedConfig):
     mup_base_width: int = 256
 
     def __post_init__(self, **kwargs):
-        self._check_types()
+        # the types, from the annotations of DDLConfig's own fields (e.g. hidden_size="big", value_channels=2.5)
+        check_fields(self, declared_in=DDLConfig)
         if self.intermediate_size is None:
             self.intermediate_size = (8 * self.hidden_size) // 3
         if self.compressor == "token" and self.compressor_kernel_size is None:
@@ -130,25 +131,6 @@ class DDLConfig(PreTrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    def _check_types(self) -> None:
-        """Refuse a value of the wrong type (e.g. hidden_size="256", value_channels=2.5), naming the field."""
-        for name, ann in DDLConfig.__annotations__.items():
-            if name.endswith("_token_id"):  # HF allows lists of ids here
-                continue
-            allowed = [a.strip() for a in str(ann).split("|")]
-            value = getattr(self, name)
-            if value is None and "None" in allowed:
-                continue
-            ok = any(
-                (a == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool))
-                or (a == "float" and isinstance(value, numbers.Real) and not isinstance(value, bool))
-                or (a == "str" and isinstance(value, str))
-                or (a == "bool" and isinstance(value, bool))
-                for a in allowed
-            )
-            if not ok:
-                raise _bad(name, value, " or ".join(allowed))
 
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is allowed."""
