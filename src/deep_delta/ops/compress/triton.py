@@ -13,6 +13,10 @@ token count; deterministic, no atomics.
 - EC  fwd: X_t = sum_s w_s e_{t-s} 1^T (one write of the state from the (B, T, d) embeddings);
       bwd: grad_e_t = sum_s sum_j w_s G_{t+s} (one read of G per tap), grad_w partials per tap.
 
+The backward kernels of TC and EC are shared: the input gradient (``_conv_bwd_input_kernel``) and the weight
+gradient (``_conv_bwd_w_kernel``), each with a compile-time flag for the side of the convolution that holds the
+(d, d_v) state.
+
 Sequences with history (decoding) are handled by concatenating the K-1 past rows in front (P rows) and
 computing outputs for the last T rows; during training P = 0 and nothing is copied.
 """
@@ -106,12 +110,17 @@ def _tc_fwd_kernel(
 
 
 @triton.jit
-def _tc_bwd_x_kernel(
-    G, W, GXP, M, T, L, D,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+def _conv_bwd_input_kernel(
+    G, W, GSP, M, T, L, D,
+    G_IS_STATE: tl.constexpr, KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Input row m = (b, q) in [0, B*L): grad = sum_s w_s g(b, q - P + s) for 0 <= q - P + s < T."""
+    """The gradient of a token convolution's input with its P past rows: row m = (b, q) in [0, B*L) of GSP is
+    ``sum_s w_s g(b, q - P + s)`` over the taps s with 0 <= q - P + s < T.
+
+    TC: g (B, T, d) broadcast over d_v; GSP (B, L, d, d_v), the gradient of x.  (G_IS_STATE = False)
+    EC: g (B, T, d, d_v); GSP (B, L, d), the gradient of e: the sum over d_v.  (G_IS_STATE = True)
+    """
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -129,10 +138,17 @@ def _tc_bwd_x_kernel(
             tv = (offs_d * 0) + t
             ok_d = md & (((offs_d * 0) + m) < M) & (tv >= 0) & (tv < T)
             w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            g = tl.load(G + (b * T + t) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
-            acc += w * g[:, None]
+            if G_IS_STATE:
+                g = tl.load(G + (b * T + t) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
+                acc += w * g.to(tl.float32)
+            else:
+                g = tl.load(G + (b * T + t) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+                acc += w * g[:, None]
         ok_d = md & (((offs_d * 0) + m) < M)
-        tl.store(GXP + m * D * DV + tile, acc.to(GXP.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
+        if G_IS_STATE:
+            tl.store(GSP + m * D + offs_d, tl.sum(acc, axis=1).to(GSP.dtype.element_ty), mask=ok_d)
+        else:
+            tl.store(GSP + m * D * DV + tile, acc.to(GSP.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
 
 
 @triton.jit
@@ -200,35 +216,6 @@ def _ec_fwd_kernel(
             acc += w * e[:, None]
         ok_d = md & (((offs_d * 0) + n) < N)
         tl.store(X + n * D * DV + tile, acc.to(X.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
-
-
-@triton.jit
-def _ec_bwd_e_kernel(
-    G, W, GEP, M, T, L, D,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = tl.arange(0, BLOCK_V)
-    md = offs_d < D
-    mv = offs_v < DV
-    tile = offs_d[:, None] * DV + offs_v[None, :]
-    p = L - T
-    for r in range(ROWS):
-        m = pid * ROWS + r
-        b = m // L
-        q = m % L
-        acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-        for s in tl.static_range(KS):
-            t = q - p + s
-            tv = (offs_d * 0) + t
-            ok_d = md & (((offs_d * 0) + m) < M) & (tv >= 0) & (tv < T)
-            w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            g = tl.load(G + (b * T + t) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
-            acc += w * g.to(tl.float32)
-        ok_d = md & (((offs_d * 0) + m) < M)
-        tl.store(GEP + m * D + offs_d, tl.sum(acc, axis=1).to(GEP.dtype.element_ty), mask=ok_d)
 
 
 def _reduction_meta(d: int, dv: int) -> dict:
@@ -305,7 +292,8 @@ class TokenCompressTriton(torch.autograd.Function):
             m = b * length
             gx = torch.empty_like(xp)
             grid, meta = _launch_args(m, d, dv)
-            launch(_tc_bwd_x_kernel, grid, (g, w, gx, m, t, length, d), writes=(2,), KS=w.shape[0], **meta)
+            launch(_conv_bwd_input_kernel, grid, (g, w, gx, m, t, length, d), writes=(2,), G_IS_STATE=False,
+                   KS=w.shape[0], **meta)
         if ctx.needs_input_grad[1]:
             gw = _wgrad(g, xp, w, t, a_is_state=False)
         return gx, gw, None
@@ -339,7 +327,8 @@ class EmbedConvTriton(torch.autograd.Function):
             m = b * length
             ge = torch.empty_like(ep)
             grid, meta = _launch_args(m, d, dv)
-            launch(_ec_bwd_e_kernel, grid, (g, w, ge, m, t, length, d), writes=(2,), KS=kk, **meta)
+            launch(_conv_bwd_input_kernel, grid, (g, w, ge, m, t, length, d), writes=(2,), G_IS_STATE=True, KS=kk,
+                   **meta)
         if ctx.needs_input_grad[1]:
             gw = _wgrad(g, ep, w, t, a_is_state=True)
         return ge, gw, None
