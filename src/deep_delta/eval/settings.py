@@ -1,18 +1,26 @@
 """What ``ddl bench`` and ``ddl bench-kernels`` measure: their settings, with no import of PyTorch (the
-command line reads the defaults from here to build its parser; :meth:`resolved` loads the checks)."""
+command line reads the defaults from here to build its parser; :meth:`resolved` loads the checks that need it).
+
+The benchmark modules build on this one: ``timing.py`` takes the dtype names and :func:`check_dtype` from here."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from deep_delta.settings import check_fields, parse_assignments
+from deep_delta.settings import check_count, check_fields, parse_assignments
 from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
 # float32, or autocast over fp32 weights in bfloat16 / float16, as training runs (deep_delta.eval.timing)
 BENCH_DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # (batch size, sequence length) per preset when not given
 DEFAULT_SHAPES = {"tiny": (4, 256), "small": (8, 1024), "medium": (8, 1024)}
+
+
+def check_dtype(dtype: str) -> None:
+    """Refuse a precision that is not one of :data:`BENCH_DTYPE_NAMES`, naming the parameter ``dtype``."""
+    if dtype not in BENCH_DTYPE_NAMES:
+        raise ValueError(f"`dtype` got {dtype!r}; allowed: {' | '.join(BENCH_DTYPE_NAMES)}")
 
 
 @dataclass
@@ -38,11 +46,11 @@ class BenchSettings:
         """A copy with the device, batch size and sequence length filled in; ``ValueError`` naming the field
         for anything out of range."""
         from deep_delta.eval.step_bench import check_variants
-        from deep_delta.eval.timing import bench_device, check_dtype, check_int
+        from deep_delta.runtime import resolve_device
 
         variants = check_variants(self.variants, self.preset, self.model)
         check_dtype(self.dtype)
-        device = str(bench_device(self.device))
+        device = str(resolve_device(self.device))
         b, t = DEFAULT_SHAPES.get(self.preset, (8, 1024))
         b = self.batch_size if self.batch_size is not None else b  # 0 is refused, not the default
         ctx = self.model.get("max_position_embeddings", PRESETS[self.preset]["max_position_embeddings"])
@@ -50,7 +58,7 @@ class BenchSettings:
         for name, value, lo in (("batch_size", b, 1), ("seq_len", t, 2), ("steps", self.steps, 1),
                                 ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
                                 ("decode_tokens", self.decode_tokens, 0)):
-            check_int(name, value, lo)
+            check_count(name, value, lo)
         if t > ctx:
             raise ValueError(f"`seq_len` got {t}; allowed: 2..{ctx} (the preset's context)")
         if self.decode_tokens >= t:
@@ -99,19 +107,19 @@ class KernelBenchSettings:
         """A copy with the device resolved, ``compile`` decided and the baseline among the variants;
         ``ValueError`` naming the field for anything out of range."""
         from deep_delta.eval.step_bench import check_variants
-        from deep_delta.eval.timing import bench_device, check_dtype, check_int
+        from deep_delta.runtime import resolve_device
 
         variants = list(self.variants)
         if "baseline" not in variants:
             variants.insert(0, "baseline")
         overrides = {"max_position_embeddings": self.seq_len, **self.model}
-        check_int("batch_size", self.batch_size, 1)
-        check_int("seq_len", self.seq_len, 1)
-        check_int("repeats", self.repeats, 1)
-        check_int("warmup", self.warmup, 0)
+        check_count("batch_size", self.batch_size, 1)
+        check_count("seq_len", self.seq_len, 1)
+        check_count("repeats", self.repeats, 1)
+        check_count("warmup", self.warmup, 0)
         variants = check_variants(variants, self.preset, overrides)
         check_dtype(self.dtype)
-        device = bench_device(self.device)
+        device = resolve_device(self.device)
         compile_ = self.compile if self.compile is not None else device.type == "cuda"
         return replace(self, variants=variants, device=str(device), compile=bool(compile_),
                        model=dict(self.model))

@@ -5,8 +5,9 @@
 - :func:`interleaved`: round-robin over the cases, the starting case rotating each round so that none
   always runs first (after the others have warmed caches, or heated the chip); ``warmup`` untimed rounds
   first. :func:`interleaved_medians` times plain callables that way and keeps the median of each.
-- :func:`bench_device` and :data:`BENCH_DTYPES`: ``dtype`` "bfloat16"/"float16" means autocast over fp32
-  weights, as training runs (``ddl train``), in ``ddl bench`` and ``ddl bench-kernels`` alike.
+- :data:`BENCH_DTYPES` and :func:`autocast_for`: ``dtype`` "bfloat16"/"float16" means autocast over fp32
+  weights, as training runs (``ddl train``), in ``ddl bench`` and ``ddl bench-kernels`` alike (the names and
+  their check live in ``eval/settings.py``, which the command line reads without PyTorch).
 
 Errors name the Python parameters in backticks (```batch_size` got 0``); the CLI shows its flags instead.
 """
@@ -21,7 +22,8 @@ from typing import TypeVar
 
 import torch
 
-from deep_delta.eval.settings import BENCH_DTYPE_NAMES
+from deep_delta.eval.settings import BENCH_DTYPE_NAMES, check_dtype
+from deep_delta.settings import check_count
 
 T = TypeVar("T")
 
@@ -79,25 +81,12 @@ def interleaved_medians(cases: Mapping[str, Callable[[], object]], device: torch
 
 def check_int(name: str, value: int, lo: int) -> None:
     """Refuse ``value`` outside [``lo``, MAX_COUNT] (or a non-integer), naming the parameter ``name``."""
-    from deep_delta.settings import check_count
-
     check_count(name, value, lo)
-
-
-def bench_device(device: str | torch.device) -> torch.device:
-    """The device to measure on: :func:`deep_delta.runtime.resolve_device` (auto | cpu | cuda | cuda:N)."""
-    from deep_delta.runtime import resolve_device
-
-    return resolve_device(device)
-
-
-def check_dtype(dtype: str) -> None:
-    if dtype not in BENCH_DTYPES:
-        raise ValueError(f"`dtype` got {dtype!r}; allowed: {' | '.join(BENCH_DTYPES)}")
 
 
 def autocast_for(dtype: str, device: torch.device):
     """The autocast context training would run under for ``dtype`` (a null context for float32)."""
+    check_dtype(dtype)
     amp = BENCH_DTYPES[dtype]
     return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 

@@ -86,7 +86,8 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from deep_delta.eval.timing import BENCH_DTYPES, autocast_for, check_dtype
+    from deep_delta.eval.settings import check_dtype
+    from deep_delta.eval.timing import BENCH_DTYPES, autocast_for
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM
 
