@@ -1,5 +1,5 @@
 """Merge `ddl compare` results of the same runs split across device calls (one call's seeds, then another's) into
-one paired table: the rows, intervals and report of :mod:`deep_delta.experiments.compare`, over every seed.
+one paired table: the rows, intervals and report of :mod:`deep_delta.experiments.compare_report`, over every seed.
 
     python benchmarks/tools/merge_compare.py OUT_DIR A/compare.json B/compare.json ...
 
@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from deep_delta.experiments.compare import _compare_to, _variant_row, format_report
+from deep_delta.experiments.compare_report import compare_rows, comparison_report, variant_row
 
 
 def merge(summaries: list[dict]) -> dict:
@@ -41,10 +41,10 @@ def merge(summaries: list[dict]) -> dict:
     rows = []
     for v in variants:
         results = [x for s in summaries for r in s["rows"] if r["variant"] == v for x in r["per_seed"]]
-        rows.append(_variant_row(v, sorted(results, key=lambda x: x["seed"])))
+        rows.append(variant_row(v, sorted(results, key=lambda x: x["seed"])))
     ref = next(r for r in rows if r["variant"] == first["reference"])
     for r in rows:
-        _compare_to(r, ref, timing)
+        compare_rows(r, ref, timing)
     return {"rows": rows, "reference": ref["variant"], "seeds": sorted(seeds), "settings": first["settings"],
             "timing": timing, "machine": first["machine"], "data_fingerprint": first["data_fingerprint"],
             "wall_s": sum(s["wall_s"] for s in summaries)}
@@ -77,9 +77,9 @@ def main(argv: list[str]) -> int:
     summary = merge([json.loads(Path(p).read_text()) for p in argv[1:]])
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "compare.md").write_text(format_report(summary))
+    (out / "compare.md").write_text(comparison_report(summary))
     plot(summary, out / "curves.png")
-    print(format_report(summary))
+    print(comparison_report(summary))
     return 0
 
 

@@ -149,21 +149,21 @@ def test_library_errors_name_parameters_not_flags():
 
 
 def test_step_subject_runs_the_trainers_optimizer_step(monkeypatch):
-    import deep_delta.train.trainer as trainer
+    from deep_delta.train.step import OptimizerStep
 
     seen = []
-    real = trainer.optimizer_step
+    real = OptimizerStep.__call__
 
-    def spy(model, optimizer, batches, **kw):
-        seen.append(kw)
-        return real(model, optimizer, batches, **kw)
+    def spy(self, batches, **kw):
+        seen.append(self)
+        return real(self, batches, **kw)
 
-    monkeypatch.setattr(trainer, "optimizer_step", spy)
+    monkeypatch.setattr(OptimizerStep, "__call__", spy)
     sub = StepSubject("ddl-cc", batch_size=2, seq_len=8, overrides=DEBUG, dtype="bfloat16")
     before = [p.detach().clone() for p in sub.model.parameters()]
     sub.train_step()
-    assert len(seen) == 1 and seen[0]["grad_clip"] == 1.0  # the training default
-    assert isinstance(seen[0]["autocast"], torch.autocast)  # bfloat16 = autocast; the weights stay fp32
+    assert len(seen) == 1 and seen[0].grad_clip == 1.0  # the training default
+    assert isinstance(seen[0].autocast, torch.autocast)  # bfloat16 = autocast; the weights stay fp32
     assert all(p.dtype == torch.float32 for p in sub.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, sub.model.parameters()))
     assert all(p.grad is None for p in sub.model.parameters())  # zero_grad(set_to_none) as in training

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from deep_delta.experiments.coord_check import format_table, run_coord_check, violations
+from deep_delta.experiments.coord_check import coord_table, run_coord_check, violations
 from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
 # 64 tokens a step: widths above the tokens per step are where muP's limit is near (a readout's update sums
@@ -27,12 +27,12 @@ def one_thread():
 
 def test_mup_keeps_the_width_exponents_and_sp_does_not(one_thread):
     report = run_coord_check(CoordCheckSettings(**SMALL))
-    assert violations(report) == [], format_table(report)
+    assert violations(report) == [], coord_table(report)
     for variant in SMALL["variants"]:
         change = report["slopes"]["sp"][variant]["change"]
         # sp: Adam moves each weight by ~lr whatever the width, so what a layer's update changes grows ~ width
-        assert change["logits"][-1] > MUP_SLOPE_BOUND, format_table(report)
-        assert change["mlp_out"][-1] > 2 * MUP_SLOPE_BOUND, format_table(report)
+        assert change["logits"][-1] > MUP_SLOPE_BOUND, coord_table(report)
+        assert change["mlp_out"][-1] > 2 * MUP_SLOPE_BOUND, coord_table(report)
         # the sizes are kept beside the changes, one slope per recorded forward (init, then after each step)
         assert len(report["slopes"]["mup"][variant]["size"]["logits"]) == SMALL["steps"] + 1
         assert len(report["slopes"]["mup"][variant]["change"]["logits"]) == SMALL["steps"]
@@ -46,7 +46,7 @@ def test_mup_without_its_learning_rate_scaling_fails_the_check(one_thread):
     settings = CoordCheckSettings(**{**SMALL, "variants": ("baseline",), "parametrizations": ("mup",)})
     report = run_coord_check(settings, lr_multipliers=lambda model: {})
     assert any(v.startswith(("baseline/mlp_out", "baseline/attn_out")) for v in violations(report)), \
-        format_table(report)
+        coord_table(report)
 
 
 CLI = ["coord-check", "--variants", "baseline", "--widths", "32", "64", "128", "256", "--steps", "3",
@@ -81,10 +81,10 @@ def test_mup_logit_change_is_flat_with_an_untied_zero_head(tied, one_thread):
     for variant in LOGITS["variants"]:
         mup = report["slopes"]["mup"][variant]["change"]["logits"][-1]
         if tied:
-            assert mup < -0.3, format_table(report)  # the rule before: fails the muP promise
+            assert mup < -0.3, coord_table(report)  # the rule before: fails the muP promise
         else:
-            assert abs(mup) <= 0.3, format_table(report)
-            assert report["slopes"]["sp"][variant]["change"]["logits"][-1] > 0.6, format_table(report)
+            assert abs(mup) <= 0.3, coord_table(report)
+            assert report["slopes"]["sp"][variant]["change"]["logits"][-1] > 0.6, coord_table(report)
 
 
 def test_settings_are_checked():

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, divergence, grid_table, sensitivity_figure
+from deep_delta.experiments.tasks import grid_points, summarize_grid
 from deep_delta.tasks import get_task
 from deep_delta.tasks.settings import TaskSettings
-from deep_delta.tasks.study import grid_points, summarize_grid
 
 
 def point(variant, lr, seed, value, diverged=None):
@@ -157,10 +157,10 @@ def test_the_sensitivity_plot_draws_every_point_of_every_seed():
 
 
 def test_a_report_without_a_grid_says_one_shared_lr():
-    from deep_delta.tasks.report import format_report, summarize
+    from deep_delta.experiments.task_report import summarize_tasks, task_report
 
     task = get_task("shell-game")
     settings = TaskSettings(test_size=16, lr=3e-3)
     record = fake_record("baseline", 3e-3, 0, 0.5, 0.5, len(task.levels))
-    report = format_report(summarize(task, ["baseline"], [0], {("baseline", 0): record}, settings))
+    report = task_report(summarize_tasks(task, ["baseline"], [0], {("baseline", 0): record}, settings))
     assert "Learning rate: one shared lr (0.003) for every variant, not tuned per variant" in report

@@ -77,7 +77,7 @@ def test_an_untrained_model_is_not_better_than_chance(name):
 def test_pointer_chase_shortcut_scores_what_cycle_lengths_predict(tmp_path):
     """Repeating the start symbol is right at hop j when the cycle through s has a length dividing j; that
     length is uniform on 1..16, so the expected accuracy at hop j is (divisors of j) / 16."""
-    from deep_delta.tasks.report import format_table, summarize
+    from deep_delta.experiments.task_report import summarize_tasks, task_table
 
     task = get_task("pointer-chase")
     test = task.test_set(0, 4000)
@@ -87,9 +87,9 @@ def test_pointer_chase_shortcut_scores_what_cycle_lengths_predict(tmp_path):
         expected = sum(1 for c in range(1, task.num_symbols + 1) if int(hop) % c == 0) / task.num_symbols
         assert abs(v["accuracy"] - expected) < 0.025, (hop, v["accuracy"], expected)
     # the study's table shows it beside the models; a task without shortcuts has no such row
-    summary = summarize(task, ["baseline"], [0], {}, TaskSettings(test_size=300))
-    assert "| shortcut: repeat the start symbol |" in format_table(summary)
-    assert summarize(get_task("flip-flop"), ["baseline"], [0], {}, TaskSettings(test_size=300))["shortcuts"] == {}
+    summary = summarize_tasks(task, ["baseline"], [0], {}, TaskSettings(test_size=300))
+    assert "| shortcut: repeat the start symbol |" in task_table(summary)
+    assert summarize_tasks(get_task("flip-flop"), ["baseline"], [0], {}, TaskSettings(test_size=300))["shortcuts"] == {}
 
 
 def test_shell_game_shortcut_scores_the_chance_of_no_net_move():
@@ -130,14 +130,14 @@ def test_recall_shortcut_is_the_best_guess_without_lookup():
 
 
 def test_a_tie_with_the_baseline_reads_zero_not_minus_zero():
-    from deep_delta.tasks.report import format_report, summarize
+    from deep_delta.experiments.task_report import summarize_tasks, task_report
 
     task = get_task("flip-flop")
     levels = {str(lv): {"accuracy": 1.0, "correct": 1, "total": 1} for lv in task.levels}
     record = {"accuracy": {"overall": 1.0, "by_difficulty": levels}, "test_loss": 0.0, "train_s": 1.0,
               "parameters": 10, "diverged": None, "loss_curve": [[1, 0.1]], "accuracy_curve": []}
     results = {(v, s): record for v in ("baseline", "ddl-dv1") for s in (0, 1, 2)}
-    summary = summarize(task, ["baseline", "ddl-dv1"], [0, 1, 2], results, TaskSettings(test_size=50))
+    summary = summarize_tasks(task, ["baseline", "ddl-dv1"], [0, 1, 2], results, TaskSettings(test_size=50))
     d = summary["rows"][1]["vs_baseline_pp"]
     assert d["mean"] == 0.0 and str(d["mean"]) == "0.0" and [str(x) for x in d["ci95"]] == ["0.0", "0.0"]
-    assert "-0.0" not in format_report(summary)
+    assert "-0.0" not in task_report(summary)

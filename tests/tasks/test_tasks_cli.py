@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import deep_delta.tasks.study as task_study
-import deep_delta.tasks.training as task_training
+import deep_delta.experiments.task_runs as task_runs
+import deep_delta.experiments.tasks as task_study
 from deep_delta.cli.main import main
 from deep_delta.tasks import data_rng, get_task
 from deep_delta.tasks.evaluation import evaluate
@@ -66,7 +66,7 @@ def test_beta_max_reaches_the_model(tmp_path):
     (["tasks", "run", "recall", "--variants", "ddl-xx"], "--variants got 'ddl-xx'; allowed: one or more of baseline"),
     (["tasks", "run", "recall", "--set", "model.hidden_sise=8"],
      "--set got 'model.hidden_sise=8': DDLConfig has no field 'hidden_sise'; allowed model fields: "),
-    (["tasks", "run", "recall", "--set", "model.beta_max=3"], "`beta_max` got 3; allowed: a float in (0, 2]"),
+    (["tasks", "run", "recall", "--set", "model.beta_max=3"], "`beta_max` got 3.0; allowed: a float in (0, 2]"),
     (["tasks", "run", "recall", "--set", "stepz=3"], "--set got 'stepz=3': no setting 'stepz'; allowed: batch_size"),
     (["tasks", "run", "recall", "--steps", "0"], "--steps got 0; allowed: an integer >= 1"),
     (["tasks", "run", "recall", "--set", "task.num_pairs=40"], "`num_pairs` got 40; allowed: at most num_keys=16"),
@@ -99,9 +99,9 @@ def test_seed_pairs_data_and_initialisation_across_variants():
     b = task.generate(data_rng(2, f"{task.name}/train"), 32)
     assert np.array_equal(a.inputs, b.inputs)
     settings = TaskSettings(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
-    m1, _, _ = task_training.build_run(task, "baseline", 2, settings, torch.device("cpu"))
-    m2, _, _ = task_training.build_run(task, "baseline", 2, settings, torch.device("cpu"))
-    m3, _, _ = task_training.build_run(task, "baseline", 3, settings, torch.device("cpu"))
+    m1 = task_runs.build_model(task, "baseline", 2, settings)
+    m2 = task_runs.build_model(task, "baseline", 2, settings)
+    m3 = task_runs.build_model(task, "baseline", 3, settings)
     emb = "model.embed_tokens.weight"
     assert torch.equal(m1.state_dict()[emb], m2.state_dict()[emb])
     assert not torch.equal(m1.state_dict()[emb], m3.state_dict()[emb])

@@ -36,17 +36,17 @@ def test_value_at_interpolates_and_never_extrapolates():
 
 
 def test_the_same_seed_gives_every_variant_the_same_batches(tmp_path, data_dir, monkeypatch):
-    from deep_delta.train import trainer
+    from deep_delta.train.step import OptimizerStep
 
     seen: dict[str, list] = {}
-    real = trainer.optimizer_step
+    real = OptimizerStep.__call__
 
-    def spy(model, optimizer, batches, **kw):
+    def spy(self, batches, **kw):
         batches = list(batches)
-        seen.setdefault(model.config.variant, []).append([(x.clone(), y.clone()) for x, y in batches])
-        return real(model, optimizer, batches, **kw)
+        seen.setdefault(self.model.config.variant, []).append([(x.clone(), y.clone()) for x, y in batches])
+        return real(self, batches, **kw)
 
-    monkeypatch.setattr(trainer, "optimizer_step", spy)
+    monkeypatch.setattr(OptimizerStep, "__call__", spy)
     args = ["compare", "--variants", "baseline", "ddl-cc", "--out", str(tmp_path / "cmp"), "--data", str(data_dir),
             "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1",
             "--device", "cpu", "--no-progress", "--seeds", "5", "7", "--time-repeats", "1", *MODEL]

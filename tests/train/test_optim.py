@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from deep_delta.models import DDLConfig, DDLForCausalLM
+from deep_delta.train.build import model_vocab_size
 from deep_delta.train.optim import WarmupCosine, build_optimizer, param_groups, set_learning_rate
-from deep_delta.train.trainer import model_vocab_size
 
 
 def test_weight_decay_on_matrices_only():

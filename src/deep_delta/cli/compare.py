@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.experiments.compare import format_table, run_compare, run_lr_grid, verdicts
+    from deep_delta.experiments.compare import run_compare, run_lr_grid
+    from deep_delta.experiments.compare_report import comparison_table, verdicts
     from deep_delta.train.config import load_config
 
     if args.report_only:
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
         print("final validation loss at every lr (bold: each variant's chosen lr, on validation loss)")
         print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: format(x, ".4f")) + "\n")
-    print(format_table(summary))
+    print(comparison_table(summary))
     print("\n".join(verdicts(summary)))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:

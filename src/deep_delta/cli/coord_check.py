@@ -50,12 +50,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
-    from deep_delta.experiments.coord_check import format_table, plot, run_coord_check, violations
+    from deep_delta.experiments.coord_check import run_coord_check, verdict_line, write_coord_check
+    from deep_delta.experiments.report import has_matplotlib
     from deep_delta.experiments.settings import CoordCheckSettings
-    from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
+    from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.runtime import resolve_device
     from deep_delta.settings import parse_assignments
 
@@ -77,22 +77,11 @@ def run(args: argparse.Namespace) -> int:
           f"{settings.steps} steps, {' and '.join(settings.parametrizations)}, on {settings.device}"
           + (f" ({threads} threads)" if threads else ""), flush=True)
     report = run_coord_check(settings, progress=lambda line: print("  " + line, flush=True))
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "coord_check.json", json.dumps(report, indent=2))
-    table = format_table(report)
-    drawn = plot(report, out / "coord_check.png")
-    failed = violations(report, args.bound) if "mup" in settings.parametrizations else []
-    verdict = (f"mup: every change's slope within {args.bound} of its muP order after the last step" if not failed
-               else f"mup: {len(failed)} change slope(s) beyond {args.bound}: " + "; ".join(failed))
-    if "mup" not in settings.parametrizations:
-        verdict = "mup not run"
-    atomic_write(out / "coord_check.md", "# ddl coord-check\n\nLog-log slopes against width of each activation's "
-                 "size mean |x_t| and its change since init mean |x_t - x_0| (the checked one), on a fixed probe "
-                 f"batch (widths {' '.join(map(str, settings.widths))}).\n\n{table}\n\n{verdict}\n"
-                 + ("\n![coordinate check](coord_check.png)\n" if drawn else ""))
+    table, failed = write_coord_check(out, report, args.bound)
+    drawn = has_matplotlib()
     print()
     print(table)
-    print(verdict)
+    print(verdict_line(report["settings"], args.bound, failed))
     print(f"wrote {out / 'coord_check.json'}, {out / 'coord_check.md'}"
           + (f", {out / 'coord_check.png'}" if drawn else " (no PNG: matplotlib is not installed)"))
     return 1 if failed else 0

@@ -172,7 +172,7 @@ def _os_message(error: OSError) -> str:
 
 
 # Exceptions that end a command after a signal, having kept its work; the message says what was kept.
-_STOPPED = (("deep_delta.train.trainer", "TrainingInterrupted"), ("deep_delta.tasks.study", "StudyInterrupted"))
+_STOPPED = (("deep_delta.train.trainer", "TrainingInterrupted"), ("deep_delta.experiments.study", "StudyInterrupted"))
 
 
 def _stopped_by_signal(error: BaseException) -> bool:

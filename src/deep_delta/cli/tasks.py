@@ -66,9 +66,9 @@ def run_list(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from deep_delta.tasks.report import format_table, log_to_wandb
+    from deep_delta.experiments.task_report import log_tasks, task_table
+    from deep_delta.experiments.tasks import run_task_lr_grid, run_task_study
     from deep_delta.tasks.settings import TaskSettings, model_config, resolve_task
-    from deep_delta.tasks.study import run_task_lr_grid, run_task_study
 
     project = options.wandb_project(args)
     assignments = ([f"steps={args.steps}"] if args.steps is not None else []) + args.assignments
@@ -98,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
         print("validation accuracy (%) at every lr (bold: each variant's chosen lr; test accuracy below is at it)")
         print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: f"{100 * x:.1f}") + "\n")
     print(f"test accuracy (%) by {summary['difficulty_name']}, mean +- sd over seeds")
-    print(format_table(summary))
+    print(task_table(summary))
     print(f"\nwrote {out}/tasks.md, {out}/tasks.json" + (", tasks.png" if _has_plot(out) else ""))
     if args.wandb:
-        log_to_wandb(summary, out, project)
+        log_tasks(summary, out, project)
     return 1 if any(r["diverged"] for r in summary["rows"]) else 0
 
 

@@ -109,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
 
     options.apply_threads(args.threads)
     try:
-        train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
-              progress=not args.no_progress)
+        result = train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
+                       progress=not args.no_progress)
     except NonFiniteLossError as e:
         print(f"ddl train: error: {e}", file=sys.stderr)
         return 1
+    if result.diverged:
+        print(f"ddl train: the run diverged ({result.diverged}) and stopped at step {result.step} "
+              f"(--on-divergence stop); its checkpoint: {result.checkpoint}", file=sys.stderr)
     return 0

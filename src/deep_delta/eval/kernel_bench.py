@@ -8,7 +8,7 @@ Two tables:
    Triton kernel (CUDA only: on CPU the kernels run only in the interpreter, which is not a speed
    measurement). Ratios are against the reference.
 2. the training step of each variant against the baseline (:meth:`StepSubject.train_step`, the trainer's
-   own ``optimizer_step``: forward + backward, gradient clipping at 1.0, AdamW), with the activation bytes
+   own step (``deep_delta.train.step.OptimizerStep``): forward + backward, gradient clipping at 1.0, AdamW), with the activation bytes
    autograd saves (with and without ``recompute_states``) and the peak training memory of each variant.
 
 Every figure is a median over ``repeats`` interleaved rounds (:func:`deep_delta.eval.timing.interleaved`,

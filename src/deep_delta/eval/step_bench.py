@@ -3,7 +3,7 @@
 :class:`StepSubject` holds one variant's model (fp32 weights), its AdamW (built as ``ddl train`` builds
 it: :func:`deep_delta.train.optim.build_optimizer` with the :class:`~deep_delta.train.config.TrainConfig`
 defaults, fused on CUDA) and a fixed random batch; :meth:`StepSubject.train_step` is
-:func:`deep_delta.train.trainer.optimizer_step`, the step the trainer runs (forward + backward under the
+:class:`deep_delta.train.step.OptimizerStep`, the step the trainer runs (forward + backward under the
 training autocast, gradient clipping at the training default 1.0, AdamW, zero_grad). ``ddl bench`` and
 ``ddl bench-kernels`` both time that method.
 
@@ -44,6 +44,7 @@ class StepSubject:
         from deep_delta.models import DDLConfig, DDLForCausalLM
         from deep_delta.train.distributed import DistInfo
         from deep_delta.train.optim import build_optimizer
+        from deep_delta.train.step import OptimizerStep
 
         check_int("batch_size", batch_size, 1)
         check_int("seq_len", seq_len, 1)
@@ -69,14 +70,13 @@ class StepSubject:
         self.x, self.y = tokens[:, :-1], tokens[:, 1:]
         self.autocast = autocast_for(dtype, device)
         self.info = DistInfo(device=device)
+        self.step = OptimizerStep(self.model, self.opt, autocast=self.autocast, grad_clip=self.grad_clip,
+                                  info=self.info)
 
     def train_step(self) -> None:
-        """One optimizer step on the batch: :func:`deep_delta.train.trainer.optimizer_step`."""
-        from deep_delta.train.trainer import optimizer_step
-
+        """One optimizer step on the batch: the trainer's :class:`~deep_delta.train.step.OptimizerStep`."""
         self.model.train()
-        optimizer_step(self.model, self.opt, [(self.x, self.y)], autocast=self.autocast, grad_clip=self.grad_clip,
-                       info=self.info)
+        self.step([(self.x, self.y)])
 
     def persistent_bytes(self) -> int:
         """Bytes of the weights, the gradients held (none between steps) and the optimizer state (each storage

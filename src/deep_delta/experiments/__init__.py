@@ -1,5 +1,11 @@
-"""Experiments built on training and evaluation: seeded variant comparisons (``ddl compare``) and their
-statistics. This layer may import every package below it (train, eval, models, data); nothing below imports it.
+"""Experiments built on training and evaluation: one study framework (:mod:`~deep_delta.experiments.study`:
+variants x seeds x lrs, through :mod:`~deep_delta.experiments.scaling` widths x lengths, stored results checked,
+OUT locked, interruption) and one report stack (:mod:`~deep_delta.experiments.report`), used by the language-model
+comparisons (``ddl compare``: :mod:`~deep_delta.experiments.compare`, :mod:`~deep_delta.experiments.compare_report`)
+and the mechanism tasks (``ddl tasks run``: :mod:`~deep_delta.experiments.task_runs`,
+:mod:`~deep_delta.experiments.tasks`, :mod:`~deep_delta.experiments.task_report`); the statistics, lr grids, the
+look inside trained models and the muP coordinate check. This layer may import every package below it (train,
+eval, models, data, tasks); nothing below imports it.
 
     from deep_delta.experiments.compare import run_compare
     summary = run_compare(TrainConfig(preset="tiny", steps=200), ["baseline", "ddl-cc"], "runs/cmp", seeds=[0, 1, 2])

@@ -239,46 +239,65 @@ class _Patched:
         delattr(self.obj, self.name)
 
 
+class ProbeRows:
+    """The trainer's callback of a coordinate check: at the start and after every step, the activations on the
+    fixed probe batch (``px``, ``py``) through ``recorder``, as :func:`measure`'s rows."""
+
+    def __init__(self, recorder: ActivationRecorder, px: torch.Tensor, py: torch.Tensor):
+        self.recorder, self.px, self.py = recorder, px, py
+        self.rows: list[dict[str, Any]] = []
+        self.first: dict[str, list[torch.Tensor]] | None = None
+
+    def on_train_start(self, trainer) -> None:
+        self._row(trainer)
+
+    def on_step_end(self, trainer, record: dict) -> None:
+        self._row(trainer)
+
+    def _row(self, trainer) -> None:
+        device = trainer.info.device
+        self.recorder.on = True
+        with torch.no_grad():
+            loss = trainer.model(self.px.to(device), shift_labels=self.py.to(device)).loss
+        self.recorder.on = False
+        now = self.recorder.take()
+        self.first = self.first if self.first is not None else now
+        self.rows.append({"size": {k: _mean(a.abs() for a in v) for k, v in now.items()},
+                          "change": {k: _mean((a - a0).abs() for a, a0 in zip(v, self.first[k]))
+                                     for k, v in now.items()},
+                          "loss": loss.item()})
+
+
 def measure(cfg: DDLConfig, s: CoordCheckSettings, seed: int,
             lr_multipliers: Callable[[nn.Module], dict[str, float]] | None = None) -> list[dict[str, Any]]:
-    """One model trained ``s.steps`` AdamW steps (no decay); ``s.steps + 1`` rows, at init and after each step:
-    ``{"size": {type: mean |x_t|}, "change": {type: mean |x_t - x_0|}, "loss": the probe batch's loss}``,
-    every activation read on one fixed probe batch (means over its tokens, layers and channels).
+    """One model trained ``s.steps`` AdamW steps (constant lr, no decay, no clipping) through the trainer;
+    ``s.steps + 1`` rows, at init and after each step: ``{"size": {type: mean |x_t|}, "change": {type: mean
+    |x_t - x_0|}, "loss": the probe batch's loss}``, every activation read on one fixed probe batch (means over
+    its tokens, layers and channels).
 
     ``lr_multipliers`` replaces the model's own (a test switches muP's learning-rate scaling off with it).
     """
-    from deep_delta.train.optim import build_optimizer
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.data import BatchList
+    from deep_delta.train.trainer import Trainer
 
     torch.manual_seed(seed)
-    device = torch.device(s.device)
-    model = DDLForCausalLM(cfg).to(device).train()
+    model = DDLForCausalLM(cfg)
     if lr_multipliers is not None:
         model.lr_multipliers = lambda: lr_multipliers(model)
-    optimizer = build_optimizer(model, s.lr, 0.0, (0.9, 0.95))
+    train = TrainConfig(variant=cfg.variant, preset=cfg.preset, out="coord-check", steps=s.steps,
+                        batch_size=s.batch_size, seq_len=s.seq_len, lr=s.lr, warmup_steps=0, min_lr_ratio=1.0,
+                        weight_decay=0.0, betas=(0.9, 0.95), grad_clip=0.0, eval_every=0, save_every=0,
+                        log_every=0, seed=seed, device=s.device, dtype="float32")
     recorder = ActivationRecorder(model)
     px, py = text_batches(s.batch_size, s.seq_len, 1, seed + 7919)[0]  # the probe: not a training batch
-    batches = text_batches(s.batch_size, s.seq_len, s.steps, seed)
-    rows, first = [], None
+    probe = ProbeRows(recorder, px, py)
     try:
-        for step in range(s.steps + 1):
-            recorder.on = True
-            with torch.no_grad():
-                loss = model(px.to(device), shift_labels=py.to(device)).loss
-            recorder.on = False
-            now = recorder.take()
-            first = first if first is not None else now
-            rows.append({"size": {k: _mean(a.abs() for a in v) for k, v in now.items()},
-                         "change": {k: _mean((a - a0).abs() for a, a0 in zip(v, first[k])) for k, v in now.items()},
-                         "loss": loss.item()})
-            if step == s.steps:
-                break
-            x, y = batches[step]
-            model(x.to(device), shift_labels=y.to(device)).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        Trainer(train, model=model, batches=BatchList(text_batches(s.batch_size, s.seq_len, s.steps, seed)),
+                callbacks=[probe], persist=False, progress=False, quiet=True).run()
     finally:
         recorder.remove()
-    return rows
+    return probe.rows
 
 
 def _mean(tensors) -> float:
@@ -343,7 +362,7 @@ def violations(report: dict[str, Any], bound: float = MUP_SLOPE_BOUND, parametri
     return out
 
 
-def format_table(report: dict[str, Any]) -> str:
+def coord_table(report: dict[str, Any]) -> str:
     """A Markdown table: per variant and type, the log-log slope against width of the size at init and after
     the last step, and of the change since init after the last step (the checked one), sp and mup side by
     side."""
@@ -368,17 +387,14 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def plot(report: dict[str, Any], path) -> bool:
+def plot_coord_check(report: dict[str, Any], path) -> None:
     """One row per (variant, parametrization), one panel per activation type: the change since init, mean
-    |a_t - a_0|, against width, a line per step. Returns False (and writes nothing) when matplotlib is not
-    installed."""
-    try:
-        import matplotlib
+    |a_t - a_0|, against width, a line per step."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     from deep_delta.fsutil import save_figure
 
     results = report["results"]
@@ -407,4 +423,30 @@ def plot(report: dict[str, Any], path) -> bool:
     axes[0][0].legend(fontsize=5)
     fig.tight_layout()
     save_figure(fig, path, dpi=72)
-    return True
+
+
+def write_coord_check(out, report: dict[str, Any], bound: float) -> tuple[str, list[str]]:
+    """coord_check.json, coord_check.md and (with matplotlib installed) coord_check.png in ``out``, each replaced
+    atomically (the shared report stack); returns the table and the muP verdict's failures (slopes beyond
+    ``bound``; none when mup did not run)."""
+    from deep_delta.experiments.report import has_matplotlib, write_outputs
+
+    settings = report["settings"]
+    table = coord_table(report)
+    failed = violations(report, bound) if "mup" in settings["parametrizations"] else []
+    verdict = verdict_line(settings, bound, failed)
+    drawn = has_matplotlib()
+    markdown = ("# ddl coord-check\n\nLog-log slopes against width of each activation's size mean |x_t| and its "
+                "change since init mean |x_t - x_0| (the checked one), on a fixed probe batch (widths "
+                f"{' '.join(map(str, settings['widths']))}).\n\n{table}\n\n{verdict}\n"
+                + ("\n![coordinate check](coord_check.png)\n" if drawn else ""))
+    figures = {"coord_check.png": lambda path: plot_coord_check(report, path)} if drawn else {}
+    write_outputs(out, "coord_check", report, markdown, figures)
+    return table, failed
+
+
+def verdict_line(settings: dict[str, Any], bound: float, failed: list[str]) -> str:
+    if "mup" not in settings["parametrizations"]:
+        return "mup not run"
+    return (f"mup: every change's slope within {bound} of its muP order after the last step" if not failed
+            else f"mup: {len(failed)} change slope(s) beyond {bound}: " + "; ".join(failed))

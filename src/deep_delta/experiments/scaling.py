@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results, save_figure
+from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
 from deep_delta.train.config import TrainConfig
 
 
@@ -59,6 +59,7 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
     (:func:`~deep_delta.experiments.compare.run_compare`; a length is the reference's steps)."""
     from deep_delta.experiments.compare import check_step_costs, run_compare, run_lr_grid
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.train.data import TrainData
 
     step_costs = check_step_costs(step_costs, variants)
     widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
@@ -66,6 +67,7 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
         DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
     refuse_replaced_dir(out)
     refuse_unwritable_results(Path(out) / f"scaling.{ext}" for ext in ("md", "json", "png"))
+    data = TrainData.resolve(base.data)  # once, for every point
     studies = {}
     for i, (w, n) in enumerate([(w, n) for w in widths for n in lengths], 1):
         cfg = replace(base, steps=n, model={**base.model, "hidden_size": w})
@@ -73,7 +75,7 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
         if not quiet:
             print(f"width {w}, {n} steps ({i}/{len(widths) * len(lengths)} of the study): {where}", flush=True)
         kw = dict(seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats,
-                  step_costs=step_costs)
+                  step_costs=step_costs, data=data)
         studies[w, n] = (run_compare(cfg, variants, where, **kw) if lrs is None
                          else run_lr_grid(cfg, variants, where, lrs, **kw))
     summary = summarize_scaling(studies, base.to_dict(), lrs)
@@ -175,7 +177,7 @@ def check_point_runs(point: Path, summary: dict) -> bool:
 
 def _check_points_agree(studies: dict[tuple[int, int], dict]) -> None:
     from deep_delta.train.provenance import differences
-    from deep_delta.train.trainer import RESULT_NEUTRAL
+    from deep_delta.train.run_dir import RESULT_NEUTRAL
 
     (w0, n0), first = next(iter(studies.items()))
 
@@ -317,8 +319,8 @@ def _errorbar(ax, pts: list[dict], x: str, color: str, style: str, label: str) -
 
 
 def write_scaling(out: str | os.PathLike, summary: dict[str, Any]) -> None:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_figure(scaling_figure(summary), out / "scaling.png", dpi=120)
-    atomic_write(out / "scaling.json", json.dumps(summary, indent=2))
-    atomic_write(out / "scaling.md", format_scaling(summary))
+    """scaling.md, scaling.json and scaling.png in ``out`` (the shared report stack)."""
+    from deep_delta.experiments.report import write_outputs
+
+    write_outputs(out, "scaling", summary, format_scaling(summary),
+                  {"scaling.png": lambda path: save_figure(scaling_figure(summary), path, dpi=120)})

@@ -6,9 +6,10 @@ residual cannot (reflection, erase), with controls that attention alone solves. 
     batch = task.generate(rng, 64, "train")        # inputs, labels (-100 where unscored), difficulty
     test = task.test_set(seed=1234, size=2000)
 
-A run's settings: :mod:`deep_delta.tasks.settings`; one run: :mod:`deep_delta.tasks.training`; its measure:
-:mod:`deep_delta.tasks.evaluation`; variants x seeds (and lr grids) with the result files:
-:mod:`deep_delta.tasks.study`; the table and plot: :mod:`deep_delta.tasks.report`.
+A run's settings: :mod:`deep_delta.tasks.settings`; its data, ``Task.batches(seed, batch_size)``, a stream the
+trainer draws from; its measure: :mod:`deep_delta.tasks.evaluation`. Nothing here trains or reports: one run is
+:mod:`deep_delta.experiments.task_runs` (through the trainer), a study of variants x seeds (and lr grids)
+:mod:`deep_delta.experiments.tasks`, its table and plot :mod:`deep_delta.experiments.task_report`.
 """
 
 from __future__ import annotations

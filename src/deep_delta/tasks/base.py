@@ -172,6 +172,11 @@ class Task:
                           f"(1 in {TEST_BUCKETS} sequences is a test sequence); allowed: larger parameters (see "
                           f"`ddl tasks list`), or a smaller `test_size`")
 
+    def batches(self, seed: int, batch_size: int) -> TaskBatches:
+        """The training stream of ``seed``: fresh sequences of the train split, ``batch_size`` a draw, from the
+        seed's own numpy stream (the same for every variant)."""
+        return TaskBatches(self, seed, batch_size)
+
     def test_set(self, seed: int, size: int) -> Batch:
         """The fixed evaluation set: ``size`` test sequences from ``seed`` (every level represented)."""
         return self.generate(data_rng(seed, f"{self.name}/test"), size, "test")
@@ -183,3 +188,19 @@ class Task:
                 f"  accuracy by {self.difficulty_name}: {', '.join(self.level_names)}; chance "
                 f"{100 * self.chance:.1f}%\n  parameters: "
                 + ", ".join(f"{k}={v}" for k, v in self.params().items()))
+
+
+class TaskBatches:
+    """A task as the trainer's data source: ``next_batch()`` draws ``batch_size`` fresh train sequences from the
+    seed's stream (``data_rng(seed, "<task>/train")``) as ``(inputs, labels)`` tensors (labels ``IGNORE`` where
+    nothing is scored)."""
+
+    def __init__(self, task: Task, seed: int, batch_size: int):
+        self.task, self.batch_size = task, batch_size
+        self.rng = data_rng(seed, f"{task.name}/train")
+
+    def next_batch(self):
+        import torch
+
+        batch = self.task.generate(self.rng, self.batch_size, "train")
+        return torch.from_numpy(batch.inputs), torch.from_numpy(batch.labels)

@@ -22,6 +22,7 @@ from deep_delta.variants import PRESETS, VARIANTS
 
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
+ON_DIVERGENCE = ("raise", "stop")
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
 
 
@@ -76,6 +77,9 @@ class TrainConfig:
     weight_decay: float = _setting(0.1, "AdamW weight decay on matrices")
     betas: tuple[float, float] = _setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
     grad_clip: float = _setting(1.0, "clip the gradient norm to this (0: off)")
+    on_divergence: str = _setting("raise", "a non-finite loss or gradient norm: raise (an error naming the step; "
+                                  "the last checkpoint kept) or stop (end the run at the last good step, validate and "
+                                  "checkpoint it, and report the run as diverged)", choices=ON_DIVERGENCE)
     eval_every: int = _setting(250, "validate every N steps (0: only at the end)")
     eval_batches: int = _setting(20, "validation batches per evaluation")
     save_every: int = _setting(1000, "checkpoint every N steps (0: only at the end)")

@@ -157,3 +157,21 @@ def truncate_metrics(path: str | os.PathLike, step: int) -> None:
         return
     kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+class MemoryLog:
+    """The records of a run that writes nothing (``Trainer(..., persist=False)``), kept in ``records``, with
+    :class:`MetricsLog`'s interface."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.final: dict[str, Any] = {}
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.records.append(dict(record))
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self.final = dict(values)
+
+    def close(self, exit_code: int = 0) -> None:
+        pass

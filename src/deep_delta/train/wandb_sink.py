@@ -164,3 +164,29 @@ def generate_id() -> str:
 
     alphabet = string.ascii_lowercase + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def start_run_sink(trainer) -> WandbSink | None:
+    """The W&B run of a training run (rank 0): its config, the model, parameter count and data; a resumed run
+    continues the W&B run whose id ``OUT/wandb.json`` holds, and a run that logs to W&B from a resumed session
+    on sends its earlier records first. None (said in one line) without W&B."""
+    cfg, out, say = trainer.cfg, trainer.out, trainer.say
+    saved = read_wandb_file(out, say=say) if trainer.resume and not trainer.overwrite else {}
+    config = {**cfg.to_dict(), "model_overrides": cfg.model, "model": trainer.model_config.to_dict(),
+              "parameters": trainer.n_params, "world_size": trainer.info.world_size, "grad_accum": trainer.accum,
+              "tokens_per_step": trainer.tokens_per_step,
+              "data": trainer.data.record() if trainer.data is not None else None}
+    name = cfg.wandb_run_name or f"{cfg.variant}-{cfg.preset}-s{cfg.seed}"
+    sink = start_wandb(project=cfg.wandb_project, name=name, group=cfg.wandb_group, config=config,
+                       directory=out, run_id=saved.get("id"), say=say)
+    if sink is None:
+        return None
+    write_wandb_file(out, id=sink.id, project=sink.run.project, name=name, group=cfg.wandb_group, mode=sink.mode)
+    if saved.get("id"):
+        say(f"W&B: continuing run {sink.id} ({sink.mode})")
+    elif trainer.step > 0:
+        from deep_delta.train.metrics import METRICS_FILE, read_metrics
+
+        for record in read_metrics(out / METRICS_FILE):
+            sink.log(record)
+    return sink

@@ -1,10 +1,10 @@
-"""The study's summary: mean +- sd of test accuracy by difficulty over seeds per variant, the paired difference
-of overall accuracy to the baseline, as ``tasks.md`` / ``tasks.json`` (every per-seed number) and a figure
-``tasks.png``."""
+"""What a mechanism-task study reports: mean +- sd of test accuracy by difficulty over seeds per variant, the
+paired difference of overall accuracy to the baseline, the shortcuts' scores, as ``tasks.md`` / ``tasks.json``
+(every per-seed number) and a figure ``tasks.png``, and the study's W&B run; written through the shared report
+stack (:mod:`deep_delta.experiments.report`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
@@ -17,6 +17,7 @@ from deep_delta.experiments.lr_grid import (
     selection_sentence,
     shared_lr_sentence,
 )
+from deep_delta.experiments.report import has_matplotlib, log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference
 from deep_delta.fsutil import save_figure
 from deep_delta.tasks.base import Task
@@ -36,7 +37,7 @@ def score_shortcuts(task: Task, test) -> dict[str, dict]:
     return scores
 
 
-def summarize(task: Task, variants: list[str], seeds: list[int], results: dict[tuple[str, int], dict],
+def summarize_tasks(task: Task, variants: list[str], seeds: list[int], results: dict[tuple[str, int], dict],
               settings, shortcuts: dict[str, dict] | None = None) -> dict[str, Any]:
     """One row per variant over the seeds it has results for: accuracy by level and overall (mean, sd, per
     seed), test loss, parameters, training time; with the baseline among the variants, the paired difference
@@ -70,12 +71,10 @@ def summarize(task: Task, variants: list[str], seeds: list[int], results: dict[t
             row["vs_baseline_pp"] = {"mean": None if d["mean"] is None else 0.0 - d["mean"],
                                      "ci95": None if d["ci95"] is None else [0.0 - d["ci95"][1], 0.0 - d["ci95"][0]],
                                      "higher": d["wins"], "n": d["n"]}
-    from deep_delta.experiments.compare import _machine
-
     if shortcuts is None:  # scored on the study's own test set (a study passes the scores it made once)
         shortcuts = score_shortcuts(task, task.test_set(settings.test_seed, settings.test_size))
 
-    return {"task": task.name, "task_params": task.params(), "machine": _machine(), "summary": task.summary, "probes": task.probes,
+    return {"task": task.name, "task_params": task.params(), "machine": machine(), "summary": task.summary, "probes": task.probes,
             "difficulty_name": task.difficulty_name, "levels": list(task.levels),
             "level_names": list(task.level_names), "chance": task.chance, "seq_len": task.seq_len,
             "vocab_size": task.vocab_size, "seeds": seeds, "variants": variants, "settings": settings.to_dict(),
@@ -89,7 +88,7 @@ def _pct(m: dict[str, float | None]) -> str:
     return f"{100 * m['mean']:.1f}" + (f" ± {100 * m['sd']:.1f}" if m["sd"] is not None else "")
 
 
-def format_table(summary: dict[str, Any]) -> str:
+def task_table(summary: dict[str, Any]) -> str:
     """The markdown table: a row per variant, a column per difficulty level, then overall and test loss."""
     names = summary["level_names"]
     head = ["variant", *names, "all", "test loss", "params", "train s"]
@@ -111,7 +110,7 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_report(summary: dict[str, Any]) -> str:
+def task_report(summary: dict[str, Any]) -> str:
     s, st, m = summary, summary["settings"], summary["machine"]
     model = ", ".join(f"{k} {v}" for k, v in st["model"].items())
     grid = s.get("lr_selection")
@@ -137,7 +136,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"Test accuracy (%) by {s['difficulty_name']}, mean ± sd over seeds {', '.join(map(str, seeds))}"
         + (f" ({n_done} finished so far)" if any(len(r['seeds']) < len(seeds) for r in s["rows"]) else "")
         + "; greedy over the whole vocabulary; \"train s\": mean seconds of training per run.", "",
-        format_table(s), "",
+        task_table(s), "",
     ]
     if s.get("shortcuts"):
         lines += ["\"shortcut\" rows: a fixed heuristic scored on the same test set, which follows no rule of the "
@@ -163,18 +162,23 @@ def format_report(summary: dict[str, Any]) -> str:
         for seed, why in r["diverged"].items():
             lines.append(f"\n{paper_name(r['variant'])} seed {seed}: {why}.")
     if grid is not None:
-        lines += ["", "## Validation accuracy (%) at every lr", "",
-                  grid_table(grid["chosen"], grid["lrs"], lambda x: f"{100 * x:.1f}"), "",
-                  "Mean +- sd over the seeds of the accuracy on the validation set; bold: the chosen lr. A run "
-                  "counts as diverged when its training loss was non-finite or its last logged training loss was "
-                  f"above {grid['divergence_limit']:.3f} = {DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform "
-                  "guess's loss being ln(vocabulary size), and no lower than its first logged loss; an lr at "
-                  "which any seed diverged is not chosen. Each lr's own study is in `lr_<lr>/tasks.md`.", "",
-                  "![validation accuracy against lr](lr_sensitivity.png)"]
+        lines += _grid_lines(grid)
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, Any], path: str | os.PathLike) -> Path:
+def _grid_lines(grid: dict[str, Any]) -> list[str]:
+    """tasks.md's section on the lr grid: the validation accuracy at every lr and how the lr was chosen."""
+    return ["", "## Validation accuracy (%) at every lr", "",
+            grid_table(grid["chosen"], grid["lrs"], lambda x: f"{100 * x:.1f}"), "",
+            "Mean +- sd over the seeds of the accuracy on the validation set; bold: the chosen lr. A run "
+            "counts as diverged when its training loss was non-finite or its last logged training loss was "
+            f"above {grid['divergence_limit']:.3f} = {DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform "
+            "guess's loss being ln(vocabulary size), and no lower than its first logged loss; an lr at "
+            "which any seed diverged is not chosen. Each lr's own study is in `lr_<lr>/tasks.md`.", "",
+            "![validation accuracy against lr](lr_sensitivity.png)"]
+
+
+def plot_tasks(summary: dict[str, Any], path: str | os.PathLike) -> Path:
     """Left: test accuracy by difficulty (mean over seeds, bars = sd), chance dashed. Right: the training
     loss at the scored positions against the step (mean over seeds), log scale."""
     import matplotlib
@@ -218,65 +222,46 @@ def plot(summary: dict[str, Any], path: str | os.PathLike) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
-def write_outputs(out: str | os.PathLike, summary: dict[str, Any]) -> None:
-    """tasks.md, tasks.json and (with matplotlib installed) tasks.png in ``out``, each replaced atomically."""
-    from deep_delta.fsutil import atomic_write
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        pass  # the table and the JSON hold every number; the figure is optional
-    else:
-        tmp = out / ".tasks.tmp.png"
-        plot(summary, tmp)
-        os.replace(tmp, out / "tasks.png")
+def write_tasks(out: str | os.PathLike, summary: dict[str, Any]) -> None:
+    """tasks.md, tasks.json and (with matplotlib installed) tasks.png in ``out``, each replaced atomically; for
+    an lr grid also lr_sensitivity.png."""
+    figures = {}
+    if has_matplotlib():  # the table and the JSON hold every number; the figure is optional
+        figures["tasks.png"] = lambda path: plot_tasks(summary, path)
         if summary.get("lr_selection"):
-            plot_sensitivity(summary["lr_grid"], summary["variants"], out / "lr_sensitivity.png",
-                             "validation accuracy (fraction correct)",
-                             f"{summary['task']}: validation accuracy against lr, {len(summary['seeds'])} seed(s)")
-    atomic_write(out / "tasks.json", json.dumps(summary, indent=1) + "\n")
-    atomic_write(out / "tasks.md", format_report(summary))
+            figures["lr_sensitivity.png"] = lambda path: plot_sensitivity(
+                summary["lr_grid"], summary["variants"], path, "validation accuracy (fraction correct)",
+                f"{summary['task']}: validation accuracy against lr, {len(summary['seeds'])} seed(s)")
+    write_outputs(out, "tasks", summary, task_report(summary), figures)
 
 
-def log_to_wandb(summary: dict[str, Any], out: str | os.PathLike, project: str | None = None, say=print) -> None:
+def log_tasks(summary: dict[str, Any], out: str | os.PathLike, project: str | None = None, say=print) -> None:
     """The study as one W&B run (``tasks-TASK``, job type ``tasks``): the table of ``tasks.md`` with numbers
     (accuracy by difficulty, overall, test loss: means and sds over the seeds), every (variant, seed) result, the
     shortcuts, the training-loss curves and ``tasks.png``. Without W&B (no package, a refused login) one line
     says so."""
-    from deep_delta.train.wandb_sink import start_wandb
-
     out = Path(out)
     config = {k: summary[k] for k in ("task", "task_params", "settings", "variants", "seeds", "chance", "seq_len",
                                       "vocab_size", "machine")}
-    sink = start_wandb(project=project, name=f"tasks-{summary['task']}", job_type="tasks", config=config,
-                       directory=out, say=say)
-    if sink is None:
-        return
     levels = [str(lv) for lv in summary["levels"]]
     level_columns = [f"{summary['difficulty_name']} {name}" for name in summary["level_names"]]
-    columns = ["variant", "seeds"]
-    for name in [*level_columns, "overall"]:
-        columns += [f"{name}", f"{name} sd"]
-    columns += ["test_loss", "parameters", "train_s"]
+    columns = ["variant", "seeds", *(x for name in [*level_columns, "overall"] for x in (name, f"{name} sd")),
+               "test_loss", "parameters", "train_s"]
     rows = []
     for r in summary["rows"]:
         cells = [r["by_difficulty"][lv] for lv in levels] + [r["overall"]]
         rows.append([r["variant"], len(r["seeds"]), *(x for c in cells for x in (c["mean"], c["sd"])),
                      r["test_loss"]["mean"], r["parameters"], r["train_s"]])
-    sink.table("accuracy", columns, rows)
-    sink.table("per_seed", ["variant", "seed", *level_columns, "overall", "test_loss"], [
+    tables = {"accuracy": (columns, rows), "per_seed": (["variant", "seed", *level_columns, "overall", "test_loss"], [
         [r["variant"], seed, *(r["by_difficulty"][lv]["per_seed"][i] for lv in levels), r["overall_per_seed"][i],
-         r["test_loss"]["per_seed"][i]] for r in summary["rows"] for i, seed in enumerate(r["seeds"])])
+         r["test_loss"]["per_seed"][i]] for r in summary["rows"] for i, seed in enumerate(r["seeds"])])}
     if summary.get("shortcuts"):
-        sink.table("shortcuts", ["shortcut", *level_columns, "overall"], [
+        tables["shortcuts"] = (["shortcut", *level_columns, "overall"], [
             [name, *(acc["by_difficulty"][lv] for lv in levels), acc["overall"]]
             for name, acc in summary["shortcuts"].items()])
     curves = [(*key.rsplit("/", 1), curve["loss"]) for key, curve in summary["curves"].items()]
-    sink.table("loss_curves", ["variant", "seed", "step", "loss"],
-               [[variant, int(seed), step, loss] for variant, seed, curve in curves for step, loss in curve])
-    if (out / "tasks.png").is_file():
-        sink.image("accuracy_and_loss", out / "tasks.png")
-    sink.summary({f"{r['variant']}/overall": r["overall"]["mean"] for r in summary["rows"]})
-    sink.close()
+    tables["loss_curves"] = (["variant", "seed", "step", "loss"], [
+        [variant, int(seed), step, loss] for variant, seed, curve in curves for step, loss in curve])
+    log_study(out, project=project, name=f"tasks-{summary['task']}", job_type="tasks", config=config, tables=tables,
+              images={"accuracy_and_loss": out / "tasks.png"},
+              summary={f"{r['variant']}/overall": r["overall"]["mean"] for r in summary["rows"]}, say=say)

@@ -1,0 +1,427 @@
+"""What a language-model comparison reports: each run's numbers read from its run directory, a row per variant
+(mean +- sd over seeds, the paired difference to the reference with its 95% t-interval, the seeds in which it
+was lower, the equal-wall-clock view), a Table-3-style markdown table, a plain verdict per variant, the report
+``compare.md`` with settings and machine, the loss curves ``curves.png``, and the comparison's W&B run.
+Written through the shared report stack (:mod:`deep_delta.experiments.report`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from deep_delta.experiments.lr_grid import (
+    DIVERGENCE_FACTOR,
+    grid_table,
+    selection_sentence,
+    shared_lr_sentence,
+)
+from deep_delta.experiments.report import ci_text, fmt, log_study, machine, write_outputs
+from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
+from deep_delta.fsutil import save_figure
+from deep_delta.train.config import TrainConfig
+from deep_delta.train.metrics import read_metrics
+from deep_delta.variants import paper_name
+
+REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
+                "it was made with, `overwrite` to retrain it, or another `out`")
+
+
+def reference_variant(variants: list[str]) -> str:
+    """The variant a comparison measures the others against: ``baseline`` when compared, else the first."""
+    return "baseline" if "baseline" in variants else variants[0]
+
+
+def cost_steps(steps: int, cost: float) -> int:
+    """The optimizer steps that cost what ``steps`` reference steps cost, for a step ``cost`` x as dear."""
+    return max(1, round(steps / cost))
+
+
+def _median_tokens_per_s(records: list[dict]) -> float | None:
+    rates = [r["tokens_per_s"] for r in records if "loss" in r and "tokens_per_s" in r]
+    if len(rates) > 1:
+        rates = rates[1:]  # the first step pays for warm-up (allocations, compilation)
+    return statistics.median(rates) if rates else None
+
+
+def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: int | None = None) -> dict[str, Any]:
+    records = read_metrics(run_dir)
+    train_recs = [r for r in records if "loss" in r]
+    vals = [r for r in records if "val_loss" in r]
+    measured = sorted({r["eval_batches"] for r in vals if "eval_batches" in r})  # older records have none
+    if eval_batches is not None and measured and measured != [eval_batches]:
+        from deep_delta.train.provenance import StoredResultMismatch
+
+        raise StoredResultMismatch(
+            f"{run_dir / 'metrics.jsonl'} holds validation losses measured on {' and '.join(map(str, measured))} "
+            f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    bad = diverged is not None
+    return {
+        "seed": seed,
+        "parameters": run.get("parameters"),
+        "steps": train_recs[-1]["step"] if train_recs else 0,
+        "tokens": train_recs[-1]["tokens"] if train_recs else 0,
+        "final_train_loss": train_recs[-1]["loss"] if train_recs else None,
+        "val_loss": None if bad or not vals else vals[-1]["val_loss"],
+        "val_ppl": None if bad or not vals else vals[-1]["val_ppl"],
+        "val_curve": [] if bad else [[r["step"], r["val_loss"]] for r in vals],
+        "tokens_per_s": _median_tokens_per_s(records),
+        "diverged": diverged,
+    }
+
+
+def summarize_runs(out: str | os.PathLike, variants: list[str], base: TrainConfig | None = None, *,
+              seeds: list[int] | None = None, diverged: dict | None = None,
+              step_times: dict | None = None) -> dict[str, Any]:
+    """Rows of the comparison from the run directories (their metrics.jsonl and run.json).
+
+    Per variant: every seed's numbers (``per_seed``), the mean +- sd of the final validation loss, the paired
+    difference to the reference (``baseline`` when present) with its 95% t-interval and the number of seeds in
+    which the variant was lower, and, with ``step_times``, the equal-wall-clock view: the validation loss
+    each variant had reached when the reference finished (interpolated on its validation curve).
+    """
+    out = Path(out)
+    seeds = [base.seed if base is not None else 0] if seeds is None else seeds
+    diverged = diverged or {}
+    per_seed_dirs = len(seeds) > 1
+    rows = []
+    for v in variants:
+        results = [seed_result(out / f"seed_{s}" / v if per_seed_dirs else out / v, s, diverged.get((v, s)),
+                                base.eval_batches if base is not None else None) for s in seeds]
+        rows.append(variant_row(v, results))
+    ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
+    for r in rows:
+        compare_rows(r, ref, step_times)
+    return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
+            "settings": base.to_dict() if base is not None else None, "timing": step_times,
+            "machine": machine()}
+
+
+def variant_row(variant: str, results: list[dict]) -> dict[str, Any]:
+    val_mean, val_sd = mean_sd([r["val_loss"] for r in results])
+    ppl_mean, _ = mean_sd([r["val_ppl"] for r in results])
+    rates = [r["tokens_per_s"] for r in results if r["tokens_per_s"]]
+    failed = [(f"seed {r['seed']}: " if len(results) > 1 else "") + r["diverged"] for r in results if r["diverged"]]
+    return {
+        "variant": variant, "name": paper_name(variant), "parameters": results[0]["parameters"],
+        "steps": results[0]["steps"], "tokens": results[0]["tokens"],
+        "final_train_loss": mean_sd([r["final_train_loss"] for r in results])[0],
+        "val_loss": val_mean, "val_loss_sd": val_sd, "val_ppl": ppl_mean,
+        "tokens_per_s": statistics.median(rates) if rates else None,
+        "diverged": "; ".join(failed) if failed else None, "per_seed": results,
+    }
+
+
+def compare_rows(r: dict, ref: dict, step_times: dict | None) -> None:
+    """Fill the differences of row ``r`` to the reference row (paired by seed)."""
+    r["reference"] = ref["variant"]
+    mine, theirs = r["per_seed"], ref["per_seed"]
+    paired = paired_difference([x["val_loss"] for x in mine], [y["val_loss"] for y in theirs])
+    r["d_val_loss"], r["d_val_loss_ci95"], r["wins"], r["n_paired"] = (
+        paired["mean"], paired["ci95"], paired["wins"], paired["n"])
+    r["d_val_ppl"] = _diff(r["val_ppl"], ref["val_ppl"])
+    r["d_parameters_pct"] = (100.0 * (r["parameters"] - ref["parameters"]) / ref["parameters"]
+                             if r["parameters"] and ref["parameters"] else None)
+    r["speed_ratio"] = r["tokens_per_s"] / ref["tokens_per_s"] if r["tokens_per_s"] and ref["tokens_per_s"] else None
+    if not step_times:
+        return
+    t_v, t_ref = step_times["step_time_s"][r["variant"]], step_times["step_time_s"][ref["variant"]]
+    r["step_time_s"], r["time_ratio"] = t_v, t_v / t_ref
+    at = [value_at(x["val_curve"], x["steps"] * t_ref / t_v) if x["steps"] else None for x in mine]
+    for x, v in zip(mine, at):
+        x["val_loss_at_reference_time"] = v
+    r["equal_time_val_loss"] = mean_sd(at)[0]
+    eq = paired_difference(at, [y["val_loss"] for y in theirs])
+    r["equal_time_d_val_loss"], r["equal_time_ci95"], r["equal_time_wins"] = eq["mean"], eq["ci95"], eq["wins"]
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
+
+
+def comparison_table(summary: dict[str, Any]) -> str:
+    """The comparison as a markdown table: the columns of the paper's Table 3, the seeds' spread and paired
+    interval, the cost, and the loss at equal wall-clock time."""
+    ref = summary["reference"]
+    n = len(summary.get("seeds") or [None])
+    head = ("| model | variant | params | val loss | ppl | d loss | 95% CI of d | lower in | d ppl | train tok/s | speed "
+            "| step ms | val loss at ref. time | d at ref. time |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines = [head]
+    for r in summary["rows"]:
+        params = f"{r['parameters']:,}" if r["parameters"] else "-"
+        if r["variant"] != ref and r["d_parameters_pct"] is not None:
+            params += f" ({r['d_parameters_pct']:+.2f}%)"
+        is_ref = r["variant"] == ref
+        val = fmt(r["val_loss"], ".4f") + (f" +- {r['val_loss_sd']:.4f}" if r.get("val_loss_sd") else "")
+        if r.get("diverged") and r["val_loss"] is None:
+            val = "diverged"
+        step_ms = fmt(1000 * r["step_time_s"], ".1f") if r.get("step_time_s") else "-"
+        lines.append(
+            f"| {r['name']} | {r['variant']} | {params} | {val} | {fmt(r['val_ppl'], '.3f')} "
+            f"| {'-' if is_ref else fmt(r['d_val_loss'], '.4f', True)} "
+            f"| {'-' if is_ref else ci_text(r.get('d_val_loss_ci95'))} "
+            f"| {'-' if is_ref else str(r.get('wins', 0)) + '/' + str(r.get('n_paired', n))} "
+            f"| {'-' if is_ref else fmt(r['d_val_ppl'], '.3f', True)} "
+            f"| {fmt(r['tokens_per_s'], ',.0f')} | {fmt(r['speed_ratio'], '.2f')}x | {step_ms} "
+            f"| {fmt(r.get('equal_time_val_loss'), '.4f')} "
+            f"| {'-' if is_ref else fmt(r.get('equal_time_d_val_loss'), '.4f', True)} |"
+        )
+    return "\n".join(lines)
+
+
+def verdicts(summary: dict[str, Any]) -> list[str]:
+    """One plain sentence per variant: better, worse, or not distinguishable from the reference."""
+    ref, lines = summary["reference"], []
+    for r in summary["rows"]:
+        if r["variant"] == ref or r["d_val_loss"] is None:
+            continue
+        ci, n = r.get("d_val_loss_ci95"), r.get("n_paired", 0)
+        if ci is None:
+            what = f"{r['d_val_loss']:+.4f} nats in one seed: an anecdote, not evidence (use --seeds 3 or more)"
+        elif ci[1] < 0:
+            what = f"lower by {-r['d_val_loss']:.4f} nats (95% CI {ci_text(ci)}, lower in {r['wins']}/{n} seeds)"
+        elif ci[0] > 0:
+            what = f"HIGHER (worse) by {r['d_val_loss']:.4f} nats (95% CI {ci_text(ci)}, lower in {r['wins']}/{n} seeds)"
+        else:
+            what = (f"not distinguishable from {ref} at this budget (d = {r['d_val_loss']:+.4f}, 95% CI {ci_text(ci)} "
+                    f"contains 0; lower in {r['wins']}/{n} seeds)")
+        at = f" at lr {r['lr']:g}" if r.get("lr") is not None else ""
+        lines.append(f"- {r['variant']}{at}: {what}.")
+    return lines
+
+
+def comparison_report(summary: dict[str, Any]) -> str:
+    """``compare.md``: the table, a plain verdict per variant, the settings and the machine."""
+    s = summary.get("settings") or {}
+    m = summary["machine"]
+    rows = summary["rows"]
+    seeds = summary.get("seeds") or [s.get("seed")]
+    tokens = rows[0]["tokens"] if rows else 0
+    notes = [f"- {r['variant']} diverged: {r['diverged']}" for r in rows if r.get("diverged")]
+    timing = summary.get("timing")
+    grid = summary.get("lr_selection")
+    lr_text = (f"lr {s.get('lr')}" if grid is None else
+               "lr per variant (" + ", ".join(f"{r['variant']} {fmt(r['lr'], 'g')}" for r in rows) + ")")
+    lines = [
+        "# Variant comparison",
+        "",
+        (shared_lr_sentence(s.get("lr")) if grid is None else
+         selection_sentence(grid["lrs"], "final validation loss") + " The loss reported is the same validation "
+         "loss the lr was chosen on (slightly optimistic, for every variant alike)."),
+        "",
+        comparison_table(summary),
+        "",
+        *verdicts(summary),
+        *notes,
+        "",
+        f"val loss: mean over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), +- the sample sd. d loss / d ppl: "
+        f"difference to `{summary['reference']}` (negative is better), paired by seed; 95% CI: t-interval of the "
+        "mean paired difference; lower in: seeds in which the variant's loss was lower. train tok/s: median over "
+        "the optimizer steps after the first (sequential runs; a busy machine distorts it); speed: ratio to the "
+        "reference.",
+    ]
+    lines += _settings_lines(summary, s, m, tokens, lr_text, timing)
+    if grid is not None:
+        lines += [
+            "## Final validation loss at every lr",
+            "",
+            grid_table(grid["chosen"], grid["lrs"], lambda x: format(x, ".4f")),
+            "",
+            f"Mean +- sd over the seeds; bold: the chosen lr. A run counts as diverged when its loss was "
+            f"non-finite or its final validation loss was above {grid['divergence_limit']:.4f} = "
+            f"{DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform guess's loss; an lr at which any seed diverged is not chosen. Each lr's own "
+            "comparison is in `lr_<lr>/compare.md`.",
+            "",
+            "![final validation loss against lr](lr_sensitivity.png)",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_text: str, timing) -> list[str]:
+    """compare.md's paragraphs on the step timing, the settings, the data and the machine."""
+    lines = []
+    if timing:
+        lines += [
+            "",
+            f"step ms: median of {timing['repeats']} interleaved rounds of the same optimizer step per variant "
+            f"({timing['device']}, {timing['dtype']}), measured after training. val loss at ref. time: the "
+            "validation loss each variant had reached when the reference finished its steps, at this step time "
+            "(interpolated on its validation curve; '-' where that falls before its first validation).",
+        ]
+    lines += [
+        "",
+        f"Seed s means the same initialisation seed and the same data order for every variant. Data "
+        f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {lr_text} (warm-up "
+        f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
+        f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
+        "",
+        f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
+        f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). Wall time "
+        f"{summary.get('wall_s', 0):.0f} s.",
+        "",
+        "![training and validation loss](curves.png)",
+        "",
+    ]
+    return lines
+
+
+def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:
+    return [out / f"seed_{s}" / variant for s in seeds] if len(seeds) > 1 else [out / variant]
+
+
+def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Mean, min and max over the curves at the steps they all have."""
+    common = sorted(set.intersection(*(set(dict(c)) for c in curves))) if curves else []
+    cols = [[dict(c)[x] for c in curves] for x in common]
+    return common, [statistics.fmean(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
+def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.PathLike,
+                seeds: list[int] | None = None, roots: dict[str, Path | None] | None = None) -> Path:
+    """Training loss (moving average) and validation loss against the step: the mean over seeds, with the
+    band between the lowest and highest seed. ``roots``: where each variant's runs are, when not in ``out``
+    (an lr grid: its chosen lr's directory; None leaves the variant out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = seeds or [0]
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, v in enumerate(variants):
+        color, label = f"C{i}", paper_name(v)
+        root = roots.get(v) if roots is not None else Path(out)
+        if root is None:
+            continue
+        records = [read_metrics(d) for d in _run_dirs(root, v, seeds)]
+        train = []
+        for recs in records:
+            pts = [(r["step"], r["loss"]) for r in recs if "loss" in r]
+            smooth = _moving_average([y for _, y in pts], max(1, len(pts) // 20))
+            train.append(list(zip([x for x, _ in pts], smooth)))
+        val = [[(r["step"], r["val_loss"]) for r in recs if "val_loss" in r] for recs in records]
+        for ax, curves, style in ((ax_t, train, "-"), (ax_v, val, "o-")):
+            steps, mean, lo, hi = _band([c for c in curves if c])
+            if steps:
+                ax.plot(steps, mean, style, color=color, markersize=3, label=label)
+                if len(seeds) > 1:
+                    ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+    for ax, title in ((ax_t, "training loss (moving average)"), (ax_v, "validation loss")):
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss (nats / token)")
+        ax.set_title(title + (f", mean and range over {len(seeds)} seeds" if len(seeds) > 1 else ""))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:  # none when every variant diverged
+            ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)
+
+
+def _moving_average(xs, window: int) -> list[float]:
+    """Trailing mean over up to ``window`` points (same length as ``xs``)."""
+    out, total = [], 0.0
+    for i, x in enumerate(xs):
+        total += x
+        if i >= window:
+            total -= xs[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def cost_sentence(summary: dict[str, Any]) -> str:
+    """' Equal cost: ...' for a comparison with step costs (each such variant's steps and cost), else ''."""
+    costs = summary.get("step_costs")
+    if not costs:
+        return ""
+    steps = summary["settings"].get("steps")
+    parts = [f"{v} {cost_steps(steps, c)} steps (its step {c:g}x the reference's)" for v, c in costs.items()]
+    return (f" Equal cost: the budget is {steps} steps of `{summary['reference']}`; {', '.join(parts)}, each with "
+            "its own warm-up and cosine schedule over its steps (the costs are given, not measured here).")
+
+
+def write_comparison(out: str | os.PathLike, summary: dict[str, Any]) -> None:
+    """compare.md, compare.json (every per-seed number) and curves.png, each replaced atomically; for an lr grid
+    also lr_sensitivity.png."""
+    from deep_delta.experiments.lr_grid import lr_dir, plot_sensitivity
+
+    out = Path(out)
+    variants = [r["variant"] for r in summary["rows"]]
+    roots = None
+    figures = {}
+    if summary.get("lr_selection"):
+        roots = {r["variant"]: None if r["lr"] is None else lr_dir(out, r["lr"]) for r in summary["rows"]}
+        figures["lr_sensitivity.png"] = lambda path: plot_sensitivity(
+            summary["lr_grid"], variants, path, "final validation loss (nats / token)",
+            f"validation loss against lr, {len(summary['seeds'])} seed(s) per point")
+    figures["curves.png"] = lambda path: plot_curves(out, variants, path, summary.get("seeds"), roots)
+    write_outputs(out, "compare", summary, comparison_report(summary), figures)
+
+
+def log_comparison(out: Path, summary: dict[str, Any], base: TrainConfig, say=print) -> None:
+    """The comparison as one more W&B run, ``comparison``, in the group of its training runs: the table (one
+    row per variant), every seed's numbers, the validation curves (variant, seed, step, loss) and curves.png.
+    A later start of the same comparison logs into the same run (its id is kept in ``out/wandb.json``)."""
+    rows = summary["rows"]
+    config = {"settings": summary["settings"], "variants": [r["variant"] for r in rows], "seeds": summary["seeds"],
+              "reference": summary["reference"], "machine": summary["machine"]}
+    columns = ["variant", "name", "parameters", "val_loss", "val_loss_sd", "val_ppl", "d_val_loss", "d_val_loss_ci95",
+               "wins", "n_paired", "d_val_ppl", "tokens_per_s", "speed_ratio", "step_time_s", "equal_time_val_loss",
+               "equal_time_d_val_loss", "diverged"]
+    seed_columns = ["seed", "steps", "tokens", "final_train_loss", "val_loss", "val_ppl", "tokens_per_s", "diverged"]
+    tables = {
+        "comparison": (columns, [[r.get(c) for c in columns] for r in rows]),
+        "per_seed": (["variant", *seed_columns], [[r["variant"], *(x.get(c) for c in seed_columns)] for r in rows
+                                                  for x in r["per_seed"]]),
+        "val_curves": (["variant", "seed", "step", "val_loss"], [[r["variant"], x["seed"], step, loss] for r in rows
+                                                                for x in r["per_seed"] for step, loss in x["val_curve"]]),
+    }
+    log_study(out, project=base.wandb_project, name="comparison", job_type="compare", config=config, tables=tables,
+              images={"curves": out / "curves.png"}, summary={f"{r['variant']}/val_loss": r["val_loss"] for r in rows},
+              group=base.wandb_group, keep_id=True, say=say)
+
+
+def lm_grid_points(lr: float, at_lr: dict[str, Any], limit: float) -> list[dict]:
+    """The grid points of one lr's comparison: each (variant, seed)'s final validation loss, or why it counts as
+    diverged (a non-finite loss, or a validation loss above ``limit``)."""
+    from deep_delta.experiments.lr_grid import divergence
+
+    points = []
+    for row in at_lr["rows"]:
+        for x in row["per_seed"]:
+            why = x["diverged"] or divergence(x["val_loss"], limit, "validation loss")
+            points.append({"variant": row["variant"], "lr": lr, "seed": x["seed"],
+                           "value": None if why else x["val_loss"], "diverged": why})
+    return points
+
+
+def grid_summary(base: TrainConfig, variants: list[str], seeds: list[int], lrs: list[float],
+                 per_lr: dict[float, dict], points: list[dict], chosen: dict, timing: dict | None,
+                 limit: float) -> dict[str, Any]:
+    """The comparison of each variant at its own best lr (its row from that lr's comparison; a variant with no lr
+    free of divergence has a row saying why), paired by seed against the reference at its own best lr, with the
+    grid (``lr_selection``, ``lr_grid``)."""
+    rows = []
+    for v in variants:
+        lr = chosen[v]["lr"]
+        at = next(r for r in per_lr[lrs[0] if lr is None else lr]["rows"] if r["variant"] == v)
+        results = at["per_seed"] if lr is not None else [
+            {**x, "val_loss": None, "val_ppl": None, "val_curve": [], "diverged": chosen[v]["why"]}
+            for x in at["per_seed"]]
+        rows.append({**variant_row(v, results), "lr": lr})
+        if lr is None:
+            rows[-1]["diverged"] = chosen[v]["why"]
+    ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
+    for r in rows:
+        compare_rows(r, ref, timing)
+    return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
+            "settings": {**base.to_dict(), "lr": None},  # no one lr: each row has its own
+            "timing": timing, "machine": machine(),
+            "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
+                             "divergence_limit": limit, "chosen": chosen},
+            "lr_grid": points}

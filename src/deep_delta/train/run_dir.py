@@ -1,0 +1,190 @@
+"""A training run's directory: its identity (what a resumed run must share with it), its ownership (one process
+at a time, what a killed writer left cleaned away, a run of other settings refused) and what ``overwrite``
+removes.
+
+``OUT/run.json`` records the run's settings (``identity``: every setting a resumed run may not change), its
+model, data and size. A checkpoint records its own settings too, and resume trusts the checkpoint
+(:func:`check_checkpoint_matches`), not run.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from deep_delta.train import checkpoint as ckpt
+from deep_delta.train import provenance
+from deep_delta.train.config import TrainConfig
+from deep_delta.train.metrics import METRICS_FILE
+from deep_delta.train.wandb_sink import WANDB_FILE
+
+RUN_FILE = "run.json"
+# Settings a resumed run may change; every other TrainConfig field must match the run in OUT.
+RESUMABLE_CHANGES = frozenset({
+    "steps", "eval_every", "eval_batches", "save_every", "keep", "log_every", "device", "dtype", "compile",
+    "activation_checkpointing", "distributed", "tensorboard", "peak_flops", "out", "on_divergence",
+    "wandb", "wandb_project", "wandb_run_name", "wandb_group",
+})
+# Settings that change nothing in a run's numbers (where it is written, how often it is logged or saved, how it is
+# executed, what happens after a divergence); every other TrainConfig field, the data and RESUMABLE_CHANGES'
+# eval_batches / eval_every / steps / dtype / device among them, changes a result that `ddl compare` reuses
+# (provenance.check_belongs).
+RESULT_NEUTRAL = frozenset({
+    "out", "log_every", "save_every", "keep", "tensorboard", "peak_flops", "compile", "activation_checkpointing",
+    "distributed", "on_divergence", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
+})
+# config.json entries that describe the file, not the model: a resumed run may differ in these.
+_CONFIG_BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
+
+
+def run_identity(cfg: TrainConfig | dict, data_dir: Path | str) -> dict[str, Any]:
+    """The settings (and data directory) a run in OUT is made of, without what a resumed run may change."""
+    d = dict(cfg) if isinstance(cfg, dict) else cfg.to_dict()
+    d["data"] = str(data_dir)
+    return {k: v for k, v in d.items() if k not in RESUMABLE_CHANGES}
+
+
+def _differences(saved: dict, mine: dict, skip: frozenset = frozenset()) -> list[str]:
+    return provenance.differences(saved, mine, skip=skip, has="run has")
+
+
+def holds_run(out: Path) -> bool:
+    return any((out / name).exists() for name in (RUN_FILE, METRICS_FILE, ckpt.CHECKPOINTS))
+
+
+def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to clobber a run: OUT holding a run needs ``resume`` (same settings) or ``overwrite``."""
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output directory {out} exists and is not a directory")
+    if not holds_run(out) or overwrite:
+        return
+    if not resume:
+        raise FileExistsError(
+            f"output directory {out} already holds a training run; resume it (`resume`) or replace it "
+            "(`overwrite`)"
+        )
+    run_file = out / RUN_FILE
+    if run_file.is_file():
+        try:
+            saved = json.loads(run_file.read_text()).get("identity", {})
+        except ValueError as e:
+            raise ValueError(f"{run_file} is not valid JSON ({e}); replace the run with `overwrite`") from None
+        refuse_other_run(out, _differences(saved, run_identity(cfg, data_dir)))
+
+
+def refuse_other_run(out: Path, diff: list[str], what: str = "a different run") -> None:
+    if diff:
+        raise FileExistsError(
+            f"output directory {out} holds {what} ({'; '.join(diff)}); a resumed run may only change "
+            f"{', '.join(sorted(RESUMABLE_CHANGES))}. Use another output directory, or `overwrite` to replace it"
+        )
+
+
+def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir: Path, model_config,
+                             data_fingerprint: str | None = None) -> None:
+    """Resume trusts the checkpoint, not run.json: its model config and run settings must be the requested ones,
+    and (``data_fingerprint`` given) the data the one it was trained on. A checkpoint written before data
+    fingerprints were recorded resumes with a warning that its data could not be checked."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    try:
+        saved_model = DDLConfig.from_json_file(str(path / "config.json")).to_dict()
+    except (ValueError, TypeError) as e:
+        raise ckpt.CheckpointError(f"{path / 'config.json'} is not a valid model config ({e})") from None
+    diff = _differences(saved_model, model_config.to_dict(), _CONFIG_BOOKKEEPING)
+    refuse_other_run(Path(cfg.out), [f"model.{d}" for d in diff], f"a checkpoint of another model ({path})")
+    if "train_config" in meta:
+        saved = run_identity(meta["train_config"], meta.get("data_dir", meta["train_config"].get("data")))
+        refuse_other_run(Path(cfg.out), _differences(saved, run_identity(cfg, data_dir)),
+                         f"a checkpoint of another run ({path})")
+    if data_fingerprint is not None and not provenance.check_same_data(
+            meta.get("data_fingerprint"), data_fingerprint, what=f"checkpoint {path}", data_dir=data_dir,
+            remedy="resume on the data it was trained on, or start a new run (`overwrite`, or another `out`)"):
+        warnings.warn(f"checkpoint {path} was written before checkpoints recorded their data, so resuming cannot "
+                      f"check that {data_dir} holds the data it was trained on", stacklevel=2)
+
+
+def own_run_dir(stack: contextlib.ExitStack, cfg: TrainConfig, info, data_dir: Path, *, resume: bool,
+                overwrite: bool) -> None:
+    """Lock OUT (rank 0, released when ``stack`` closes), clean what a killed writer left, then check the run it
+    holds (every rank)."""
+    from deep_delta.train import distributed as distr
+
+    out, refused = Path(cfg.out), None
+    if info.is_main:
+        try:
+            stack.enter_context(ckpt.run_lock(out, f"ddl train {cfg.variant}"))
+        except (ckpt.RunLockedError, OSError) as e:
+            refused = e
+    refused = distr.broadcast_object(refused, info)
+    if refused is not None:
+        raise refused
+    if info.is_main:
+        ckpt.clean_stale(out)
+    check_out_dir(cfg, data_dir, resume=resume, overwrite=overwrite)
+
+
+def clear_run(out: Path) -> None:
+    """What ``overwrite`` removes: only the files a training run writes (a user's other files stay)."""
+    for name in (RUN_FILE, METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: int, parameters: int) -> None:
+    """``OUT/run.json`` (atomically): the run's identity, settings, model, data (``data``: a
+    :class:`~deep_delta.train.data.TrainData`, or None for a run on batches of its own), processes and size."""
+    ckpt.write_text_atomic(out / RUN_FILE, json.dumps({
+        "identity": run_identity(cfg, data.dir if data is not None else "batches given to the trainer"),
+        "train_config": cfg.to_dict(),
+        "model_config": model_config.to_diff_dict(),
+        "data": data.record() if data is not None else None,
+        "world_size": world_size,
+        "parameters": parameters,
+    }, indent=2, sort_keys=True))
+
+
+def save_checkpoint(trainer, at: int) -> None:
+    """Checkpoint step ``at`` of ``trainer``'s run atomically into OUT/checkpoints (rank 0 writes; the optimizer
+    state, and under FSDP the weights, are gathered on every rank first): the model, the optimizer, the data
+    position, the RNG, and what the run is (settings, data, tokens)."""
+    from deep_delta.train import distributed as distr
+    from deep_delta.train.build import build_model
+    from deep_delta.train.progress import no_hf_progress_bar
+
+    t = trainer
+    optim_state = distr.full_optimizer_state(t.model, t.optimizer)
+    model_state = distr.full_model_state(t.model) if t.info.mode == "fsdp" else None
+    if not t.info.is_main:
+        return
+
+    def save_model(d: Path) -> None:
+        target = t.model
+        if model_state is not None:  # FSDP: write the gathered full weights through a CPU copy
+            target = build_model(t.model_config)
+            target.load_state_dict(model_state)
+        with no_hf_progress_bar():
+            target.save_pretrained(d, safe_serialization=True)
+
+    data = ({"tokenizer": t.data.meta["tokenizer"], "data_dir": str(t.data.dir), "data_fingerprint": t.data.fingerprint}
+            if t.data is not None else {"tokenizer": None, "data_dir": None})
+    ckpt.save_checkpoint(t.out, at, save_model=save_model, keep=t.cfg.keep, train_state={
+        "step": at, "optimizer": optim_state, "rng": ckpt.rng_state(), "world_size": t.info.world_size,
+        **({"data": t.train_loader.state_dict()} if hasattr(t.train_loader, "state_dict") else {}),
+    }, meta={
+        "variant": t.cfg.variant, "preset": t.cfg.preset, "vocab_size": t.model_config.vocab_size,
+        "tokens": at * t.tokens_per_step, "train_config": t.cfg.to_dict(), **data,
+    })
+
+
+__all__ = ["RESULT_NEUTRAL", "RESUMABLE_CHANGES", "RUN_FILE", "check_checkpoint_matches", "check_out_dir",
+           "clear_run", "holds_run", "own_run_dir", "refuse_other_run", "run_identity", "save_checkpoint",
+           "write_run_file"]

@@ -1,0 +1,66 @@
+"""The one optimizer step: what every training run in the package executes, and what the benchmarks time.
+
+:class:`OptimizerStep` binds a model (and its wrapped form under DDP / FSDP / compile), its AdamW, the
+autocast context, the gradient clip and the process group; calling it on ``accum`` micro-batches runs forward +
+backward of each (gradients averaged, synced on the last one), clips, calls ``before_update`` (which may raise to
+skip the update), steps the optimizer and zeroes the gradients. The :class:`~deep_delta.train.trainer.Trainer`
+calls it once per step; ``ddl bench`` and ``ddl bench-kernels`` time it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+
+import torch
+
+from deep_delta.train import distributed as distr
+
+
+class OptimizerStep:
+    """``step(batches, accum=1, before_update=None) -> (loss, grad_norm)``: one optimizer step of ``model``.
+
+    ``train_model``: the module the forward runs through (the DDP / FSDP / compiled wrapper; default ``model``);
+    ``autocast``: the forward's autocast context (default none); ``grad_clip``: the norm gradients are clipped
+    to (0: only measured); ``info``: the process group (default one process on the CPU)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                 train_model: torch.nn.Module | None = None, autocast=None, grad_clip: float = 1.0,
+                 info: distr.DistInfo | None = None):
+        self.model, self.optimizer = model, optimizer
+        self.train_model = train_model if train_model is not None else model
+        self.autocast = autocast if autocast is not None else contextlib.nullcontext()
+        self.grad_clip = grad_clip
+        self.info = info or distr.DistInfo()
+
+    def __call__(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, accum: int = 1,
+                 before_update: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward + backward of ``accum`` ``(x, y)`` micro-batches, clipping, ``before_update(loss, grad_norm)``,
+        AdamW, zero_grad. Returns the mean loss (all-reduced over ranks) and the gradient norm as tensors:
+        nothing here waits on the device."""
+        info = self.info
+        loss_sum = torch.zeros((), device=info.device)
+        for micro, (x, y) in enumerate(batches):
+            x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+            distr.set_gradient_sync(self.train_model, info, micro == accum - 1)
+            with self.autocast:
+                loss = self.train_model(x, shift_labels=y).loss
+            (loss / accum).backward()
+            loss_sum += loss.detach()
+        loss_t = distr.all_reduce_sum(loss_sum, info) / (accum * info.world_size)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        if before_update is not None:
+            before_update(loss_t, grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_t, grad_norm
+
+
+__all__ = ["OptimizerStep"]

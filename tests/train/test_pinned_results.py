@@ -1,0 +1,109 @@
+"""Results pinned across the refactor that put every run through one trainer and one study framework (issue
+41): ``ddl compare``'s training and validation losses at the debug recipe, and a mechanism-task run's results,
+for fixed seeds, equal to the last bit to what the code before it (commit f70aa33) gave.
+
+The pins were made on the development machine (x86_64 with AVX512, torch 2.13.0+cpu, one thread). There they
+must hold bit for bit; a machine whose PyTorch picks other CPU kernels (another instruction set, another
+release) rounds differently, so there the check is to 1e-5 relative, and the assertion message says which
+one ran.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from deep_delta.cli.main import main
+
+PINNED_ON = ("2.13.0+cpu", "AVX512")
+PINS = {'compare': {'baseline': {'loss': ['0x1.90986e0000000p+2', '0x1.8f67e40000000p+2',
+                                   '0x1.8c380e0000000p+2', '0x1.8781580000000p+2',
+                                   '0x1.8631480000000p+2', '0x1.8444a00000000p+2'],
+                          'val_loss': ['0x1.89977f0000000p+2', '0x1.8622050000000p+2']},
+             'ddl-cc': {'loss': ['0x1.8f0a2c0000000p+2', '0x1.8f2e680000000p+2',
+                                 '0x1.8cc4fe0000000p+2', '0x1.886dba0000000p+2',
+                                 '0x1.88f3b00000000p+2', '0x1.86cb5c0000000p+2'],
+                        'val_loss': ['0x1.8afb570000000p+2', '0x1.87f8540000000p+2']},
+             'ddl-dv1': {'loss': ['0x1.91ad6c0000000p+2', '0x1.9027880000000p+2',
+                                  '0x1.8ca9460000000p+2', '0x1.88936c0000000p+2',
+                                  '0x1.897c4c0000000p+2', '0x1.861c1a0000000p+2'],
+                         'val_loss': ['0x1.8ceec10000000p+2', '0x1.89b8a40000000p+2']},
+             'ddl-tc': {'loss': ['0x1.8f0a2c0000000p+2', '0x1.8f2e060000000p+2',
+                                 '0x1.8cc79a0000000p+2', '0x1.8870020000000p+2',
+                                 '0x1.88f7c40000000p+2', '0x1.86cd9e0000000p+2'],
+                        'val_loss': ['0x1.8afb990000000p+2', '0x1.87f9b80000000p+2']}},
+ 'task': {'baseline': {'accuracy_curve': [[10, '0x1.70a3d70a3d70ap-3'], [20, '0x1.70a3d70a3d70ap-3'],
+                                          [30, '0x1.87ae147ae147bp-3']],
+                       'correct': 304,
+                       'loss_curve': [[5, '0x1.d4aca33333333p+2'], [10, '0x1.d173bf3333333p+2'],
+                                      [15, '0x1.89dda73333333p+2'], [20, '0x1.3b21100000000p+2'],
+                                      [25, '0x1.a3f6cc6666666p+1'], [30, '0x1.317b7f3333333p+1']],
+                       'test_loss': '0x1.0da0b60000000p+1',
+                       'total': 1600,
+                       'validation': ['0x1.c51eb851eb852p-3', '0x1.110b3a0000000p+1']},
+          'ddl-dv1': {'accuracy_curve': [[10, '0x1.7333333333333p-3'], [20, '0x1.b333333333333p-3'],
+                                         [30, '0x1.a147ae147ae14p-3']],
+                      'correct': 337,
+                      'loss_curve': [[5, '0x1.c042813333333p+1'], [10, '0x1.90fd36ccccccdp+1'],
+                                     [15, '0x1.1ee40e0000000p+1'], [20, '0x1.e80404ccccccdp+0'],
+                                     [25, '0x1.bb6f300000000p+0'], [30, '0x1.a54382ccccccdp+0']],
+                      'test_loss': '0x1.a4730a0000000p+0',
+                      'total': 1600,
+                      'validation': ['0x1.d70a3d70a3d71p-3', '0x1.a37cdc0000000p+0']}}}
+
+
+def _exact() -> bool:
+    return (torch.__version__, torch.backends.cpu.get_cpu_capability()) == PINNED_ON
+
+
+def _same(got: float, pinned_hex: str, what: str) -> None:
+    want = float.fromhex(pinned_hex)
+    if _exact():
+        assert got.hex() == pinned_hex, f"{what}: {got!r} != pinned {want!r} (bit for bit, the pinning machine)"
+    else:
+        assert math.isclose(got, want, rel_tol=1e-5), f"{what}: {got!r} vs pinned {want!r} (to 1e-5 elsewhere)"
+
+
+@pytest.fixture()
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_compare_losses_at_the_debug_recipe_are_pinned(tmp_path, data_dir, one_thread):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--config", "debug", "--data", str(data_dir), "--out", str(out), "--time-repeats", "0",
+                 "--threads", "1", "--no-progress"]) == 0
+    for variant, pinned in PINS["compare"].items():
+        records = [json.loads(line) for line in (out / variant / "metrics.jsonl").read_text().splitlines()]
+        losses = [r["loss"] for r in records if "loss" in r]
+        vals = [r["val_loss"] for r in records if "val_loss" in r]
+        assert (len(losses), len(vals)) == (len(pinned["loss"]), len(pinned["val_loss"]))
+        for i, (got, want) in enumerate(zip(losses, pinned["loss"])):
+            _same(got, want, f"{variant} training loss at step {i + 1}")
+        for i, (got, want) in enumerate(zip(vals, pinned["val_loss"])):
+            _same(got, want, f"{variant} validation loss {i + 1}")
+
+
+def test_a_task_run_is_pinned(tmp_path, one_thread):
+    out = tmp_path / "task"
+    assert main(["tasks", "run", "shell-game", "--variants", "baseline", "ddl-dv1", "--seeds", "1", "--steps", "30",
+                 "--threads", "1", "--no-progress", "--set", "eval_every=10", "--set", "log_every=5", "--set",
+                 "test_size=200", "--set", "eval_size=100", "--set", "model.hidden_size=32", "--set",
+                 "model.num_hidden_layers=1", "--set", "model.num_attention_heads=2", "--out", str(out)]) == 0
+    for variant, pinned in PINS["task"].items():
+        r = json.loads((out / f"{variant}-seed0.json").read_text())
+        assert (r["accuracy"]["correct"], r["accuracy"]["total"]) == (pinned["correct"], pinned["total"])
+        _same(r["test_loss"], pinned["test_loss"], f"{variant} test loss")
+        _same(r["validation"]["overall"], pinned["validation"][0], f"{variant} validation accuracy")
+        _same(r["validation"]["loss"], pinned["validation"][1], f"{variant} validation loss")
+        assert [s for s, _ in r["loss_curve"]] == [s for s, _ in pinned["loss_curve"]]
+        for (step, got), (_, want) in zip(r["loss_curve"], pinned["loss_curve"]):
+            _same(got, want, f"{variant} training loss of the window ending at step {step}")
+        assert [s for s, _ in r["accuracy_curve"]] == [s for s, _ in pinned["accuracy_curve"]]
+        for (step, got), (_, want) in zip(r["accuracy_curve"], pinned["accuracy_curve"]):
+            _same(got, want, f"{variant} accuracy at step {step}")

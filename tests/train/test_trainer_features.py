@@ -1,0 +1,109 @@
+"""What the one trainer gives every run, ``ddl train`` included: batches of its own, a model built by the caller,
+an evaluation callback, callbacks around the steps, a run kept in memory, and a divergence as a result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deep_delta.cli.main import main
+from deep_delta.train import latest_checkpoint
+from deep_delta.train.data import BatchList
+from deep_delta.train.metrics import read_metrics
+from deep_delta.train.trainer import NonFiniteLossError, Trainer
+from helpers import tiny_model
+
+
+class Poison:
+    """A forward hook that turns the logits into NaN from the ``at``-th training forward on."""
+
+    def __init__(self, model, at: int):
+        self.calls, self.at = 0, at
+        model.lm_head.register_forward_hook(self)
+
+    def __call__(self, module, args, output):
+        if module.training:
+            self.calls += 1
+            if self.calls >= self.at:
+                return output * float("nan")
+        return output
+
+
+def test_on_divergence_stop_ends_the_run_at_its_last_good_step(tmp_path, make_config):
+    """The third step's loss is NaN: with "stop" the update is not applied, the run ends at step 2, validated and
+    checkpointed there, and the result says why; with "raise" (the default) it is the error it always was."""
+    cfg = make_config(tmp_path / "run", steps=6, on_divergence="stop", eval_every=0, save_every=0)
+    model = tiny_model("ddl-cc", vocab_size=320, max_position_embeddings=64).train()
+    Poison(model, at=3)
+    result = Trainer(cfg, model=model, progress=False, quiet=True).run()
+    assert result.step == 2 and result.diverged.startswith("non-finite loss (loss nan") and "at step 3" in result.diverged
+    assert latest_checkpoint(tmp_path / "run").name == "step_0000002"
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    assert [r["step"] for r in records if "val_loss" in r] == [2]
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the poisoned step changed nothing
+    model2 = tiny_model("ddl-cc", vocab_size=320, max_position_embeddings=64).train()
+    Poison(model2, at=3)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss .* at step 3; training stopped"):
+        Trainer(make_config(tmp_path / "raise", steps=6), model=model2, progress=False, quiet=True).run()
+
+
+def test_ddl_train_reports_a_stopped_divergence(tmp_path, data_dir, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--config", "debug", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out),
+                 "--device", "cpu", "--no-progress", "--on-divergence", "stop", "--lr", "1e9", "--grad-clip", "0",
+                 "--warmup-steps", "0", "--steps", "20"]) == 0
+    err = capsys.readouterr().err
+    assert "ddl train: the run diverged (non-finite" in err and "(--on-divergence stop)" in err
+    run = json.loads((out / "run.json").read_text())
+    assert run["train_config"]["on_divergence"] == "stop"
+
+
+def test_a_run_kept_in_memory_writes_nothing(tmp_path, make_config, files_of):
+    """``persist=False``: no run directory, lock, metrics file or checkpoint; every record in ``records``; a
+    resume of such a run is refused."""
+    out = tmp_path / "run"
+    before = files_of(tmp_path)
+    trainer = Trainer(make_config(out, steps=4, eval_every=2), persist=False, progress=False, quiet=True)
+    result = trainer.run()
+    assert not out.exists() and files_of(tmp_path) == before
+    assert [r["step"] for r in trainer.records if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in trainer.records if "val_loss" in r] == [2, 4]
+    assert result.checkpoint is None and result.val_loss == trainer.records[-1]["val_loss"]
+    with pytest.raises(ValueError, match="`resume` got true with `persist` false"):
+        Trainer(make_config(out), persist=False, resume=True)
+
+
+def test_batches_evaluate_and_callbacks(tmp_path):
+    """A run on batches of its own (no data directory resolved), a caller's model, an evaluation callback at the
+    evaluation cadence and callbacks before the first step and after each: called in that order."""
+    from deep_delta.train.config import TrainConfig
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(x[:, :-1], x[:, 1:]) for x in (torch.randint(0, 256, (2, 17), generator=g) for _ in range(4))]
+    model = tiny_model("baseline", vocab_size=320, max_position_embeddings=64)
+    calls = []
+
+    class Spy:
+        def on_train_start(self, trainer):
+            calls.append(("start", trainer.step))
+
+        def on_step_end(self, trainer, record):
+            calls.append(("step", record["step"]))
+
+    cfg = TrainConfig(variant="baseline", out=str(tmp_path / "unused"), steps=4, batch_size=2, seq_len=16,
+                      eval_every=2, save_every=0, warmup_steps=0, device="cpu", dtype="float32")
+    trainer = Trainer(cfg, model=model, batches=BatchList(batches), persist=False, progress=False, quiet=True,
+                      callbacks=[Spy()], evaluate=lambda m: calls.append(("eval", m.training)) or {"answer": 42.0})
+    result = trainer.run()
+    assert calls == [("start", 0), ("step", 1), ("eval", True), ("step", 2), ("step", 3), ("eval", True), ("step", 4)]
+    assert result.evaluation == {"answer": 42.0} and result.val_loss is None
+    assert [r["answer"] for r in trainer.records if "answer" in r] == [42.0, 42.0]
+    with pytest.raises(IndexError, match="all 0 batches were drawn"):
+        BatchList([]).next_batch()
+    with pytest.raises(ValueError, match="`batches` without `model` or `data`"):
+        Trainer(cfg, batches=BatchList(batches))
+    with pytest.raises(ValueError, match="no validation data and no `evaluate` but `eval_every` is 2"):
+        Trainer(cfg, model=model, batches=BatchList(batches), persist=False)
