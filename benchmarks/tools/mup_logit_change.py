@@ -2,8 +2,7 @@
 
 For each variant, parametrization and width (the tiny preset: 4 blocks, vocabulary 512, heads of --head-dim,
 base width 256), train a fresh model --steps AdamW steps at a constant learning rate (no warm-up) with the
-trainer's own step (``optimizer_step``: clipping at 1.0) and the optimizer ``ddl train`` builds
-(``build_optimizer``: the model's muP groups), on random windows of the embedded text (byte tokens). After
+package's trainer (its step: clipping at 1.0; the optimizer ``ddl train`` builds: the model's muP groups), on random windows of the embedded text (byte tokens). After
 every step, take the mean |logits_t - logits_0| on one fixed batch (not a training batch). muP promises this
 change flat in width; under sp it grows about like the width. Prints the log-log slopes over the widths.
 
@@ -35,8 +34,6 @@ import torch
 
 from deep_delta.experiments.coord_check import text_batches
 from deep_delta.models import DDLConfig, DDLForCausalLM
-from deep_delta.train.optim import build_optimizer
-from deep_delta.train.trainer import optimizer_step
 
 PARTS = ("emb", "body", "seen", "unseen", "body_seen", "body_unseen", "logp")
 
@@ -70,54 +67,79 @@ def logits_with(model: DDLForCausalLM, x: torch.Tensor, swap: dict[str, torch.Te
             params[name].copy_(value)
 
 
+class LogitChange:
+    """The trainer's callbacks of one run: Adam's epsilon set once the optimizer exists, the median |gradient|
+    entries before each update (after clipping), and after each step the change of the logits on the probe
+    batch, whole and by part."""
+
+    def __init__(self, model: DDLForCausalLM, probe: torch.Tensor, seen: torch.Tensor, eps: float | None):
+        self.model, self.probe, self.seen, self.eps = model, probe, seen, eps
+        self.params0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.logits0 = logits_with(model, probe)
+        self.rows: list[dict] = []
+        self.grads: dict[str, float] = {}
+        self.after1 = None
+
+    def on_train_start(self, trainer) -> None:
+        if self.eps is not None:
+            for group in trainer.optimizer.param_groups:
+                group["eps"] = self.eps
+
+    def on_before_update(self, trainer) -> None:
+        self.grads = {n: p.grad.abs().median().item() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def on_step_end(self, trainer, record: dict) -> None:
+        model, probe, logits0, seen = self.model, self.probe, self.logits0, self.seen
+        now = logits_with(model, probe)
+        emb_only = logits_with(model, probe, {n: v for n, v in self.params0.items() if n != EMB})
+        body_only = logits_with(model, probe, {EMB: self.params0[EMB]})
+        self.after1 = now if self.after1 is None else self.after1
+        grads = self.grads
+        self.rows.append({"change": (now - logits0).abs().mean().item(),
+                          "emb": (emb_only - logits0).abs().mean().item(),
+                          "body": (body_only - logits0).abs().mean().item(),
+                          "body_seen": (body_only - logits0)[..., seen].abs().mean().item(),
+                          "body_unseen": (body_only - logits0)[..., ~seen].abs().mean().item(),
+                          "seen": (now - logits0)[..., seen].abs().mean().item(),
+                          "unseen": (now - logits0)[..., ~seen].abs().mean().item(),
+                          "size": now.abs().mean().item(),
+                          "logp": (now.log_softmax(-1) - logits0.log_softmax(-1)).abs().mean().item(),
+                          # the median |gradient| entry (after clipping) of the embedding, and the smallest over
+                          # layers of q_proj's: what Adam's epsilon would have to rival
+                          "median_grad_emb": grads.get(EMB, 0.0),
+                          "median_grad_q": min(v for n, v in grads.items() if n.endswith("q_proj.weight"))})
+
+
+EMB = "model.embed_tokens.weight"
+
+
 def run_one(variant: str, width: int, param: str, a: argparse.Namespace) -> dict:
+    """One model through the package's trainer (a run kept in memory): constant lr (no warm-up, no decay of it),
+    weight decay ``a.weight_decay``, betas (0.9, 0.95), clipping at ``a.grad_clip``, on ``text_batches``."""
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.data import BatchList
+    from deep_delta.train.trainer import Trainer
+
     torch.manual_seed(a.seed)
     model = DDLForCausalLM(config(variant, width, param, a)).train()
     rule = model.lr_multipliers
-    emb_name = "model.embed_tokens.weight"
     readouts = [n for n in rule() if n.endswith(("gate.proj.weight", "value_proj.weight"))]
     if a.readout_lr_mult is not None:
         model.lr_multipliers = lambda: rule() | {n: a.readout_lr_mult for n in readouts}
-    optimizer = build_optimizer(model, a.lr, a.weight_decay, (0.9, 0.95))
-    if a.eps is not None:
-        for group in optimizer.param_groups:
-            group["eps"] = a.eps
     batches = text_batches(a.batch_size, a.seq_len, a.steps + 1, a.seed)
     probe = batches[0][0]  # the fixed batch the logits are read on; the steps train on batches[1:]
     seen = torch.zeros(model.config.vocab_size, dtype=torch.bool)  # the tokens some training batch has as a target
     for _, y in batches[1:]:
         seen[y.flatten()] = True
-    params0 = {n: p.detach().clone() for n, p in model.named_parameters()}
-    logits0 = logits_with(model, probe)
-    rows = []
-    grads: dict[str, float] = {}
-
-    def record(loss, grad_norm):  # after clipping, before the update
-        grads.clear()
-        grads.update({n: p.grad.abs().median().item() for n, p in model.named_parameters() if p.grad is not None})
-
-    for step in range(a.steps):
-        optimizer_step(model, optimizer, [batches[step + 1]], grad_clip=a.grad_clip, before_update=record)
-        now = logits_with(model, probe)
-        emb_only = logits_with(model, probe, {n: v for n, v in params0.items() if n != emb_name})
-        body_only = logits_with(model, probe, {emb_name: params0[emb_name]})
-        if step == 0:
-            after1 = now
-        rows.append({"change": (now - logits0).abs().mean().item(),
-                     "emb": (emb_only - logits0).abs().mean().item(),
-                     "body": (body_only - logits0).abs().mean().item(),
-                     "body_seen": (body_only - logits0)[..., seen].abs().mean().item(),
-                     "body_unseen": (body_only - logits0)[..., ~seen].abs().mean().item(),
-                     "seen": (now - logits0)[..., seen].abs().mean().item(),
-                     "unseen": (now - logits0)[..., ~seen].abs().mean().item(),
-                     "size": now.abs().mean().item(),
-                     "logp": (now.log_softmax(-1) - logits0.log_softmax(-1)).abs().mean().item(),
-                     # the median |gradient| entry (after clipping) of the embedding, and the smallest over
-                     # layers of q_proj's: what Adam's epsilon would have to rival
-                     "median_grad_emb": grads.get(emb_name, 0.0),
-                     "median_grad_q": min(v for n, v in grads.items() if n.endswith("q_proj.weight"))})
-    return {"size0": logits0.abs().mean().item(), "steps": rows,
-            "change_1_to_last": (logits_with(model, probe) - after1).abs().mean().item()}
+    watch = LogitChange(model, probe, seen, a.eps)
+    run = TrainConfig(variant=variant, out="runs/mup_logit_change/unused", steps=a.steps, batch_size=a.batch_size,
+                      seq_len=a.seq_len, lr=a.lr, warmup_steps=0, min_lr_ratio=1.0, weight_decay=a.weight_decay,
+                      betas=(0.9, 0.95), grad_clip=a.grad_clip, eval_every=0, save_every=0, log_every=0, seed=a.seed,
+                      device="cpu", dtype="float32")
+    Trainer(run, model=model, batches=BatchList(batches[1:]), callbacks=[watch], persist=False, progress=False,
+            quiet=True).run()
+    return {"size0": watch.logits0.abs().mean().item(), "steps": watch.rows,
+            "change_1_to_last": (logits_with(model, probe) - watch.after1).abs().mean().item()}
 
 
 def main() -> None:

@@ -39,7 +39,6 @@ from deep_delta.experiments.coord_check import model_config
 from deep_delta.experiments.settings import CoordCheckSettings
 from deep_delta.fsutil import atomic_write, save_figure
 from deep_delta.models import DDLForCausalLM
-from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
 
 
 def split_tokens() -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,41 +53,56 @@ def windows(tokens: torch.Tensor, batch: int, seq: int, g: torch.Generator) -> t
     return w[:, :-1], w[:, 1:]
 
 
+class RandomWindows:
+    """The trainer's data source of a sweep run: random windows of ``tokens``, drawn with the run's generator."""
+
+    def __init__(self, tokens: torch.Tensor, batch: int, seq: int, seed: int):
+        self.tokens, self.batch, self.seq = tokens, batch, seq
+        self.g = torch.Generator().manual_seed(seed)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return windows(self.tokens, self.batch, self.seq, self.g)
+
+
+def validation_loss(model, val: torch.Tensor, args) -> float:
+    """The mean loss over ``args.val_batches`` fixed windows of the held-out tokens (the same for every run)."""
+    model.eval()
+    gv = torch.Generator().manual_seed(1234)
+    losses = []
+    with torch.no_grad():
+        for _ in range(args.val_batches):
+            x, y = windows(val, args.batch_size, args.seq_len, gv)
+            losses.append(model(x, shift_labels=y).loss.item())
+    return sum(losses) / len(losses)
+
+
 def train_one(variant: str, param: str, width: int, lr: float, seed: int, args, train, val) -> dict:
+    """One sweep run through the package's trainer (a run kept in memory): warm-up then cosine to 0.1 x lr,
+    weight decay 0.1 on matrices, betas (0.9, 0.95), clipping at 1.0; a non-finite loss ends it (diverged) with
+    no update; the validation loss is measured at the end of a run that did not diverge."""
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.trainer import Trainer
+
     s = CoordCheckSettings(variants=(variant,), widths=(width, width), layers=args.layers, head_dim=args.head_dim,
                            seq_len=args.seq_len, model={"mup_base_width": args.base_width} | args.model)
     cfg = model_config(variant, width, param, s)
     torch.manual_seed(seed)
-    model = DDLForCausalLM(cfg).train()
-    opt = build_optimizer(model, lr, 0.1, (0.9, 0.95))
-    schedule = WarmupCosine(args.warmup, args.steps, 0.1)
-    g = torch.Generator().manual_seed(seed)
-    t0, diverged, loss = time.perf_counter(), False, float("nan")
-    for step in range(args.steps):
-        x, y = windows(train, args.batch_size, args.seq_len, g)
-        loss_t = model(x, shift_labels=y).loss
-        loss = loss_t.item()
-        if not math.isfinite(loss):
-            diverged = True
-            break
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        set_learning_rate(opt, schedule(step))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    val_loss = float("nan")
-    if not diverged:
-        model.eval()
-        gv = torch.Generator().manual_seed(1234)
-        with torch.no_grad():
-            losses = []
-            for _ in range(args.val_batches):
-                x, y = windows(val, args.batch_size, args.seq_len, gv)
-                losses.append(model(x, shift_labels=y).loss.item())
-            val_loss = sum(losses) / len(losses)
-    return {"variant": variant, "parametrization": param, "width": width, "lr": lr, "seed": seed, "train_loss": loss,
-            "val_loss": val_loss, "diverged": diverged, "seconds": round(time.perf_counter() - t0, 2),
-            "parameters": sum(p.numel() for p in model.parameters())}
+    model = DDLForCausalLM(cfg)
+    run = TrainConfig(variant=variant, out="runs/mup_sweep/unused", steps=args.steps, batch_size=args.batch_size,
+                      seq_len=args.seq_len, lr=lr, warmup_steps=args.warmup, min_lr_ratio=0.1, weight_decay=0.1,
+                      betas=(0.9, 0.95), grad_clip=1.0, eval_every=0, save_every=0, log_every=0, seed=seed,
+                      device="cpu", dtype="float32", on_divergence="stop")
+    t0 = time.perf_counter()
+    trainer = Trainer(run, model=model, batches=RandomWindows(train, args.batch_size, args.seq_len, seed),
+                      evaluate=lambda m: {"val_loss": validation_loss(m, val, args)}, persist=False, progress=False,
+                      quiet=True)
+    result = trainer.run()
+    losses = [r["loss"] for r in trainer.records if "loss" in r]
+    diverged = result.diverged is not None
+    return {"variant": variant, "parametrization": param, "width": width, "lr": lr, "seed": seed,
+            "train_loss": float("nan") if diverged or not losses else losses[-1],
+            "val_loss": float("nan") if diverged else result.evaluation["val_loss"], "diverged": diverged,
+            "seconds": round(time.perf_counter() - t0, 2), "parameters": sum(p.numel() for p in model.parameters())}
 
 
 def mean_losses(runs: list[dict]) -> dict:

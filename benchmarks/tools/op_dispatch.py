@@ -51,6 +51,7 @@ def cases(n: int, d: int, dv: int):
     src, weights = r(n, d), (r(d), r(1, d), r(1), r(dv, d), r(dv))
     x, k, v, beta, c = r(n, d, dv), r(n, d), r(n, dv), r(n, 1), r(d, dv)
     consts = (1e-5, 2.0, 4.0)
+    LEAVES[:] = [src, *weights, x, k, v, beta, c]
     return {
         "norm + gate + value": (lambda: norm_library.norm_gate_value_with_op(src, *weights, *consts),
                                 lambda: norm_gate_value_triton(src, *weights, eps=1e-5, beta_max=2.0,
@@ -62,10 +63,14 @@ def cases(n: int, d: int, dv: int):
     }
 
 
+LEAVES: list[torch.Tensor] = []  # the cases' inputs: what each backward is taken with respect to
+
+
 def fwd_bwd(fn) -> None:
+    """The op and its backward (the gradients of every input, none accumulated into ``.grad``)."""
     out = fn()
     outs = out if isinstance(out, tuple) else (out,)
-    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    torch.autograd.grad(outs, LEAVES, [torch.ones_like(o) for o in outs], allow_unused=True)
 
 
 def median_us(fn, iters: int, repeats: int) -> float:

@@ -1,9 +1,12 @@
 """Where does a training step's time go on a GPU? (a development probe, not part of the library)
 
-For each variant: median step time (fwd + bwd + AdamW, bf16 autocast over fp32 weights) with the Triton
-and the lean torch delta backend, the summed GPU kernel time of one step from torch.profiler (wall >> kernel
-sum means the host is the bottleneck), the host-device syncs, and the top ops by self CPU / device time.
-Optionally times torch.compile of the model (--compile).
+For each variant: median time of the trainer's own step (:class:`deep_delta.train.step.OptimizerStep`: fwd +
+bwd under bf16 autocast over fp32 weights, clipping at 1.0, the fused AdamW ``ddl train`` builds; what ``ddl
+bench`` times) with each delta backend asked for (default ``auto``, what ``ddl bench`` runs, and the lean
+``torch``), the summed GPU kernel time of one step from torch.profiler (the device-side events only: an op's
+self device time and its kernels' would count each kernel twice; wall >> kernel sum means the host is the
+bottleneck), the host-device syncs, and the top ops by self CPU / device time. Optionally times torch.compile
+of the model (--compile).
 
     python benchmarks/tools/profile_step.py --out DIR [--compile] [--batch 8 --seq 1024]
 """
@@ -23,24 +26,22 @@ from deep_delta.models import DDLConfig, DDLForCausalLM
 
 
 def build(variant, backend, preset, seq, device):
+    from deep_delta.train.optim import build_optimizer
+
     torch.manual_seed(0)
     cfg = DDLConfig.from_variant(variant, preset, delta_backend=backend, max_position_embeddings=max(seq, 1024))
     model = DDLForCausalLM(cfg).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    return model, opt
+    return model, build_optimizer(model, 1e-4, 0.1, (0.9, 0.95), fused=True)
 
 
 def step_fn(model, opt, ids, tgt, fwd=None):
-    fwd = model if fwd is None else fwd
+    """The trainer's step on (ids, tgt): forward through ``fwd`` (a compiled model, or the model)."""
+    from deep_delta.train.distributed import DistInfo
+    from deep_delta.train.step import OptimizerStep
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(input_ids=ids, shift_labels=tgt).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    step = OptimizerStep(model, opt, train_model=fwd, autocast=torch.autocast("cuda", dtype=torch.bfloat16),
+                         grad_clip=1.0, info=DistInfo(device=ids.device))
+    return lambda: step([(ids, tgt)])
 
 
 def timed(fn, n=10, warm=3):
@@ -65,7 +66,8 @@ def prof(fn, out: Path, tag: str):
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     ka = p.key_averages()
-    dev = sum(e.self_device_time_total for e in ka) / 1e6  # us -> s (kernels only have device time)
+    # us -> s; the device-side events only (an op's self device time is its kernels' time: both would count it)
+    dev = sum(e.self_device_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
     syncs = {e.key: e.count for e in ka if any(s in e.key for s in ("Synchronize", "cudaMemcpy", "_local_scalar_dense", "item"))}
     launches = sum(e.count for e in ka if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC"))
     with open(out / "tables.txt", "a") as f:
@@ -82,7 +84,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--variants", default="baseline,ddl-dv1,ddl-cc,ddl-tc")
-    ap.add_argument("--backends", default="triton,torch", help="delta backends of the eager runs")
+    ap.add_argument("--backends", default="auto,torch", help="delta backends of the eager runs (auto: what ddl "
+                    "bench runs)")
     ap.add_argument("--compile", default="", help="comma list variant:backend to time under torch.compile")
     a = ap.parse_args()
     out = Path(a.out)

@@ -67,7 +67,8 @@ def _fwd_bwd(fn, args: tuple, autocast) -> Callable[[], None]:
         if grad is None:
             g = torch.Generator().manual_seed(1)
             grad = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in outs]
-        torch.autograd.backward(outs, grad)
+        inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]  # none accumulated into .grad
+        torch.autograd.grad(outs, inputs, grad, allow_unused=True)
 
     call()
     return call

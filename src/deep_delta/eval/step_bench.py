@@ -139,8 +139,8 @@ def cpu_transient_peak(fn: Callable[[], None]) -> int:
 def saved_activation_bytes(model, ids, tgt, *, autocast=None) -> int:
     """Bytes of the tensors autograd keeps for backward in one training forward (storage-deduplicated,
     parameters excluded), measured with saved-tensor hooks; with ``model.model.recompute_states`` the
-    handles of the state tape count their frontier state and small rebuild tensors. Runs the backward,
-    then drops the gradients. ``autocast``: the context the forward runs in (none: plain fp32); the
+    handles of the state tape count their frontier state and small rebuild tensors. The graph is then freed
+    (no backward runs). ``autocast``: the context the forward runs in (none: plain fp32); the
     weights' low-precision copies autocast keeps for backward count as saved tensors.
     """
     import contextlib
@@ -158,8 +158,7 @@ def saved_activation_bytes(model, ids, tgt, *, autocast=None) -> int:
             st = t.untyped_storage()
             if st.data_ptr() not in params:
                 storages[st.data_ptr()] = st.nbytes()
-    loss.backward()
-    model.zero_grad(set_to_none=True)
+    del loss, kept  # the graph and what it saved are freed; nothing was accumulated into .grad
     return sum(storages.values())
 
 

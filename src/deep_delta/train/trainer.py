@@ -10,7 +10,8 @@ the caller resolved once), validates on its validation split and keeps a locked,
 run.json, metrics.jsonl, atomic checkpoints). What other experiments need, the same loop takes: ``batches``
 (any object with ``next_batch() -> (x, y)``: fresh task sequences, a fixed list), ``model`` (built and seeded
 by the caller), ``evaluate`` (``evaluate(model) -> dict`` of numbers instead of the validation loss),
-``callbacks`` (``on_train_start(trainer)`` / ``on_step_end(trainer, record)``), ``persist=False`` (nothing
+``callbacks`` (``on_train_start(trainer)``, ``on_before_update(trainer)``: the clipped gradients, before the
+optimizer steps, ``on_step_end(trainer, record)``), ``persist=False`` (nothing
 written; the records in ``trainer.records``) and ``cfg.on_divergence="stop"`` (a non-finite loss ends the run
 at its last good step, as a result). Everything is checked before anything in OUT is written; SIGINT / SIGTERM
 end a run after its current step (with a checkpoint when it keeps them).
@@ -292,6 +293,7 @@ class Trainer:
             seen["loss"], seen["grad_norm"] = float(loss_t), float(grad_norm)
             self._check_finite(seen["loss"], seen["grad_norm"])
             seen["lr"] = set_learning_rate(self.optimizer, self.schedule(self.step))
+            self._notify("on_before_update")  # the gradients, clipped, before the optimizer uses them
 
         batches = (self.train_loader.next_batch() for _ in range(self.accum))
         try:
@@ -409,9 +411,9 @@ class Trainer:
                 self.last_eval = {"val_loss": vals[-1]["val_loss"], "val_ppl": vals[-1]["val_ppl"]}
         final = ckpt.latest_checkpoint(self.out) if self.info.is_main and self.persist else None
         val_loss, val_ppl = self.last_eval.get("val_loss"), self.last_eval.get("val_ppl")
-        if val_loss is not None:
-            self.say(f"{self.desc}: step {self.step}, val_loss {val_loss:.4f}, val_ppl {val_ppl:.2f}; "
-                     f"checkpoint {final}; {wall:.1f} s")
+        if self.last_eval:
+            shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.last_eval.items())
+            self.say(f"{self.desc}: step {self.step}, {shown}; checkpoint {final}; {wall:.1f} s")
         return TrainResult(out=self.out, step=self.step, parameters=self.n_params, val_loss=val_loss,
                            val_ppl=val_ppl, checkpoint=final, wall_s=wall, evaluation=dict(self.last_eval),
                            diverged=self.diverged)

@@ -22,7 +22,7 @@ Usage (the model does this when ``DDLModel.recompute_states`` is True)::
     with StateTape() as tape:
         tape.register(x0)            # optional: the first state, so its readers do not keep it
         ... delta updates (lean or Triton backend) ...
-    loss.backward()
+    torch.autograd.grad(loss, params)  # or the trainer's step: the rebuild runs in backward
 """
 
 from __future__ import annotations
