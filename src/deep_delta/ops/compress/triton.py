@@ -13,9 +13,9 @@ token count; deterministic, no atomics.
 - EC  fwd: X_t = sum_s w_s e_{t-s} 1^T (one write of the state from the (B, T, d) embeddings);
       bwd: grad_e_t = sum_s sum_j w_s G_{t+s} (one read of G per tap), grad_w partials per tap.
 
-The backward kernels of TC and EC are shared: the input gradient (``_conv_bwd_input_kernel``) and the weight
-gradient (``_conv_bwd_w_kernel``), each with a compile-time flag for the side of the convolution that holds the
-(d, d_v) state.
+TC and EC share their kernels: the forward (``_conv_fwd_kernel``), the input gradient (``_conv_bwd_input_kernel``)
+and the weight gradient (``_conv_bwd_w_kernel``), each with a compile-time flag for the side of the convolution
+that holds the (d, d_v) state.
 
 Sequences with history (decoding) are handled by concatenating the K-1 past rows in front (P rows) and
 computing outputs for the last T rows; during training P = 0 and nothing is copied.
@@ -81,12 +81,17 @@ def _cc_bwd_kernel(X, C, G, GX, GC_PART, N, CHUNK, D, BLOCK_D: tl.constexpr, DV:
 
 
 @triton.jit
-def _tc_fwd_kernel(
-    XP, W, XIN, N, T, L, D,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+def _conv_fwd_kernel(
+    SP, W, OUT, N, T, L, D,
+    OUT_IS_STATE: tl.constexpr, KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Output row n = (b, t) in [0, B*T); input rows (b, t + P - s) of XP (B, L = P + T, d, d_v)."""
+    """A token convolution's forward: output row n = (b, t) in [0, B*T) is ``sum_s w_s SP(b, t + P - s)`` over the
+    taps s with t + P - s >= 0, SP holding the P past rows in front (L = P + T rows per sequence).
+
+    TC: SP = x (B, L, d, d_v); OUT (B*T, d), the read: the sum over d_v.  (OUT_IS_STATE = False)
+    EC: SP = e (B, L, d) broadcast over d_v; OUT (B*T, d, d_v), the state.  (OUT_IS_STATE = True)
+    """
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -103,10 +108,17 @@ def _tc_fwd_kernel(
             src = t + p - s
             ok_d = md & (((offs_d * 0) + n) < N) & (((offs_d * 0) + src) >= 0)
             w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            x = tl.load(XP + (b * L + src) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
-            acc += w * x.to(tl.float32)
+            if OUT_IS_STATE:
+                e = tl.load(SP + (b * L + src) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+                acc += w * e[:, None]
+            else:
+                x = tl.load(SP + (b * L + src) * D * DV + tile, mask=ok_d[:, None] & mv[None, :], other=0.0)
+                acc += w * x.to(tl.float32)
         ok_d = md & (((offs_d * 0) + n) < N)
-        tl.store(XIN + n * D + offs_d, tl.sum(acc, axis=1).to(XIN.dtype.element_ty), mask=ok_d)
+        if OUT_IS_STATE:
+            tl.store(OUT + n * D * DV + tile, acc.to(OUT.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
+        else:
+            tl.store(OUT + n * D + offs_d, tl.sum(acc, axis=1).to(OUT.dtype.element_ty), mask=ok_d)
 
 
 @triton.jit
@@ -190,34 +202,6 @@ def _conv_bwd_w_kernel(
     tl.store(GW_PART + (pid * tl.num_programs(1) + s) * D * DV + tile, acc, mask=md[:, None] & mv[None, :])
 
 
-@triton.jit
-def _ec_fwd_kernel(
-    EP, W, X, N, T, L, D,
-    KS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = tl.arange(0, BLOCK_V)
-    md = offs_d < D
-    mv = offs_v < DV
-    tile = offs_d[:, None] * DV + offs_v[None, :]
-    p = L - T
-    for r in range(ROWS):
-        n = pid * ROWS + r
-        b = n // T
-        t = n % T
-        acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-        for s in tl.static_range(KS):
-            src = t + p - s
-            ok_d = md & (((offs_d * 0) + n) < N) & (((offs_d * 0) + src) >= 0)
-            w = tl.load(W + s * D * DV + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
-            e = tl.load(EP + (b * L + src) * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
-            acc += w * e[:, None]
-        ok_d = md & (((offs_d * 0) + n) < N)
-        tl.store(X + n * D * DV + tile, acc.to(X.dtype.element_ty), mask=ok_d[:, None] & mv[None, :])
-
-
 def _reduction_meta(d: int, dv: int) -> dict:
     """The meta-parameters of a persistent reduction kernel (its tokens per program are a runtime argument)."""
     bd, bv = _blocks(d, dv)
@@ -276,7 +260,8 @@ class TokenCompressTriton(torch.autograd.Function):
         n = b * t
         xin = torch.empty(b, t, d, dtype=xp.dtype, device=xp.device)
         grid, meta = _launch_args(n, d, dv)
-        launch(_tc_fwd_kernel, grid, (xp, w, xin, n, t, length, d), writes=(2,), KS=w.shape[0], **meta)
+        launch(_conv_fwd_kernel, grid, (xp, w, xin, n, t, length, d), writes=(2,), OUT_IS_STATE=False,
+               KS=w.shape[0], **meta)
         ctx.save_for_backward(xp, w)
         ctx.t = t
         return xin
@@ -310,7 +295,7 @@ class EmbedConvTriton(torch.autograd.Function):
         n = b * t
         x = torch.empty(b, t, d, dv, dtype=ep.dtype, device=ep.device)
         grid, meta = _launch_args(n, d, dv)
-        launch(_ec_fwd_kernel, grid, (ep, w, x, n, t, length, d), writes=(2,), KS=kk, **meta)
+        launch(_conv_fwd_kernel, grid, (ep, w, x, n, t, length, d), writes=(2,), OUT_IS_STATE=True, KS=kk, **meta)
         ctx.save_for_backward(ep, w)
         ctx.t = t
         return x
