@@ -1,5 +1,9 @@
-"""Settings, in one place: how text becomes a number, how ``--set KEY=VALUE`` is read, and how a settings
-dataclass checks its fields against their annotations.
+"""Settings, in one place: how a settings field states its command-line flag, how text becomes a number, how
+``--set KEY=VALUE`` is read, and how a settings dataclass checks its fields against their annotations.
+
+Every field of a settings dataclass is made by :func:`setting`, which keeps its flag's help (and metavar or
+choices) beside its default; ``deep_delta.cli.options.add_settings`` builds every command's setting flags from
+them.
 
 Every numeric command-line option parses through :func:`parse_number` (``deep_delta.cli.options.integer`` and
 ``real``), and every ``--set`` through :func:`parse_assignments`, so ``1e-3`` is a number and ``nan`` is refused
@@ -109,6 +113,20 @@ def parse_assignments(assignments: list[str], groups: Sequence[str] = ("model",)
 
 
 # ---------------------------------------------------------------------------------------- typed fields
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **flag: Any) -> Any:
+    """A settings dataclass field: its ``default`` (or ``factory``, for a mutable one) and, in its metadata, the
+    ``help`` of its command-line flag ``--field-name`` with any ``metavar`` or ``choices`` (``flag``).
+
+    The flag's type comes from the annotation; a ``dict`` field has no flag of its own (``--set
+    GROUP.NAME=VALUE`` fills it) and its help says so. A field named as a shared option (``device``, ``dtype``,
+    ``variants``, ``seeds``) gets that option of ``deep_delta.cli.options``: its text, ``help`` a note after it
+    (``seeds``: ``help`` is the text, the option's grammar the shared one)."""
+    metadata = {"help": help, **flag}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
           type(None): "null"}
 

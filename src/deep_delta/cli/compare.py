@@ -6,13 +6,16 @@ import argparse
 
 from deep_delta.cli import options
 
+# The TrainConfig fields compare sets for each run itself (its --out is the comparison's directory); every other
+# field has its flag, the default shown the recipe `compare`'s.
+PER_RUN = ("variant", "out", "wandb_run_name")
+
 
 def add_parser(sub) -> None:
-    from deep_delta.train.config import DTYPES, TrainConfig
+    from deep_delta.train.config import TrainConfig
     from deep_delta.train.recipes import compare
-    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
+    from deep_delta.variants import DEFAULT_VARIANTS
 
-    d = {**TrainConfig.defaults(), **compare()}
     p = sub.add_parser(
         "compare",
         help="train several variants with the same seed, data and budget and compare them (the main job)",
@@ -22,21 +25,13 @@ def add_parser(sub) -> None:
         "OUT/compare.json and OUT/curves.png. With no arguments: baseline, ddl-dv1, ddl-tc and ddl-cc at "
         "the tiny preset on the embedded text, about ten minutes on 2 CPU cores. Finished runs in OUT with "
         "the same settings and data are reused and interrupted ones continued; a run made with any other setting "
-        "that changes results (--eval-batches, --steps, --dtype, ...) or other data is refused unless --overwrite.",
+        "that changes results (--eval-batches, --steps, --dtype, ...) or other data is refused unless --overwrite. "
+        "With --wandb, every run is logged (one W&B group per comparison, unless --wandb-group names one) and so "
+        "are the comparison table and curves.",
     )
     options.add_variants(p, DEFAULT_VARIANTS)
-    p.add_argument("--preset", default=None, choices=list(PRESETS), help=f"(default {d['preset']}) model size")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
-    p.add_argument("--data", default=None, metavar="DIR", help="prepared data directory (default: the embedded text)")
-    p.add_argument("--steps", type=options.integer, default=None, help=f"(default {d['steps']}) optimizer steps per variant")
-    options.add_batch(p, f"(default {d['batch_size']}) sequences per step", f"(default {d['seq_len']}) tokens per "
-                      "sequence")
-    p.add_argument("--lr", type=options.real, default=None, help=f"(default {d['lr']}) peak learning rate")
     options.add_lrs(p, "every variant")
-    p.add_argument("--warmup-steps", type=options.integer, default=None, help=f"(default {d['warmup_steps']}) warm-up steps")
-    p.add_argument("--eval-every", type=options.integer, default=None, help=f"(default {d['eval_every']}) validate every N steps")
-    p.add_argument("--eval-batches", type=options.integer, default=None, help=f"(default {d['eval_batches']}) validation batches")
-    options.add_seed(p, f"(default {d['seed']}) seed of initialisation and data order")
     options.add_seeds(p, "several paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 "
                       "(--seeds 3); every variant trains with every seed, and the table shows mean +- sd, the paired "
                       "difference to the baseline with its 95%% t-interval, and the seeds in which it was lower "
@@ -63,22 +58,16 @@ def add_parser(sub) -> None:
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
-    options.add_device(p, default=None)
-    options.add_dtype(p, weights=False, default=None, choices=DTYPES)
     options.add_threads(p)
     p.add_argument("--config", metavar="FILE|NAME",
                    help="start from this YAML file or recipe (small/baseline) instead of the recipe compare, "
-                   "whose values the (default ...) above show (flags above still apply)")
+                   "whose values the (default ...) of the settings below show (their flags still apply)")
     options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
-    options.add_wandb(p, "every run (one W&B group per comparison) and the comparison table and curves")
     options.add_progress(p)
+    options.add_settings(p.add_argument_group("settings of every run (override the recipe compare or --config)"),
+                         TrainConfig, skip=PER_RUN, defaults={**TrainConfig.defaults(), **compare()})
     p.set_defaults(func=run)
-
-
-# the flags that set a TrainConfig field (None when not given)
-_CONFIG_FLAGS = ("preset", "data", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "eval_every",
-                 "eval_batches", "seed", "device", "dtype")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,16 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
     from deep_delta.experiments.compare import run_compare, run_lr_grid
     from deep_delta.experiments.compare_report import comparison_table, verdicts
-    from deep_delta.train.config import load_config
+    from deep_delta.train.config import TrainConfig, load_config
 
+    given = options.given_settings(args, options.setting_names(TrainConfig, PER_RUN))
     if args.report_only:
-        return _report_only(args)
-    lrs = options.lr_grid(args.lrs, args.lr, args.assignments)
-    given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
-    project = options.wandb_project(args)
-    if args.wandb:
-        given.update(wandb=True, **({"wandb_project": project} if project else {}))
+        return _report_only(args, given)
+    lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
     base = load_config(args.config or "compare", given, args.assignments)  # the recipe `compare` by default
+    options.check_wandb_names([n for n in options.WANDB_NAMES if n in given], base.wandb, config=True)
     variants = options.variant_list(args.variants)
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
@@ -111,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
           f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
     if args.widths is not None or args.lengths is not None:
-        return _run_scaling(args, base, variants, seeds, lrs, step_costs)
+        return _run_scaling(args, given, base, variants, seeds, lrs, step_costs)
     if lrs is None:
         summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
                               progress=not args.no_progress, time_repeats=args.time_repeats, step_costs=step_costs)
@@ -157,7 +144,7 @@ def parse_step_costs(items: list[str] | None) -> dict[str, float]:
     return costs
 
 
-def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: list[int], lrs,
+def _run_scaling(args: argparse.Namespace, given: dict, base, variants: list[str], seeds: list[int], lrs,
                  step_costs: dict[str, float]) -> int:
     """``--widths`` / ``--lengths``: the comparison at every (width, length), then the study's summary."""
     from deep_delta.experiments.scaling import format_scaling, run_scaling
@@ -166,7 +153,7 @@ def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: lis
     keys = {a.partition("=")[0].strip() for a in args.assignments}
     if args.widths is not None and "model.hidden_size" in keys:
         raise ValueError("`widths` and `--set model.hidden_size=...` were both given; allowed: one of them")
-    if args.lengths is not None and (args.steps is not None or "steps" in keys):
+    if args.lengths is not None and ("steps" in given or "steps" in keys):
         raise ValueError("`lengths` and one length (`steps`, or --set steps=...) were both given; allowed: one "
                          "of them")
     widths = args.widths or [base.model.get("hidden_size", PRESETS[base.preset]["hidden_size"])]
@@ -179,19 +166,19 @@ def _run_scaling(args: argparse.Namespace, base, variants: list[str], seeds: lis
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
 
 
-def _report_only(args: argparse.Namespace) -> int:
-    """``--report-only``: the width / length study's summary from the points already in OUT, training nothing."""
+def _report_only(args: argparse.Namespace, given: dict) -> int:
+    """``--report-only``: the width / length study's summary from the points already in OUT, training nothing;
+    ``given``: the settings given on the command line, each of them an option that trains (refused)."""
     from deep_delta.experiments.scaling import collect_scaling, format_scaling
     from deep_delta.variants import DEFAULT_VARIANTS
 
     trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
               "--time-repeats": args.time_repeats != 5, "--step-costs": args.step_costs is not None,
               "--lrs": args.lrs is not None, "--seeds": args.seeds is not None, "--config": args.config is not None,
-              "--overwrite": args.overwrite, "--wandb": args.wandb, "--wandb-project": args.wandb_project is not None}
-    trains.update({"--" + k.replace("_", "-"): getattr(args, k) is not None for k in _CONFIG_FLAGS})
-    given = [flag for flag, on in trains.items() if on]
-    if given:
-        raise ValueError(f"`report_only` trains nothing, but got {', '.join(given)}; allowed with it: --out, "
+              "--overwrite": args.overwrite}
+    refused = [flag for flag, on in trains.items() if on] + ["--" + k.replace("_", "-") for k in given]
+    if refused:
+        raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "
                          "--widths and --lengths (which points to summarise), --threads, --no-progress")
     summary = collect_scaling(args.out, widths=args.widths, lengths=args.lengths)
     print(format_scaling(summary))

@@ -1,15 +1,22 @@
 """The command-line grammar shared by every ``ddl`` subcommand: one flag name, one meaning (docs/cli.md).
 
 Each ``add_*`` helper adds one option to a parser with the same spelling, metavar, choices and help text in
-every command that has it; :func:`integer` and :func:`real` are the types of every numeric option (finite,
-scientific notation read); ``apply_threads`` and ``variant_list`` turn parsed values into what the library
-takes. Library functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns
-those into these flags.
+every command that has it; :func:`add_settings` adds a flag for every field of a settings dataclass, from the
+field's annotation and metadata (:func:`deep_delta.settings.setting`), and :func:`given_settings` reads the
+given ones back; :func:`integer` and :func:`real` are the types of every numeric option (finite, scientific
+notation read); ``apply_threads`` and ``variant_list`` turn parsed values into what the library takes. Library
+functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns those into these
+flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
 
 # Every --dtype takes some of these (a command lists only what it can run); what the value means is stated
 # by add_dtype: the dtype of the weights, or the autocast compute dtype over float32 weights.
@@ -20,11 +27,6 @@ THREADS_HELP = ("CPU threads for PyTorch: N, or auto = the cores other work does
                 "(default {default})")
 SET_HELP = ("override a setting: KEY=VALUE, the value parsed as YAML; model.FIELD=VALUE sets a model (DDLConfig) "
             "field, e.g. --set model.hidden_size=64. Repeatable")
-
-
-def _shown(default) -> str:
-    """How help text names a default: None or SUPPRESS (the config decides) read as the config default, auto."""
-    return "auto" if default is None or default == argparse.SUPPRESS else str(default)
 
 
 def integer(text: str) -> int:
@@ -47,23 +49,21 @@ def real(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_device(p, default: str | None = "auto", note: str = "") -> None:
-    """``--device``; ``default`` None (or SUPPRESS) means "the config's device", itself auto unless a config says
-    otherwise."""
-    p.add_argument("--device", default=default, metavar=DEVICE_METAVAR,
-                   help=f"{DEVICE_HELP}{note} (default {_shown(default)})")
+def add_device(p, default: str = "auto", note: str = "") -> argparse.Action:
+    """``--device``; ``note`` follows the shared text."""
+    return p.add_argument("--device", default=default, metavar=DEVICE_METAVAR,
+                          help=f"{DEVICE_HELP}{note} (default {default})")
 
 
-def add_dtype(p, *, weights: bool, default: str | None = "auto",
-              choices: tuple[str, ...] = DTYPE_CHOICES) -> None:
+def add_dtype(p, *, weights: bool, default: str = "auto",
+              choices: Sequence[str] = DTYPE_CHOICES) -> argparse.Action:
     """``--dtype``: for commands that run a model as it was trained, the dtype of the weights (``weights``); for
     commands that train or time training, the autocast compute dtype over float32 weights."""
     assert set(choices) <= set(DTYPE_CHOICES), choices
     what = ("dtype of the weights" if weights else
             "compute dtype: autocast over float32 weights, as training runs")
     auto = "; auto = bfloat16 on a CUDA device that supports it, else float32" if "auto" in choices else ""
-    p.add_argument("--dtype", default=default, choices=list(choices),
-                   help=f"{what}{auto} (default {_shown(default)})")
+    return p.add_argument("--dtype", default=default, choices=list(choices), help=f"{what}{auto} (default {default})")
 
 
 def add_threads(p: argparse.ArgumentParser, default: str | None = "auto") -> None:
@@ -87,12 +87,13 @@ def add_set(p: argparse.ArgumentParser, help: str = SET_HELP) -> None:
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
-def add_variants(p: argparse.ArgumentParser, default: tuple[str, ...] | list[str]) -> None:
+def add_variants(p: argparse.ArgumentParser, default: Sequence[str], note: str = "") -> argparse.Action:
+    """``--variants VARIANT ...``; ``note`` follows the shared text; :func:`variant_list` reads it."""
     from deep_delta.variants import VARIANTS
 
-    p.add_argument("--variants", nargs="+", default=list(default), metavar="VARIANT",
-                   help=f"variants, space-separated, in table order (default: {' '.join(default)}); one of "
-                   f"{', '.join(VARIANTS)}")
+    return p.add_argument("--variants", nargs="+", default=list(default), metavar="VARIANT",
+                          help=f"variants, space-separated, in table order (default: {' '.join(default)}); one of "
+                          f"{', '.join(VARIANTS)}{note}")
 
 
 def variant_list(values: list[str]) -> list[str]:
@@ -117,9 +118,9 @@ def add_seed(p, help: str, default: int | None = None) -> None:
     p.add_argument("--seed", type=integer, default=default, metavar="S", help=help)
 
 
-def add_seeds(p, help: str, default: list[int] | None = None) -> None:
+def add_seeds(p, help: str, default: list[int] | None = None) -> argparse.Action:
     """``--seeds S ...``: several paired seeds, a list or one count N (seeds 0..N-1); :func:`seed_list` reads it."""
-    p.add_argument("--seeds", type=integer, nargs="+", default=default, metavar="S", help=help)
+    return p.add_argument("--seeds", type=integer, nargs="+", default=default, metavar="S", help=help)
 
 
 def seed_list(values: list[int] | None, seed: int) -> list[int]:
@@ -167,11 +168,23 @@ def add_wandb(p: argparse.ArgumentParser, what: str) -> None:
 def wandb_project(args: argparse.Namespace) -> str | None:
     """The W&B project of ``--wandb`` / ``--wandb-project`` (None: the default project); a project given without
     ``--wandb`` is refused rather than ignored."""
-    if args.wandb_project is not None and not args.wandb:
+    check_wandb_names(["wandb_project"] if args.wandb_project is not None else [], args.wandb)
+    return args.wandb_project
+
+
+# The W&B names of TrainConfig: given while W&B logging is off, they would be ignored (check_wandb_names).
+WANDB_NAMES = ("wandb_project", "wandb_run_name", "wandb_group")
+
+
+def check_wandb_names(given: Sequence[str], wandb: bool, *, config: bool = False) -> None:
+    """Refuse W&B names (``given``: ``wandb_project``, ...) while W&B logging is off (``wandb``) rather than ignore
+    them; ``config``: the command also reads ``wandb: true`` from a config."""
+    if given and not wandb:
         from deep_delta.cli.main import UsageError
 
-        raise UsageError("--wandb-project given, but W&B logging is off; add --wandb")
-    return args.wandb_project
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise UsageError(f"{flags} given, but W&B logging is off; add --wandb"
+                         + (" (or wandb: true in the config)" if config else ""))
 
 
 def add_lrs(p: argparse.ArgumentParser, what: str) -> None:
@@ -195,3 +208,85 @@ def lr_grid(lrs: list[float] | None, lr: float | None, assignments: list[str]) -
         raise ValueError(f"`lrs` got {' '.join(f'{x:g}' for x in lrs)} together with one learning rate "
                          f"({', '.join(single)}); allowed: either the grid or one lr, not both")
     return check_lrs(lrs)
+
+
+# ------------------------------------------------------------------------------------------- settings flags
+# A settings field of one of these names gets the shared option of that name (one text in every command).
+SHARED_SETTINGS = ("device", "dtype", "variants", "seeds")
+
+
+def setting_names(cls: type, skip: Sequence[str] = ()) -> list[str]:
+    """The fields of the settings dataclass ``cls`` that :func:`add_settings` gives a flag: every one but those
+    in ``skip`` and the mappings (``model``, ``task``: ``--set GROUP.NAME=VALUE`` sets those)."""
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls)
+            if f.name not in skip and (typing.get_origin(hints[f.name]) or hints[f.name]) is not dict]
+
+
+def add_settings(p, cls: type, *, skip: Sequence[str] = (), defaults: dict[str, Any] | None = None) -> list[str]:
+    """Add ``--field-name`` to ``p`` (a parser or group) for every field of the settings dataclass ``cls`` of
+    :func:`setting_names`; returns their names, what :func:`given_settings` reads back.
+
+    Each flag's type comes from the annotation (int: :func:`integer`, float: :func:`real`, bool: ``--x`` /
+    ``--no-x``, a tuple, list or sequence: several values, ``X | None``: X), its help, metavar and choices from
+    the field's metadata (:func:`deep_delta.settings.setting`), the default its help shows from the class or
+    ``defaults`` (a command's own, e.g. a recipe's); a field named as a shared option (:data:`SHARED_SETTINGS`)
+    gets that option. A flag not given leaves nothing in the namespace (``argparse.SUPPRESS``), so only the
+    flags given override the settings' own defaults."""
+    hints = typing.get_type_hints(cls)
+    names = setting_names(cls, skip)
+    for f in dataclasses.fields(cls):
+        if f.name in names:
+            default = (defaults or {}).get(f.name, _field_default(f))
+            action = _add_setting(p, f, hints[f.name], default)
+            action.default = argparse.SUPPRESS  # the help shows the default; the settings apply it
+    return names
+
+
+def given_settings(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The settings among ``names`` (:func:`add_settings`) given on the command line, as field -> value: the
+    values a settings class takes (``--variants`` checked by :func:`variant_list`, ``--seeds`` read by
+    :func:`seed_list`); a flag not given is absent."""
+    given = {n: getattr(args, n) for n in names if hasattr(args, n)}
+    if "variants" in given:
+        given["variants"] = variant_list(given["variants"])
+    if "seeds" in given:
+        given["seeds"] = seed_list(given["seeds"], 0)
+    return given
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _add_setting(p, f: dataclasses.Field, kind: Any, default: Any) -> argparse.Action:
+    """The flag of the settings field ``f`` annotated ``kind``, showing ``default`` in its help."""
+    note = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
+    metavar, choices = f.metadata.get("metavar"), f.metadata.get("choices")
+    if f.name == "device":
+        return add_device(p, default=default, note=note)
+    if f.name == "dtype":  # a settings class trains or times training: its dtype is the compute dtype
+        return add_dtype(p, weights=False, default=default, choices=choices or DTYPE_CHOICES)
+    if f.name == "variants":
+        return add_variants(p, default, note=note)
+    if f.name == "seeds":  # shown as --seeds reads it: seeds 0..N-1 as the count N
+        count = list(default) == list(range(len(default)))
+        return add_seeds(p, f"{note} (default {len(default) if count else ' '.join(map(str, default))})")
+    text = note if default is None else f"{note} (default {_listed(default)})"
+    flag = "--" + f.name.replace("_", "-")
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: X (None is its default)
+        (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
+    if kind is bool:
+        return p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+    nargs = None
+    if typing.get_origin(kind) in (tuple, list, Sequence):
+        items = typing.get_args(kind)
+        fixed = typing.get_origin(kind) is tuple and items[-1] is not Ellipsis
+        nargs = len(items) if fixed else len(metavar) if isinstance(metavar, tuple) else "+"
+        kind = items[0]
+    return p.add_argument(flag, type={int: integer, float: real}.get(kind), nargs=nargs, metavar=metavar,
+                          choices=list(choices) if choices else None, help=text)
+
+
+def _listed(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)

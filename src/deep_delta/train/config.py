@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments
+from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments, setting
 from deep_delta.train.recipes import RECIPES
 from deep_delta.variants import PRESETS, VARIANTS
 
@@ -24,12 +24,6 @@ DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
 ON_DIVERGENCE = ("raise", "stop")
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
-
-
-def _setting(default: Any, help: str, **flag: Any) -> Any:
-    """A TrainConfig field: its default, and the help (with ``metavar`` or ``choices``) of its ``ddl train``
-    flag, kept beside it."""
-    return field(default=default, metadata={"help": help, **flag})
 
 
 @dataclass
@@ -57,50 +51,51 @@ class TrainConfig:
     VARIANT-PRESET-sSEED; W&B group ``wandb_group``), offline when no API key is configured (docs/training.md).
     """
 
-    # Each field's metadata holds the help of its `ddl train` flag (--field-name), and its metavar or choices;
-    # the command line builds its flags from them (deep_delta/cli/train.py). `model` is set with --set model.X.
-    variant: str = _setting("baseline", "model variant", choices=tuple(VARIANTS))
-    preset: str = _setting("tiny", "model size: tiny (CPU), small (124M), medium (353M)", choices=tuple(PRESETS))
-    model: dict[str, Any] = field(default_factory=dict)
-    data: str | None = _setting(None, "prepared data directory (none: the embedded text, prepared once into a "
-                                "cache)", metavar="DIR")
-    out: str = _setting("runs/train", "run directory: metrics.jsonl, run.json, checkpoints/", metavar="DIR")
-    steps: int = _setting(1000, "total optimizer steps of the run (also the length of the cosine schedule)")
-    batch_size: int = _setting(8, "sequences per micro-batch on each process", metavar="B")
-    grad_accum: int = _setting(1, "micro-batches per optimizer step (ignored when --global-batch-size is set)")
-    global_batch_size: int | None = _setting(None, "sequences per optimizer step over all processes; derives "
-                                             "grad_accum")
-    seq_len: int = _setting(256, "tokens per sequence", metavar="T")
-    lr: float = _setting(1e-3, "peak learning rate")
-    min_lr_ratio: float = _setting(0.1, "final learning rate as a fraction of --lr")
-    warmup_steps: int = _setting(100, "linear warm-up steps")
-    weight_decay: float = _setting(0.1, "AdamW weight decay on matrices")
-    betas: tuple[float, float] = _setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
-    grad_clip: float = _setting(1.0, "clip the gradient norm to this (0: off)")
-    on_divergence: str = _setting("raise", "a non-finite loss or gradient norm: raise (an error naming the step; "
-                                  "the last checkpoint kept) or stop (end the run at the last good step, validate and "
-                                  "checkpoint it, and report the run as diverged)", choices=ON_DIVERGENCE)
-    eval_every: int = _setting(250, "validate every N steps (0: only at the end)")
-    eval_batches: int = _setting(20, "validation batches per evaluation")
-    save_every: int = _setting(1000, "checkpoint every N steps (0: only at the end)")
-    keep: int = _setting(2, "keep the newest K checkpoints")
-    log_every: int = _setting(10, "print / update the progress bar every N steps (0: never)")
-    seed: int = _setting(0, "seed of the initialisation and the data order", metavar="S")
-    device: str = _setting("auto", "; under torchrun, cuda is each process's LOCAL_RANK GPU")  # after --device's
-    dtype: str = _setting("auto", "", choices=DTYPES)  # the text of --dtype everywhere (cli/options.add_dtype)
-    compile: bool = _setting(False, "torch.compile each block")
-    activation_checkpointing: bool = _setting(False, "checkpoint each block: rerun its forward in backward (less "
-                                              "activation memory)")
-    distributed: str = _setting("auto", "under torchrun: auto (DDP when several processes), none, ddp or fsdp "
-                                "(FSDP2)", choices=DISTRIBUTED)
-    tensorboard: bool = _setting(False, "also write TensorBoard scalars to OUT/tensorboard")
-    peak_flops: float | None = _setting(None, "peak FLOP/s of one device for MFU (none: looked up for known GPUs; "
-                                        "none on CPU)")
-    wandb: bool = _setting(False, "also log to Weights & Biases (offline when no API key is configured; needs the "
-                           "wandb package)")
-    wandb_project: str | None = _setting(None, "W&B project (none: deep-delta-learning)", metavar="P")
-    wandb_run_name: str | None = _setting(None, "W&B run name (none: VARIANT-PRESET-sSEED)", metavar="N")
-    wandb_group: str | None = _setting(None, "W&B group of the run (none: no group)", metavar="G")
+    # Each field's metadata holds the help of its flag (--field-name: `ddl train`, and `ddl compare` but for
+    # variant, out and wandb_run_name), and its metavar or choices; the command line builds the flags from them
+    # (deep_delta/cli/options.py::add_settings). `model` is set with --set model.FIELD=VALUE.
+    variant: str = setting("baseline", "model variant", choices=tuple(VARIANTS))
+    preset: str = setting("tiny", "model size: tiny (CPU), small (124M), medium (353M)", choices=tuple(PRESETS))
+    model: dict[str, Any] = setting(help="DDLConfig fields over the preset's (--set model.FIELD=VALUE)", factory=dict)
+    data: str | None = setting(None, "prepared data directory (none: the embedded text, prepared once into a "
+                               "cache)", metavar="DIR")
+    out: str = setting("runs/train", "run directory: metrics.jsonl, run.json, checkpoints/", metavar="DIR")
+    steps: int = setting(1000, "total optimizer steps of the run (also the length of the cosine schedule)")
+    batch_size: int = setting(8, "sequences per micro-batch on each process", metavar="B")
+    grad_accum: int = setting(1, "micro-batches per optimizer step (ignored when --global-batch-size is set)")
+    global_batch_size: int | None = setting(None, "sequences per optimizer step over all processes; derives "
+                                            "grad_accum")
+    seq_len: int = setting(256, "tokens per sequence", metavar="T")
+    lr: float = setting(1e-3, "peak learning rate")
+    min_lr_ratio: float = setting(0.1, "final learning rate as a fraction of --lr")
+    warmup_steps: int = setting(100, "linear warm-up steps")
+    weight_decay: float = setting(0.1, "AdamW weight decay on matrices")
+    betas: tuple[float, float] = setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
+    grad_clip: float = setting(1.0, "clip the gradient norm to this (0: off)")
+    on_divergence: str = setting("raise", "a non-finite loss or gradient norm: raise (an error naming the step; "
+                                 "the last checkpoint kept) or stop (end the run at the last good step, validate and "
+                                 "checkpoint it, and report the run as diverged)", choices=ON_DIVERGENCE)
+    eval_every: int = setting(250, "validate every N steps (0: only at the end)")
+    eval_batches: int = setting(20, "validation batches per evaluation")
+    save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)")
+    keep: int = setting(2, "keep the newest K checkpoints")
+    log_every: int = setting(10, "print / update the progress bar every N steps (0: never)")
+    seed: int = setting(0, "seed of the initialisation and the data order", metavar="S")
+    device: str = setting("auto", "; under torchrun, cuda is each process's LOCAL_RANK GPU")  # after --device's
+    dtype: str = setting("auto", "", choices=DTYPES)  # the text of --dtype everywhere (cli/options.add_dtype)
+    compile: bool = setting(False, "torch.compile each block")
+    activation_checkpointing: bool = setting(False, "checkpoint each block: rerun its forward in backward (less "
+                                             "activation memory)")
+    distributed: str = setting("auto", "under torchrun: auto (DDP when several processes), none, ddp or fsdp "
+                               "(FSDP2)", choices=DISTRIBUTED)
+    tensorboard: bool = setting(False, "also write TensorBoard scalars to OUT/tensorboard")
+    peak_flops: float | None = setting(None, "peak FLOP/s of one device for MFU (none: looked up for known GPUs; "
+                                       "none on CPU)")
+    wandb: bool = setting(False, "also log to Weights & Biases (offline when no API key is configured; needs the "
+                          "wandb package)")
+    wandb_project: str | None = setting(None, "W&B project (none: deep-delta-learning)", metavar="P")
+    wandb_run_name: str | None = setting(None, "W&B run name (none: VARIANT-PRESET-sSEED)", metavar="N")
+    wandb_group: str | None = setting(None, "W&B group of the run (none: no group)", metavar="G")
 
     def __post_init__(self) -> None:
         self.validate()
