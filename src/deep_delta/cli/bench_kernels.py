@@ -13,10 +13,8 @@ from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
-    from deep_delta.eval.settings import BENCH_DTYPE_NAMES, KernelBenchSettings
-    from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
+    from deep_delta.eval.settings import KernelBenchSettings
 
-    d = KernelBenchSettings()
     p = sub.add_parser(
         "bench-kernels",
         help="time DDL and HC / mHC kernels vs the PyTorch reference and each variant's training step vs the "
@@ -29,21 +27,8 @@ def add_parser(sub) -> None:
         "interleaved round-robin (the first case rotating each round); each figure is the median over "
         "--repeats rounds. --dtype bfloat16 is autocast over fp32 weights, as in training and `ddl bench`.",
     )
-    options.add_device(p)
-    options.add_dtype(p, weights=False, default=d.dtype, choices=BENCH_DTYPE_NAMES)
-    p.add_argument("--preset", default=d.preset, choices=list(PRESETS), help=f"model size (default {d.preset})")
-    options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default "
-                      f"{d.seq_len})", batch_default=d.batch_size, seq_default=d.seq_len)
-    options.add_variants(p, DEFAULT_VARIANTS)
-    p.add_argument("--repeats", type=options.integer, default=d.repeats, metavar="R", help=f"timed rounds (default {d.repeats})")
-    p.add_argument("--warmup", type=options.integer, default=d.warmup, metavar="W",
-                   help=f"untimed rounds first (default {d.warmup})")
+    options.add_settings(p, KernelBenchSettings)
     options.add_threads(p, default=None)  # set for this run only
-    p.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="also time torch.compile of the reference ops (default: on CUDA only)")
-    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
-    p.add_argument("--skip-ops", action="store_true", help="only the training-step table")
-    p.add_argument("--skip-steps", action="store_true", help="only the op table")
     p.add_argument("--traffic", action="store_true",
                    help="instead of timing: the bytes each DDL kernel reads and writes per token in one training "
                    "step of each DDL variant (from the launch arguments; no GPU needed), next to the ideal "
@@ -60,19 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.eval.kernel_bench import kernel_bench_report
     from deep_delta.eval.settings import KernelBenchSettings, with_assignments
 
-    settings = KernelBenchSettings(
-        preset=args.preset,
-        variants=options.variant_list(args.variants),
-        device=args.device,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        compile=args.compile,
-        ops=not args.skip_ops,
-        steps=not args.skip_steps,
-    )
+    settings = KernelBenchSettings(**options.given_settings(args, options.setting_names(KernelBenchSettings)))
     settings = with_assignments(settings, args.assignments).resolved()
     import torch
 

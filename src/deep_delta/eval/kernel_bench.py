@@ -294,9 +294,9 @@ def kernel_bench_report(settings: KernelBenchSettings, progress: Callable[[str],
     """Run the tables ``settings`` asks for; returns the markdown report."""
     s = settings.resolved()
     out = [f"## ddl bench-kernels on {device_description(s.device)}, torch {torch.__version__}", ""]
-    if s.ops:
+    if not s.skip_ops:
         timings, notes = run_op_bench(s)
         out += [op_table(timings, notes, s), ""]
-    if s.steps:
+    if not s.skip_steps:
         out += [step_table(run_step_bench(s, progress), s), ""]
     return "\n".join(out)

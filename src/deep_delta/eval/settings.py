@@ -6,15 +6,16 @@ The benchmark modules build on this one: ``timing.py`` takes the dtype names and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
-from deep_delta.settings import check_count, check_fields, parse_assignments
+from deep_delta.settings import check_count, check_fields, parse_assignments, setting
 from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
 # float32, or autocast over fp32 weights in bfloat16 / float16, as training runs (deep_delta.eval.timing)
 BENCH_DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # (batch size, sequence length) per preset when not given
 DEFAULT_SHAPES = {"tiny": (4, 256), "small": (8, 1024), "medium": (8, 1024)}
+_SHAPES = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
 
 
 def check_dtype(dtype: str) -> None:
@@ -25,19 +26,25 @@ def check_dtype(dtype: str) -> None:
 
 @dataclass
 class BenchSettings:
-    preset: str = "tiny"
-    variants: Sequence[str] = DEFAULT_VARIANTS
-    device: str = "auto"
-    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
-    batch_size: int | None = None
-    seq_len: int | None = None
-    steps: int = 2  # timed optimizer steps per repeat
-    repeats: int = 5
-    warmup: int = 1
-    decode_tokens: int = 32
-    seed: int = 0
-    model: dict = field(default_factory=dict)  # DDLConfig fields set for every variant
-    compile: bool = False  # the training step with compiled blocks, as `ddl train --set compile=true`
+    """What ``ddl bench`` measures; each field's metadata holds the help of its flag (``--field-name``)."""
+
+    preset: str = setting("tiny", "model size", choices=tuple(PRESETS))
+    variants: Sequence[str] = setting(DEFAULT_VARIANTS)  # the text of --variants everywhere (cli/options.py)
+    device: str = setting("auto")
+    dtype: str = setting("float32", choices=BENCH_DTYPE_NAMES)  # bfloat16 / float16: autocast over fp32 weights
+    batch_size: int | None = setting(None, f"sequences per batch (none: the preset's; batch x tokens: "
+                                     f"{_SHAPES})", metavar="B")
+    seq_len: int | None = setting(None, "tokens per sequence (none: the preset's, see --batch-size; at most the model's "
+                                  "context)", metavar="T")
+    steps: int = setting(2, "timed train steps per repeat", metavar="N")
+    repeats: int = setting(5, "interleaved repeats; the median is reported", metavar="R")
+    warmup: int = setting(1, "untimed warm-up rounds per variant", metavar="W")
+    decode_tokens: int = setting(32, "decode steps timed per repeat; 0: no decode column", metavar="N")
+    seed: int = setting(0, "seed of the models' initialisation and of the batches", metavar="S")
+    model: dict = setting(help="DDLConfig fields set for every variant (--set model.FIELD=VALUE)", factory=dict)
+    compile: bool = setting(False, "compile each block for the training step, as `ddl train --set compile=true`, "
+                            "and decode with the fixed-shape cache and one compiled step (CUDA graphs on CUDA; "
+                            "deep_delta.hf.StaticDecoder); prefill stays eager")
 
     def __post_init__(self):
         check_fields(self)
@@ -86,19 +93,23 @@ def with_assignments(settings, assignments: Sequence[str]):
 
 @dataclass
 class KernelBenchSettings:
-    preset: str = "tiny"
-    variants: Sequence[str] = DEFAULT_VARIANTS  # the baseline is added first when missing
-    device: str = "auto"
-    dtype: str = "float32"  # float32, or bfloat16/float16 autocast over fp32 weights (as in training)
-    batch_size: int = 4
-    seq_len: int = 256
-    repeats: int = 7
-    warmup: int = 2
-    compile: bool | None = None  # torch.compile of the reference ops; None: on CUDA only
-    ops: bool = True  # the op table
-    steps: bool = True  # the training-step table
-    seed: int = 0
-    model: dict = field(default_factory=dict)  # DDLConfig fields set for the step table's models
+    """What ``ddl bench-kernels`` measures; each field's metadata holds the help of its flag (``--field-name``)."""
+
+    preset: str = setting("tiny", "model size", choices=tuple(PRESETS))
+    variants: Sequence[str] = setting(DEFAULT_VARIANTS, "; the step table's, the baseline added first when "
+                                      "missing")
+    device: str = setting("auto")
+    dtype: str = setting("float32", choices=BENCH_DTYPE_NAMES)  # bfloat16 / float16: autocast over fp32 weights
+    batch_size: int = setting(4, "sequences per step", metavar="B")
+    seq_len: int = setting(256, "tokens per sequence", metavar="T")
+    repeats: int = setting(7, "timed rounds", metavar="R")
+    warmup: int = setting(2, "untimed rounds first", metavar="W")
+    compile: bool | None = setting(None, "also time torch.compile of the reference ops (none: on CUDA only)")
+    skip_ops: bool = setting(False, "only the training-step table: no op table")
+    skip_steps: bool = setting(False, "only the op table: no training-step table")
+    seed: int = setting(0, "seed of the step table's models and batches", metavar="S")
+    model: dict = setting(help="DDLConfig fields set for the step table's models (--set model.FIELD=VALUE)",
+                          factory=dict)
 
     def __post_init__(self):
         check_fields(self)
