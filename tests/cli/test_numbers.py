@@ -88,7 +88,7 @@ def test_train_config_refuses_non_finite_numbers():
 
 @pytest.mark.parametrize(("item", "said"), [
     ("model.vocab_size=abc", "DDLConfig: `vocab_size` got 'abc'; allowed: an integer"),
-    ("lr=nan", "`lr` got 'nan'"),
+    ("lr=nan", "--lr got 'nan'"),  # the library's `lr`, shown as the command's flag
 ])
 def test_tasks_run_bad_set_is_one_line_not_a_traceback(item, said, capsys):
     assert main(["tasks", "run", "flip-flop", "--seeds", "1", "--set", item]) == 2

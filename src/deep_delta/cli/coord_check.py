@@ -6,11 +6,13 @@ import argparse
 
 from deep_delta.cli import options
 
+# Where the command's defaults differ from CoordCheckSettings': the device is chosen here, then resolved.
+COMMAND_DEFAULTS = {"device": "auto"}
+
 
 def add_parser(sub) -> None:
     from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 
-    d = CoordCheckSettings()
     p = sub.add_parser(
         "coord-check",
         help="muP coordinate check: how each activation's size and change since init move with the width, sp and "
@@ -24,25 +26,11 @@ def add_parser(sub) -> None:
         "OUT/coord_check.png. Exits 1 when the slope of a change under mup after the last step misses its muP "
         "order by more than --bound (docs/mup.md).",
     )
-    options.add_variants(p, list(d.variants))
-    p.add_argument("--widths", type=options.integer, nargs="+", default=list(d.widths), metavar="W",
-                   help=f"hidden sizes, multiples of --head-dim (default {' '.join(map(str, d.widths))})")
-    p.add_argument("--steps", type=options.integer, default=d.steps, help=f"optimizer steps recorded (default {d.steps})")
-    p.add_argument("--parametrizations", nargs="+", default=list(d.parametrizations), choices=["sp", "mup"],
-                   help="which to run (default: sp mup)")
-    p.add_argument("--layers", type=options.integer, default=d.layers, help=f"blocks (default {d.layers})")
-    p.add_argument("--head-dim", type=options.integer, default=d.head_dim, help=f"head size, fixed across widths "
-                   f"(default {d.head_dim})")
-    options.add_batch(p, f"sequences per step (default {d.batch_size})", f"tokens per sequence (default {d.seq_len})",
-                      batch_default=d.batch_size, seq_default=d.seq_len)
-    p.add_argument("--lr", type=options.real, default=d.lr, help=f"AdamW learning rate at the base width (default {d.lr})")
-    options.add_seeds(p, "seeds averaged per point: a list, or one number N for seeds 0..N-1 (default 1)",
-                      default=[1])
+    options.add_settings(p, CoordCheckSettings, defaults=COMMAND_DEFAULTS)
     p.add_argument("--bound", type=options.real, default=MUP_SLOPE_BOUND,
                    help=f"largest |slope of a change - muP order| after the last step that passes "
                    f"(default {MUP_SLOPE_BOUND})")
     p.add_argument("--out", default="runs/coord_check", help="output directory (default runs/coord_check)")
-    options.add_device(p)
     options.add_threads(p)
     options.add_set(p, help="set a model (DDLConfig) field for every model: model.FIELD=VALUE, e.g. "
                     "model.mup_base_width=128. Repeatable")
@@ -63,12 +51,9 @@ def run(args: argparse.Namespace) -> int:
     bad = [k for k in overrides if k != "model"]
     if bad:
         raise ValueError(f"`assignments` got {bad!r}; allowed here: model.FIELD=VALUE (a DDLConfig field)")
-    settings = CoordCheckSettings(
-        variants=options.variant_list(args.variants), widths=args.widths, parametrizations=args.parametrizations,
-        steps=args.steps, layers=args.layers, head_dim=args.head_dim, batch_size=args.batch_size,
-        seq_len=args.seq_len, lr=args.lr, seeds=options.seed_list(args.seeds, 0), device=str(resolve_device(args.device)),
-        model=overrides.get("model", {}),
-    )
+    given = {**COMMAND_DEFAULTS, **options.given_settings(args, options.setting_names(CoordCheckSettings))}
+    given["device"] = str(resolve_device(given["device"]))
+    settings = CoordCheckSettings(**given, model=overrides.get("model", {}))
     out = Path(args.out)
     refuse_replaced_dir(out)
     refuse_unwritable_results(out / f"coord_check.{ext}" for ext in ("json", "md", "png"))

@@ -14,7 +14,6 @@ def add_parser(sub) -> None:
     from deep_delta.tasks import TASKS
     from deep_delta.tasks.settings import TaskSettings
 
-    d = TaskSettings()
     p = sub.add_parser("tasks", help="mechanism tasks: swap tracking, pointer chasing, recall, flip-flop",
                        description="Synthetic tasks built so that the delta rewrite should matter (shell game: "
                        "reflection; pointer chase: erase) or should not (recall, flip-flop: attention controls). "
@@ -33,27 +32,21 @@ def add_parser(sub) -> None:
     options.add_variants(rp, DEFAULT_TASK_VARIANTS)
     options.add_seeds(rp, "paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 (default 3)",
                       default=[3])
-    rp.add_argument("--steps", type=options.integer, default=None, help=f"(default {d.steps}) optimizer steps per run")
     options.add_lrs(rp, "every variant")
     rp.add_argument("--out", default=None, help="output directory (default runs/tasks/TASK)")
     options.add_device(rp)
     options.add_threads(rp)
     options.add_set(rp, help="override a setting: KEY=VALUE, the value parsed as YAML. Settings: "
-                    f"{', '.join(f.name for f in _fields(d))}; model.FIELD sets a DDLConfig field (e.g. "
-                    "model.beta_max=1), task.PARAM a task parameter (ddl tasks list). Repeatable")
+                    f"{', '.join(options.setting_names(TaskSettings))} (their flags below); model.FIELD sets a "
+                    "DDLConfig field (e.g. model.beta_max=1), task.PARAM a task parameter (ddl tasks list). "
+                    "Repeatable")
     rp.add_argument("--overwrite", action="store_true", help="retrain results already in OUT")
     options.add_wandb(rp, "the result tables (one W&B run per study)")
     options.add_progress(rp)
+    settings = rp.add_argument_group("settings of every run (model.FIELD and task.PARAM: see --set)")
+    options.add_settings(settings, TaskSettings)
     rp.set_defaults(func=run)
     p.set_defaults(func=lambda args: p.print_help() or 2)
-
-
-def _fields(settings):
-    import dataclasses
-
-    from deep_delta.tasks.settings import GROUPS
-
-    return [f for f in dataclasses.fields(settings) if f.name not in GROUPS]
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -71,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.tasks.settings import TaskSettings, model_config, resolve_task
 
     project = options.wandb_project(args)
-    assignments = ([f"steps={args.steps}"] if args.steps is not None else []) + args.assignments
-    lrs = options.lr_grid(args.lrs, None, args.assignments)
-    settings = TaskSettings().with_assignments(assignments)
+    given = options.given_settings(args, options.setting_names(TaskSettings))
+    lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
+    settings = TaskSettings(**given).with_assignments(args.assignments)
     task = resolve_task(args.task, settings)  # a bad name or parameter is refused before anything is printed
     variants = options.variant_list(args.variants)
     seeds = options.seed_list(args.seeds, 0)

@@ -4,10 +4,10 @@ build its parser; the check itself is :mod:`deep_delta.experiments.coord_check`)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from deep_delta.settings import MAX_SEEDS, check_count, check_fields
+from deep_delta.settings import MAX_SEEDS, check_count, check_fields, setting
 from deep_delta.variants import VARIANTS
 
 PARAMETRIZATIONS = ("sp", "mup")
@@ -21,20 +21,22 @@ MUP_SLOPE_BOUND = 0.5
 @dataclass
 class CoordCheckSettings:
     """What a coordinate check runs; every model is ``variant`` at ``layers`` blocks of ``width / head_dim``
-    heads of ``head_dim``, vocabulary 257 (bytes) and ``model`` (any DDLConfig field)."""
+    heads of ``head_dim``, vocabulary 257 (bytes) and ``model`` (any DDLConfig field). Each field's metadata holds
+    the help of its ``ddl coord-check`` flag (``--field-name``)."""
 
-    variants: Sequence[str] = ("baseline", "ddl-cc")
-    widths: Sequence[int] = (64, 128, 256, 512, 1024)
-    parametrizations: Sequence[str] = PARAMETRIZATIONS
-    steps: int = 4
-    layers: int = 2
-    head_dim: int = 32
-    batch_size: int = 4
-    seq_len: int = 64
-    lr: float = 1e-2
-    seeds: Sequence[int] = (0,)
-    device: str = "cpu"
-    model: dict[str, Any] = field(default_factory=dict)
+    variants: Sequence[str] = setting(("baseline", "ddl-cc"))  # the text of --variants everywhere (cli/options.py)
+    widths: Sequence[int] = setting((64, 128, 256, 512, 1024), "hidden sizes, multiples of --head-dim", metavar="W")
+    parametrizations: Sequence[str] = setting(PARAMETRIZATIONS, "which to run", choices=PARAMETRIZATIONS)
+    steps: int = setting(4, "optimizer steps recorded")
+    layers: int = setting(2, "blocks")
+    head_dim: int = setting(32, "head size, fixed across widths")
+    batch_size: int = setting(4, "sequences per step", metavar="B")
+    seq_len: int = setting(64, "tokens per sequence", metavar="T")
+    lr: float = setting(1e-2, "AdamW learning rate at the base width")
+    seeds: Sequence[int] = setting((0,), "seeds averaged per point: a list, or one number N for seeds 0..N-1")
+    device: str = setting("cpu")  # a device, not auto: `ddl coord-check` resolves its --device (default auto)
+    model: dict[str, Any] = setting(help="DDLConfig fields set for every model (--set model.FIELD=VALUE)",
+                                    factory=dict)
 
     def __post_init__(self):
         check_fields(self)

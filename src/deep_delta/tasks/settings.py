@@ -7,11 +7,12 @@ of PyTorch (``ddl tasks``'s parser reads its defaults from here), and the task a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from deep_delta.settings import check_count, check_fields, parse_assignment, parse_assignments
+from deep_delta.settings import check_count, check_fields, parse_assignment, parse_assignments, setting
 from deep_delta.tasks import Task, get_task
+from deep_delta.variants import PRESETS
 
 # The model: the tiny preset narrowed to d = 64 (4 layers, 4 heads of 16), so that a run of the default
 # 1000 steps takes minutes on a CPU core; the vocabulary and the positions are the task's own (model_config).
@@ -27,24 +28,30 @@ GROUPS = ("model", "task")  # the settings that ``--set GROUP.NAME=VALUE`` fills
 @dataclass
 class TaskSettings:
     """Everything a (task, variant, seed) run depends on besides those three; ``--set KEY=VALUE`` sets a field,
-    ``model.FIELD`` a DDLConfig field, ``task.PARAM`` a task parameter (``ddl tasks list`` shows them)."""
+    ``model.FIELD`` a DDLConfig field, ``task.PARAM`` a task parameter (``ddl tasks list`` shows them). Each
+    field's metadata holds the help of its ``ddl tasks run`` flag (``--field-name``)."""
 
-    preset: str = "tiny"
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    grad_clip: float = 1.0
-    log_every: int = 25  # training-loss curve: the mean loss of each LOG_EVERY steps
-    eval_every: int = 200  # accuracy curve on the first eval_size test sequences (0: only at the end)
-    eval_size: int = 500
-    test_size: int = 2000  # the fixed test set (flip-flop: at most this many, see FlipFlop.test_set)
-    test_seed: int = 1234
-    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))
-    task: dict[str, Any] = field(default_factory=dict)
+    preset: str = setting("tiny", "model size, before the model.FIELD settings narrow it (see --set)",
+                          choices=tuple(PRESETS))
+    steps: int = setting(1000, "optimizer steps per run")
+    batch_size: int = setting(32, "sequences per step", metavar="B")
+    lr: float = setting(2e-3, "peak learning rate")
+    warmup_steps: int = setting(50, "linear warm-up steps")
+    min_lr_ratio: float = setting(0.1, "final learning rate as a fraction of --lr")
+    weight_decay: float = setting(0.1, "AdamW weight decay on matrices")
+    betas: list[float] = setting(help="AdamW betas", factory=lambda: [0.9, 0.98], metavar=("B1", "B2"))
+    grad_clip: float = setting(1.0, "clip the gradient norm to this (0: off)")
+    log_every: int = setting(25, "the training-loss curve: the mean loss of each N steps")
+    eval_every: int = setting(200, "the accuracy curve: accuracy on the first --eval-size test sequences every N "
+                              "steps (0: only at the end)")
+    eval_size: int = setting(500, "sequences of the accuracy curve, and of the validation set an lr grid chooses on")
+    test_size: int = setting(2000, "sequences of the fixed test set (flip-flop: at most this many)")
+    test_seed: int = setting(1234, "seed of the test and validation sequences (the same for every run)")
+    model: dict[str, Any] = setting(help="DDLConfig fields over the preset's (--set model.FIELD=VALUE); default: "
+                                    "width 64, 4 layers of 4 heads, embeddings drawn at std 0.3",
+                                    factory=lambda: dict(MODEL_DEFAULTS))
+    task: dict[str, Any] = setting(help="the task's parameters (--set task.PARAM=VALUE; `ddl tasks list` shows "
+                                   "them)", factory=dict)
 
     def __post_init__(self):
         check_fields(self)  # the types, from the annotations
