@@ -52,7 +52,6 @@ class BenchSettings:
     def resolved(self) -> BenchSettings:
         """A copy with the device, batch size and sequence length filled in; ``ValueError`` naming the field
         for anything out of range."""
-        from deep_delta.eval.step_bench import check_variants
         from deep_delta.runtime import resolve_device
 
         variants = check_variants(self.variants, self.preset, self.model)
@@ -117,7 +116,6 @@ class KernelBenchSettings:
     def resolved(self) -> KernelBenchSettings:
         """A copy with the device resolved, ``compile`` decided and the baseline among the variants;
         ``ValueError`` naming the field for anything out of range."""
-        from deep_delta.eval.step_bench import check_variants
         from deep_delta.runtime import resolve_device
 
         variants = list(self.variants)
@@ -134,3 +132,24 @@ class KernelBenchSettings:
         compile_ = self.compile if self.compile is not None else device.type == "cuda"
         return replace(self, variants=variants, device=str(device), compile=bool(compile_),
                        model=dict(self.model))
+
+
+def check_variants(variants, preset: str, overrides: dict | None = None) -> list[str]:
+    """The variant names as a list, checked (known, no repeats) with ``preset`` and ``overrides``: a bad
+    preset or override fails here, before any model is built."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.variants import PRESETS, VARIANTS
+
+    if preset not in PRESETS:
+        raise ValueError(f"`preset` got {preset!r}; allowed: {' | '.join(PRESETS)}")
+    names = list(variants)
+    if not names:
+        raise ValueError("`variants` got no variant names")
+    for v in names:
+        if v not in VARIANTS:
+            raise ValueError(f"`variants` got {v!r}; allowed: {' | '.join(VARIANTS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"`variants` got a variant twice in {','.join(names)}")
+    for v in names:
+        DDLConfig.from_variant(v, preset, **(overrides or {}))
+    return names

@@ -25,7 +25,8 @@ from collections.abc import Callable
 
 import torch
 
-from deep_delta.eval.timing import autocast_for, check_dtype, check_int
+from deep_delta.eval.settings import check_dtype
+from deep_delta.eval.timing import autocast_for, check_int
 
 
 def _train_defaults() -> dict:
@@ -158,26 +159,5 @@ def saved_activation_bytes(model, ids, tgt, *, autocast=None) -> int:
             st = t.untyped_storage()
             if st.data_ptr() not in params:
                 storages[st.data_ptr()] = st.nbytes()
-    del loss, kept  # the graph and what it saved are freed; nothing was accumulated into .grad
+    del loss  # the graph is freed with the last reference to it; nothing was accumulated into .grad
     return sum(storages.values())
-
-
-def check_variants(variants, preset: str, overrides: dict | None = None) -> list[str]:
-    """The variant names as a list, checked (known, no repeats) with ``preset`` and ``overrides``: a bad
-    preset or override fails here, before any model is built."""
-    from deep_delta.models.ddl.configuration_ddl import DDLConfig
-    from deep_delta.variants import PRESETS, VARIANTS
-
-    if preset not in PRESETS:
-        raise ValueError(f"`preset` got {preset!r}; allowed: {' | '.join(PRESETS)}")
-    names = list(variants)
-    if not names:
-        raise ValueError("`variants` got no variant names")
-    for v in names:
-        if v not in VARIANTS:
-            raise ValueError(f"`variants` got {v!r}; allowed: {' | '.join(VARIANTS)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"`variants` got a variant twice in {','.join(names)}")
-    for v in names:
-        DDLConfig.from_variant(v, preset, **(overrides or {}))
-    return names

@@ -18,7 +18,9 @@ _PUBLIC = {
     "load_config": "deep_delta.train.config",
     "NonFiniteLossError": "deep_delta.train.trainer",
     "TrainResult": "deep_delta.train.trainer",
+    "Trainer": "deep_delta.train.trainer",
     "train": "deep_delta.train.trainer",
+    "TrainData": "deep_delta.train.data",
 }
 
 __all__ = sorted(_PUBLIC)
