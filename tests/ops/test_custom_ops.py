@@ -1,7 +1,8 @@
 """The ``torch.library`` custom ops (:mod:`deep_delta.ops.delta.library`) against the plain reference.
 
 - ``torch.library.opcheck`` (schema, autograd registration, fake tensors, AOT dispatch with dynamic shapes) on
-  every op, forward and backward, fp32, fp64 and bf16, odd sizes.
+  every op, forward and backward, fp32, fp64 and bf16, odd sizes; and with ``backend="triton"`` (the kernels on
+  any device: under the interpreter on CPU), which ``torch.compile`` of a ``"triton"`` model calls.
 - Values and gradients of ``backend="auto"`` (the custom ops) equal the reference, with the tolerances of
   tests/ops/test_kernels.py (``assert_close``).
 - The state rebuild (``StateTape``) through the custom ops in eager.
@@ -27,6 +28,7 @@ from deep_delta.ops.delta.library import (
 )
 from deep_delta.ops.delta.naive import delta_update_reference
 from deep_delta.ops.delta.recompute import StateTape, observe
+from deep_delta.ops.launch import count_traffic
 
 SHAPES = [((2, 3), 7, 1), ((5,), 12, 3), ((1,), 33, 4), ((3, 1), 9, 8)]
 SHAPE_IDS = ["n6-d7-dv1", "n5-d12-dv3", "n1-d33-dv4", "n3-d9-dv8"]
@@ -42,27 +44,38 @@ def flat_inputs(lead, d, dv, dtype, seed):
     return x.reshape(n, d, dv), k.reshape(n, d), v.reshape(n, dv), beta.reshape(n, 1)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("lead,d,dv", SHAPES, ids=SHAPE_IDS)
-def test_opcheck_every_custom_op(lead, d, dv, dtype):
+def opcheck_delta_ops(lead, d, dv, dtype, backend):
     x, k, v, beta = flat_inputs(lead, d, dv, dtype, seed=d)
     gen = torch.Generator().manual_seed(d + 1)
     c = torch.randn(d, dv, generator=gen).to(dtype).to(DEVICE)
     g = torch.randn(x.shape, generator=gen).to(dtype).to(DEVICE)
     gin = torch.randn(x.shape[:-1], generator=gen).to(dtype).to(DEVICE)
     grad = lambda *ts: tuple(t.clone().requires_grad_() for t in ts)  # noqa: E731
+    out = delta_update_op(x, k, v, beta, 1e-5, backend)
     cases = [
-        (delta_update_op, (*grad(x, k, v, beta), 1e-5)),
-        (delta_update_op, (x, k, v, beta, 1e-5)),
-        (delta_update_read_op, (*grad(x, k, v, beta, c), 1e-5)),
-        (delta_update_backward_op, (g, x, k, v, beta, 1e-5)),
-        (delta_update_read_backward_op, (g, gin, x, delta_update_op(x, k, v, beta, 1e-5), k, v, beta, c, 1e-5)),
+        (delta_update_op, (*grad(x, k, v, beta), 1e-5, backend)),
+        (delta_update_op, (x, k, v, beta, 1e-5, backend)),
+        (delta_update_read_op, (*grad(x, k, v, beta, c), 1e-5, backend)),
+        (delta_update_backward_op, (g, x, k, v, beta, 1e-5, backend)),
+        (delta_update_read_backward_op, (g, gin, x, out, k, v, beta, c, 1e-5, backend)),
     ]
     for op, args in cases:
         # opcheck's own comparisons use its default tolerances: bf16 results of the eager and the traced
         # calls are the same kernels, so they agree exactly
         result = torch.library.opcheck(op, args)
         assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,d,dv", SHAPES, ids=SHAPE_IDS)
+def test_opcheck_every_custom_op(lead, d, dv, dtype):
+    opcheck_delta_ops(lead, d, dv, dtype, "auto")
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=DTYPE_IDS[1:])
+def test_opcheck_every_custom_op_on_the_triton_path(dtype):
+    opcheck_delta_ops((5,), 12, 3, dtype, "triton")
+    opcheck_norm_ops(5, 12, 3, dtype, "triton")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -133,11 +146,7 @@ def test_state_rebuild_through_the_custom_ops():
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("n,d,dv", [(6, 7, 1), (5, 12, 3), (1, 33, 4)], ids=["n6-d7-dv1", "n5-d12-dv3", "n1-d33-dv4"])
-def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
-    """``deep_delta::norm_gate_value`` and its backward op (:mod:`deep_delta.ops.norm.library`): src in dtype,
-    weights in fp32 (fp64 with fp64 src), as the module holds them."""
+def opcheck_norm_ops(n, d, dv, dtype, backend):
     from deep_delta.ops.norm.library import norm_gate_value_backward_op, norm_gate_value_op
 
     gen = torch.Generator().manual_seed(d)
@@ -150,50 +159,57 @@ def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
     low = torch.bfloat16 if dtype != torch.float64 else torch.float32  # c in a lower precision (c_dtype)
     cases = [
         (norm_gate_value_op, (src.clone().requires_grad_(), *(w.clone().requires_grad_() for w in weights), *consts,
-                              None)),
+                              None, backend)),
         (norm_gate_value_op, (src.clone().requires_grad_(), *(w.clone().requires_grad_() for w in weights), *consts,
-                              low)),
-        (norm_gate_value_op, (src, *weights, *consts, None)),
-        (norm_gate_value_backward_op, (*grads, src, *weights, *consts)),
-        (norm_gate_value_backward_op, (grads[0].to(low), *grads[1:], src, *weights, *consts)),
+                              low, backend)),
+        (norm_gate_value_op, (src, *weights, *consts, None, backend)),
+        (norm_gate_value_backward_op, (*grads, src, *weights, *consts, backend)),
+        (norm_gate_value_backward_op, (grads[0].to(low), *grads[1:], src, *weights, *consts, backend)),
     ]
     for op, args in cases:
         result = torch.library.opcheck(op, args)
         assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n,d,dv", [(6, 7, 1), (5, 12, 3), (1, 33, 4)], ids=["n6-d7-dv1", "n5-d12-dv3", "n1-d33-dv4"])
+def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
+    """``deep_delta::norm_gate_value`` and its backward op (:mod:`deep_delta.ops.norm.library`): src in dtype,
+    weights in fp32 (fp64 with fp64 src), as the module holds them."""
+    opcheck_norm_ops(n, d, dv, dtype, "auto")
+
+
 def _storages(tensors) -> list[int]:
     return [t.untyped_storage().data_ptr() for t in tensors if torch.is_tensor(t) and t.numel() > 0]
 
 
-def test_cuda_kernels_of_every_op_return_fresh_tensors(monkeypatch):
-    """What each op registers for CUDA (the Triton path; here run by the interpreter on CPU, there natively)
-    returns outputs that alias neither an input nor each other: torch.library refuses such outputs on CUDA
-    ("may not alias any inputs ... or other returns"), which the CPU kernels alone never exercise."""
-    from deep_delta.ops.delta import library as delta_library
-    from deep_delta.ops.norm import library as norm_library
+def test_triton_kernels_of_every_op_return_fresh_tensors():
+    """Every op on the Triton path (``backend="triton"``: here run by the interpreter on CPU, on a GPU natively, the
+    path of each op's CUDA kernel) returns outputs that alias neither an input nor each other: torch.library
+    refuses such outputs on CUDA ("may not alias any inputs ... or other returns"), which the lean CPU kernels
+    alone never exercise."""
+    from deep_delta.ops.norm.library import norm_gate_value_backward_op, norm_gate_value_op
 
-    for module in (delta_library, norm_library):
-        monkeypatch.setattr(module, "_use_triton", lambda t: True)
     x, k, v, beta = flat_inputs((5,), 12, 3, torch.float32, seed=1)
     gen = torch.Generator().manual_seed(2)
     r = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
     c, g, gin = r(12, 3), r(*x.shape), r(*x.shape[:-1])
-    out = delta_update_op(x, k, v, beta, 1e-5)
+    out = delta_update_op(x, k, v, beta, 1e-5, "triton")
     src, weights, ngrads = r(5, 12), (1 + 0.3 * r(12), r(1, 12), r(1), r(3, 12), r(3)), (r(5, 12), r(5, 1), r(5, 3))
     consts = (1e-5, 2.0, 4.0)
     cases = {
-        "delta_update": (delta_library._delta_update_cuda, (x, k, v, beta, 1e-5)),
-        "delta_update_read": (delta_library._delta_update_read_cuda, (x, k, v, beta, c, 1e-5)),
-        "delta_update_backward": (delta_library._delta_update_backward_cuda, (g, x, k, v, beta, 1e-5)),
-        "delta_update_read_backward": (delta_library._delta_update_read_backward_cuda,
-                                       (g, gin, x, out, k, v, beta, c, 1e-5)),
-        "norm_gate_value": (norm_library._norm_gate_value_cuda, (src, *weights, *consts, None)),
-        "norm_gate_value c_dtype": (norm_library._norm_gate_value_cuda, (src, *weights, *consts, torch.bfloat16)),
-        "norm_gate_value_backward": (norm_library._norm_gate_value_backward_cuda, (*ngrads, src, *weights, *consts)),
+        "delta_update": (delta_update_op, (x, k, v, beta, 1e-5)),
+        "delta_update_read": (delta_update_read_op, (x, k, v, beta, c, 1e-5)),
+        "delta_update_backward": (delta_update_backward_op, (g, x, k, v, beta, 1e-5)),
+        "delta_update_read_backward": (delta_update_read_backward_op, (g, gin, x, out, k, v, beta, c, 1e-5)),
+        "norm_gate_value": (norm_gate_value_op, (src, *weights, *consts, None)),
+        "norm_gate_value c_dtype": (norm_gate_value_op, (src, *weights, *consts, torch.bfloat16)),
+        "norm_gate_value_backward": (norm_gate_value_backward_op, (*ngrads, src, *weights, *consts)),
     }
-    for name, (kernel, args) in cases.items():
-        result = kernel(*args)
+    for name, (op, args) in cases.items():
+        with count_traffic() as counter:
+            result = op(*args, "triton")
+        assert counter.launches, f"{name}: no Triton kernel launched"
         outputs = result if isinstance(result, tuple) else (result,)
         got = _storages(outputs)
         assert len(got) == len(set(got)), f"{name}: two outputs share a storage"

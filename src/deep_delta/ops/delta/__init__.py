@@ -4,9 +4,10 @@
 (:mod:`.lean`, tested against the plain reference :mod:`.naive`); ``"triton"`` forces the fused kernels
 (:mod:`.triton`, :mod:`.triton_token`); ``"auto"`` calls the ``torch.library`` custom op (:mod:`.library`),
 whose CUDA kernel is the Triton one when Triton is importable and whose kernel elsewhere is the lean math:
-one opaque node under ``torch.compile``. The fused update + read functions take the next sublayer's
-compressor weights; their unfused paths call the compressors of :mod:`deep_delta.ops.compress` (imported
-inside them, so that ``ops.compress`` never waits on this package).
+one opaque node under ``torch.compile``. While ``torch.compile`` traces, ``"triton"`` calls the custom op too,
+told to run the kernels (:func:`deep_delta.ops.backend.through_registered_op`). The fused update + read
+functions take the next sublayer's compressor weights; their unfused paths call the compressors of
+:mod:`deep_delta.ops.compress` (imported inside them, so that ``ops.compress`` never waits on this package).
 """
 
 from __future__ import annotations
@@ -63,16 +64,17 @@ def delta_update(
         backend: "auto" (the custom op ``deep_delta::delta_update``: the Triton kernel on CUDA, the lean math
             elsewhere; see :mod:`deep_delta.ops.delta.library`; in eager on CUDA the kernel's autograd Function
             directly, :func:`deep_delta.ops.backend.through_registered_op`), "torch" (the lean autograd
-            Function) or "triton" (the kernel's autograd Function; CPU tensors only under the Triton interpreter).
+            Function) or "triton" (the kernel's autograd Function, and the custom op running the kernels while
+            ``torch.compile`` traces; CPU tensors only under the Triton interpreter).
     Returns:
         the new state, (..., d, d_v), in x's dtype.
     """
     beta = _check_inputs(x, k, v, beta)
     impl = resolve_backend(backend, x.device)
-    if through_registered_op(backend, impl, x.dtype):  # one node under torch.compile, Triton on CUDA, lean elsewhere
+    if through_registered_op(backend, impl, x.dtype):  # one node under torch.compile
         from deep_delta.ops.delta.library import update_with_op
 
-        return update_with_op(x, k, v, beta, None, k_eps)
+        return update_with_op(x, k, v, beta, None, k_eps, backend)
     if impl == "triton":
         from deep_delta.ops.delta.triton import delta_update_triton
 
@@ -120,7 +122,7 @@ def update_and_channel_read(
     if through_registered_op(backend, impl, x.dtype):  # the custom op (deep_delta.ops.delta.library)
         from deep_delta.ops.delta.library import update_with_op
 
-        return update_with_op(x, k, v, beta, weight, k_eps)
+        return update_with_op(x, k, v, beta, weight, k_eps, backend)
     if impl == "triton":
         from deep_delta.ops.delta.triton import delta_update_read_triton
 

@@ -5,12 +5,15 @@ kernels), so the whole model compiles with ``fullgraph=True`` and the same kerne
 
 | op | CUDA kernel | every other device (CPU) |
 | --- | --- | --- |
-| ``deep_delta::delta_update(x, k, v, beta, k_eps) -> x'`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
-| ``deep_delta::delta_update_read(x, k, v, beta, c, k_eps) -> (x', x_in)`` | Triton, fused | lean update, then the CC read |
-| ``deep_delta::delta_update_backward(g, x, k, v, beta, k_eps)`` | Triton | lean math |
-| ``deep_delta::delta_update_read_backward(g, g_in, x, x', k, v, beta, c, k_eps)`` | Triton, fused | lean math |
+| ``deep_delta::delta_update(x, k, v, beta, k_eps, backend) -> x'`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
+| ``deep_delta::delta_update_read(x, k, v, beta, c, k_eps, backend) -> (x', x_in)`` | Triton, fused | lean update, then the CC read |
+| ``deep_delta::delta_update_backward(g, x, k, v, beta, k_eps, backend)`` | Triton | lean math |
+| ``deep_delta::delta_update_read_backward(g, g_in, x, x', k, v, beta, c, k_eps, backend)`` | Triton, fused | lean math |
 
-The two backward ops are what ``register_autograd`` calls (they have no autograd of their own: no double
+``backend`` is the name the caller was given, ``"auto"`` (the table; fp64 keeps the lean math on CUDA too) or
+``"triton"``: the Triton kernels on every device (CPU tensors under the Triton interpreter), so that
+``backend="triton"`` runs the same kernels compiled as in eager. The two backward ops are what
+``register_autograd`` calls, with the forward's ``backend`` (they have no autograd of their own: no double
 backward). Shapes are the flattened ones: x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), c (d, d_v), all
 contiguous; :func:`deep_delta.ops.delta.delta_update` and :func:`deep_delta.ops.delta.update_and_channel_read`
 reshape to them (``backend="auto"``). The plain reference stays :mod:`.naive`; tests/ops/test_custom_ops.py
@@ -35,6 +38,7 @@ Tensor = torch.Tensor
 
 
 def _use_triton(x: Tensor) -> bool:
+    """``backend="auto"``'s choice on x's device."""
     from deep_delta.ops.backend import resolve_backend
 
     # The kernels do their math in fp32: fp64 (a precision check, not a speed run) keeps the lean fp64 math.
@@ -58,12 +62,7 @@ def _update_lean(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) ->
     return out
 
 
-delta_update_op = torch.library.custom_op("deep_delta::delta_update", _update_lean, mutates_args=())
-
-@delta_update_op.register_kernel("cuda")
-def _delta_update_cuda(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) -> Tensor:
-    if not _use_triton(x):
-        return _update_lean(x, k, v, beta, k_eps)
+def _update_triton(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) -> Tensor:
     from deep_delta.ops.delta.triton import triton_forward
 
     out, _, delta = triton_forward(x, k, v, beta, None, k_eps, want_delta=active_tape() is not None)
@@ -71,8 +70,20 @@ def _delta_update_cuda(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: flo
     return out
 
 
+def _update(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor:
+    """Every device but CUDA: the lean math, or the kernels when asked for by name."""
+    return (_update_triton if backend == "triton" else _update_lean)(x, k, v, beta, k_eps)
+
+
+delta_update_op = torch.library.custom_op("deep_delta::delta_update", _update, mutates_args=())
+
+@delta_update_op.register_kernel("cuda")
+def _delta_update_cuda(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor:
+    return (_update_triton if backend == "triton" or _use_triton(x) else _update_lean)(x, k, v, beta, k_eps)
+
+
 @delta_update_op.register_fake
-def _(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) -> Tensor:
+def _(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -87,16 +98,9 @@ def _update_read_lean(
     return out, channel_read(out, c)
 
 
-delta_update_read_op = torch.library.custom_op(
-    "deep_delta::delta_update_read", _update_read_lean, mutates_args=()
-)
-
-@delta_update_read_op.register_kernel("cuda")
-def _delta_update_read_cuda(
+def _update_read_triton(
     x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
 ) -> tuple[Tensor, Tensor]:
-    if not _use_triton(x):
-        return _update_read_lean(x, k, v, beta, c, k_eps)
     from deep_delta.ops.delta.triton import triton_forward
 
     out, xin, delta = triton_forward(x, k, v, beta, c, k_eps, want_delta=active_tape() is not None)
@@ -104,8 +108,25 @@ def _delta_update_read_cuda(
     return out, xin
 
 
+def _update_read(
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float, backend: str = "auto"
+) -> tuple[Tensor, Tensor]:
+    return (_update_read_triton if backend == "triton" else _update_read_lean)(x, k, v, beta, c, k_eps)
+
+
+delta_update_read_op = torch.library.custom_op("deep_delta::delta_update_read", _update_read, mutates_args=())
+
+@delta_update_read_op.register_kernel("cuda")
+def _delta_update_read_cuda(
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float, backend: str = "auto"
+) -> tuple[Tensor, Tensor]:
+    kernel = _update_read_triton if backend == "triton" or _use_triton(x) else _update_read_lean
+    return kernel(x, k, v, beta, c, k_eps)
+
+
 @delta_update_read_op.register_fake
-def _(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float) -> tuple[Tensor, Tensor]:
+def _(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float,
+      backend: str = "auto") -> tuple[Tensor, Tensor]:
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1])
 
 
@@ -119,21 +140,32 @@ def _update_backward_lean(
     return lean_backward(g, x, k, v, beta, k_eps)
 
 
-delta_update_backward_op = torch.library.custom_op(
-    "deep_delta::delta_update_backward", _update_backward_lean, mutates_args=()
-)
-
-@delta_update_backward_op.register_kernel("cuda")
-def _delta_update_backward_cuda(g, x, k, v, beta, k_eps):
-    if not _use_triton(x):
-        return _update_backward_lean(g, x, k, v, beta, k_eps)
+def _update_backward_triton(
+    g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from deep_delta.ops.delta.triton import triton_backward
 
     return triton_backward(g, None, x, k, v, beta, None, k_eps)[:4]
 
 
+def _update_backward(
+    g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (_update_backward_triton if backend == "triton" else _update_backward_lean)(g, x, k, v, beta, k_eps)
+
+
+delta_update_backward_op = torch.library.custom_op(
+    "deep_delta::delta_update_backward", _update_backward, mutates_args=()
+)
+
+@delta_update_backward_op.register_kernel("cuda")
+def _delta_update_backward_cuda(g, x, k, v, beta, k_eps, backend="auto"):
+    kernel = _update_backward_triton if backend == "triton" or _use_triton(x) else _update_backward_lean
+    return kernel(g, x, k, v, beta, k_eps)
+
+
 @delta_update_backward_op.register_fake
-def _(g, x, k, v, beta, k_eps):
+def _(g, x, k, v, beta, k_eps, backend="auto"):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, k, v, beta))
 
 
@@ -156,21 +188,35 @@ def _update_read_backward_lean(
     return grad_x.to(x.dtype), grad_k, grad_v, grad_beta, grad_c
 
 
-delta_update_read_backward_op = torch.library.custom_op(
-    "deep_delta::delta_update_read_backward", _update_read_backward_lean, mutates_args=()
-)
-
-@delta_update_read_backward_op.register_kernel("cuda")
-def _delta_update_read_backward_cuda(g, gin, x, out, k, v, beta, c, k_eps):
-    if not _use_triton(x):
-        return _update_read_backward_lean(g, gin, x, out, k, v, beta, c, k_eps)
+def _update_read_backward_triton(
+    g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The kernel recomputes x' in registers: ``out`` is the lean path's."""
     from deep_delta.ops.delta.triton import triton_backward
 
     return triton_backward(g, gin, x, k, v, beta, c, k_eps)
 
 
+def _update_read_backward(
+    g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    kernel = _update_read_backward_triton if backend == "triton" else _update_read_backward_lean
+    return kernel(g, gin, x, out, k, v, beta, c, k_eps)
+
+
+delta_update_read_backward_op = torch.library.custom_op(
+    "deep_delta::delta_update_read_backward", _update_read_backward, mutates_args=()
+)
+
+@delta_update_read_backward_op.register_kernel("cuda")
+def _delta_update_read_backward_cuda(g, gin, x, out, k, v, beta, c, k_eps, backend="auto"):
+    kernel = _update_read_backward_triton if backend == "triton" or _use_triton(x) else _update_read_backward_lean
+    return kernel(g, gin, x, out, k, v, beta, c, k_eps)
+
+
 @delta_update_read_backward_op.register_fake
-def _(g, gin, x, out, k, v, beta, c, k_eps):
+def _(g, gin, x, out, k, v, beta, c, k_eps, backend="auto"):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, k, v, beta, c))
 
 
@@ -178,21 +224,21 @@ def _(g, gin, x, out, k, v, beta, c, k_eps):
 
 
 def _save_inputs(ctx, inputs, output) -> None:
-    *tensors, k_eps = inputs
+    *tensors, k_eps, backend = inputs
     ctx.save_for_backward(*tensors)
-    ctx.k_eps = k_eps
+    ctx.k_eps, ctx.backend = k_eps, backend
 
 
 def _save_inputs_and_state(ctx, inputs, output) -> None:
     """The fused op also saves its new state x' for grad_c (the next update's input, kept anyway; the extra
     memory is the model's last state only)."""
-    x, k, v, beta, c, k_eps = inputs
+    x, k, v, beta, c, k_eps, backend = inputs
     ctx.save_for_backward(x, output[0], k, v, beta, c)
-    ctx.k_eps = k_eps
+    ctx.k_eps, ctx.backend = k_eps, backend
 
 
 def _delta_update_grad(ctx, g):
-    return (*delta_update_backward_op(g.contiguous(), *ctx.saved_tensors, ctx.k_eps), None)
+    return (*delta_update_backward_op(g.contiguous(), *ctx.saved_tensors, ctx.k_eps, ctx.backend), None, None)
 
 
 def _delta_update_read_grad(ctx, g, gin):
@@ -200,7 +246,7 @@ def _delta_update_read_grad(ctx, g, gin):
     # an unused output's gradient may arrive as None
     g = torch.zeros_like(x) if g is None else g.contiguous()
     gin = x.new_zeros(x.shape[:-1]) if gin is None else gin.contiguous()
-    return (*delta_update_read_backward_op(g, gin, x, out, k, v, beta, c, ctx.k_eps), None)
+    return (*delta_update_read_backward_op(g, gin, x, out, k, v, beta, c, ctx.k_eps, ctx.backend), None, None)
 
 
 delta_update_op.register_autograd(_delta_update_grad, setup_context=_save_inputs)
@@ -210,15 +256,20 @@ OPS = (delta_update_op, delta_update_read_op, delta_update_backward_op, delta_up
 
 
 def update_with_op(
-    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor | None, k_eps: float
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor | None, k_eps: float, backend: str = "auto"
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The update through the custom ops, at any leading shape: x (..., d, d_v), k (..., d), v (..., d_v),
-    beta (..., 1); returns x' (..., d, d_v), or (x', x_in (..., d)) with c (d, d_v) the fused CC read."""
+    beta (..., 1); returns x' (..., d, d_v), or (x', x_in (..., d)) with c (d, d_v) the fused CC read.
+    ``backend``: "auto" or "triton" (module docstring)."""
+    if backend == "triton":
+        from deep_delta.ops.delta.triton import check_device
+
+        check_device("update_and_channel_read" if c is not None else "delta_update", x)
     *lead, d, dv = x.shape
     n = math.prod(lead)
     flat = (x.reshape(n, d, dv).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
             beta.reshape(n, 1).contiguous())
     if c is None:
-        return delta_update_op(*flat, float(k_eps)).view(x.shape)
-    out, xin = delta_update_read_op(*flat, c.contiguous(), float(k_eps))
+        return delta_update_op(*flat, float(k_eps), backend).view(x.shape)
+    out, xin = delta_update_read_op(*flat, c.contiguous(), float(k_eps), backend)
     return out.view(x.shape), xin.view(*x.shape[:-1])

@@ -7,7 +7,8 @@ src or c again). ``backend`` follows :func:`deep_delta.ops.backend.resolve_backe
 (:mod:`.lean`: the module's own ops, bit for bit), ``"triton"`` the fused kernels (:mod:`.triton`; CPU tensors
 only under the Triton interpreter), ``"auto"`` the custom op (:mod:`.library`, one node under ``torch.compile``)
 where it resolves to Triton (CUDA) while compiling, the kernels' Function in eager there, and the lean path
-elsewhere. The plain reference is :mod:`.naive`.
+elsewhere. ``"triton"`` goes through the custom op while compiling too, which it tells to run the kernels
+(:func:`deep_delta.ops.backend.through_registered_op`). The plain reference is :mod:`.naive`.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def norm_gate_value(
     if impl == "triton" and through_registered_op(backend, impl, src.dtype):  # the registered op: one node under compile
         from deep_delta.ops.norm.library import norm_gate_value_with_op
 
-        return norm_gate_value_with_op(*args, eps, beta_max, value_scale, c_dtype)
+        return norm_gate_value_with_op(*args, eps, beta_max, value_scale, c_dtype, backend)
     if impl == "triton":
         from deep_delta.ops.norm.triton import norm_gate_value_triton
 

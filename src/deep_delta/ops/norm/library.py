@@ -3,15 +3,18 @@
 
 | op | CUDA kernel | every other device |
 | --- | --- | --- |
-| ``deep_delta::norm_gate_value(src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale, c_dtype) -> (c, beta, v)`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
-| ``deep_delta::norm_gate_value_backward(gc, gbeta, gv, src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale)`` | Triton | the closed-form lean backward |
+| ``deep_delta::norm_gate_value(src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale, c_dtype, backend) -> (c, beta, v)`` | Triton (:mod:`.triton`) | lean math (:mod:`.lean`) |
+| ``deep_delta::norm_gate_value_backward(gc, gbeta, gv, src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale, backend)`` | Triton | the closed-form lean backward |
 
-The backward op is what ``register_autograd`` calls (no double backward). Shapes are the flattened ones: src
-(N, d), g (d,), w_g (1, d), b_g (1,), W_v (d_v, d), b_v (d_v,), all contiguous. One opaque node under
+``backend`` is the caller's, ``"auto"`` (the table) or ``"triton"``: the kernels on every device (CPU tensors
+under the Triton interpreter), as in :mod:`deep_delta.ops.delta.library`. The backward op is what
+``register_autograd`` calls, with the forward's ``backend`` (no double backward). Shapes are the flattened ones:
+src (N, d), g (d,), w_g (1, d), b_g (1,), W_v (d_v, d), b_v (d_v,), all contiguous. One opaque node under
 ``torch.compile``, so a whole model compiles with ``fullgraph=True``. :func:`deep_delta.ops.norm.norm_gate_value`
-calls it for ``backend="auto"`` on CUDA; on other devices ``"auto"`` runs the lean ops directly (their autograd
-is bit for bit the module's gradients, which the closed-form backward is not). tests/ops/test_custom_ops.py runs
-``torch.library.opcheck`` on both ops.
+calls it for ``backend="auto"`` on CUDA while compiling and for fp64, and for ``backend="triton"`` while
+compiling; on other devices ``"auto"`` runs the lean ops directly (their autograd is bit for bit the module's
+gradients, which the closed-form backward is not). tests/ops/test_custom_ops.py runs ``torch.library.opcheck`` on
+both ops, with either backend.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ Tensor = torch.Tensor
 
 
 def _use_triton(src: Tensor) -> bool:
+    """``backend="auto"``'s choice on src's device."""
     from deep_delta.ops.backend import resolve_backend
 
     # The kernels do their math in fp32: fp64 (a precision check, not a speed run) keeps the lean fp64 math.
@@ -44,23 +48,33 @@ def _forward_lean(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bi
     return c.contiguous(), beta.contiguous(), v.contiguous()
 
 
-norm_gate_value_op = torch.library.custom_op("deep_delta::norm_gate_value", _forward_lean, mutates_args=())
+def _forward_triton(*args) -> tuple[Tensor, Tensor, Tensor]:
+    from deep_delta.ops.norm.triton import triton_forward
+
+    return triton_forward(*args)
+
+
+def _forward(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
+             value_bias: Tensor, eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None,
+             backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """Every device but CUDA: the lean math, or the kernels when asked for by name."""
+    return (_forward_triton if backend == "triton" else _forward_lean)(
+        src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
+
+
+norm_gate_value_op = torch.library.custom_op("deep_delta::norm_gate_value", _forward, mutates_args=())
 
 
 @norm_gate_value_op.register_kernel("cuda")
 def _norm_gate_value_cuda(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                          value_scale, c_dtype):
-    if not _use_triton(src):
-        return _forward_lean(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                             value_scale, c_dtype)
-    from deep_delta.ops.norm.triton import triton_forward
-
-    return triton_forward(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-                          value_scale, c_dtype)
+                          value_scale, c_dtype, backend="auto"):
+    return (_forward_triton if backend == "triton" or _use_triton(src) else _forward_lean)(
+        src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
 
 
 @norm_gate_value_op.register_fake
-def _(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype):
+def _(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype,
+      backend="auto"):
     n, d = src.shape
     return (src.new_empty(n, d, dtype=c_dtype or norm_weight.dtype), src.new_empty(n, 1, dtype=out_dtype(norm_weight)),
             src.new_empty(n, value_weight.shape[0], dtype=out_dtype(norm_weight)))
@@ -74,41 +88,50 @@ def _backward_lean(gc: Tensor, gbeta: Tensor, gv: Tensor, src: Tensor, norm_weig
                                          value_bias, eps, beta_max, value_scale)
 
 
+def _backward_triton(*args) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    from deep_delta.ops.norm.triton import triton_backward
+
+    return triton_backward(*args)
+
+
+def _backward(gc: Tensor, gbeta: Tensor, gv: Tensor, src: Tensor, norm_weight: Tensor, gate_weight: Tensor,
+              gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float,
+              value_scale: float, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Every device but CUDA: the lean backward, or the kernels when asked for by name."""
+    return (_backward_triton if backend == "triton" else _backward_lean)(
+        gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale)
+
+
 norm_gate_value_backward_op = torch.library.custom_op(
-    "deep_delta::norm_gate_value_backward", _backward_lean, mutates_args=()
+    "deep_delta::norm_gate_value_backward", _backward, mutates_args=()
 )
 
 
 @norm_gate_value_backward_op.register_kernel("cuda")
 def _norm_gate_value_backward_cuda(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight,
-                                   value_bias, eps, beta_max, value_scale):
-    if not _use_triton(src):
-        return _backward_lean(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
-                              eps, beta_max, value_scale)
-    from deep_delta.ops.norm.triton import triton_backward
-
-    return triton_backward(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
-                           eps, beta_max, value_scale)
+                                   value_bias, eps, beta_max, value_scale, backend="auto"):
+    return (_backward_triton if backend == "triton" or _use_triton(src) else _backward_lean)(
+        gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale)
 
 
 @norm_gate_value_backward_op.register_fake
 def _(gc, gbeta, gv, src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max,
-      value_scale):
+      value_scale, backend="auto"):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                  for t in (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
 
 
 def _save_inputs(ctx, inputs, output) -> None:
-    *tensors, eps, beta_max, value_scale, _ = inputs
+    *tensors, eps, beta_max, value_scale, _, backend = inputs
     ctx.save_for_backward(*tensors)
-    ctx.consts = (eps, beta_max, value_scale)
+    ctx.consts = (eps, beta_max, value_scale, backend)
 
 
 def _norm_gate_value_grad(ctx, gc, gbeta, gv):
     src, norm_weight, gate_weight, gate_bias, value_weight, value_bias = ctx.saved_tensors
     gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, norm_weight, value_weight)
     grads = norm_gate_value_backward_op(gc, gbeta, gv, *ctx.saved_tensors, *ctx.consts)
-    return (*grads, None, None, None, None)
+    return (*grads, None, None, None, None, None)
 
 
 norm_gate_value_op.register_autograd(_norm_gate_value_grad, setup_context=_save_inputs)
@@ -118,10 +141,17 @@ OPS = (norm_gate_value_op, norm_gate_value_backward_op)
 
 def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
                             value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float,
-                            value_scale: float, c_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """The custom op at any leading shape: src (..., d) -> c (..., d), beta (..., 1), v (..., d_v)."""
+                            value_scale: float, c_dtype: torch.dtype | None = None,
+                            backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """The custom op at any leading shape: src (..., d) -> c (..., d), beta (..., 1), v (..., d_v); ``backend``:
+    "auto" or "triton" (module docstring)."""
+    if backend == "triton":
+        from deep_delta.ops.delta.triton import check_device
+
+        check_device("norm_gate_value", src)
     lead, d = src.shape[:-1], src.shape[-1]
     c, beta, v = norm_gate_value_op(
         src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
-        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale), c_dtype)
+        value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale), c_dtype,
+        backend)
     return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])
