@@ -38,7 +38,6 @@ trap 'rm -f "$constraints"' EXIT
 grep -viE '^(torch|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==' "$LOCK" > "$constraints"
 "${pip[@]}" install -q -c "$constraints" pip setuptools
 if [ "$end" = lowest ]; then
-  "${pip[@]}" install -q "${LOWEST[0]}"
   "${pip[@]}" install -q -e ".[dev]" "${LOWEST[@]}"
 else
   # The newest torch whatever a pip configuration caps it at: a constraint file set in pip.conf (or
