@@ -35,7 +35,7 @@ class count_traffic:
 
     dry: do not launch the kernels (outputs stay unwritten; the kernels' device check lets any tensor by).
     keep_calls: also keep every launch's ``(kernel, grid, args, meta)`` in ``self.calls`` (for compiling the
-    kernels ahead of time with the arguments the ops pass: benchmarks/kernel_resources.py).
+    kernels ahead of time with the arguments the ops pass: benchmarks/tools/kernel_resources.py).
     ``phase`` is a free label stored with each launch; set it between the forward and the backward.
     """
 

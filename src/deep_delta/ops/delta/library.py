@@ -174,7 +174,7 @@ def _update_read_backward_lean(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
     forward's new state (saved: the next update's input, kept anyway, except after a model's last update:
-    one state per model, ``benchmarks/saved_by_source.py``). Lean math: the read's gradient
+    one state per model, ``benchmarks/tools/saved_by_source.py``). Lean math: the read's gradient
     ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton kernel does in
     registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
     ``grad_c = sum_n g_in x'^T``."""

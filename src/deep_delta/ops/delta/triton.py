@@ -84,9 +84,9 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 2048 else 8
 
 
-# The delta kernels' launch parameters, chosen by measurement (benchmarks/h100/tune_kernels.py on an H200,
-# 32 x 1024 tokens, d = 768, bf16 state; benchmarks/h100/README.md, 2026-11-26): one token per program for a
-# (d, d_v) tile of 4096 elements or more, and one warp per 1024 fp32 values a program holds per token, at least 2
+# The delta kernels' launch parameters, chosen by measurement (benchmarks/tools/tune_kernels.py on an H200,
+# 32 x 1024 tokens, d = 768, bf16 state; benchmarks/records/2026-11-26-launch-tuning-decode-h200/): one token
+# per program for a (d, d_v) tile of 4096 elements or more, and one warp per 1024 fp32 values a program holds per token, at least 2
 # (4 for d_v = 4 at d = 768, 2 for d_v = 1). With d_v a compile-time constant each thread holds whole rows of the
 # tile (vectorised loads), and 4 warps then beat 8 by 1.0-1.2x on every d_v = 4 kernel; before it (d_v a runtime
 # value), 8 did.

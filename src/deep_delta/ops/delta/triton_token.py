@@ -233,7 +233,7 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
         # x' too, for the taps' gradient: the next update's input, saved by it anyway (the extra memory is the
-        # model's last state only, benchmarks/saved_by_source.py; under a StateTape a state handle like x)
+        # model's last state only, benchmarks/tools/saved_by_source.py; under a StateTape a state handle like x)
         ctx.save_for_backward(x, out, k, v, beta, w)
         ctx.k_eps = k_eps
         return out, xin

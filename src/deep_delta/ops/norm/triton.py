@@ -26,8 +26,8 @@ from deep_delta.ops.delta.triton import MAX_WIDTH, check_device, sum_partials
 from deep_delta.ops.launch import launch
 from deep_delta.ops.norm.lean import missing_grads_as_zeros, out_dtype
 
-# Launch choices, measured on an H200 (benchmarks/h100/tune_kernels.py, 2026-11-26, run_2026-11-26d/: 32 x 1024
-# tokens, d = 768, bf16 src; d_v = 4 / 1). Forward: one warp per 4096 values of the (d_v, d) tile, at least 1, and
+# Launch choices, measured on an H200 (benchmarks/tools/tune_kernels.py, 2026-11-26,
+# benchmarks/records/2026-11-26-prefetch-norm-launch-h200/: 32 x 1024 tokens, d = 768, bf16 src; d_v = 4 / 1). Forward: one warp per 4096 values of the (d_v, d) tile, at least 1, and
 # 4 tokens per program at d_v > 1, 1 at d_v = 1 (0.106 and 0.083 ms; 0.188 and 0.111 with 8 / 4 warps and 16
 # tokens, the choice before). Backward: one warp per 1024 values, at least 2 (ops.delta.triton.delta_warps), on 8
 # (d_v > 1) or 4 (d_v = 1) programs per SM, token n+1's rows loaded while token n is computed (0.33 and 0.21 ms;
