@@ -18,6 +18,9 @@
 #       # loss-against-lr plot; replaces LR, and multiplies the runs by the grid's size
 # A dry run of the whole pipeline on CPU (minutes): DEVICE=cpu PRESET=tiny STEPS=4 BATCH=2 SEQ=64 CORPUS_MB=2 \
 #   COMPILE=false bash benchmarks/tools/evidence_124m.sh
+# A study in parts (one run per device call, issue 43): each call's $OUT/runs holds its runs without checkpoints;
+# copy every call's runs into one folder with the comparison's layout (VARIANT/ or seed_S/VARIANT/, inside
+# lr_<lr>/ for a grid) and run `ddl compare --out THAT_FOLDER --report-only`.
 set -euo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -81,4 +84,8 @@ $PY -m deep_delta.cli.main compare --preset "$PRESET" --variants $VARIANTS --dat
   --eval-every $((STEPS / 5 > 0 ? STEPS / 5 : 1)) --eval-batches 20 --device "$DEVICE" --set compile=$COMPILE \
   --time-repeats 3 --out "$WORK/compare" --no-progress 2>&1 | tee "$OUT/compare.log" | tail -40
 for f in compare.md compare.json curves.png lr_sensitivity.png; do cp "$WORK/compare/$f" "$OUT/" 2>/dev/null || true; done
-echo "=== done ($(date +%T)); tables in $OUT"
+# The runs themselves, small (run.json with the device and the run's end, metrics.jsonl; no checkpoint): runs made
+# in several device calls are brought together on any machine with `ddl compare --out DIR --report-only`
+# (the settings and the data must agree; each run's device is recorded).
+(cd "$WORK/compare" && find . -name run.json -o -name metrics.jsonl | tar -cf - -T -) | (mkdir -p "$OUT/runs" && tar -xf - -C "$OUT/runs")
+echo "=== done ($(date +%T)); tables in $OUT, the runs (without checkpoints) in $OUT/runs"

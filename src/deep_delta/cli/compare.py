@@ -53,8 +53,12 @@ def add_parser(sub) -> None:
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write OUT/scaling.md, scaling.json and scaling.png from the finished points "
                    "already in OUT (every d<W>_s<STEPS>/ of earlier --widths runs; with --widths / --lengths only "
-                   "those), each point with its own seeds and lr grid, for a study run in parts. The points must "
-                   "share every setting but width, length, lr and seeds. Refused with the options that train")
+                   "those), each point with its own seeds and lr grid, for a study run in parts; or, for an OUT "
+                   "without such points, OUT/compare.md, compare.json and curves.png (and an lr grid's best-lr "
+                   "report) from the finished run directories there, e.g. runs made on several machines and "
+                   "brought together without their checkpoints (each run's device is recorded). The points or runs "
+                   "must share every setting but width, length, variant, lr, steps and seeds, and the data. "
+                   "Refused with the options that train")
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
                    help="interleaved rounds timing each variant's step after training, for the equal-wall-clock "
                    "columns (0: skip; default 5)")
@@ -167,8 +171,12 @@ def _run_scaling(args: argparse.Namespace, given: dict, base, variants: list[str
 
 
 def _report_only(args: argparse.Namespace, given: dict) -> int:
-    """``--report-only``: the width / length study's summary from the points already in OUT, training nothing;
-    ``given``: the settings given on the command line, each of them an option that trains (refused)."""
+    """``--report-only``: from what OUT holds, training nothing: the width / length study's summary from its
+    finished points (``d<W>_s<N>/``), or else one comparison's (with an lr grid: each lr's and the best-lr one)
+    from its finished run directories; ``given``: the settings given on the command line, each of them an option
+    that trains (refused)."""
+    from pathlib import Path
+
     from deep_delta.experiments.scaling import collect_scaling, format_scaling
     from deep_delta.variants import DEFAULT_VARIANTS
 
@@ -180,7 +188,22 @@ def _report_only(args: argparse.Namespace, given: dict) -> int:
     if refused:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "
                          "--widths and --lengths (which points to summarise), --threads, --no-progress")
+    if args.widths is None and args.lengths is None and not any(Path(args.out).glob("d*_s*")):
+        return _report_comparison(args.out)
     summary = collect_scaling(args.out, widths=args.widths, lengths=args.lengths)
     print(format_scaling(summary))
     print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
+
+
+def _report_comparison(out: str) -> int:
+    """``--report-only`` on a comparison's OUT: its report from the finished runs there."""
+    from deep_delta.experiments.compare import collect_comparison
+    from deep_delta.experiments.compare_report import comparison_table, verdicts
+
+    summary = collect_comparison(out)
+    print(comparison_table(summary))
+    print("\n".join(verdicts(summary)))
+    grid = ", lr_sensitivity.png" if summary.get("lr_selection") else ""
+    print(f"\nwrote {out}/compare.md, {out}/compare.json, {out}/curves.png{grid}")
+    return 1 if any(r.get("diverged") for r in summary["rows"]) else 0

@@ -250,3 +250,116 @@ def measure_step_times(base: TrainConfig, variants: list[str], data_vocab: int, 
 
 __all__ = ["check_reusable", "check_step_costs", "compare_config", "cost_steps", "measure_step_times",
            "reference_variant", "run_compare", "run_lr_grid"]
+
+
+def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
+    """The comparison's report (compare.md, compare.json, curves.png; with an lr grid each lr's and the best-lr
+    one) from the finished runs already in ``out``, training nothing: runs made in parts, on several machines,
+    and brought together (their checkpoints are not needed, only run.json and metrics.jsonl). Every run must
+    have finished (run.json records its end) and all must share every result-changing setting but variant, seed,
+    lr and steps, and the data (by fingerprint); else they are refused, naming the difference. Each run's device
+    is recorded in the summary."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, choose_lrs
+    from deep_delta.train.build import build_model_config
+
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a comparison's or a "
+                                "study's directory (the `out` of `ddl compare`)")
+    lr_dirs = sorted((float(d.name[3:]), d) for d in out.glob("lr_*") if d.is_dir() and _runs_in(d))
+    if not lr_dirs:
+        return _collect_point(out)
+    per_lr = {lr: _collect_point(d) for lr, d in lr_dirs}
+    first = next(iter(per_lr.values()))
+    _check_same(per_lr, "lr_*")
+    base = TrainConfig.from_dict(first["settings"])
+    variants, seeds, lrs = [r["variant"] for r in first["rows"]], first["seeds"], list(per_lr)
+    vocab = first["data_vocab"]
+    limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, vocab).vocab_size)
+    points = [p for lr, at in per_lr.items() for p in lm_grid_points(lr, at, limit)]
+    chosen = choose_lrs(points, variants, lrs, higher_is_better=False)
+    summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, None, limit)
+    summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
+                   devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()})
+    write_comparison(out, summary)
+    return summary
+
+
+def _runs_in(where: Path) -> list[tuple[str, int, Path]]:
+    """(variant, seed, run directory) of every run under ``where``: ``VARIANT/`` or ``seed_S/VARIANT/``."""
+    from deep_delta.variants import VARIANTS
+
+    runs = [(d.name, None, d) for d in where.iterdir() if d.name in VARIANTS and (d / "run.json").is_file()]
+    for seed_dir in where.glob("seed_*"):
+        runs += [(d.name, int(seed_dir.name[5:]), d) for d in seed_dir.iterdir()
+                 if d.name in VARIANTS and (d / "run.json").is_file()]
+    return sorted(runs, key=lambda r: (r[1] or 0, r[0]))
+
+
+def _collect_point(where: Path) -> dict[str, Any]:
+    """One comparison's summary from its finished run directories (see :func:`collect_comparison`)."""
+    found = _runs_in(where) if where.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"{where} holds no run directories (VARIANT/run.json or seed_S/VARIANT/run.json); "
+                                "allowed: the `out` of a `ddl compare` whose runs have finished")
+    runs = {(v, s): json.loads((d / "run.json").read_text()) for v, s, d in found}
+    for (v, s), run in runs.items():
+        if "finished" not in run:
+            raise ValueError(f"the run of {_name(v, s)} in {where} has not finished (its run.json records no end); "
+                             "finish it with the `ddl compare` that started it")
+    variants = reference_order([v for v, _ in runs])
+    seeds = sorted({s for _, s in runs if s is not None}) or [next(iter(runs.values()))["train_config"]["seed"]]
+    ref = runs[next(k for k in runs if k[0] == variants[0])]
+    _check_runs_agree(where, ref, runs)
+    base = TrainConfig.from_dict({**ref["train_config"], "out": str(where), "seed": seeds[0]})
+    steps = {v: next(r["train_config"]["steps"] for (w, _), r in runs.items() if w == v) for v in variants}
+    costs = {v: steps[variants[0]] / n for v, n in steps.items() if v != variants[0] and n != steps[variants[0]]}
+    diverged = {(v, seeds[0] if s is None else s): r["finished"]["diverged"] for (v, s), r in runs.items()
+                if r["finished"].get("diverged")}
+    summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged)
+    data = ref.get("data") or {}
+    summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
+                   devices={_name(v, s): (r.get("device") or {}).get("name", "not recorded")
+                            for (v, s), r in runs.items()},
+                   wall_s=sum(r["finished"].get("wall_s", 0.0) for r in runs.values()),
+                   **({"step_costs": costs} if costs else {}))
+    write_comparison(where, summary)
+    return summary
+
+
+def _name(variant: str, seed: int | None) -> str:
+    return variant if seed is None else f"{variant} seed {seed}"
+
+
+def _check_runs_agree(where: Path, ref: dict, runs: dict) -> None:
+    """Every run of a comparison brought together must share the reference run's result-changing settings but
+    variant, seed, lr and steps, and its data."""
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.run_dir import RESULT_NEUTRAL
+
+    free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "wandb_run_name", "data"}
+    fingerprint = (ref.get("data") or {}).get("fingerprint")
+    for (v, s), run in runs.items():
+        diff = differences(ref["train_config"], run["train_config"], skip=free, has="the reference run has")
+        if (run.get("data") or {}).get("fingerprint") != fingerprint:
+            diff.append("the data (its fingerprint)")
+        if diff:
+            raise ValueError(f"the runs in {where} were not made with the same settings ({_name(v, s)}: "
+                             f"{'; '.join(diff)}); allowed: runs of one comparison, made with one command's "
+                             "settings (variant, seed, lr and steps may differ)")
+
+
+def reference_order(variants: list[str]) -> list[str]:
+    """The variants with the reference first (``baseline`` when there), the others in their order."""
+    ref = reference_variant(variants)
+    return [ref, *sorted(v for v in set(variants) if v != ref)]
+
+
+def _check_same(per_lr: dict[float, dict], where: str) -> None:
+    """The lrs of a grid must hold the same variants and seeds, from the same data."""
+    first = next(iter(per_lr.values()))
+    for lr, at in per_lr.items():
+        same = ([r["variant"] for r in at["rows"]], at["seeds"], at["data_fingerprint"])
+        if same != ([r["variant"] for r in first["rows"]], first["seeds"], first["data_fingerprint"]):
+            raise ValueError(f"the lr {lr:g} of the grid in {where} holds other variants, seeds or data than the "
+                             "first; allowed: one grid's comparisons")

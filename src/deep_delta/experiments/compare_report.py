@@ -263,12 +263,25 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         "",
         f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
         f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). Wall time "
-        f"{summary.get('wall_s', 0):.0f} s.",
+        f"{summary.get('wall_s', 0):.0f} s.{_devices_sentence(summary)}",
         "",
         "![training and validation loss](curves.png)",
         "",
     ]
     return lines
+
+
+def _devices_sentence(summary: dict[str, Any]) -> str:
+    """For a report brought together from finished runs (``--report-only``): which device made which runs (the
+    machine above is the one that wrote the report)."""
+    devices = summary.get("devices")
+    if not devices:
+        return ""
+    by_device: dict[str, list[str]] = {}
+    for run, name in devices.items():
+        by_device.setdefault(name, []).append(run)
+    return " The runs were brought together from finished run directories (`--report-only`; the machine above " \
+           "wrote this report): " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
 
 
 def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:

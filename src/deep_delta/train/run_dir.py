@@ -139,9 +139,11 @@ def clear_run(out: Path) -> None:
             p.unlink()
 
 
-def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: int, parameters: int) -> None:
+def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: int, parameters: int,
+                   device) -> None:
     """``OUT/run.json`` (atomically): the run's identity, settings, model, data (``data``: a
-    :class:`~deep_delta.train.data.TrainData`, or None for a run on batches of its own), processes and size."""
+    :class:`~deep_delta.train.data.TrainData`, or None for a run on batches of its own), processes, size and the
+    device it trains on (a study assembled from runs made on several machines says which ran where)."""
     ckpt.write_text_atomic(out / RUN_FILE, json.dumps({
         "identity": run_identity(cfg, data.dir if data is not None else "batches given to the trainer"),
         "train_config": cfg.to_dict(),
@@ -149,7 +151,26 @@ def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: 
         "data": data.record() if data is not None else None,
         "world_size": world_size,
         "parameters": parameters,
+        "device": device_record(device),
     }, indent=2, sort_keys=True))
+
+
+def device_record(device) -> dict[str, Any]:
+    """The device a run trains on, as run.json records it: its name (the GPU's, or "cpu") and the torch."""
+    import torch
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"type": device.type, "name": name, "torch": torch.__version__}
+
+
+def mark_finished(out: Path, result: dict[str, Any]) -> None:
+    """Add the run's end (``result``: its step, last evaluation, why it diverged if it did, wall time) to
+    run.json: a run directory that says it finished can be reported without its checkpoints (``ddl compare
+    --report-only``)."""
+    path = out / RUN_FILE
+    run = json.loads(path.read_text())
+    run["finished"] = result
+    ckpt.write_text_atomic(path, json.dumps(run, indent=2, sort_keys=True))
 
 
 def save_checkpoint(trainer, at: int) -> None:

@@ -172,6 +172,9 @@ class Trainer:
             for loader in loaders:
                 loader.wait_for_token_check()
             result = self._result(time.perf_counter() - t_start)
+            if self.persist and self.info.is_main and (result.step == self.cfg.steps or result.diverged):
+                run_dir.mark_finished(self.out, {"step": result.step, "evaluation": result.evaluation,
+                                                 "diverged": result.diverged, "wall_s": result.wall_s})
             self.metrics.summary({"step": result.step, "val_loss": result.val_loss, "val_ppl": result.val_ppl,
                                   "parameters": result.parameters, "tokens": result.step * self.tokens_per_step,
                                   "wall_s": result.wall_s, "checkpoint": str(result.checkpoint),
@@ -275,7 +278,7 @@ class Trainer:
                 run_dir.clear_run(self.out)
             truncate_metrics(self.out / METRICS_FILE, self.step)
             run_dir.write_run_file(self.out, self.cfg, self.data, self.model_config, self.info.world_size,
-                                   self.n_params)
+                                   self.n_params, self.info.device)
         distr.barrier(self.info)
         from deep_delta.train.wandb_sink import start_run_sink
 
