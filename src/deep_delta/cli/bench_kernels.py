@@ -29,10 +29,15 @@ def add_parser(sub) -> None:
     )
     options.add_settings(p, KernelBenchSettings)
     options.add_threads(p, default=None)  # set for this run only
-    p.add_argument("--traffic", action="store_true",
-                   help="instead of timing: the bytes each DDL kernel reads and writes per token in one training "
-                   "step of each DDL variant (from the launch arguments; no GPU needed), next to the ideal "
-                   "2S+4d forward and 3S+6d backward per sublayer")
+    counts = p.add_mutually_exclusive_group()
+    counts.add_argument("--traffic", action="store_true",
+                        help="instead of timing: the bytes each DDL kernel reads and writes per token in one training "
+                        "step of each DDL variant (from the launch arguments; no GPU needed), next to the ideal "
+                        "2S+4d forward and 3S+6d backward per sublayer")
+    counts.add_argument("--launches", action="store_true",
+                        help="instead of timing: the kernel launches of one training step (forward + backward) of "
+                        "each variant on the GPU's eager path, counted on CPU (Triton launches + ATen compute ops; no "
+                        "GPU needed): per step, per sublayer and per sublayer against the baseline")
     options.add_set(p, help=options.SET_HELP + "; model.FIELD applies to the step table's models, other keys are "
                     "bench settings (e.g. seed=1)")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the tables as markdown to this file")
@@ -49,10 +54,12 @@ def run(args: argparse.Namespace) -> int:
     settings = with_assignments(settings, args.assignments).resolved()
     import torch
 
-    if args.traffic:
-        from deep_delta.eval.traffic import traffic_report
-
-        text = traffic_report(settings)
+    if args.traffic or args.launches:
+        if args.traffic:
+            from deep_delta.eval.traffic import traffic_report as report
+        else:
+            from deep_delta.eval.launches import launches_report as report
+        text = report(settings)
         print(text)
         if args.out:
             Path(args.out).write_text(text)

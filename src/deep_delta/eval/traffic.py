@@ -86,21 +86,17 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from deep_delta.eval.launches import gpu_path_config
     from deep_delta.eval.settings import check_dtype
     from deep_delta.eval.timing import BENCH_DTYPES, autocast_for
-    from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM
 
     check_dtype(dtype)
-    cfg = DDLConfig.from_variant(variant, preset, **{"max_position_embeddings": seq_len, **overrides,
-                                                     "delta_backend": "triton"})
+    # the Triton path and the state dtype "auto" gives under CUDA autocast (on CPU, "auto" keeps fp32)
+    cfg = gpu_path_config(variant, preset, dtype, **{"max_position_embeddings": seq_len, **overrides})
     if not cfg.is_delta:
         raise ValueError(f"step_traffic: `variant` must be a DDL delta variant (its kernels are counted), got "
                          f"{variant!r}")
-    if cfg.state_dtype == "auto" and cfg.value_channels > 1 and dtype != "float32":
-        # the state dtype "auto" gives under CUDA autocast (this step runs on CPU, where "auto" keeps fp32)
-        cfg = DDLConfig.from_variant(variant, preset, **{"max_position_embeddings": seq_len, **overrides,
-                                                         "delta_backend": "triton", "state_dtype": dtype})
     with FakeTensorMode(), count_traffic(dry=True) as counter:
         model = DDLForCausalLM(cfg).train()
         ids = torch.zeros(batch_size, seq_len, dtype=torch.long)

@@ -1,0 +1,127 @@
+"""``ddl bench-kernels --launches``: the kernel launches of a training step on the GPU's eager path, counted on CPU
+(dry Triton launches + the ATen ops that launch a kernel)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deep_delta.cli.main import main
+from deep_delta.eval.launches import (
+    AtenLaunches,
+    cuda_rms_norm_dispatch,
+    launches_kernel,
+    launches_markdown,
+    step_launches,
+)
+
+aten = torch.ops.aten
+DDL = ("ddl-dv1", "ddl-tc", "ddl-cc")
+
+
+@pytest.mark.parametrize(("op", "launches"), [
+    (aten.mm.default, True), (aten.add_.Tensor, True), (aten._to_copy.default, True), (aten.clone.default, True),
+    (aten.zeros.default, True), (aten.ones_like.default, True), (aten.sum.dim_IntList, True),
+    (aten.view.default, False), (aten.t.default, False), (aten.expand.default, False),
+    (aten.detach.default, False), (aten.split.Tensor, False), (aten.as_strided.default, False),
+    (aten._unsafe_view.default, False), (aten.empty.memory_format, False), (aten.empty_like.default, False),
+    (aten.promote_types.default, False),
+], ids=str)
+def test_which_aten_ops_count_as_launches(op, launches):
+    assert launches_kernel(op) is launches
+
+
+def test_rms_norm_is_one_op_each_way_as_on_cuda_and_only_for_the_block():
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.ones(8, requires_grad=True)
+    with cuda_rms_norm_dispatch(), AtenLaunches() as seen:
+        seen.phase = "forward"
+        y = F.rms_norm(x, (8,), w, 1e-5)
+        seen.phase = "backward"
+        y.backward(torch.ones_like(y))
+    names = [name for _, name in seen.ops]
+    assert names.count("aten._fused_rms_norm") == 1 and names.count("aten._fused_rms_norm_backward") == 1
+    assert not any(n in names for n in ("aten.pow", "aten.rsqrt", "aten.mean"))
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CPU")
+    with AtenLaunches() as seen:  # the CPU build's decomposition again
+        F.rms_norm(x, (8,), w, 1e-5)
+    assert "aten.rsqrt" in [name for _, name in seen.ops]
+
+
+def test_counts_are_deterministic_and_do_not_depend_on_the_token_count():
+    one = step_launches("ddl-cc", "tiny", 1, 8)
+    assert one == step_launches("ddl-cc", "tiny", 1, 8)
+    more = step_launches("ddl-cc", "tiny", 3, 32)
+    assert (more.triton, more.aten) == (one.triton, one.aten)
+    assert one.sublayers == 8 and one.count() == one.count("forward") + one.count("backward")
+    assert one.count(source="triton") == len(one.triton) and one.count(source="aten") == len(one.aten)
+
+
+def test_every_ddl_variant_launches_more_per_sublayer_than_the_baseline():
+    base = step_launches("baseline", "tiny", 1, 8)
+    assert base.count(source="triton") == 0 and base.count(source="aten") > 0
+    for v in DDL:
+        res = step_launches(v, "tiny", 1, 8)
+        assert res.per_sublayer() > base.per_sublayer(), v
+        kernels = res.by_name()
+        # per sublayer: the update forward and backward (the fused TC forward is its own kernel), the norm's two
+        fwd = "delta_tc_fwd_kernel" if v == "ddl-tc" else "delta_fwd_kernel"
+        assert kernels[fwd] == kernels["delta_bwd_kernel"] == res.sublayers, v
+        assert kernels["norm_gate_value_fwd_kernel"] == kernels["norm_gate_value_bwd_kernel"] == res.sublayers, v
+        # the pre-norms are the kernel's now; the QK norms and the final norm stay
+        assert kernels["aten._fused_rms_norm"] == base.by_name()["aten._fused_rms_norm"] - res.sublayers, v
+
+
+def test_an_extra_launch_in_an_op_shows_up(monkeypatch):
+    """One more Triton launch per delta kernel call, one more ATen op per norm forward: each appears once per
+    sublayer in the count (ddl-cc: one update forward and backward and one norm forward per sublayer)."""
+    import deep_delta.ops.delta.triton as dt
+    import deep_delta.ops.norm.triton as nt
+
+    before = step_launches("ddl-cc", "tiny", 1, 8)
+    launch, forward = dt.launch, nt.triton_forward
+
+    def twice(kernel, grid, args, writes, **meta):
+        launch(kernel, grid, args, writes, **meta)
+        launch(kernel, grid, args, writes, **meta)
+
+    def with_a_copy(src, *args, **kwargs):
+        src.clone()
+        return forward(src, *args, **kwargs)
+
+    monkeypatch.setattr(dt, "launch", twice)
+    monkeypatch.setattr(nt, "triton_forward", with_a_copy)
+    after = step_launches("ddl-cc", "tiny", 1, 8)
+    n = before.sublayers
+    assert after.count(source="triton") == before.count(source="triton") + 2 * n
+    assert after.count("forward", "aten") == before.count("forward", "aten") + n
+    assert after.count("backward", "aten") == before.count("backward", "aten")
+    assert after.by_name()["aten.clone"] == before.by_name()["aten.clone"] + n
+    assert after.per_sublayer() == pytest.approx(before.per_sublayer() + 3)
+
+
+def test_markdown_names_the_differences_and_how_it_was_counted():
+    results = [step_launches(v, "tiny", 1, 8) for v in ("baseline", "ddl-dv1")]
+    text = launches_markdown(results, "tiny", "bfloat16", 8)
+    base, dv1 = results
+    diff = dv1.per_sublayer() - base.per_sublayer()
+    assert f"| ddl-dv1 | 8 | {dv1.count(source='triton')} | {dv1.count(source='aten')} | {dv1.count()} |" in text
+    assert f"| {dv1.per_sublayer():.2f} | {diff:+.2f} |" in text
+    assert "- ddl-dv1: " in text and "delta_fwd_kernel +1.00" in text and "aten._fused_rms_norm -1.00" in text
+    assert "counted on CPU (Triton launches + ATen compute ops)" in text
+    assert "Where a GPU's count can differ" in text and "Not counted: views" in text
+
+
+def test_ddl_bench_kernels_launches_cli(tmp_path, capsys):
+    out = tmp_path / "launches.md"
+    assert main(["bench-kernels", "--launches", "--variants", "ddl-cc", "--batch-size", "1", "--seq-len", "8",
+                 "--dtype", "bfloat16", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^\| baseline \| 8 \| 0 \|", printed, re.M) and re.search(r"^\| ddl-cc \| 8 \|", printed, re.M)
+    assert "preset tiny, bfloat16 autocast" in printed and out.read_text().strip() == printed.strip()
+    with pytest.raises(SystemExit) as exc:
+        main(["bench-kernels", "--launches", "--traffic"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
