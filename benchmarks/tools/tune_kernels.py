@@ -1,12 +1,13 @@
 """Launch parameters of the delta kernels on one GPU: time each kernel over a grid of settings (a development
 probe, not part of the library).
 
-For the training shape (B x T tokens, width d, d_v, bf16 state as under autocast) it times, per kernel, every
-combination of the launch parameters the library chooses by heuristic: warps per program, tokens per program
-(``ROWS``, the TC ``CHUNK``) and the persistent grid's programs per SM (the fused CC-read and TC backward).
-Each row: median milliseconds (CUDA events over ``--iters`` calls, after warm-up), the bytes the launch
-arguments imply (``deep_delta.ops.launch.count_traffic``) and the bandwidth that gives; the library's current
-choice is marked. Prints markdown, writes it and a JSON beside it.
+For the training shape (B x T tokens, width d, d_v; every input in the dtype the model hands that kernel under
+bf16 autocast, :func:`inputs`) it times, per kernel, every combination of the launch parameters the library
+chooses by heuristic: warps per program, tokens per program (``ROWS``, the TC ``CHUNK``) and the persistent grid's
+programs per SM (the fused CC-read and TC backward). Each row: median milliseconds (CUDA events over ``--iters``
+calls, after warm-up), the bytes the launch arguments imply (``deep_delta.ops.launch.count_traffic``) and the
+bandwidth that gives; the library's current choice comes first, with the launch settings it makes. The header
+names the device, torch and the library's commit. Prints markdown, writes it and a JSON beside it.
 
     python benchmarks/tools/tune_kernels.py --out DIR [--batch 32 --seq 1024 --d 768] [--only KERNEL ...]
         [--params warps per_sm ...] [--grid per_sm=4,8,16 prefetch=0,1 one_pass=0,1 ...]
@@ -22,6 +23,7 @@ import inspect
 import itertools
 import json
 import statistics
+import subprocess
 from pathlib import Path
 
 import torch
@@ -70,32 +72,47 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
             setattr(module, name, value)
 
 
-def inputs(b, t, d, dv, ks, device, dtype, seed=0):
+def state_dtype(dv: int, compute: torch.dtype) -> torch.dtype:
+    """The dtype the model stores its state in under ``compute`` autocast on a GPU (``DDLConfig.state_dtype``
+    "auto"): fp32 at d_v = 1, the compute dtype at d_v > 1."""
+    return torch.float32 if dv == 1 else compute
+
+
+def inputs(b, t, d, dv, ks, device, compute=torch.bfloat16, seed=0):
+    """Every kernel's inputs in the dtype the model passes it under ``compute`` autocast (a training step on the
+    GPU; tests/benchmarks/test_device_probes.py compares them with the model's launches): the state x, its
+    gradient and the read x_in's gradient in the state's dtype (:func:`state_dtype`); the branch output k (a
+    matmul's) and its gradient in ``compute``; v and beta fp32 (the norm, gate and value kernel writes them in its
+    weights' dtype); the compressor weights c and w fp32 (parameters). The sublayer's norm, gate and value
+    (ops.norm) reads src as stored (the state at d_v = 1, the read x_in at d_v > 1: the state's dtype), fp32
+    weights, and writes c in ``compute`` (the models' norm_output="autocast"; its gradient the same), beta and v
+    fp32."""
     g = torch.Generator().manual_seed(seed)
+    state = state_dtype(dv, compute)
 
-    def r(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(device)
+    def r(*shape, scale=1.0, dtype=torch.float32):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
-    x = r(b, t, d, dv).to(dtype)
-    k, v, beta = r(b, t, d).to(dtype), r(b, t, dv).to(dtype), torch.rand(b, t, generator=g).to(device).to(dtype)
+    x = r(b, t, d, dv, dtype=state)
+    k, v, beta = r(b, t, d, dtype=compute), r(b, t, dv), torch.rand(b, t, generator=g).to(device)
     c, w = r(d, dv, scale=0.1), r(ks, d, dv, scale=0.1)
-    g_state, g_in = r(b, t, d, dv).to(dtype), r(b, t, d).to(dtype)
-    # the sublayer's norm, gate and value (ops.norm): src as stored (the state's dtype), fp32 weights, c and its
-    # gradient in the state's dtype (the models' norm_output="autocast"), the fp32 gradients of beta, v
-    norm = (r(b * t, d).to(dtype), 1 + r(d, scale=0.1), r(1, d, scale=0.1), r(1), r(dv, d, scale=0.1), r(dv))
-    norm_grads = (r(b * t, d).to(dtype), r(b * t, 1), r(b * t, dv))
-    return dict(x=x, k=k, v=v, beta=beta, c=c, w=w, g=g_state, gin=g_in, norm=norm, norm_grads=norm_grads)
+    g_state, g_in = r(b, t, d, dv, dtype=state), r(b, t, d, dtype=state)
+    norm = (r(b * t, d, dtype=state), 1 + r(d, scale=0.1), r(1, d, scale=0.1), r(1), r(dv, d, scale=0.1), r(dv))
+    norm_grads = (r(b * t, d, dtype=compute), r(b * t, 1), r(b * t, dv))
+    return dict(x=x, k=k, v=v, beta=beta, c=c, w=w, g=g_state, gin=g_in, norm=norm, norm_grads=norm_grads,
+                c_dtype=compute)
 
 
 def kernels(a, eps=1e-5):
-    """name -> (call, which parameters it takes)."""
+    """name -> (call, which parameters it takes), for the d_v of ``a`` (:func:`inputs`): d_v = 1 has no
+    compressor, so no kernel with a read."""
     b, t, d, dv = a["x"].shape
     n = b * t
     flat = dict(x=a["x"].view(n, d, dv), k=a["k"].view(n, d), v=a["v"].view(n, dv), beta=a["beta"].view(n))
     g, gin = a["g"].view(n, d, dv), a["gin"].view(n, d)
     f = flat
     consts = (1e-5, 2.0, 4.0)  # the norm's eps, beta_max, value_scale
-    return {  # the likeliest to gain first: a short call may be cut off
+    table = {  # the likeliest to gain first: a short call may be cut off
         "delta bwd + TC read": (lambda: tt.token_read_backward(a["g"], a["gin"], a["x"], *tc_out(a), a["k"], a["v"],
                                                                a["beta"], a["w"], eps),
                                 ("warps", "rows", "per_sm", "prefetch")),
@@ -112,11 +129,12 @@ def kernels(a, eps=1e-5):
                       ("warps", "rows")),
         "delta fwd": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], None, eps), ("warps", "rows")),
     }
+    return {name: call for name, call in table.items() if dv > 1 or "read" not in name}
 
 
 def norm_c_dtype(a) -> tuple:
     """The forward's c_dtype argument where the library has one (an older checkout, a before-run, has not)."""
-    return (a["x"].dtype,) if "c_dtype" in inspect.signature(nt.triton_forward).parameters else ()
+    return (a["c_dtype"],) if "c_dtype" in inspect.signature(nt.triton_forward).parameters else ()
 
 
 def tc_out(a: dict) -> tuple:
@@ -129,6 +147,40 @@ def traffic(fn) -> int:
     with count_traffic() as c:
         fn()
     return sum(x.read_bytes + x.write_bytes for x in c.launches)
+
+
+LAUNCH_KNOBS = ("num_warps", "num_stages", "ROWS", "CHUNK", "PREFETCH", "ONE_PASS")  # the meta the sweep varies
+
+
+def launch_settings(fn) -> str:
+    """The launch settings the library chooses for ``fn``'s kernels, from a dry launch of each: the grid and the
+    tuned meta-parameters the call passes (a knob a kernel does not take is left out), e.g. ``delta_fwd_kernel
+    grid 1024, num_warps=4, ROWS=1``; launches joined by ``; ``."""
+    with count_traffic(dry=True, keep_calls=True) as c:
+        fn()
+    out = []
+    for kernel, grid, _, meta in c.calls:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
+        knobs = ", ".join(f"{k}={meta[k]}" for k in LAUNCH_KNOBS if k in meta)
+        out.append(f"{name.lstrip('_')} grid {' x '.join(map(str, grid))}, {knobs}")
+    return "; ".join(out)
+
+
+def library_commit() -> str:
+    """The commit of the checkout the imported library lives in (``git rev-parse HEAD`` there), marked when it has
+    uncommitted changes; "not recorded" without git (e.g. a ``git archive`` copy for a before-run)."""
+    where = Path(dt.__file__).resolve().parent
+
+    def git(*args) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    except (OSError, subprocess.SubprocessError):
+        return f"not recorded (no git checkout at {where})"
+    return sha + (" with uncommitted changes to the library" if changed else "")
 
 
 def time_ms(fn, device, iters: int, warm: int = 2) -> float:
@@ -208,23 +260,25 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"
-    lines = [f"## tune_kernels on {name}, torch {torch.__version__}", "",
-             f"{args.batch} x {args.seq} tokens, d = {args.d}, K = {args.taps} taps, bf16 state; median ms of "
-             f"{args.iters} calls (CUDA events); GB/s = the launch arguments' bytes / time; 'library' = the library's "
-             "current choice", ""]
+    states = ", ".join(f"{str(state_dtype(dv, torch.bfloat16)).removeprefix('torch.')} at d_v = {dv}" for dv in args.dvs)
+    lines = [f"## tune_kernels on {name}, torch {torch.__version__}, library commit {library_commit()}", "",
+             f"{args.batch} x {args.seq} tokens, d = {args.d}, K = {args.taps} taps; the inputs in the dtypes the model "
+             f"passes each kernel under bf16 autocast (state: {states}; k and c bf16; v, beta and the weights fp32); "
+             f"median ms of {args.iters} calls (CUDA events); GB/s = the launch arguments' bytes / time; 'library' = "
+             "the library's current choice, with the launch settings it makes", ""]
     results = []
     raise_clocks(device)
     for dv in args.dvs:
-        a = inputs(args.batch, args.seq, args.d, dv, args.taps, device, torch.bfloat16)
+        a = inputs(args.batch, args.seq, args.d, dv, args.taps, device)
         for kname, (fn, params) in kernels(a).items():
             params = () if args.no_sweep else tuple(args.params) if args.params else params
             if args.only and kname not in args.only:
                 continue
-            if dv == 1 and "read" in kname:  # d_v = 1 has no compressor
-                continue
             default_ms = time_ms(fn, device, args.iters, warm=5)
             nbytes = traffic(fn)
-            rows = [dict(kernel=kname, dv=dv, setting="library", ms=default_ms, gbs=nbytes / default_ms / 1e6)]
+            library = launch_settings(fn)
+            rows = [dict(kernel=kname, dv=dv, setting="library", launch=library, ms=default_ms,
+                         gbs=nbytes / default_ms / 1e6)]
             # a 4x smaller tile at d_v = 1: half the warps
             axes = dict(grid, warps=sorted({max(1, w // 2) for w in grid["warps"]})) if dv == 1 else grid
             for combo in itertools.product(*(axes[p] for p in params)):
@@ -239,12 +293,13 @@ def main(argv=None) -> int:
             best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"])
             lines += [f"### {kname}, d_v = {dv}: library {default_ms:.3f} ms ({rows[0]['gbs']:.0f} GB/s); "
                       f"best {best['setting']} {best['ms']:.3f} ms ({best['gbs']:.0f} GB/s, "
-                      f"{default_ms / best['ms']:.2f}x)", "", "| setting | ms | GB/s |", "| --- | --- | --- |"]
+                      f"{default_ms / best['ms']:.2f}x)", "", "| setting | ms | GB/s |", "| --- | --- | --- |",
+                      f"| library: {library} | {default_ms:.3f} | {rows[0]['gbs']:.0f} |"]
             for r in sorted(rows[1:], key=lambda r: r.get("ms", float("inf"))):
                 lines.append(f"| {r['setting']} | {r['ms']:.3f} | {r['gbs']:.0f} |" if "ms" in r
                              else f"| {r['setting']} | {r['error']} | |")
             lines.append("")
-            print("\n".join(lines[-(len(rows) + 4):]), flush=True)
+            print("\n".join(lines[-(len(rows) + 5):]), flush=True)
             results += rows
             (out / "tune_kernels.json").write_text(json.dumps(results, indent=1))
             (out / "tune_kernels.md").write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,64 @@ def test_tune_kernels_times_the_library_setting_of_the_tc_backward(tmp_path):
                       "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "tune_kernels.json").read_text())
     assert rows[0]["setting"] == "library" and all(r["ms"] > 0 and r["gbs"] > 0 for r in rows)
+
+
+def _launch_dtypes(fn) -> dict[str, set[tuple]]:
+    """kernel -> the argument dtypes of each of its launches while ``fn`` runs (dry: nothing is launched)."""
+    from deep_delta.eval.launches import argument_dtypes, kernel_name
+    from deep_delta.ops.launch import count_traffic
+
+    with count_traffic(dry=True, keep_calls=True) as counter:
+        fn()
+    found: dict[str, set[tuple]] = {}
+    for kernel, _, args, _ in counter.calls:
+        found.setdefault(kernel_name(kernel), set()).add(argument_dtypes(args))
+    return found
+
+
+def _agree(a: tuple, b: tuple) -> bool:
+    """Two launches' argument dtypes agree where both pass a tensor (a placeholder or a scalar is None)."""
+    return len(a) == len(b) and all(x == y or x is None or y is None for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize(("dv", "variants"), [(1, ("ddl-dv1",)), (4, ("ddl-cc", "ddl-tc"))], ids=["dv1", "dv4"])
+def test_tune_kernels_inputs_have_the_dtypes_the_model_passes(dv, variants):
+    """Each kernel tune_kernels.py times gets its arguments in the dtypes the model passes that kernel in a training
+    step on the GPU's path under bf16 autocast (deep_delta.eval.launches: the Triton path on CPU tensors, dry
+    launches; a d_v = 1 state in fp32, a d_v > 1 state in bf16), and every way the model launches such a kernel is
+    timed with its own dtypes."""
+    import torch
+
+    from deep_delta.eval.launches import step_launches
+
+    model: dict[str, set[tuple]] = {}
+    for v in variants:
+        for la in step_launches(v, "tiny", 1, 8, "bfloat16").triton:
+            model.setdefault(la.kernel, set()).add(la.dtypes)
+    tune = _load("tune_kernels")
+    a = tune.inputs(2, 8, 16, dv, 4, torch.device("cpu"))
+    timed: dict[str, set[tuple]] = {}
+    for fn, _ in tune.kernels(a).values():
+        for kernel, sigs in _launch_dtypes(fn).items():
+            timed.setdefault(kernel, set()).update(sigs)
+    assert timed and set(timed) <= set(model)
+    for kernel, sigs in timed.items():
+        for sig in sigs:
+            assert any(_agree(sig, m) for m in model[kernel]), f"d_v={dv} {kernel}: timed with {sig}, model: {model[kernel]}"
+        for m in model[kernel]:
+            assert any(_agree(sig, m) for sig in sigs), f"d_v={dv} {kernel}: the model's {m} is not timed: {sigs}"
+
+
+def test_tune_kernels_names_device_commit_and_the_library_launch(tmp_path):
+    tune = _load("tune_kernels")
+    assert tune.main(["--device", "cpu", "--quick", "--dvs", "4", "--only", "delta fwd + CC read", "--no-sweep",
+                      "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "tune_kernels.md").read_text()
+    header = text.splitlines()[0]
+    assert header.startswith("## tune_kernels on cpu (interpreter), torch ") and ", library commit " in header
+    assert re.search(r"^\| library: delta_fwd_kernel grid \d+, num_warps=\d+, ROWS=\d+ \|", text, re.M), text
+    rows = json.loads((tmp_path / "tune_kernels.json").read_text())
+    assert rows[0]["launch"].startswith("delta_fwd_kernel grid ")
 
 
 def test_decode_probe_times_both_paths_and_compares_logits(tmp_path, monkeypatch):
