@@ -3,9 +3,11 @@
 The reference is the two plain ops in a row: ``delta_update_reference`` then ``token_compress_reference``
 of the new state. The kernels run under ``TRITON_INTERPRET=1`` on CPU. Sizes are odd (d = 37, d_v = 3) and
 the chunk of tokens per program is made small (4) so that the halo (the K-1 tokens recomputed before each
-chunk) crosses chunk and sequence boundaries; the taps' gradient's persistent grid is made small (3 programs)
-so that each program's chunk of tokens crosses sequences. K = 5 takes two groups of taps (a second grid axis). Tolerances: fp32 1e-5 relative (the same arithmetic in another
-order); bf16 state 2e-2 relative (one bf16 rounding of each stored value, as the reference's).
+chunk) crosses chunk and sequence boundaries; the backward's persistent grid is made small (3 programs) so
+that each program's chunk of tokens, and the window of g_in rows it carries, crosses sequences; a sequence of 3
+tokens is shorter than that window. K = 1 to 5; K = 5 takes the second kernel for the fifth tap. Tolerances:
+fp32 1e-5 relative (the same arithmetic in another order); bf16 state 2e-2 relative (one bf16 rounding of each
+stored value, as the reference's).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def small_grid(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("b", "t", "ks"), [(2, 19, 4), (1, 7, 1), (3, 5, 5), (2, 13, 3)])
+@pytest.mark.parametrize(("b", "t", "ks"), [(2, 19, 4), (1, 7, 1), (3, 5, 5), (2, 13, 3), (4, 3, 2)])
 def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks):
     d, dv = 37, 3
     args = _inputs(b, t, d, dv, ks, dtype)
@@ -84,20 +86,53 @@ def test_forward_with_and_without_the_prefetch(small_grid, monkeypatch, prefetch
     assert rel_error(out, ref_out) < 1e-5 and rel_error(xin, ref_xin) < 1e-5
 
 
-def test_taps_gradient_without_the_prefetch(small_grid, monkeypatch):
-    """The taps' gradient kernel's loop in its other form (``GRAD_W_PREFETCH`` off) gives the reference's
-    gradients too."""
-    monkeypatch.setattr(tt, "GRAD_W_PREFETCH", False)
-    args = _inputs(2, 19, 37, 3, 4, torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ks", [4, 5])
+def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks):
+    """The backward's token loop in its other form (the launch knob ``BWD_PREFETCH``: token n+1's inputs and
+    g_in row loaded before token n's math) gives the reference's gradients too."""
+    monkeypatch.setattr(tt, "BWD_PREFETCH", not tt.BWD_PREFETCH)
+    args = _inputs(2, 19, 37, 3, ks, dtype)
     ref_args = [a.detach().clone().requires_grad_() for a in args]
     out, xin = update_and_token_read(*args, backend="triton")
     ref_out, ref_xin = _reference(*ref_args)
     gen = torch.Generator().manual_seed(2)
-    grads = (torch.randn(out.shape, generator=gen).to(DEVICE), torch.randn(xin.shape, generator=gen).to(DEVICE))
+    grads = (torch.randn(out.shape, generator=gen).to(DEVICE, dtype),
+             torch.randn(xin.shape, generator=gen).to(DEVICE, dtype))
     torch.autograd.backward((out, xin), grads)
     torch.autograd.backward((ref_out, ref_xin), grads)
     for name, a, r in zip(("x", "k", "v", "beta", "w"), args, ref_args):
-        assert rel_error(a.grad, r.grad) < 1e-5, name
+        assert rel_error(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
+
+
+@pytest.mark.parametrize("ks", [3, 4, 5])
+def test_backward_is_one_pass_over_the_state(ks):
+    """For K <= 4 the backward is one launch that reads x, G, k, v, beta and g_in once and writes every
+    gradient once (the taps' gradient from x' recomputed in registers, into one partial per program), then the
+    partials' sum; past four taps a second kernel reads the saved x' for the other taps. Counted from the
+    launch arguments (dry)."""
+    b, t, d, dv = 2, 8, 16, 4
+    x, k, v, beta, w = (a.detach() for a in _inputs(b, t, d, dv, ks, torch.float32))
+    n, state, vec = b * t, d * dv * 4, d * 4
+    with count_traffic(dry=True) as c:
+        tt.token_read_backward(torch.zeros_like(x), torch.zeros(b, t, d), x, x if ks > 4 else None, k, v,
+                               beta.reshape(b, t), w, 1e-5)
+    kernels = [la.kernel for la in c.launches]
+    assert kernels == ["delta_bwd_kernel"] + ["delta_tc_grad_w_kernel"] * (ks > 4) + ["partial_sum"]
+    progs = c.launches[-1].read_bytes // (ks * state)
+    update = c.launches[0]
+    assert update.read_bytes == n * (2 * state + 2 * vec + dv * 4 + 4) + ks * state
+    assert update.write_bytes == n * (state + vec + dv * 4 + 4) + progs * ks * state
+
+
+def test_saves_the_new_state_only_for_taps_past_the_fourth():
+    """The backward recomputes x' for the first four taps: the Function keeps it only where a fifth tap's
+    gradient reads it."""
+    for ks, kept in ((4, False), (5, True)):
+        x, k, v, beta, w = _inputs(1, 6, 8, 2, ks, torch.float32)
+        out, _ = update_and_token_read(x, k, v, beta, w, backend="triton")
+        saved = out.grad_fn.saved_tensors
+        assert any(s is not None and s.data_ptr() == out.data_ptr() for s in saved) == kept
 
 
 def test_only_one_output_used(small_grid):

@@ -1,4 +1,5 @@
-"""Triton kernels of the delta update, forward and backward, with an optional fused CC read.
+"""Triton kernels of the delta update, forward and backward, with an optional fused CC read (and the backward of
+the fused TC read, whose forward is in :mod:`.triton_token`).
 
 One program owns ``ROWS`` consecutive tokens (with the fused read, the backward's ``CHUNK`` tokens of a persistent
 grid, :func:`reduction_grid`); for each it holds the whole (d, d_v) state tile in
@@ -9,12 +10,14 @@ forward   read k, x, v, beta -> k_hat = k * rsqrt(mean(k^2) + eps^2/d)  (fp32 re
                              -> p = (k_hat . x) / sqrt(d), delta = beta (v - p)  (fp32)
                              -> write x' = x + (k_hat / sqrt(d)) delta^T       (x's dtype)
           [fused read]       -> write x_in = sum_j c_ij x'_ij                  (the next sublayer's CC read)
-backward  read x, k, v, beta, G (and g_in, c for the fused read: G += g_in c^T)
+backward  read x, k, v, beta, G (and g_in, c for the fused read: G += g_in c^T; or g_in and the TC taps w:
+          G += sum_s w_s g_in[t+s])
           recompute k_hat, p, delta (nothing of state size is saved but x itself)
           write grad_x = G - u (beta a)^T, grad_k, grad_v, grad_beta with a = u^T G
           [fused read]       grad_c = sum_n g_in x'^T: a persistent grid (see :func:`reduction_grid`), each
                              program accumulating its contiguous chunk of tokens in fp32 registers, one
                              (d, d_v) fp32 partial per program (at most ``max_programs``), summed by torch
+          [fused TC read]    grad_w_s = sum_t g_in[t+s] x'_t^T for the first four taps, the same way
 
 Gate and value math are fp32 whatever the storage dtype (fp32, bf16, fp16). Tested against the plain
 reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_kernels.py).
@@ -170,13 +173,32 @@ def _delta_fwd_kernel(
 
 
 @triton.jit
-def _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, HAS_READ: tl.constexpr):
-    """Token n's backward inputs as stored: k, x, v, beta (:func:`_token_load`), G's tile and (with the CC read)
-    g_in's row; without the read, g_in is a load with an all-false mask (no traffic)."""
+def _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, N, D, DV, HAS_READ: tl.constexpr,
+              TAPS: tl.constexpr):
+    """Token n's backward inputs as stored: k, x, v, beta (:func:`_token_load`), G's tile and one row of g_in:
+    row n with the CC read, row n + 3 with the TC taps (the newest row of the kernel's window of four), none
+    (a load with an all-false mask: no traffic) without a read."""
     k, x, v, beta = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
     g = tl.load(G + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
-    gin = tl.load(GIN + n * D + offs_d, mask=ok_d & HAS_READ, other=0.0)
+    if TAPS > 0:
+        gin = tl.load(GIN + (n + 3) * D + offs_d, mask=ok_d & (((offs_d * 0) + n + 3) < N), other=0.0)
+    else:
+        gin = tl.load(GIN + n * D + offs_d, mask=ok_d & HAS_READ, other=0.0)
     return k, x, v, beta, g, gin
+
+
+@triton.jit
+def _tap_step(raw, t_d, s, T, out, w, g, gw):
+    """Tap s of a token at position t_d of its sequence, g_in[t + s] given as stored (``raw``; zero past the
+    sequence's end, where the row is the next sequence's): (G + w_s g_in[t+s], grad_w_s + g_in[t+s] x'^T)."""
+    gin = tl.where(t_d + s < T, raw.to(tl.float32), 0.0)
+    return g + w * gin[:, None], gw + gin[:, None] * out
+
+
+@triton.jit
+def _tap_tile(C, s, tile, mw, D, DV):
+    """Tap s's (d, d_v) tile of the TC weight (K, d, d_v), in fp32."""
+    return tl.load(C + s * D * DV + tile, mask=mw, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -187,27 +209,52 @@ def _delta_bwd_kernel(
     HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    """Tokens [pid * CHUNK, (pid + 1) * CHUNK); with the CC read (HAS_READ), grad_c of the chunk in registers,
-    one partial. With TAPS > 0, C holds the next sublayer's TC taps (TAPS, d, d_v) and the state's gradient
-    gains the read's, sum_s w_s g_in[t+s] (tokens of one sequence of length T); their own gradient is another
-    kernel's (ops.delta.triton_token), so nothing is accumulated here. PREFETCH: token n+1's inputs are loaded
-    before token n's math (their latency behind it, for the registers that hold them)."""
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened rows, the weight gradient of the fused read
+    summed over them in fp32 registers, one partial per program:
+
+    - the CC read (HAS_READ; C the (d, d_v) weight c): G += g_in c^T, grad_c += g_in x'^T;
+    - the TC read (TAPS = K > 0; C the next sublayer's taps (K, d, d_v), tokens in sequences of length T):
+      G += sum_s w_s g_in[t+s] and, for the first four taps, grad_w_s += g_in[t+s] x'^T (x' recomputed as the
+      forward stored it), into a (P, K, d, d_v) partial buffer; taps past the fourth are
+      ops.delta.triton_token's second kernel's. The rows g_in[t .. t+3] are a window carried from token to
+      token: one new row per token (row t+3, loaded with the token's other inputs), the other three kept from
+      the tokens before; rows past the fourth tap are loaded where used.
+
+    PREFETCH: token n+1's inputs are loaded before token n's math (their latency behind it, for the registers
+    that hold them)."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
     mv = offs_v < DV
+    mw = md[:, None] & mv[None, :]
     tile = offs_d[:, None] * DV + offs_v[None, :]
+    first = pid * CHUNK
     if HAS_READ:
-        c = tl.load(C + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        c = tl.load(C + tile, mask=mw, other=0.0).to(tl.float32)
         gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    if TAPS > 0:  # the first four taps: the tiles of w and of their gradient, and the window of g_in rows
+        first_d = (offs_d * 0) + first
+        gw0 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)  # named: a loop carries no list
+        w0 = _tap_tile(C, 0, tile, mw, D, DV)
+        win0 = tl.load(GIN + first * D + offs_d, mask=md & (first_d < N), other=0.0)  # rows t, t+1, t+2
+        win1 = tl.load(GIN + (first + 1) * D + offs_d, mask=md & (first_d + 1 < N), other=0.0)
+        win2 = tl.load(GIN + (first + 2) * D + offs_d, mask=md & (first_d + 2 < N), other=0.0)
+    if TAPS > 1:
+        gw1 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        w1 = _tap_tile(C, 1, tile, mw, D, DV)
+    if TAPS > 2:
+        gw2 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        w2 = _tap_tile(C, 2, tile, mw, D, DV)
+    if TAPS > 3:
+        gw3 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+        w3 = _tap_tile(C, 3, tile, mw, D, DV)
     if PREFETCH:
-        first = pid * CHUNK
         k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx = _bwd_load(
             X, K, V, BETA, G, GIN, first, offs_d, offs_v, tile, md & (((offs_d * 0) + first) < N),
-            mv & (((offs_v * 0) + first) < N), D, DV, HAS_READ)
+            mv & (((offs_v * 0) + first) < N), N, D, DV, HAS_READ, TAPS)
     for r in range(0, CHUNK):
-        n = pid * CHUNK + r
+        n = first + r
         n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
         n_v = (offs_v * 0) + n
         ok_d = md & (n_d < N)
@@ -219,23 +266,31 @@ def _delta_bwd_kernel(
             more_v = ((offs_v * 0) + r + 1) < CHUNK
             k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx = _bwd_load(
                 X, K, V, BETA, G, GIN, n + 1, offs_d, offs_v, tile, md & (n_d + 1 < N) & more_d,
-                mv & (n_v + 1 < N) & more_v, D, DV, HAS_READ)
+                mv & (n_v + 1 < N) & more_v, N, D, DV, HAS_READ, TAPS)
         else:
             k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile,
-                                                                   ok_d, ok_v, D, DV, HAS_READ)
+                                                                   ok_d, ok_v, N, D, DV, HAS_READ, TAPS)
         x, u, rho, v, beta, p, delta = _token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
         g = g_raw.to(tl.float32)
+        if HAS_READ or TAPS > 0:  # x' as the forward stored it (rounded), as a separate read would see it
+            out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
         if HAS_READ:
             gin = gin_raw.to(tl.float32)
             g = g + gin[:, None] * c
-            out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
             gc += gin[:, None] * out
-        if TAPS > 0:
-            for s in tl.static_range(TAPS):  # the read of token t + s took x'_t through tap s
-                ok_s = ok_d & ((n_d % T) + s < T)
-                gin = tl.load(GIN + (n + s) * D + offs_d, mask=ok_s, other=0.0).to(tl.float32)
-                w = tl.load(C + s * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
-                g = g + w * gin[:, None]
+        if TAPS > 0:  # the read of token t + s took x'_t through tap s
+            t_d = n_d % T
+            g, gw0 = _tap_step(win0, t_d, 0, T, out, w0, g, gw0)
+            if TAPS > 1:
+                g, gw1 = _tap_step(win1, t_d, 1, T, out, w1, g, gw1)
+            if TAPS > 2:
+                g, gw2 = _tap_step(win2, t_d, 2, T, out, w2, g, gw2)
+            if TAPS > 3:
+                g, gw3 = _tap_step(gin_raw, t_d, 3, T, out, w3, g, gw3)
+            for s in tl.static_range(4, TAPS):  # taps past the fourth: their rows and tiles from L1 / L2
+                gin = tl.load(GIN + (n + s) * D + offs_d, mask=ok_d & (t_d + s < T), other=0.0).to(tl.float32)
+                g = g + _tap_tile(C, s, tile, mw, D, DV) * gin[:, None]
+            win0, win1, win2 = win1, win2, gin_raw
         a = tl.sum(u[:, None] * g, axis=0)  # u^T G, (BLOCK_V,)
         gp = -beta * a
         gx = g + u[:, None] * gp[None, :]
@@ -248,7 +303,16 @@ def _delta_bwd_kernel(
         gb_v = tl.full((BLOCK_V,), 0.0, tl.float32) + gb
         tl.store(GBETA + n_v, gb_v.to(GBETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
     if HAS_READ:
-        tl.store(GC_PART + pid * D * DV + tile, gc, mask=md[:, None] & mv[None, :])
+        tl.store(GC_PART + pid * D * DV + tile, gc, mask=mw)
+    if TAPS > 0:
+        part = GC_PART + pid * TAPS * D * DV + tile
+        tl.store(part, gw0, mask=mw)
+        if TAPS > 1:
+            tl.store(part + D * DV, gw1, mask=mw)
+        if TAPS > 2:
+            tl.store(part + 2 * D * DV, gw2, mask=mw)
+        if TAPS > 3:
+            tl.store(part + 3 * D * DV, gw3, mask=mw)
 
 
 def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

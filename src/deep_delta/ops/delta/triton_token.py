@@ -1,8 +1,8 @@
 """Triton kernels of the delta update fused with the next sublayer's TC read, forward and backward.
 
 The TC read of token t needs the new states of tokens t-K+1..t, written by the update of those tokens, so
-it cannot be computed from one token's tile as the CC read is. These kernels give each program a chunk of
-``CHUNK`` consecutive tokens of one sequence and let it compute the K-1 tokens before the chunk again
+it cannot be computed from one token's tile as the CC read is. The forward gives each program a chunk of
+``CHUNK`` consecutive tokens of one sequence and lets it compute the K-1 tokens before the chunk again
 (the halo: their state is read, their update recomputed, nothing written), so that every read it needs is
 in its own registers:
 
@@ -12,19 +12,23 @@ forward   for t = t0-K+1 .. t0+CHUNK-1 (t >= 0): the update of token t as ops.de
           kept in a (d, slot) register tensor (the sum of token t+s lives in slot (t+s) mod K, so nothing is
           shifted); the slot of t is then complete: x_in_t = that slot, stored (t >= t0), and the slot
           cleared. With ``PREFETCH`` token t+1's inputs are loaded before token t's math.
-backward  two launches. (1) ops.delta.triton's update backward with ``TAPS = K``: the gradient of x'_t is
-          G_t + sum_s w_s g_in_{t+s} (the K rows of g_in, d-vectors, from L2), formed in registers, one token
-          per program. (2) the taps' gradient grad_w_s = sum_t g_in_{t+s} x'_t^T: x'_t read as stored (the
-          Function saves x', the next update's input, kept anyway), four taps per program in fp32 registers
-          (a second grid axis for more), on a persistent grid of at most ``max_programs`` programs
-          (ops.delta.triton: 2 x the SM count on CUDA), so the partial buffer is (programs, K, d, d_v) whatever
-          the number of tokens, summed by torch (deterministic, no atomics).
+backward  one pass over the state, on a persistent grid of at most ``max_programs`` programs (one per SM on
+          CUDA, ``BWD_PER_SM``), each a contiguous chunk of the flattened tokens (crossing sequences):
+          ops.delta.triton's update backward with ``TAPS = K``. Per token it recomputes x'_t in registers (as
+          the forward stored it, rounded), forms the state's gradient G_t + sum_s w_s g_in_{t+s} and adds
+          g_in_{t+s} x'_t^T to the tap s gradient, one fp32 (d, d_v) accumulator for each of the first four
+          taps; the four tap tiles of w are loaded once per program, and the rows g_in_t .. g_in_{t+3} are a
+          window carried from token to token (one new row per token). One partial per program,
+          (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
+          For K > 4 a second kernel on the same grid adds the taps past the fourth from x' as stored (which the
+          Function then saves: the next update's input, kept anyway), four taps per program.
 
 Compared with the update followed by a separate TC read (two kernels each way): one pass over the state
 instead of two forward (plus the halo's K-1 in CHUNK re-reads), and backward no separate state-sized
-gradient of the read and no state-sized gradient add (the taps' gradient reads x' once more). Without history
-only (training and a cache-less forward); decoding keeps the separate read. Tested against the plain
-reference (update, then the TC read) under ``TRITON_INTERPRET=1`` (tests/ops/test_kernels_token_read.py).
+gradient of the read and no state-sized gradient add: it reads x, G and g_in once and writes the gradients
+once, as the update's own backward does, plus the partials (for K <= 4). Without history only (training and a
+cache-less forward); decoding keeps the separate read. Tested against the plain reference (update, then the TC
+read) under ``TRITON_INTERPRET=1`` (tests/ops/test_kernels_token_read.py).
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from deep_delta.ops.delta.triton import (
     _token_load,
     _token_math,
     check_device,
-    delta_rows,
     delta_warps,
     reduction_grid,
     sum_partials,
@@ -50,14 +53,17 @@ from deep_delta.ops.delta.triton import (
 from deep_delta.ops.launch import launch
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
-TAP_GROUP = 4  # taps per program of the taps' gradient (its kernel's four named accumulators; a grid axis covers more)
+TAP_GROUP = 4  # taps whose gradient the update's backward sums (its four named accumulators; a second kernel the rest)
 # the forward loads token t + 1 while computing t: more registers (141 against 109 at 8 warps, sm_90), and
 # 1.13x faster at 4 warps on an H200 (tune_kernels.py, 2026-11-26)
 PREFETCH = True
-# the taps' gradient (a loop over a chunk of tokens): token n+1 loaded while token n is computed, on 4 programs
-# per SM (H200, tune_kernels.py, 2026-11-26: the TC backward 0.840 ms on 2 per SM, 0.816 on 4)
-GRAD_W_PREFETCH = True
-GRAD_W_PER_SM = 4
+# The backward (the update's backward with the read's gradient and the taps' gradient, one pass) at twice the
+# update's warps (8 at d = 768, d_v = 4), one program per SM: compiled for sm_90 it holds 251-255 registers per
+# thread (the four tap tiles of w and four fp32 accumulators of their gradient besides the state's tiles), so one
+# 8-warp program fills an SM's 65,536 registers. Without the prefetch of token n+1 it spills nothing; with it,
+# 32 (bf16) / 88 (fp32) bytes per thread; at 16 warps (at most 128 registers) 32-120 with either. Not yet timed.
+BWD_PREFETCH = False
+BWD_PER_SM = 1
 
 
 @triton.jit
@@ -125,14 +131,15 @@ def _tap_grad(GIN, row, ok, offs_d, D, out, gw):
 def _delta_tc_grad_w_kernel(
     OUT, GIN, GW_PART,
     N, CHUNK, T, D, KS,
-    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3 with
-    s0 = 4 * program_id(1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t read as the forward stored it, one (d, d_v)
-    fp32 accumulator per tap in registers, one partial per program. PREFETCH: token n+1's x' is loaded before
-    token n's products."""
+    """The taps past the fourth (K > 4; the update's backward accumulates the first four): tokens
+    [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3 with
+    s0 = 4 (program_id(1) + 1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t read as the forward stored it, one
+    (d, d_v) fp32 accumulator per tap in registers, one partial per program in the update's (P, K, d, d_v)
+    buffer."""
     pid = tl.program_id(0)
-    s0 = tl.program_id(1) * 4  # TAP_GROUP
+    s0 = (tl.program_id(1) + 1) * 4  # TAP_GROUP
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -143,20 +150,11 @@ def _delta_tc_grad_w_kernel(
     gw1 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     gw2 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     gw3 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-    if PREFETCH:
-        first = pid * CHUNK
-        out_nx = tl.load(OUT + first * D * DV + tile, mask=mt & (((tile * 0) + first) < N), other=0.0)
     for r in range(0, CHUNK):
         n = pid * CHUNK + r
         n_d = (offs_d * 0) + n  # masks must be tensors
         ok_d = md & (n_d < N)
-        if PREFETCH:
-            out_raw = out_nx
-            nxt = mt & (((tile * 0) + n + 1) < N) & (((tile * 0) + r + 1) < CHUNK)
-            out_nx = tl.load(OUT + (n + 1) * D * DV + tile, mask=nxt, other=0.0)
-        else:
-            out_raw = tl.load(OUT + n * D * DV + tile, mask=mt & (((tile * 0) + n) < N), other=0.0)
-        out = out_raw.to(tl.float32)
+        out = tl.load(OUT + n * D * DV + tile, mask=mt & (((tile * 0) + n) < N), other=0.0).to(tl.float32)
         t_d = n_d % T
         s_d = (offs_d * 0) + s0
         gw0 = _tap_grad(GIN, n + s0, ok_d & (t_d + s0 < T) & (s_d < KS), offs_d, D, out, gw0)
@@ -196,30 +194,32 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
 
 def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float):
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
-    None for zero); out = x', the forward's new state; other shapes as :func:`token_read_forward`'s inputs. Two
-    launches: the update's backward with the read's gradient added per token (ops.delta.triton's kernel, every
-    token its own program), then the taps' gradient from x' over a bounded persistent grid."""
+    None for zero); out = x', the forward's new state, read only for taps past the fourth (None when K <= 4);
+    other shapes as :func:`token_read_forward`'s inputs. One launch for K <= 4: the update's backward with the
+    read's gradient added per token and the taps' gradient from x' recomputed in registers, on a bounded
+    persistent grid (ops.delta.triton's kernel); for K > 4 a second launch on the same grid adds the other taps'
+    gradient from the saved x'."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     n = bsz * t
     bd, bv = _blocks(d, dv)
-    eps2, inv = k_eps * k_eps / d, 1.0 / math.sqrt(d)
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
-    rows = delta_rows(n, bd * bv)
-    launch(
-        _delta_bwd_kernel, (triton.cdiv(n, rows),),
-        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gx, n, rows, t, d, eps2, inv),
-        writes=(7, 8, 9, 10), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=False,
-        num_warps=delta_warps(bd * bv),
-    )
     groups = triton.cdiv(ks, TAP_GROUP)
-    progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=GRAD_W_PER_SM)
+    progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     launch(
-        _delta_tc_grad_w_kernel, (progs, groups), (out.contiguous(), gin, gw_part, n, chunk, t, d, ks),
-        writes=(2,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=GRAD_W_PREFETCH, num_warps=delta_warps(bd * bv),
+        _delta_bwd_kernel, (progs,),
+        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part, n, chunk, t, d, k_eps * k_eps / d,
+         1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=BWD_PREFETCH,
+        num_warps=delta_warps(2 * bd * bv),  # the tiles of four taps and their gradient besides the state's
     )
+    if groups > 1:
+        launch(
+            _delta_tc_grad_w_kernel, (progs, groups - 1), (out.contiguous(), gin, gw_part, n, chunk, t, d, ks),
+            writes=(2,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+        )
     return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
 
 
@@ -232,9 +232,9 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
         out, xin, delta = token_read_forward(x, k, v, beta, w, k_eps, want_delta=tape is not None)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
-        # x' too, for the taps' gradient: the next update's input, saved by it anyway (the extra memory is the
-        # model's last state only, benchmarks/tools/saved_by_source.py; under a StateTape a state handle like x)
-        ctx.save_for_backward(x, out, k, v, beta, w)
+        # x' too where the taps' gradient past the fourth tap reads it (K > 4): the next update's input, saved by
+        # it anyway (the extra memory is the model's last state only); K <= 4 recomputes it in registers
+        ctx.save_for_backward(x, out if w.shape[0] > TAP_GROUP else None, k, v, beta, w)
         ctx.k_eps = k_eps
         return out, xin
 
