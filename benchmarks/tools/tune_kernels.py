@@ -53,11 +53,12 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
         patches.update({(dt, "delta_rows"): fixed_rows, (tt, "delta_rows"): fixed_rows, (nt, "FWD_ROWS"): rows})
     if per_sm is not None:
         patches.update({(dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm, (nt, "BWD_PER_SM"): per_sm,
+                        (tt, "BWD_PER_SM"): per_sm,  # the one-pass TC backward's persistent grid
                         (dt, "MAX_PROGRAMS"): per_sm * 4})  # off CUDA (the smoke test): a small grid that varies
     if chunk is not None:
         patches[(tt, "CHUNK")] = chunk
     if prefetch is not None:  # every token loop that has the knob
-        patches.update({(tt, "PREFETCH"): prefetch, (tt, "GRAD_W_PREFETCH"): prefetch,
+        patches.update({(tt, "PREFETCH"): prefetch, (tt, "GRAD_W_PREFETCH"): prefetch, (tt, "BWD_PREFETCH"): prefetch,
                         (dt, "READ_BWD_PREFETCH"): prefetch, (nt, "BWD_PREFETCH"): prefetch})
     if one_pass is not None:  # the norm kernels' per-token reductions at once or chained (ops/norm/triton.py)
         patches[(nt, "ONE_PASS")] = one_pass
