@@ -12,7 +12,10 @@
 # that library's own launch choices timed by this checkout's tune_kernels.py (--no-sweep) and its compiled bench,
 # in this call, so that a before/after is measured on one machine. eager / before_eager (not in the default): the
 # eager bench at 8 x 1024 without decode, this checkout's / BEFORE's (run them back to back: the eager step is
-# host-bound and its baseline moves between processes). Logs and tables go to $OUT (or ./gpu_out).
+# host-bound and its baseline moves between processes). authors (not in the default; needs third_party/ carried,
+# see authors_bench.py): the authors' published model code beside ours, eager and compiled, one table. profile
+# (not in the default): profile_step.py, the trainer's step per variant with torch.profiler (kernel time, launches,
+# syncs), to set beside `ddl bench-kernels --launches`' CPU count. Logs and tables go to $OUT (or ./gpu_out).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -54,5 +57,11 @@ for s in $steps; do
               --dtype bfloat16 --repeats 3 --decode-tokens 0 --out "$OUT/before/bench_small_bf16_eager.md" 2>&1 \
               | tee "$OUT/before/bench_eager.log" | tail -12 ;;
     decode) timeout 200 $PY benchmarks/tools/decode_probe.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -12 ;;
+    authors) $PY -m pip install -q --no-index --find-links third_party/wheels pydantic transformers==5.24.0 2>&1 | tail -2
+             timeout 330 $PY benchmarks/tools/authors_bench.py --authors third_party/ddl-authors/model \
+               --commit "$(git rev-parse HEAD 2>/dev/null || echo "${COMMIT:-unknown}")" \
+               --out "$OUT/authors_small_bf16.md" 2>&1 | tee "$OUT/authors.log" | tail -20 ;;
+    profile) timeout 200 $PY benchmarks/tools/profile_step.py --out "$OUT/profile" --batch 8 --seq 1024 2>&1 \
+               | tee "$OUT/profile.log" | tail -12 ;;
   esac
 done
