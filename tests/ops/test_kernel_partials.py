@@ -3,11 +3,12 @@
 Every kernel that sums a weight gradient over tokens (the fused update + CC read's grad_c, the CC read's
 grad_c, the TC / EC convolutions' grad_w, the HC / mHC write's and read's static coefficients) runs on a persistent grid of at most ``max_programs`` programs
 (2 x the SM count on CUDA, ``MAX_PROGRAMS`` elsewhere), each accumulating a contiguous chunk of tokens in fp32
-registers, then one partial per program summed by torch. Here ``max_programs`` is patched to 4 so that the
+registers, then one partial per program, summed by reducer programs of the same launch (ops/partials.py;
+tests/ops/test_partials.py runs several reducers per row). Here ``max_programs`` is patched to 4 so that the
 interpreter runs the persistent loop with more tokens than programs (chunks of several tokens, a short last
 chunk, chunks across batch rows): values and every gradient still equal the references (fp32, bf16), and the
-partial buffers (recorded as ``partial_sum`` by :class:`deep_delta.ops.launch.count_traffic`) have the same
-size at n and 4n tokens, at most ``max_programs`` x the weight in fp32.
+partial buffers (their reduction recorded as ``partial_sum`` by :class:`deep_delta.ops.launch.count_traffic`)
+have the same size at n and 4n tokens, at most ``max_programs`` x the weight in fp32.
 """
 
 from __future__ import annotations

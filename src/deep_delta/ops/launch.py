@@ -35,7 +35,10 @@ class count_traffic:
 
     dry: do not launch the kernels (outputs stay unwritten; the kernels' device check lets any tensor by).
     keep_calls: also keep every launch's ``(kernel, grid, args, meta)`` in ``self.calls`` (for compiling the
-    kernels ahead of time with the arguments the ops pass: benchmarks/tools/kernel_resources.py).
+    kernels ahead of time with the arguments the ops pass: benchmarks/tools/kernel_resources.py), each tensor
+    argument as a detached alias (the same alias where an argument repeats): a reference to the tensor itself
+    would keep a weight's gradient from being handed to ``.grad`` as it is (autograd copies a gradient someone
+    else holds), a copy per weight that an uncounted step does not make.
     ``phase`` is a free label stored with each launch; set it between the forward and the backward.
     """
 
@@ -65,22 +68,28 @@ def record(kernel: str, reads: tuple, writes: tuple) -> None:
         c.launches.append(Launch(kernel, c.phase, rb, wb))
 
 
-def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], **meta) -> None:
+def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], apart: tuple[int, ...] = (), **meta) -> None:
     """``kernel[grid](*args, **meta)``; with a counter active, also record the bytes of the tensor arguments:
-    positions in ``writes`` are written, the others read; a tensor already seen in ``args`` counts once."""
+    positions in ``writes`` are written, the others read; a tensor already seen in ``args`` counts once. Positions
+    in ``apart`` are left out of this record: the gradients an in-kernel reduction writes, which the caller records
+    with the reduction's reads (:func:`record`, as ``partial_sum``: what torch's sum of the partials was), and its
+    counters (12 bytes, :mod:`deep_delta.ops.partials`)."""
     if _COUNTERS:
         seen: set[int] = set()
         reads, outs = [], []
         for i, a in enumerate(args):
-            if not isinstance(a, torch.Tensor) or id(a) in seen:
+            if not isinstance(a, torch.Tensor) or id(a) in seen or i in apart:
                 continue
             seen.add(id(a))
             (outs if i in writes else reads).append(a)
         name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
         record(name.lstrip("_"), tuple(reads), tuple(outs))
-        for c in _COUNTERS:
-            if c.keep_calls:
-                c.calls.append((kernel, grid, args, meta))
+        if any(c.keep_calls for c in _COUNTERS):
+            aliases: dict[int, torch.Tensor] = {}
+            kept = tuple(aliases.setdefault(id(a), a.detach()) if isinstance(a, torch.Tensor) else a for a in args)
+            for c in _COUNTERS:
+                if c.keep_calls:
+                    c.calls.append((kernel, grid, kept, meta))
         if counting_dry():
             return
     kernel[grid](*args, **meta)

@@ -4,8 +4,8 @@ Each program owns ``ROWS`` tokens (a reduction kernel: ``CHUNK`` tokens, below) 
 per token (``BLOCK_D = next_pow2(d)``, ``BLOCK_V = next_pow2(d_v)``, masked); all sums are fp32. The weight-gradient kernels run on a persistent
 grid (:func:`deep_delta.ops.delta.triton.reduction_grid`): at most ``max_programs`` programs (2 x the SM count
 on CUDA), each looping over a contiguous chunk of tokens and accumulating in fp32 registers, then one (d, d_v)
-fp32 partial per program (and tap), added by torch: bounded by ``max_programs`` x the weight whatever the
-token count; deterministic, no atomics.
+fp32 partial per program (and tap), summed by reducer programs of the same launch (:mod:`deep_delta.ops.partials`):
+bounded by ``max_programs`` x the weight whatever the token count; deterministic, no atomic adds of values.
 
 - CC  fwd: x_in = sum_j c_ij x_ij (one read of x);  bwd: grad_x = g c^T (one write), grad_c partials.
 - TC  fwd: x_in_t = sum_s sum_j w_s x_{t-s} (the K taps of a token are re-read from L2, not HBM);
@@ -27,13 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops import partials
 from deep_delta.ops.delta.triton import (
     _blocks,
     _num_warps,
     _rows_per_program,
     check_device,
+    max_programs,
     reduction_grid,
-    sum_partials,
 )
 from deep_delta.ops.launch import launch
 
@@ -57,10 +58,22 @@ def _cc_fwd_kernel(X, C, XIN, N, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, D
 
 
 @triton.jit
-def _cc_bwd_kernel(X, C, G, GX, GC_PART, N, CHUNK, D, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+def _cc_bwd_kernel(X, C, G, GX, GC_PART, GC, COUNTERS, N, CHUNK, P, R, D, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+                   BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
+    """P workers (:func:`_cc_bwd_worker`), then R reducers that sum their grad_c partials into GC
+    (ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS)
+    if ticket < P:
+        _cc_bwd_worker(X, C, G, GX, GC_PART, ticket, N, CHUNK, D, BLOCK_D, DV, BLOCK_V)
+        partials.signal_stored(COUNTERS)
+    else:
+        partials.reducer(COUNTERS, P, GC_PART, GC, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
+
+
+@triton.jit
+def _cc_bwd_worker(X, C, G, GX, GC_PART, pid, N, CHUNK, D, BLOCK_D: tl.constexpr, DV: tl.constexpr,
                    BLOCK_V: tl.constexpr):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK): grad_x per token, grad_c of the chunk in registers, one partial."""
-    pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -165,18 +178,33 @@ def _conv_bwd_input_kernel(
 
 @triton.jit
 def _conv_bwd_w_kernel(
-    A, S, GW_PART, N, CHUNK, T, L, D,
+    A, S, GW_PART, GW, COUNTERS, N, CHUNK, P, KS, R, T, L, D,
     A_IS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+):
+    """P x K workers (:func:`_conv_bwd_w_worker`; ticket i: the chunk i // K, tap i % K), then R reducers that sum
+    the (P, K, d, d_v) partials into GW (ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS)
+    if ticket < P * KS:
+        _conv_bwd_w_worker(A, S, GW_PART, ticket // KS, ticket % KS, KS, N, CHUNK, T, L, D, A_IS_STATE, BLOCK_D,
+                           DV, BLOCK_V)
+        partials.signal_stored(COUNTERS)
+    else:
+        partials.reducer(COUNTERS, P * KS, GW_PART, GW, ticket - P * KS, P, KS * D * DV, R, REDUCE_ROWS,
+                         REDUCE_COLS)
+
+
+@triton.jit
+def _conv_bwd_w_worker(
+    A, S, GW_PART, pid, s, KS, N, CHUNK, T, L, D,
+    A_IS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Partial ``sum_n A(b, t) * S(b, t + P - s)`` over the tokens n in [pid * CHUNK, (pid + 1) * CHUNK) for tap
-    s = program_id(1), accumulated in fp32 registers; one (d, d_v) partial per (program, tap).
+    s, accumulated in fp32 registers; one (d, d_v) partial per (program, tap).
 
     TC: A = g (B, T, d) broadcast over d_v, S = x (B, L, d, d_v).  (A_IS_STATE = False)
     EC: A = G (B, T, d, d_v), S = e (B, L, d) broadcast over d_v.  (A_IS_STATE = True)
     """
-    pid = tl.program_id(0)
-    s = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -199,7 +227,7 @@ def _conv_bwd_w_kernel(
             g = tl.load(A + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
             x = tl.load(S + (b * L + src) * D * DV + tile, mask=mt, other=0.0).to(tl.float32)
             acc += g[:, None] * x
-    tl.store(GW_PART + (pid * tl.num_programs(1) + s) * D * DV + tile, acc, mask=md[:, None] & mv[None, :])
+    tl.store(GW_PART + (pid * KS + s) * D * DV + tile, acc, mask=md[:, None] & mv[None, :])
 
 
 def _reduction_meta(d: int, dv: int) -> dict:
@@ -211,7 +239,8 @@ def _reduction_meta(d: int, dv: int) -> dict:
 def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
     """Grid and meta-parameters of a kernel without a reduction over tokens: ``ROWS`` tokens per program."""
     rows = _rows_per_program(n)
-    return (triton.cdiv(n, rows),), dict(ROWS=rows, **_reduction_meta(d, dv))
+    bd, bv = _blocks(d, dv)
+    return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
 
 
 class ChannelCompressTriton(torch.autograd.Function):
@@ -232,22 +261,30 @@ class ChannelCompressTriton(torch.autograd.Function):
         x, c = ctx.saved_tensors
         n, d, dv = x.shape
         progs, chunk = reduction_grid(n, x.device)
-        meta = _reduction_meta(d, dv)
         gx = torch.empty_like(x)
         part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
-        launch(_cc_bwd_kernel, (progs,), (x, c, g.contiguous(), gx, part, n, chunk, d), writes=(3, 4), **meta)
-        return gx, sum_partials(part, c.dtype)
+        gc = torch.empty_like(c)
+        red = partials.plan(max_programs(x.device, per_sm=1), d * dv)
+        launch(_cc_bwd_kernel, (progs + red.total,),
+               (x, c, g.contiguous(), gx, part, gc, partials.counters(x.device), n, chunk, progs, red.total, d),
+               writes=(3, 4), apart=(5, 6), **_reduction_meta(d, dv), **red.meta())
+        partials.record_sum(part, gc)
+        return gx, gc
 
 
 def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_state: bool) -> torch.Tensor:
     b, length = src.shape[:2]
     kk, d, dv = w.shape
     n = b * t
-    progs, chunk = reduction_grid(n, a.device, per_program_axis=kk)  # (progs, K) programs, at most max_programs
+    progs, chunk = reduction_grid(n, a.device, per_program_axis=kk)  # (progs, K) workers, at most max_programs
     part = torch.empty(progs, kk, d, dv, dtype=torch.float32, device=a.device)
-    launch(_conv_bwd_w_kernel, (progs, kk), (a, src, part, n, chunk, t, length, d), writes=(2,),
-           A_IS_STATE=a_is_state, **_reduction_meta(d, dv))
-    return sum_partials(part, w.dtype)
+    gw = torch.empty_like(w)
+    red = partials.plan(max_programs(a.device, per_sm=1), kk * d * dv)
+    launch(_conv_bwd_w_kernel, (progs * kk + red.total,),
+           (a, src, part, gw, partials.counters(a.device), n, chunk, progs, kk, red.total, t, length, d), writes=(2,),
+           apart=(3, 4), A_IS_STATE=a_is_state, **_reduction_meta(d, dv), **red.meta())
+    partials.record_sum(part, gw)
+    return gw
 
 
 class TokenCompressTriton(torch.autograd.Function):

@@ -16,7 +16,8 @@ backward  read x, k, v, beta, G (and g_in, c for the fused read: G += g_in c^T; 
           write grad_x = G - u (beta a)^T, grad_k, grad_v, grad_beta with a = u^T G
           [fused read]       grad_c = sum_n g_in x'^T: a persistent grid (see :func:`reduction_grid`), each
                              program accumulating its contiguous chunk of tokens in fp32 registers, one
-                             (d, d_v) fp32 partial per program (at most ``max_programs``), summed by torch
+                             (d, d_v) fp32 partial per program (at most ``max_programs``), summed by reducer
+                             programs of the same launch into grad_c in c's dtype (:mod:`deep_delta.ops.partials`)
           [fused TC read]    grad_w_s = sum_t g_in[t+s] x'_t^T for the first four taps, the same way
 
 Gate and value math are fp32 whatever the storage dtype (fp32, bf16, fp16). Tested against the plain
@@ -31,8 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops import partials
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.launch import counting_dry, launch, record
+from deep_delta.ops.launch import counting_dry, launch
 
 MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
 
@@ -204,7 +206,33 @@ def _tap_tile(C, s, tile, mw, D, DV):
 @triton.jit
 def _delta_bwd_kernel(
     X, K, V, BETA, G, GIN, C,
-    GX, GK, GV, GBETA, GC_PART,
+    GX, GK, GV, GBETA, GC_PART, GC_OUT, COUNTERS,
+    N, CHUNK, P, R, T, D, eps2_over_d, inv_sqrt_d,
+    HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+    PREFETCH: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+):
+    """P workers (:func:`_delta_bwd_worker`); with REDUCE (a read's weight gradient summed in this launch,
+    ops/partials.py) R reducers more, which sum the workers' partial rows GC_PART (P, W) into GC_OUT (W elements,
+    W = d d_v for the CC read, K d d_v for the TC taps), in GC_OUT's dtype. Without REDUCE the grid is the P
+    workers (no read; or K > 4 taps, whose second kernel sums the partials)."""
+    if REDUCE:
+        ticket = partials.take_ticket(COUNTERS)
+    else:
+        ticket = tl.program_id(0)
+    if ticket < P:
+        _delta_bwd_worker(X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, ticket, N, CHUNK, T, D, eps2_over_d,
+                          inv_sqrt_d, HAS_READ, TAPS, BLOCK_D, DV, BLOCK_V, PREFETCH)
+        if REDUCE:
+            partials.signal_stored(COUNTERS)
+    else:
+        if REDUCE:
+            partials.reducer(COUNTERS, P, GC_PART, GC_OUT, ticket - P, P, (TAPS + HAS_READ) * D * DV, R, REDUCE_ROWS,
+                             REDUCE_COLS)
+
+
+@triton.jit
+def _delta_bwd_worker(
+    X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, pid,
     N, CHUNK, T, D, eps2_over_d, inv_sqrt_d,
     HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -222,7 +250,6 @@ def _delta_bwd_kernel(
 
     PREFETCH: token n+1's inputs are loaded before token n's math (their latency behind it, for the registers
     that hold them)."""
-    pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -315,14 +342,6 @@ def _delta_bwd_kernel(
             tl.store(part + 3 * D * DV, gw3, mask=mw)
 
 
-def sum_partials(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The per-program weight-gradient partials (P, ...), P <= max_programs, summed over programs, in ``dtype``
-    (a torch op, counted by :func:`deep_delta.ops.launch.record`)."""
-    out = part.sum(0).to(dtype)
-    record("partial_sum", (part,), (out,))
-    return out
-
-
 def interpreted() -> bool:
     """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
     return type(_delta_fwd_kernel).__name__ == "InterpretedFunction"
@@ -392,7 +411,6 @@ def triton_backward(
     else:  # no reduction over tokens: every row block its own program
         chunk = delta_rows(n, bd * bv)
         progs = triton.cdiv(n, chunk)
-    grid = (progs,)
     g = g.contiguous()
     gx = torch.empty_like(x)
     gk = torch.empty_like(k)
@@ -400,18 +418,25 @@ def triton_backward(
     gbeta = torch.empty_like(beta)
     if has_read:
         gin = torch.zeros(n, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
-        gc_part = torch.empty(grid[0], d, dv, dtype=torch.float32, device=x.device)
+        gc_part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
         c_arg = c.contiguous()
+        gc = torch.empty_like(c_arg)
+        count = partials.counters(x.device)
     else:
-        gin, gc_part, c_arg = g, g, g  # unused placeholders
+        gin, gc_part, c_arg, gc, count = g, g, g, g, g  # unused placeholders
+    red = partials.plan(max_programs(x.device, per_sm=1), d * dv)
+    reducing = red.total if has_read else 0
     launch(
-        _delta_bwd_kernel, grid,
-        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, n, chunk, 1, d, k_eps * k_eps / d,
-         1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), HAS_READ=has_read, TAPS=0, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        PREFETCH=has_read and READ_BWD_PREFETCH, num_warps=delta_warps(bd * bv),
+        _delta_bwd_kernel, (progs + reducing,),
+        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, gc, count, n, chunk, progs, reducing, 1, d,
+         k_eps * k_eps / d, 1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=has_read, TAPS=0, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
+        PREFETCH=has_read and READ_BWD_PREFETCH, REDUCE=has_read, num_warps=delta_warps(bd * bv), **red.meta(),
     )
-    return gx, gk, gv, gbeta, sum_partials(gc_part, c.dtype) if has_read else None
+    if not has_read:
+        return gx, gk, gv, gbeta, None
+    partials.record_sum(gc_part, gc)
+    return gx, gk, gv, gbeta, gc
 
 
 class DeltaUpdateTriton(torch.autograd.Function):

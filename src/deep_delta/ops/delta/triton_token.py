@@ -19,9 +19,11 @@ backward  one pass over the state, on a persistent grid of at most ``max_program
           g_in_{t+s} x'_t^T to the tap s gradient, one fp32 (d, d_v) accumulator for each of the first four
           taps; the four tap tiles of w are loaded once per program, and the rows g_in_t .. g_in_{t+3} are a
           window carried from token to token (one new row per token). One partial per program,
-          (programs, K, d, d_v) whatever the number of tokens, summed by torch (deterministic, no atomics).
+          (programs, K, d, d_v) whatever the number of tokens, summed by reducer programs of the same launch
+          into grad_w in w's dtype (:mod:`deep_delta.ops.partials`; deterministic, no atomic adds of values).
           For K > 4 a second kernel on the same grid adds the taps past the fourth from x' as stored (which the
-          Function then saves: the next update's input, kept anyway), four taps per program.
+          Function then saves: the next update's input, kept anyway), four taps per program, and its reducers
+          sum the partials instead.
 
 Compared with the update followed by a separate TC read (two kernels each way): one pass over the state
 instead of two forward (plus the halo's K-1 in CHUNK re-reads), and backward no separate state-sized
@@ -39,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops import partials
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 from deep_delta.ops.delta.triton import (
     _blocks,
@@ -47,8 +50,8 @@ from deep_delta.ops.delta.triton import (
     _token_math,
     check_device,
     delta_warps,
+    max_programs,
     reduction_grid,
-    sum_partials,
 )
 from deep_delta.ops.launch import launch
 
@@ -129,17 +132,31 @@ def _tap_grad(GIN, row, ok, offs_d, D, out, gw):
 
 @triton.jit
 def _delta_tc_grad_w_kernel(
-    OUT, GIN, GW_PART,
-    N, CHUNK, T, D, KS,
-    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+    OUT, GIN, GW_PART, GW, COUNTERS,
+    N, CHUNK, P, GROUPS, R, T, D, KS,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr,
+    REDUCE_COLS: tl.constexpr,
 ):
-    """The taps past the fourth (K > 4; the update's backward accumulates the first four): tokens
-    [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3 with
-    s0 = 4 (program_id(1) + 1): grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t read as the forward stored it, one
-    (d, d_v) fp32 accumulator per tap in registers, one partial per program in the update's (P, K, d, d_v)
-    buffer."""
-    pid = tl.program_id(0)
-    s0 = (tl.program_id(1) + 1) * 4  # TAP_GROUP
+    """The taps past the fourth (K > 4; the update's backward accumulates the first four): P x GROUPS workers
+    (:func:`_tap_group_worker`), ticket i the chunk i // GROUPS and the taps from 4 (i % GROUPS + 1), then R
+    reducers that sum the (P, K, d, d_v) partials of both kernels into GW, in GW's dtype (ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS)
+    if ticket < P * GROUPS:
+        _tap_group_worker(OUT, GIN, GW_PART, ticket // GROUPS, (ticket % GROUPS + 1) * 4, N, CHUNK, T, D, KS,
+                          BLOCK_D, DV, BLOCK_V)
+        partials.signal_stored(COUNTERS)
+    else:
+        partials.reducer(COUNTERS, P * GROUPS, GW_PART, GW, ticket - P * GROUPS, P, KS * D * DV, R, REDUCE_ROWS,
+                         REDUCE_COLS)
+
+
+@triton.jit
+def _tap_group_worker(
+    OUT, GIN, GW_PART, pid, s0, N, CHUNK, T, D, KS, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened (B * T) rows, taps s0 .. s0 + 3:
+    grad_w_s = sum_t g_in[t+s] x'_t^T, x'_t read as the forward stored it, one (d, d_v) fp32 accumulator per tap in
+    registers, one partial per program in the update's (P, K, d, d_v) buffer."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -208,19 +225,25 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float):
     groups = triton.cdiv(ks, TAP_GROUP)
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
+    gw = torch.empty_like(w)
+    count, red = partials.counters(x.device), partials.plan(max_programs(x.device, per_sm=1), ks * d * dv)
+    one = groups == 1  # K <= 4: the update's backward sums the partials in its launch, else the second kernel
     launch(
-        _delta_bwd_kernel, (progs,),
-        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part, n, chunk, t, d, k_eps * k_eps / d,
-         1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=BWD_PREFETCH,
+        _delta_bwd_kernel, (progs + (red.total if one else 0),),
+        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part, gw, count, n, chunk, progs, red.total, t,
+         d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
+        PREFETCH=BWD_PREFETCH, REDUCE=one, **red.meta(),
         num_warps=delta_warps(2 * bd * bv),  # the tiles of four taps and their gradient besides the state's
     )
-    if groups > 1:
+    if not one:
         launch(
-            _delta_tc_grad_w_kernel, (progs, groups - 1), (out.contiguous(), gin, gw_part, n, chunk, t, d, ks),
-            writes=(2,), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+            _delta_tc_grad_w_kernel, (progs * (groups - 1) + red.total,),
+            (out.contiguous(), gin, gw_part, gw, count, n, chunk, progs, groups - 1, red.total, t, d, ks),
+            writes=(2,), apart=(3, 4), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv), **red.meta(),
         )
-    return gx, gk, gv, gbeta, sum_partials(gw_part, w.dtype)
+    partials.record_sum(gw_part, gw)
+    return gx, gk, gv, gbeta, gw
 
 
 class DeltaUpdateTokenRead(torch.autograd.Function):

@@ -22,8 +22,9 @@ sinkhorn fwd  a block of tokens' (n, n) logits in registers: exp of the shifted 
 Per-token coefficient gradients come out as (N, ...) fp32. A static coefficient (one (n, n) / (n,) for all
 tokens, token stride 0) has its gradient summed in the backward kernels: a persistent grid of at most
 ``max_programs`` programs (:func:`deep_delta.ops.delta.triton.reduction_grid`), each looping over a contiguous
-chunk of tokens and accumulating in fp32 registers, one (n, n) / (n,) partial per program summed by torch
-(bounded whatever the token count; deterministic, no atomics). Tested against the references under
+chunk of tokens and accumulating in fp32 registers, one (n, n) / (n,) partial per program, summed by reducer
+programs of the same launch into the coefficient's dtype (:mod:`deep_delta.ops.partials`; bounded whatever the
+token count; deterministic, no atomic adds of values). Tested against the references under
 ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_hyper_kernels.py).
 """
 
@@ -35,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deep_delta.ops.delta.triton import check_device, reduction_grid, sum_partials
+from deep_delta.ops import partials
+from deep_delta.ops.delta.triton import check_device, max_programs, reduction_grid
 from deep_delta.ops.launch import launch
 
 MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
@@ -78,12 +80,40 @@ def _write_fwd_kernel(
 
 @triton.jit
 def _write_bwd_kernel(
-    H, R, B, F, G, GH, GR, GB, GF, NT, CHUNK, D, stride_r, stride_b,
+    H, R, B, F, G, GH, GR, GB, GF, GR_SUM, GB_SUM, COUNTERS, NT, CHUNK, P, R_R, RED, D, stride_r, stride_b,
+    R_STATIC: tl.constexpr, B_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+):
+    """P workers (:func:`_write_bwd_worker`); with a static coefficient RED reducers more (ops/partials.py): the
+    first R_R sum the static R's partials GR (P, n, n) into GR_SUM, the others the static b's GB (P, n) into
+    GB_SUM."""
+    if R_STATIC or B_STATIC:
+        ticket = partials.take_ticket(COUNTERS)
+    else:
+        ticket = tl.program_id(0)
+    if ticket < P:
+        _write_bwd_worker(H, R, B, F, G, GH, GR, GB, GF, ticket.to(tl.int64), NT, CHUNK, D, stride_r, stride_b,
+                          R_STATIC, B_STATIC, NS, BLOCK_D, BLOCK_N)
+        if R_STATIC or B_STATIC:
+            partials.signal_stored(COUNTERS)
+    else:
+        if R_STATIC or B_STATIC:
+            partials.wait_for_workers(COUNTERS, P)
+            rid = ticket - P
+            if rid < R_R:
+                partials.reduce_into(GR, GR_SUM, rid, P, NS * NS, REDUCE_ROWS, REDUCE_COLS)
+            else:
+                partials.reduce_into(GB, GB_SUM, rid - R_R, P, NS, REDUCE_ROWS, REDUCE_COLS)
+            partials.reducer_finished(COUNTERS, RED)
+
+
+@triton.jit
+def _write_bwd_worker(
+    H, R, B, F, G, GH, GR, GB, GF, pid, NT, CHUNK, D, stride_r, stride_b,
     R_STATIC: tl.constexpr, B_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK). A per-token coefficient's gradient is stored per token; a static
     one's (token stride 0) is summed over the chunk in registers and stored once per program (a partial)."""
-    pid = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mn = offs_n < NS
     r_tile = offs_n[:, None] * NS + offs_n[None, :]
@@ -142,11 +172,31 @@ def _read_fwd_kernel(H, A, OUT, D, stride_a, NS: tl.constexpr, BLOCK_D: tl.const
 
 @triton.jit
 def _read_bwd_kernel(
-    H, A, G, GH, GA, NT, CHUNK, D, stride_a,
+    H, A, G, GH, GA, GA_SUM, COUNTERS, NT, CHUNK, P, RED, D, stride_a,
+    A_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+):
+    """P workers (:func:`_read_bwd_worker`); with a static a RED reducers more, which sum its partials GA (P, n)
+    into GA_SUM (ops/partials.py)."""
+    if A_STATIC:
+        ticket = partials.take_ticket(COUNTERS)
+    else:
+        ticket = tl.program_id(0)
+    if ticket < P:
+        _read_bwd_worker(H, A, G, GH, GA, ticket.to(tl.int64), NT, CHUNK, D, stride_a, A_STATIC, NS, BLOCK_D, BLOCK_N)
+        if A_STATIC:
+            partials.signal_stored(COUNTERS)
+    else:
+        if A_STATIC:
+            partials.reducer(COUNTERS, P, GA, GA_SUM, ticket - P, P, NS, RED, REDUCE_ROWS, REDUCE_COLS)
+
+
+@triton.jit
+def _read_bwd_worker(
+    H, A, G, GH, GA, pid, NT, CHUNK, D, stride_a,
     A_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK); grad_a per token, or (static a) one partial per program."""
-    pid = tl.program_id(0).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mn = offs_n < NS
     ga_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -240,8 +290,14 @@ def _backward_grid(nt: int, device: torch.device, static: bool) -> tuple[int, in
 
 
 def _coef_grad(grad: torch.Tensor, c: torch.Tensor, static: bool) -> torch.Tensor:
-    """A static coefficient's per-program partials summed (deterministic), a per-token one as it is."""
-    return sum_partials(grad, c.dtype) if static else grad.to(c.dtype)
+    """Where the gradient of coefficient c is written: a static coefficient's, summed by the kernel's reducers, in a
+    tensor of c's dtype (ops/partials.py); a per-token one's in the kernel's fp32 output."""
+    return torch.empty_like(c) if static else grad
+
+
+def _reducers(h: torch.Tensor, *static: torch.Tensor):
+    """The reducers of the static coefficients among ``static`` (None: per token)."""
+    return partials.plan(max_programs(h.device, per_sm=1), *(c.numel() for c in static if c is not None))
 
 
 class StreamWriteTriton(torch.autograd.Function):
@@ -272,10 +328,18 @@ class StreamWriteTriton(torch.autograd.Function):
         gh, gf = torch.empty_like(h), torch.empty_like(f)
         gr = torch.empty(progs if r_static else nt, n, n, dtype=torch.float32, device=h.device)
         gb = torch.empty(progs if b_static else nt, n, dtype=torch.float32, device=h.device)
-        launch(_write_bwd_kernel, (progs,),
-               (h, r, b, f, g, gh, gr, gb, gf, nt, chunk, d, _token_stride(r, 2), _token_stride(b, 1)),
-               writes=(5, 6, 7, 8), R_STATIC=r_static, B_STATIC=b_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
-        return gh, _coef_grad(gr, r, r_static), _coef_grad(gb, b, b_static), gf
+        gr_out, gb_out = _coef_grad(gr, r, r_static), _coef_grad(gb, b, b_static)
+        red = _reducers(h, r if r_static else None, b if b_static else None)
+        r_r = red.reducers[0] if r_static else 0
+        launch(_write_bwd_kernel, (progs + red.total,),
+               (h, r, b, f, g, gh, gr, gb, gf, gr_out, gb_out, partials.counters(h.device), nt, chunk, progs, r_r,
+                red.total, d, _token_stride(r, 2), _token_stride(b, 1)),
+               writes=(5, 6, 7, 8), apart=(9, 10, 11), R_STATIC=r_static, B_STATIC=b_static, NS=n, BLOCK_D=bd,
+               BLOCK_N=bn, num_warps=4, **red.meta())
+        for part, out, static in ((gr, gr_out, r_static), (gb, gb_out, b_static)):
+            if static:
+                partials.record_sum(part, out)
+        return gh, gr_out.to(r.dtype), gb_out.to(b.dtype), gf
 
 
 class StreamReadTriton(torch.autograd.Function):
@@ -302,9 +366,14 @@ class StreamReadTriton(torch.autograd.Function):
         progs, chunk = _backward_grid(nt, h.device, a_static)
         gh = torch.empty_like(h)
         ga = torch.empty(progs if a_static else nt, n, dtype=torch.float32, device=h.device)
-        launch(_read_bwd_kernel, (progs,), (h, a, g.contiguous(), gh, ga, nt, chunk, d, _token_stride(a, 1)),
-               writes=(3, 4), A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4)
-        return gh, _coef_grad(ga, a, a_static)
+        ga_out, red = _coef_grad(ga, a, a_static), _reducers(h, a if a_static else None)
+        launch(_read_bwd_kernel, (progs + red.total,),
+               (h, a, g.contiguous(), gh, ga, ga_out, partials.counters(h.device), nt, chunk, progs, red.total, d,
+                _token_stride(a, 1)),
+               writes=(3, 4), apart=(5, 6), A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4, **red.meta())
+        if a_static:
+            partials.record_sum(ga, ga_out)
+        return gh, ga_out.to(a.dtype)
 
 
 def _sinkhorn_grid(nt: int, n: int) -> tuple[int, int]:

@@ -9,7 +9,8 @@ backward  read src, gc (in c's dtype), gbeta, gv; recompute r, y, c and the two 
           the weight gradients (g, w_g, b_g, W_v, b_v) on a persistent grid
           (:func:`deep_delta.ops.delta.triton.reduction_grid`): each program accumulates its contiguous chunk of
           tokens in fp32 registers and writes one partial per weight, so the partial buffers hold at most
-          ``max_programs`` copies of the weights whatever the token count; torch sums them (``sum_partials``)
+          ``max_programs`` copies of the weights whatever the token count; reducer programs of the same launch sum
+          them and write each weight's gradient in its dtype (:mod:`deep_delta.ops.partials`)
 
 One program holds a token's row (``BLOCK_D = next_pow2(d)``, masked) and the (d_v, d) value weight in registers.
 Tested against the plain reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_norm_gate_value.py).
@@ -21,8 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops import partials
 from deep_delta.ops.delta import triton as delta_triton
-from deep_delta.ops.delta.triton import MAX_WIDTH, check_device, sum_partials
+from deep_delta.ops.delta.triton import MAX_WIDTH, check_device
 from deep_delta.ops.launch import launch
 from deep_delta.ops.norm.lean import missing_grads_as_zeros, out_dtype
 
@@ -139,14 +141,44 @@ def _norm_gate_value_fwd_kernel(
 @triton.jit
 def _norm_gate_value_bwd_kernel(
     SRC, NW, GW, GB, WV, BV, GC, GBETA, GV,
-    GSRC, PART_D, PART_V, PART_B,
-    N, CHUNK, D, DV, eps, beta_max, value_scale,
+    GSRC, PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
+    N, CHUNK, P, R_D, R_V, R, D, DV, eps, beta_max, value_scale,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ONE_PASS: tl.constexpr,
+    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
 ):
-    """Tokens [pid * CHUNK, (pid + 1) * CHUNK). Partials of this program: PART_D (2, d) = (grad_g, grad_w_g),
-    PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v). PREFETCH: token n+1's rows are loaded
-    before token n's math. ONE_PASS: the module's note."""
-    pid = tl.program_id(0)
+    """P workers and R reducers (ops/partials.py). Worker i: tokens [i * CHUNK, (i + 1) * CHUNK), its partials
+    PART_D (2, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v);
+    PREFETCH: token n+1's rows are loaded before token n's math; ONE_PASS: the module's note. Reducers 0 .. R_D-1
+    sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into G_WV, the rest PART_B's into G_GB, G_BV."""
+    ticket = partials.take_ticket(COUNTERS)
+    if ticket < P:
+        _norm_bwd_worker(SRC, NW, GW, GB, WV, BV, GC, GBETA, GV, GSRC, PART_D, PART_V, PART_B, ticket, N, CHUNK, D,
+                         DV, eps, beta_max, value_scale, BLOCK_D, BLOCK_V, PREFETCH, ONE_PASS)
+        partials.signal_stored(COUNTERS)
+    else:
+        partials.wait_for_workers(COUNTERS, P)
+        rid = ticket - P
+        if rid < R_D:
+            cols = partials.reducer_columns(rid, REDUCE_COLS)
+            acc = partials.sum_columns(PART_D, P, 2 * D, cols, REDUCE_ROWS, REDUCE_COLS)
+            partials.store_columns(G_NW, 0, D, cols, acc)
+            partials.store_columns(G_GW, D, 2 * D, cols, acc)
+        elif rid < R_D + R_V:
+            partials.reduce_into(PART_V, G_WV, rid - R_D, P, DV * D, REDUCE_ROWS, REDUCE_COLS)
+        else:
+            cols = partials.reducer_columns(rid - R_D - R_V, REDUCE_COLS)
+            acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
+            partials.store_columns(G_GB, 0, 1, cols, acc)
+            partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
+        partials.reducer_finished(COUNTERS, R)
+
+
+@triton.jit
+def _norm_bwd_worker(
+    SRC, NW, GW, GB, WV, BV, GC, GBETA, GV, GSRC, PART_D, PART_V, PART_B, pid, N, CHUNK, D, DV, eps, beta_max,
+    value_scale, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    """Worker ``pid`` of the backward: its chunk of tokens, one partial row per weight buffer."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -251,36 +283,37 @@ def triton_backward(
     gate_weight: torch.Tensor, gate_bias: torch.Tensor, value_weight: torch.Tensor, value_bias: torch.Tensor,
     eps: float, beta_max: float, value_scale: float,
 ) -> tuple[torch.Tensor, ...]:
-    """One launch and three partial sums: the gradients of (src, norm_weight, gate_weight, gate_bias,
-    value_weight, value_bias), each in its input's dtype and shape."""
+    """One launch: the gradients of (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias), each in
+    its input's dtype and shape, its own tensor (a custom op's outputs may not alias each other; torch.library
+    checks it on CUDA, where this runs as the op's kernel). The weight gradients are summed over the tokens in the
+    launch (ops/partials.py), each written once in its dtype."""
     n, d = src.shape
     dv = value_weight.shape[0]
     bd, bv = _blocks(d, dv)
-    # at most max_programs partials, whatever n
+    gsrc = torch.empty_like(src)
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                  for t in (norm_weight, gate_weight, gate_bias, value_weight, value_bias))
+    # at most max_programs partials, whatever n (none for n = 0: the reducers then write zeros)
     per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
     progs, chunk = delta_triton.reduction_grid(n, src.device, per_sm=per_sm)
-    gsrc = torch.empty_like(src)
     part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=src.device)
     part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=src.device)
     part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=src.device)
-    if n == 0:
-        part_d.zero_(), part_v.zero_(), part_b.zero_()
-    else:
-        launch(
-            _norm_gate_value_bwd_kernel, (progs,),
-            (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc.contiguous(),
-             gbeta.contiguous(), gv.contiguous(), gsrc, part_d, part_v, part_b, n, chunk, d, dv, float(eps),
-             float(beta_max), float(value_scale)), writes=(9, 10, 11, 12),
-            BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ONE_PASS=ONE_PASS, num_warps=_bwd_warps(bd * bv),
-        )
-    gd = sum_partials(part_d, torch.float32)
-    gb = sum_partials(part_b, torch.float32)
-    # Each gradient its own tensor (copy=True): views of one sum would alias each other, which a custom op's
-    # outputs may not (torch.library checks it on CUDA, where this runs as the op's kernel).
-    return (gsrc, gd[0].to(norm_weight.dtype, copy=True),
-            gd[1].view(gate_weight.shape).to(gate_weight.dtype, copy=True),
-            gb[:1].view(gate_bias.shape).to(gate_bias.dtype, copy=True), sum_partials(part_v, value_weight.dtype),
-            gb[1:].view(value_bias.shape).to(value_bias.dtype, copy=True))
+    red = partials.plan(delta_triton.max_programs(src.device, per_sm=1), 2 * d, dv * d, 1 + dv)
+    r_d, r_v, _ = red.reducers
+    launch(
+        _norm_gate_value_bwd_kernel, (progs + red.total,),
+        (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc.contiguous(), gbeta.contiguous(),
+         gv.contiguous(), gsrc, part_d, part_v, part_b, *grads, partials.counters(src.device), n, chunk, progs, r_d,
+         r_v, red.total, d, dv, float(eps), float(beta_max), float(value_scale)),
+        writes=(9, 10, 11, 12), apart=(13, 14, 15, 16, 17, 18),
+        BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ONE_PASS=ONE_PASS, num_warps=_bwd_warps(bd * bv), **red.meta(),
+    )
+    g_nw, g_gw, g_gb, g_wv, g_bv = grads
+    partials.record_sum(part_d, g_nw, g_gw)
+    partials.record_sum(part_b, g_gb, g_bv)
+    partials.record_sum(part_v, g_wv)
+    return (gsrc, *grads)
 
 
 class NormGateValueTriton(torch.autograd.Function):
