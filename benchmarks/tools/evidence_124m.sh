@@ -33,9 +33,11 @@ SEQ=${SEQ:-1024}
 LR=${LR:-1e-3}
 LRS=${LRS:-}
 SEEDS=${SEEDS:-1}  # `ddl compare --seeds`: one value is a count (1: seed 0), two or more a list
+SEED=${SEED:-}     # one seed alone (e.g. 1, for a study of one run per call): `--seed SEED` instead of --seeds
 DEVICE=${DEVICE:-cuda}
 COMPILE=${COMPILE:-true}
 CORPUS_MB=${CORPUS_MB:-600}
+EXTRA=${EXTRA:-}  # more `ddl compare` options, e.g. EXTRA="--step-costs ddl-cc=1.22 ddl-tc=1.45" (equal cost)
 WORK=${WORK:-/tmp/ddl_evidence}
 mkdir -p "$WORK"
 
@@ -77,12 +79,12 @@ cp "$WORK/data/meta.json" "$OUT/data_meta.json"
 
 if [ -n "$LRS" ]; then LR_ARGS=(--lrs $LRS); LR_SAID="each variant at its best of lrs $LRS"
 else LR_ARGS=(--lr "$LR"); LR_SAID="lr $LR"; fi
-echo "=== compare ($(date +%T)): $VARIANTS, seeds $SEEDS, $STEPS steps of $BATCH x $SEQ tokens, $LR_SAID, compile $COMPILE"
+echo "=== compare ($(date +%T)): $VARIANTS, seeds ${SEED:-$SEEDS}, $STEPS steps of $BATCH x $SEQ tokens, $LR_SAID, compile $COMPILE"
 # shellcheck disable=SC2086
 $PY -m deep_delta.cli.main compare --preset "$PRESET" --variants $VARIANTS --data "$WORK/data" \
-  --steps "$STEPS" --seeds $SEEDS --batch-size "$BATCH" --seq-len "$SEQ" "${LR_ARGS[@]}" --warmup-steps $((STEPS / 10 + 1)) \
+  --steps "$STEPS" $([ -n "$SEED" ] && echo "--seed $SEED" || echo "--seeds $SEEDS") --batch-size "$BATCH" --seq-len "$SEQ" "${LR_ARGS[@]}" --warmup-steps $((STEPS / 10 + 1)) \
   --eval-every $((STEPS / 5 > 0 ? STEPS / 5 : 1)) --eval-batches 20 --device "$DEVICE" --set compile=$COMPILE \
-  --time-repeats 3 --out "$WORK/compare" --no-progress 2>&1 | tee "$OUT/compare.log" | tail -40
+  --time-repeats 3 --out "$WORK/compare" --no-progress $EXTRA 2>&1 | tee "$OUT/compare.log" | tail -40
 for f in compare.md compare.json curves.png lr_sensitivity.png; do cp "$WORK/compare/$f" "$OUT/" 2>/dev/null || true; done
 # The runs themselves, small (run.json with the device and the run's end, metrics.jsonl; no checkpoint): runs made
 # in several device calls are brought together on any machine with `ddl compare --out DIR --report-only`
