@@ -36,7 +36,7 @@ from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import delta_update, update_and_channel_read, update_and_token_read  # noqa: E402
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from deep_delta.ops.norm import norm_gate_value  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value, update_and_norm  # noqa: E402
 
 D, DV, K, NS, BATCH, SEQ = 768, 4, 4, 4, 8, 1024
 TARGET = GPUTarget("cuda", 90, 32)
@@ -68,7 +68,12 @@ def op_steps(dtype: torch.dtype) -> dict:
     norm_weights = (rnd(D, dt=torch.float32), rnd(1, D, dt=torch.float32), rnd(1, dt=torch.float32),
                     rnd(DV, D, dt=torch.float32), rnd(DV, dt=torch.float32))
 
-    leaves = [x, k, v, beta, c, w, e, h, f, r, b, a, rs, bs, as_, z, src, *norm_weights]
+    # a d_v = 1 update (its state fp32, as the models keep it) fused with the next sublayer's norm, gate and value
+    x1, v1 = rnd(BATCH, SEQ, D, dt=torch.float32), rnd(BATCH, SEQ, 1, dt=torch.float32)
+    norm_weights1 = (rnd(D, dt=torch.float32), rnd(1, D, dt=torch.float32), rnd(1, dt=torch.float32),
+                     rnd(1, D, dt=torch.float32), rnd(1, dt=torch.float32))
+
+    leaves = [x, k, v, beta, c, w, e, h, f, r, b, a, rs, bs, as_, z, src, *norm_weights, x1, v1, *norm_weights1]
 
     def back(out):  # the op's backward: the gradients of every input it reads (none accumulated into .grad)
         outs = out if isinstance(out, tuple) else (out,)
@@ -89,6 +94,9 @@ def op_steps(dtype: torch.dtype) -> dict:
         "Sinkhorn-Knopp": lambda: back(sinkhorn_knopp(z, 20, 1e-6, backend=t)),
         "norm + gate + value": lambda: back(norm_gate_value(src, *norm_weights, eps=1e-5, beta_max=2.0,
                                                             value_scale=4.0, c_dtype=c_dtype, backend=t)),
+        "update + next norm (d_v = 1)": lambda: back(update_and_norm(
+            x1, k, v1, beta, *norm_weights1, k_eps=1e-5, eps=1e-5, beta_max=2.0, value_scale=4.0, c_dtype=c_dtype,
+            backend=t)),
     }
 
 

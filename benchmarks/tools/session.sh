@@ -28,7 +28,7 @@ for s in $steps; do
          $PY -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" ;;
     tests) timeout 220 $PY -m pytest -q -p no:cacheprovider tests/ops/test_kernels.py tests/ops/test_kernels_fused_model.py \
              tests/ops/test_kernels_recompute.py tests/ops/test_kernels_token_read.py tests/ops/test_kernel_partials.py \
-             tests/models/test_state_dtype.py tests/ops/test_norm_gate_value.py tests/ops/test_custom_ops.py \
+             tests/models/test_state_dtype.py tests/ops/test_norm_gate_value.py tests/ops/test_update_and_norm.py tests/ops/test_custom_ops.py \
              tests/ops/test_hyper_kernels.py tests/ops/test_backend_routing.py tests/hf/test_static_decode.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     tune) mkdir -p "$OUT/tune"; timeout 150 $PY benchmarks/tools/tune_kernels.py --out "$OUT/tune" 2>&1 \
              | tee "$OUT/tune.log" | grep '^###' ;;

@@ -85,3 +85,41 @@ def test_traffic_counts_a_realistic_step_with_bounded_partials():
     assert sum(la.read_bytes == MAX_PROGRAMS * C for la in partials) == 3 + 2  # the (d, d_v) tiles and W_v
     updates = [la for la in res.launches if la.kernel == "delta_bwd_kernel"]
     assert all(la.write_bytes == res.tokens * (S + VEC + V + B) + MAX_PROGRAMS * C for la in updates)
+
+
+def test_a_fused_dv1_update_records_the_next_norm_apart():
+    """ddl-dv1, one block, d = 8, fp32, N = 4: the attention update computes the MLP sublayer's norm, gate and value
+    (``update_norm_*``), the MLP update is plain. The fused launch's own record is exactly a plain d_v = 1 update's
+    (x, k, v, beta read, x' written; backward G read too, four gradients written), and the tensors only the norm
+    part moves are a record of their own, counted with the norm: forward the weights read and c, beta', v'
+    written (no read of x': that is the fusion), backward the weights and the three upstream gradients read and
+    the partial rows written (one program per token here), summed by three partial sums."""
+    res = step_traffic("ddl-dv1", "tiny", batch_size=1, seq_len=N, **TINY)
+    weights = 2 * VEC + B + VEC + B  # g, w_g, b_g, W_v (1, d), b_v
+    row = 2 * VEC + 2 * B  # x, k, v, beta of one token
+    fwd = Launch("delta_fwd_kernel", "forward", N * row, N * VEC)
+    bwd = Launch("delta_bwd_kernel", "backward", N * (row + VEC), N * row)
+    partials = [Launch("partial_sum", "backward", N * 2 * VEC, 2 * VEC), Launch("partial_sum", "backward", N * 2 * B,
+                                                                               2 * B),
+                Launch("partial_sum", "backward", N * VEC, VEC)]
+    norm_fwd = Launch("norm_gate_value_fwd_kernel", "forward", N * VEC + weights, N * (VEC + 2 * B))
+    norm_bwd = Launch("norm_gate_value_bwd_kernel", "backward", N * VEC + weights + N * (VEC + 2 * B),
+                      N * VEC + N * (3 * VEC + 2 * B))
+    share = " (norm share)"
+    assert res.launches == [
+        norm_fwd,
+        Launch("update_norm_fwd_kernel", "forward", fwd.read_bytes, fwd.write_bytes),
+        Launch("update_norm_fwd_kernel" + share, "forward", weights, N * (VEC + 2 * B)),
+        fwd,
+        bwd,
+        Launch("update_norm_bwd_kernel", "backward", bwd.read_bytes, bwd.write_bytes),
+        Launch("update_norm_bwd_kernel" + share, "backward", weights + N * (VEC + 2 * B), N * (3 * VEC + 2 * B)),
+        *partials,
+        norm_bwd,
+        *partials,
+    ]
+    total = lambda *launches: sum(la.read_bytes + la.write_bytes for la in launches) / N  # noqa: E731
+    assert res.total("forward", norm=False) == total(fwd, fwd)
+    assert res.total("backward", norm=False) == total(bwd, bwd)
+    assert res.total("forward", norm=True) == total(norm_fwd, res.launches[2])
+    assert res.total("backward", norm=True) == total(res.launches[6], *partials, norm_bwd, *partials)

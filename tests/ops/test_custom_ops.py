@@ -171,6 +171,45 @@ def opcheck_norm_ops(n, d, dv, dtype, backend):
         assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
 
 
+def update_norm_args(n, d, dv, dtype, seed=0):
+    """(x, k, v, beta (the update's, x in dtype), the next sublayer's weights (fp32, fp64 with fp64 x), the
+    upstream gradients of (x', c, beta', v'), the constants (k_eps, eps, beta_max, value_scale))."""
+    gen = torch.Generator().manual_seed(seed + d)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    r = lambda *shape, dt=wdt: torch.randn(*shape, generator=gen).to(dt).to(DEVICE)  # noqa: E731
+    x, k, v, beta = r(n, d, dt=dtype), r(n, d, dt=dtype), 2 * r(n, 1).sigmoid(), 2 * r(n, 1).sigmoid()
+    weights = (1 + 0.3 * r(d), r(1, d), r(1), r(dv, d), r(dv))
+    grads = (r(n, d, dt=dtype), r(n, d), r(n, 1), r(n, dv))
+    return (x, k, v, beta), weights, grads, (1e-5, 1e-5, 2.0, 4.0)
+
+
+def opcheck_update_norm_ops(n, d, dv, dtype, backend):
+    from deep_delta.ops.norm.library import update_norm_backward_op, update_norm_op
+
+    inputs, weights, grads, consts = update_norm_args(n, d, dv, dtype)
+    low = torch.bfloat16 if dtype != torch.float64 else torch.float32
+    leaves = lambda: tuple(t.clone().requires_grad_() for t in (*inputs, *weights))  # noqa: E731
+    cases = [
+        (update_norm_op, (*leaves(), *consts, None, backend)),
+        (update_norm_op, (*leaves(), *consts, low, backend)),
+        (update_norm_op, (*inputs, *weights, *consts, None, backend)),
+        (update_norm_backward_op, (*grads, *inputs, *weights, *consts, backend)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n,d,dv", [(6, 7, 1), (5, 12, 3)], ids=["n6-d7-dv1", "n5-d12-dv3"])
+def test_opcheck_update_norm_ops(n, d, dv, dtype):
+    """``deep_delta::update_norm`` and its backward op (the d_v = 1 update fused with the next sublayer's input
+    stage, :mod:`deep_delta.ops.norm.library`), on the lean path and the kernels."""
+    opcheck_update_norm_ops(n, d, dv, dtype, "auto")
+    if dtype != torch.float64:
+        opcheck_update_norm_ops(n, d, dv, dtype, "triton")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("n,d,dv", [(6, 7, 1), (5, 12, 3), (1, 33, 4)], ids=["n6-d7-dv1", "n5-d12-dv3", "n1-d33-dv4"])
 def test_opcheck_norm_gate_value_ops(n, d, dv, dtype):
@@ -188,9 +227,15 @@ def test_triton_kernels_of_every_op_return_fresh_tensors():
     path of each op's CUDA kernel) returns outputs that alias neither an input nor each other: torch.library
     refuses such outputs on CUDA ("may not alias any inputs ... or other returns"), which the lean CPU kernels
     alone never exercise."""
-    from deep_delta.ops.norm.library import norm_gate_value_backward_op, norm_gate_value_op
+    from deep_delta.ops.norm.library import (
+        norm_gate_value_backward_op,
+        norm_gate_value_op,
+        update_norm_backward_op,
+        update_norm_op,
+    )
 
     x, k, v, beta = flat_inputs((5,), 12, 3, torch.float32, seed=1)
+    uinputs, uweights, ugrads, uconsts = update_norm_args(5, 12, 1, torch.float32)
     gen = torch.Generator().manual_seed(2)
     r = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
     c, g, gin = r(12, 3), r(*x.shape), r(*x.shape[:-1])
@@ -205,6 +250,8 @@ def test_triton_kernels_of_every_op_return_fresh_tensors():
         "norm_gate_value": (norm_gate_value_op, (src, *weights, *consts, None)),
         "norm_gate_value c_dtype": (norm_gate_value_op, (src, *weights, *consts, torch.bfloat16)),
         "norm_gate_value_backward": (norm_gate_value_backward_op, (*ngrads, src, *weights, *consts)),
+        "update_norm": (update_norm_op, (*uinputs, *uweights, *uconsts, None)),
+        "update_norm_backward": (update_norm_backward_op, (*ugrads, *uinputs, *uweights, *uconsts)),
     }
     for name, (op, args) in cases.items():
         with count_traffic() as counter:

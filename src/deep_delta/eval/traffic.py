@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deep_delta.ops.launch import Launch, count_traffic
+from deep_delta.ops.launch import NORM_SHARE, Launch, count_traffic
 
 NORM_KERNELS = ("norm_gate_value_fwd_kernel", "norm_gate_value_bwd_kernel")  # deep_delta.ops.norm
 
@@ -55,7 +55,7 @@ class StepTraffic:
         for la in self.launches:
             if la.kernel != "partial_sum":  # a partial sum belongs to the kernel launched before it
                 owner = la.kernel
-            if la.phase == phase and (norm is None or (owner in NORM_KERNELS) == norm):
+            if la.phase == phase and (norm is None or (owner in NORM_KERNELS or owner.endswith(NORM_SHARE)) == norm):
                 total += la.read_bytes + la.write_bytes
         return total / self.tokens
 
@@ -123,15 +123,16 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
         for (phase, kernel), (n, r, w) in res.per_token().items():
             out.append(f"| {res.variant} | {phase} | {kernel} | {n} | {r:,.0f} | {w:,.0f} |")
     out += ["", "| variant | d | d_v | S bytes | sublayers | forward B/token | ideal 2S+4d | x ideal | "
-            "backward B/token | ideal 3S+6d | x ideal | step x ideal | norm + gate + value fwd / bwd B/token |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "backward B/token | ideal 3S+6d | x ideal | step x ideal | norm + gate + value fwd / bwd B/token | "
+            "all DDL kernels fwd / bwd B/token |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for res in results:
         f, b = res.total("forward", norm=False), res.total("backward", norm=False)
         fi, bi = res.ideal("forward"), res.ideal("backward")
         nf, nb = res.total("forward", norm=True), res.total("backward", norm=True)
         out.append(f"| {res.variant} | {res.hidden_size} | {res.value_channels} | {res.state_bytes} | {res.sublayers} "
                    f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} | {res.step_ratio():.2f} "
-                   f"| {nf:,.0f} / {nb:,.0f} |")
+                   f"| {nf:,.0f} / {nb:,.0f} | {res.total('forward'):,.0f} / {res.total('backward'):,.0f} |")
     tokens = results[0].tokens if results else 0
     out += ["", f"Counted (dry launches on fake CPU tensors), not measured, at {tokens} tokens per step. The "
             "partial buffers of the weight gradients hold one fp32 copy of the weight ((d, d_v) tiles; the sublayer "
@@ -141,7 +142,10 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
             "is per token. Each tensor argument once; "
             "compressor and norm weights once per launch (L2-resident); the sublayer's norm, gate and value "
             "(norm_gate_value, k-Map with the linear gate) are counted in their own column, not in the totals "
-            "against the ideal (issue 24's, per sublayer, is the state update's); the HC / mHC kernels and the other "
+            "against the ideal (issue 24's, per sublayer, is the state update's); where a d_v = 1 update "
+            "computes the next sublayer's norm, gate and value in the same launch (update_norm_*), the tensors only "
+            f"that part moves are recorded apart ('{NORM_SHARE.strip()}') and counted in the norm's column; the "
+            "last column is every DDL kernel of the step; the HC / mHC kernels and the other "
             "non-DDL work (GEMMs, the final and QK norms, attention) are not counted. Step x ideal: forward + backward "
             "over the two ideals' sum."]
     return "\n".join(out)

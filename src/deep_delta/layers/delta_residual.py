@@ -27,7 +27,7 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
 from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
-from deep_delta.ops.norm import norm_gate_value
+from deep_delta.ops.norm import norm_gate_value, update_and_norm
 
 RESIDUAL_MAPS = ("k", "v")
 NORM_OUTPUTS = ("module", "autocast")
@@ -156,13 +156,17 @@ class DeltaResidual(nn.Module):
                 f"got {tuple(x_in.shape)}"
             )
 
-    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None, **branch_kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None,
+                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                **branch_kwargs) -> torch.Tensor:
         """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns the new state, x's shape.
 
-        The next sublayer's read of the new state, fused with the update: :meth:`update_and_read`.
+        prepared: this sublayer's ``(c, beta, v)``, computed by the previous sublayer's update
+        (:meth:`update_and_norm`), or None. The next sublayer's read of the new state, fused with the update:
+        :meth:`update_and_read`; its norm, gate and value (d_v = 1): :meth:`update_and_norm`.
         """
         self._check(x, x_in)
-        out = self._update_inputs(x, x_in, branch_args, branch_kwargs)
+        out = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
         if self.additive:
             return x + out.to(x.dtype)
         k, v, beta = out
@@ -180,13 +184,52 @@ class DeltaResidual(nn.Module):
         """
         self._check(x, x_in)
         self._check_read(read, x)
-        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs)
+        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, None)
         if isinstance(read, ChannelCompressor):
             return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
         return update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps, backend=self.backend)
 
-    def _update_inputs(self, x: torch.Tensor, x_in: torch.Tensor | None, branch_args: tuple, branch_kwargs: dict):
-        """The branch output h (additive residual), else the update's (k, v, beta) for state x."""
+    def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor) -> bool:
+        """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
+        (:meth:`update_and_norm`): both d_v = 1 delta residuals of one width, ``nxt`` with the k-Map and the
+        linear gate, both on the Triton backend, and no state rebuild recording (``recompute_states``)."""
+        from deep_delta.ops.delta.recompute import active_tape
+
+        return (isinstance(nxt, DeltaResidual) and not self.additive and not nxt.additive and self.value_channels == 1
+                and nxt.value_channels == 1 and nxt.fuse_inputs and nxt.dim == self.dim
+                and resolve_backend(self.backend, x.device) == "triton"
+                and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)
+
+    def update_and_norm(self, x: torch.Tensor, nxt: DeltaResidual, *branch_args,
+                        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                        **branch_kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The update of :meth:`forward` (d_v = 1) and ``nxt``'s input stage of the new state, from one fused op
+        (:func:`deep_delta.ops.norm.update_and_norm`). Returns ``(x_new, (c, beta, v))``, the last three what
+        ``nxt(x_new, ..., prepared=...)`` takes: the same values as ``nxt`` computing them itself.
+        ``prepared``: this sublayer's own, as :meth:`forward` takes it."""
+        self._check(x, None)
+        if not self.fuses_norm_of(nxt, x):
+            raise ValueError(
+                "DeltaResidual.update_and_norm: needs two d_v = 1 delta residuals of one width on the Triton backend, "
+                "the second with the k-Map and the linear gate, and no state rebuild recording "
+                f"(`fuses_norm_of`); got {self.extra_repr()!r} -> {nxt.extra_repr() if isinstance(nxt, DeltaResidual) else type(nxt).__name__!r}"
+            )
+        k, v, beta = self._update_inputs(x, None, branch_args, branch_kwargs, prepared)
+        out, c, beta2, v2 = update_and_norm(
+            x, k, v, beta, nxt.norm.weight, nxt.gate.proj.weight, nxt.gate.proj.bias, nxt.value_proj.weight,
+            nxt.value_proj.bias, k_eps=self.k_eps, eps=nxt.norm.eps, beta_max=nxt.gate.beta_max,
+            value_scale=nxt.value_scale, c_dtype=nxt._branch_dtype(x), backend=nxt.backend)
+        return out, (c, beta2, v2)
+
+    def _update_inputs(self, x: torch.Tensor, x_in: torch.Tensor | None, branch_args: tuple, branch_kwargs: dict,
+                       prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None):
+        """The branch output h (additive residual), else the update's (k, v, beta) for state x; from ``prepared``
+        (c, beta, v) when the previous update computed them."""
+        if prepared is not None:
+            if not self.fuse_inputs:
+                raise ValueError("DeltaResidual: `prepared` (c, beta, v) needs the k-Map and the linear gate")
+            c, beta, v = prepared
+            return self.branch(c, *branch_args, **branch_kwargs), v, beta
         if self.value_channels == 1:
             src = x
         else:

@@ -5,7 +5,8 @@
 - :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC), with the
   causal short convolution they share (:mod:`deep_delta.ops.compress.shortconv`);
 - :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp;
-- :mod:`deep_delta.ops.norm`: a k-Map sublayer's RMSNorm, linear gate and value from one read of its source row.
+- :mod:`deep_delta.ops.norm`: a k-Map sublayer's RMSNorm, linear gate and value from one read of its source row,
+  and a d_v = 1 update fused with the next sublayer's (``update_and_norm``).
 
 Each package holds the plain references (``naive.py``), the lean PyTorch path (``lean.py``,
 ``backend="torch"``) and the Triton kernels (``triton*.py``). :mod:`deep_delta.ops.backend` resolves the
@@ -19,7 +20,7 @@ from deep_delta.ops.backend import BACKENDS, resolve_backend
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import delta_operator, delta_update, update_and_channel_read, update_and_token_read
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write
-from deep_delta.ops.norm import norm_gate_value
+from deep_delta.ops.norm import norm_gate_value, update_and_norm
 
 __all__ = [
     "BACKENDS",
@@ -34,5 +35,6 @@ __all__ = [
     "stream_write",
     "token_compress",
     "update_and_channel_read",
+    "update_and_norm",
     "update_and_token_read",
 ]

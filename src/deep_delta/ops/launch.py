@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import torch
 
 _COUNTERS: list[count_traffic] = []
+# the suffix of a record holding the next sublayer's norm, gate and value's share of a fused update's launch (the
+# tensors only that part reads or writes: deep_delta.ops.norm.triton_update), apart from the update's own bytes
+NORM_SHARE = " (norm share)"
 
 
 @dataclass

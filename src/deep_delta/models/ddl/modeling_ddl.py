@@ -227,14 +227,28 @@ class DDLBlock(GradientCheckpointingLayer):
         None; pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
         """
         if self.compressor is None:  # d_v = 1 (additive or DDL), HC / mHC
-            state = self.attn(state, rope, cache, mask)
-            return self.mlp(state), None
+            return self._forward_vector(state, read, rope, mask, cache, next_read)
         if self.fuse_reads and fusable_read(self.compressor, cache, pad_mask):
             return self._forward_fused(state, read, rope, mask, pad_mask, cache, next_read)
         state, read = self._masked_read(state, read, pad_mask, cache, "attn")
         state = self.attn(state, rope, cache, mask, x_in=read)
         state, read = self._masked_read(state, None, pad_mask, cache, "mlp")
         return self.mlp(state, x_in=read), None
+
+    def _forward_vector(self, state, prepared, rope, mask, cache, next_norm):
+        """The two updates of a block without a compressor. On the Triton backend each d_v = 1 DDL update also
+        computes the next sublayer's norm, gate and value from the row it writes (``DeltaResidual.update_and_norm``):
+        the MLP sublayer's after the attention update, ``next_norm``'s (the next block's attention residual, if
+        given) after the MLP update, returned as the second value; ``prepared``: this block's attention inputs
+        from the previous block, or None."""
+        attn_args = (rope, cache, mask)
+        if not (self.fuse_reads and isinstance(self.attn, DeltaResidual) and self.attn.fuses_norm_of(self.mlp, state)):
+            state = self.attn(state, *attn_args) if prepared is None else self.attn(state, *attn_args, prepared=prepared)
+            return self.mlp(state), None
+        state, prepared = self.attn.update_and_norm(state, self.mlp, *attn_args, prepared=prepared)
+        if next_norm is None or not self.mlp.fuses_norm_of(next_norm, state):
+            return self.mlp(state, prepared=prepared), None
+        return self.mlp.update_and_norm(state, next_norm, prepared=prepared)
 
     def _forward_fused(self, state, read, rope, mask, pad_mask, cache, next_read):
         """The same two updates for a channel compressor, each fused with the read that follows it: the MLP
@@ -536,7 +550,12 @@ class DDLModel(DDLPreTrainedModel):
             tape.register(x)
         read = None  # the next block's read, when the previous update computed it (channel compressors, fused)
         for i, block in enumerate(self.layers):
-            next_read = self.layers[i + 1].compressor if i + 1 < len(self.layers) else self.final_compressor
+            nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
+            if block.compressor is None:  # d_v = 1: the next block's attention inputs from this block's last update
+                fuse = self.fuse_reads and block.fuse_reads and nxt is not None and nxt.fuse_reads
+                x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=nxt.attn if fuse else None)
+                continue
+            next_read = nxt.compressor if nxt is not None else self.final_compressor
             fuse = (self.fuse_reads and block.fuse_reads and fusable_read(block.compressor, cache, pad_mask)
                     and fusable_read(next_read, cache, pad_mask))
             x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=next_read if fuse else None)

@@ -19,7 +19,7 @@ import torch
 
 from deep_delta.ops.backend import resolve_backend, through_registered_op
 from deep_delta.ops.norm.lean import norm_gate_value_lean
-from deep_delta.ops.norm.naive import norm_gate_value_reference
+from deep_delta.ops.norm.naive import norm_gate_value_reference, update_and_norm_reference
 
 Tensor = torch.Tensor
 
@@ -98,4 +98,69 @@ def norm_gate_value(
     return norm_gate_value_lean(*args, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
 
 
-__all__ = ["norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference"]
+def update_and_norm(
+    x: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    norm_weight: Tensor,
+    gate_weight: Tensor,
+    gate_bias: Tensor,
+    value_weight: Tensor,
+    value_bias: Tensor,
+    *,
+    k_eps: float,
+    eps: float,
+    beta_max: float,
+    value_scale: float,
+    c_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A d_v = 1 delta update fused with the next sublayer's input stage: ``(x', c, beta', v')``.
+
+    Equals ``x' = delta_update(x[..., None], k, v, beta)[..., 0]`` followed by
+    ``norm_gate_value(x', norm_weight, ...)`` (the next sublayer's RMSNorm, linear gate and k-Map value); the
+    Triton kernels (:mod:`.triton_update`) compute the next sublayer's inputs from the row they have just
+    written, and the backward folds the input stage's backward into the update's: each state row read once
+    per direction for both.
+
+    Args:
+        x: (..., d), the d_v = 1 state; k: (..., d), the raw direction; v: (..., 1); beta: (..., 1).
+        norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype: the
+            next sublayer's, as :func:`norm_gate_value` takes them (value_weight (d_v', d): the next sublayer's
+            value width, 1 in a d_v = 1 model).
+        k_eps: this update's direction normalisation guard.
+        backend: "auto", "torch" or "triton" (:func:`norm_gate_value`'s rules).
+    """
+    if x.dim() < 1 or tuple(k.shape) != tuple(x.shape):
+        raise ValueError(f"update_and_norm: `x` and `k` must have the same shape (..., d), got {tuple(x.shape)} and "
+                         f"{tuple(k.shape)}")
+    for name, t in (("v", v), ("beta", beta)):
+        if tuple(t.shape) != tuple(x.shape[:-1]) + (1,):
+            raise ValueError(f"update_and_norm: `{name}` must have shape {tuple(x.shape[:-1]) + (1,)} (x is "
+                             f"{tuple(x.shape)}), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"update_and_norm: `{name}` must be a floating-point tensor, got {t.dtype}")
+    if not (math.isfinite(k_eps) and k_eps >= 0):
+        raise ValueError(f"update_and_norm: `k_eps` got {k_eps}; allowed: a finite number >= 0")
+    _check(x, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
+    weights = (norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+    impl = resolve_backend(backend, x.device)
+    if impl == "triton" and through_registered_op(backend, impl, x.dtype):  # one node under compile
+        from deep_delta.ops.norm.library import update_norm_with_op
+
+        return update_norm_with_op(x, k, v, beta, *weights, k_eps, eps, beta_max, value_scale, c_dtype, backend)
+    if impl == "triton":
+        from deep_delta.ops.norm.triton_update import update_and_norm_triton
+
+        return update_and_norm_triton(x, k, v, beta, *weights, k_eps=k_eps, eps=eps, beta_max=beta_max,
+                                      value_scale=value_scale, c_dtype=c_dtype)
+    from deep_delta.ops.delta import delta_update
+
+    out = delta_update(x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
+    return (out, *norm_gate_value(out, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
+                                  c_dtype=c_dtype, backend=backend))
+
+
+__all__ = ["norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference", "update_and_norm",
+           "update_and_norm_reference"]

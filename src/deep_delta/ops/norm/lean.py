@@ -98,3 +98,51 @@ def missing_grads_as_zeros(gc: Tensor | None, gbeta: Tensor | None, gv: Tensor |
     gbeta = src.new_zeros(n, 1, dtype=ct) if gbeta is None else gbeta.contiguous()
     gv = src.new_zeros(n, value_weight.shape[0], dtype=ct) if gv is None else gv.contiguous()
     return gc, gbeta, gv
+
+
+def update_norm_forward_lean(
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
+    value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float, beta_max: float, value_scale: float,
+    c_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(x', c, beta', v') of flattened x, k (N, d), v, beta (N, 1): the lean update (ops/delta/lean.py), then
+    :func:`norm_gate_value_lean` of x'. No autograd of its own (the custom op's backward is
+    :func:`update_norm_backward_lean`)."""
+    from deep_delta.ops.delta.lean import lean_forward
+
+    out, _ = lean_forward(x.unsqueeze(-1), k, v, beta, k_eps)
+    out = out.squeeze(-1)
+    c, beta2, v2 = norm_gate_value_lean(out, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps=eps,
+                                        beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
+    return out, c.contiguous(), beta2.contiguous(), v2.contiguous()
+
+
+def update_norm_backward_lean(
+    g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor,
+    norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor,
+    k_eps: float, eps: float, beta_max: float, value_scale: float,
+) -> tuple[Tensor, ...]:
+    """The gradients of (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias) for the
+    upstream gradients of (x', c, beta', v'): x' recomputed, the input stage's backward
+    (:func:`norm_gate_value_backward_lean`) on it, its gradient of x' added to g in the compute dtype, then the
+    update's backward (ops/delta/lean.py). Each gradient in its input's dtype."""
+    from deep_delta.ops.delta.lean import lean_backward, lean_forward
+    from deep_delta.ops.delta.naive import compute_dtype
+
+    ct = compute_dtype(x, k, v, beta)
+    out, _ = lean_forward(x.unsqueeze(-1), k, v, beta, k_eps)
+    # x' as stored, in the compute dtype (exact): the input stage's gradient of x' comes back unrounded
+    gsrc, *weight_grads = norm_gate_value_backward_lean(gc, gbeta2, gv2, out.squeeze(-1).to(ct), norm_weight,
+                                                        gate_weight, gate_bias, value_weight, value_bias, eps,
+                                                        beta_max, value_scale)
+    total = (g.to(ct) + gsrc).unsqueeze(-1)
+    gx, gk, gv, gb = lean_backward(total, x.to(ct).unsqueeze(-1), k, v, beta, k_eps)
+    return (gx.squeeze(-1).to(x.dtype), gk, gv, gb, *weight_grads)
+
+
+def missing_update_grads(g: Tensor | None, gc: Tensor | None, gbeta2: Tensor | None, gv2: Tensor | None, x: Tensor,
+                         norm_weight: Tensor, value_weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The upstream gradients of the fused update's (x', c, beta', v') for a flattened x (N, d), contiguous; an
+    unused output's gradient may arrive as None: zeros of its shape."""
+    g = torch.zeros_like(x) if g is None else g.contiguous()
+    return (g, *missing_grads_as_zeros(gc, gbeta2, gv2, x, norm_weight, value_weight))

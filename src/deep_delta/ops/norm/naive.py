@@ -30,3 +30,18 @@ def norm_gate_value_reference(
     beta = beta_max * torch.sigmoid(c @ gate_weight.to(ct).t() + gate_bias.to(ct))
     v = value_scale * torch.sigmoid(s @ value_weight.to(ct).t() + value_bias.to(ct))
     return c.to(c_dtype or norm_weight.dtype), beta, v
+
+
+def update_and_norm_reference(
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
+    value_weight: Tensor, value_bias: Tensor, *, k_eps: float, eps: float, beta_max: float, value_scale: float,
+    c_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A d_v = 1 delta update and the next sublayer's input stage of the new state, one after the other:
+    x (..., d), k (..., d), v (..., 1), beta (..., 1) -> (x' (..., d), c, beta', v') with
+    ``x' = delta_update_reference(x, k, v, beta)`` and ``(c, beta', v') = norm_gate_value_reference(x', ...)``."""
+    from deep_delta.ops.delta.naive import delta_update_reference
+
+    out = delta_update_reference(x.unsqueeze(-1), k, v, beta, k_eps).squeeze(-1)
+    return (out, *norm_gate_value_reference(out, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
+                                            eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype))

@@ -96,6 +96,52 @@ def _add3(a0, b0, c0, a1, b1, c1):
 
 
 @triton.jit
+def _grad_row(gc, gbeta, gv, r, y, g, wg, s_g, s_v, wv, sggc, sgw, D, beta_max, value_scale, ONE_PASS: tl.constexpr):
+    """One token's backward from its forward values: (grad_src, gc_tot, dlogit_g, dlogit_g's lane vector,
+    dlogit_v). ONE_PASS: sum(dy y) from the loaded row's sums sggc = sum(s g gc) and sgw = sum(s g w_g)."""
+    dlg = gbeta * beta_max * s_g * (1.0 - s_g)  # lane 0; 0 elsewhere and past the last token
+    dlg_s = tl.sum(dlg, axis=0)
+    dlv = gv * value_scale * s_v * (1.0 - s_v)  # 0 past d_v and the last token
+    gct = gc + dlg_s * wg
+    dy = gct * g
+    if ONE_PASS:
+        dyy = r * (sggc + dlg_s * sgw)  # sum(dy y)
+    else:
+        dyy = tl.sum(dy * y, axis=0)
+    gsrc = r * (dy - y * (dyy / D)) + tl.sum(dlv[:, None] * wv, axis=0)
+    return gsrc, gct, dlg_s, dlg, dlv
+
+
+@triton.jit
+def norm_row_forward(s, g1, gw1, bg1, bv1, wv, D, eps):
+    """One token's (r, c, sigmoid of the gate's logit (lane 0), sigmoid of the value logits) in the one-pass form
+    from its source row s (fp32) and the program's weights: g1 = g, gw1 = g w_g, the biases, wv = W_v."""
+    ss, sgw = tl.reduce((s * s, s * gw1), 0, _add2)
+    return _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+
+
+@triton.jit
+def norm_row_store(C, BETA, V, n, c, s_g, s_v, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale):
+    """Token n's c, beta and v (the forward's outputs)."""
+    tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
+    tl.store(BETA + n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+    tl.store(V + n * DV + offs_v, (value_scale * s_v).to(V.dtype.element_ty), mask=ok_v)
+
+
+@triton.jit
+def norm_row_backward(s, gc, gbeta, gv, g1, wg1, gw1, bg1, bv1, wv, D, eps, beta_max, value_scale):
+    """One token's backward in the one-pass form from its source row s (fp32) and the upstream gradients (fp32):
+    (grad_src, its terms of grad_g and grad_w_g, of grad_b_g (lane 0) and dlogit_v, whose outer product with s
+    is its term of grad_W_v and which is its term of grad_b_v)."""
+    ss, sgw, sggc = tl.reduce((s * s, s * gw1, s * g1 * gc), 0, _add3)
+    r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+    y = s * r
+    gsrc, gct, dlg_s, dlg, dlv = _grad_row(gc, gbeta, gv, r, y, g1, wg1, s_g, s_v, wv, sggc, sgw, D, beta_max,
+                                           value_scale, True)
+    return gsrc, gct * y, dlg_s * c, dlg, dlv
+
+
+@triton.jit
 def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV):
     """Token n's backward inputs as stored: src's row, its gradient gc, gbeta (lane 0 of a d_v-sized vector), gv."""
     s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
@@ -129,13 +175,10 @@ def _norm_gate_value_fwd_kernel(
             s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
             g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
             gw1 = g1 * tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
-            ss, sgw = tl.reduce((s * s, s * gw1), 0, _add2)
-            r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+            r, c, s_g, s_v = norm_row_forward(s, g1, gw1, bg1, bv1, wv, D, eps)
         else:
             s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
-        tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
-        tl.store(BETA + n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
-        tl.store(V + n * DV + offs_v, (value_scale * s_v).to(V.dtype.element_ty), mask=ok_v)
+        norm_row_store(C, BETA, V, n, c, s_g, s_v, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale)
 
 
 @triton.jit
@@ -156,21 +199,30 @@ def _norm_gate_value_bwd_kernel(
                          DV, eps, beta_max, value_scale, BLOCK_D, BLOCK_V, PREFETCH, ONE_PASS)
         partials.signal_stored(COUNTERS)
     else:
-        partials.wait_for_workers(COUNTERS, P)
-        rid = ticket - P
-        if rid < R_D:
-            cols = partials.reducer_columns(rid, REDUCE_COLS)
-            acc = partials.sum_columns(PART_D, P, 2 * D, cols, REDUCE_ROWS, REDUCE_COLS)
-            partials.store_columns(G_NW, 0, D, cols, acc)
-            partials.store_columns(G_GW, D, 2 * D, cols, acc)
-        elif rid < R_D + R_V:
-            partials.reduce_into(PART_V, G_WV, rid - R_D, P, DV * D, REDUCE_ROWS, REDUCE_COLS)
-        else:
-            cols = partials.reducer_columns(rid - R_D - R_V, REDUCE_COLS)
-            acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
-            partials.store_columns(G_GB, 0, 1, cols, acc)
-            partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
-        partials.reducer_finished(COUNTERS, R)
+        norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
+                     REDUCE_ROWS, REDUCE_COLS)
+
+
+@triton.jit
+def norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, rid, P, R_D, R_V, R, D, DV,
+                 REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
+    """Reducer ``rid`` of a launch whose P workers wrote the norm's partials (:func:`norm_row_backward`'s sums):
+    reducers 0 .. R_D-1 sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into G_WV, the rest
+    PART_B's into G_GB and G_BV (ops/partials.py)."""
+    partials.wait_for_workers(COUNTERS, P)
+    if rid < R_D:
+        cols = partials.reducer_columns(rid, REDUCE_COLS)
+        acc = partials.sum_columns(PART_D, P, 2 * D, cols, REDUCE_ROWS, REDUCE_COLS)
+        partials.store_columns(G_NW, 0, D, cols, acc)
+        partials.store_columns(G_GW, D, 2 * D, cols, acc)
+    elif rid < R_D + R_V:
+        partials.reduce_into(PART_V, G_WV, rid - R_D, P, DV * D, REDUCE_ROWS, REDUCE_COLS)
+    else:
+        cols = partials.reducer_columns(rid - R_D - R_V, REDUCE_COLS)
+        acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
+        partials.store_columns(G_GB, 0, 1, cols, acc)
+        partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
+    partials.reducer_finished(COUNTERS, R)
 
 
 @triton.jit
@@ -183,20 +235,12 @@ def _norm_bwd_worker(
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
     mv = offs_v < DV
-    tile = offs_v[:, None] * D + offs_d[None, :]
-    mt = mv[:, None] & md[None, :]
-    wv = tl.load(WV + tile, mask=mt, other=0.0).to(tl.float32)
+    wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
     acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
     acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
     acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
     acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
     acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
-    if ONE_PASS:  # the program's weights, loaded once
-        g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
-        wg1 = tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
-        gw1 = g1 * wg1
-        bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
-        bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
     if PREFETCH:
         first = pid * CHUNK
         s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, first, offs_d, offs_v,
@@ -218,31 +262,44 @@ def _norm_bwd_worker(
         gv = gv_raw.to(tl.float32)
         if ONE_PASS:
             s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
-            ss, sgw, sggc = tl.reduce((s * s, s * gw1, s * g1 * gc), 0, _add3)
-            r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
-            y = s * r
-            g, wg = g1, wg1
+            gsrc, inc_g, inc_wg, dlg, dlv = norm_row_backward(s, gc, gbeta, gv, g1, wg1, gw1, bg1, bv1, wv, D, eps,
+                                                              beta_max, value_scale)
         else:
             s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
-        dlg = gbeta * beta_max * s_g * (1.0 - s_g)  # lane 0; 0 elsewhere and past the last token
-        dlg_s = tl.sum(dlg, axis=0)
-        dlv = gv * value_scale * s_v * (1.0 - s_v)  # 0 past d_v and the last token
-        gct = gc + dlg_s * wg
-        dy = gct * g
-        if ONE_PASS:
-            dyy = r * (sggc + dlg_s * sgw)  # sum(dy y)
-        else:
-            dyy = tl.sum(dy * y, axis=0)
-        gsrc = r * (dy - y * (dyy / D)) + tl.sum(dlv[:, None] * wv, axis=0)
+            gsrc, gct, dlg_s, dlg, dlv = _grad_row(gc, gbeta, gv, r, y, g, wg, s_g, s_v, wv, 0.0, 0.0, D, beta_max,
+                                                   value_scale, False)
+            inc_g, inc_wg = gct * y, dlg_s * c
         tl.store(GSRC + n * D + offs_d, gsrc.to(GSRC.dtype.element_ty), mask=ok_d)
-        acc_g += gct * y
-        acc_wg += dlg_s * c
+        acc_g += inc_g
+        acc_wg += inc_wg
         acc_bg += dlg
         acc_wv += dlv[:, None] * s[None, :]
         acc_bv += dlv
+    norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV)
+
+
+@triton.jit
+def norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV):
+    """A program's copy of the weights in fp32: (W_v (BLOCK_V, BLOCK_D), g, w_g, g w_g, b_g (lane 0), b_v)."""
+    md = offs_d < D
+    mv = offs_v < DV
+    wv = tl.load(WV + offs_v[:, None] * D + offs_d[None, :], mask=mv[:, None] & md[None, :], other=0.0).to(tl.float32)
+    g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
+    wg1 = tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
+    bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
+    bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
+    return wv, g1, wg1, g1 * wg1, bg1, bv1
+
+
+@triton.jit
+def norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV):
+    """Worker ``pid``'s partial rows: PART_D (2, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v,
+    PART_B (1 + d_v) = (grad_b_g, grad_b_v)."""
+    md = offs_d < D
+    mv = offs_v < DV
     tl.store(PART_D + pid * 2 * D + offs_d, acc_g, mask=md)
     tl.store(PART_D + pid * 2 * D + D + offs_d, acc_wg, mask=md)
-    tl.store(PART_V + pid * DV * D + tile, acc_wv, mask=mt)
+    tl.store(PART_V + pid * DV * D + offs_v[:, None] * D + offs_d[None, :], acc_wv, mask=mv[:, None] & md[None, :])
     tl.store(PART_B + pid * (1 + DV) + offs_v * 0, acc_bg, mask=offs_v == 0)
     tl.store(PART_B + pid * (1 + DV) + 1 + offs_v, acc_bv, mask=mv)
 

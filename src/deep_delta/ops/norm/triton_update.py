@@ -1,0 +1,259 @@
+"""Triton kernels of a d_v = 1 delta update fused with the next sublayer's input stage (issue 40, item 1).
+
+forward   read x, k, v, beta (one token's row each) and the next sublayer's g, w_g, b_g, W_v, b_v
+          -> u = k rsqrt(mean(k^2) + eps_k^2/d) / sqrt(d), p = u . x, delta = beta (v - p)       (fp32)
+          -> write x' = x + u delta                                                           (x's dtype)
+          -> from the stored row s = x' (as the next sublayer reads it): c = RMSNorm(s) g,
+             beta' = beta_max sigmoid(c . w_g + b_g), v' = value_scale sigmoid(W_v s + b_v)
+          write c (c_dtype), beta' (N, 1), v' (N, d_v') (fp32)
+backward  read x, k, v, beta, G = dL/dx', gc, gbeta', gv'; recompute x' in registers (as stored) and the norm's
+          forward; the norm's backward gives dL/dx' through the next sublayer's input stage, which joins G in
+          fp32; then the update's backward: write grad_x, grad_k, grad_v, grad_beta; the next sublayer's weight
+          gradients (g, w_g, b_g, W_v, b_v) summed over the tokens on a persistent grid with reducers in the
+          same launch (:mod:`deep_delta.ops.partials`, as :mod:`.triton`'s backward)
+
+So each state row is read once and written once per direction for the update and the next sublayer's norm
+together, where the unfused pair reads x' again in the norm's forward and backward and writes and re-reads the
+norm's gradient of x'. The per-token math is :mod:`.triton`'s one-pass form (``norm_row_forward``,
+``norm_row_backward``) and the d_v = 1 update of :mod:`deep_delta.ops.delta.triton`, on vectors. Tested against
+the reference (:func:`deep_delta.ops.norm.naive.update_and_norm_reference`) under ``TRITON_INTERPRET=1``
+(tests/ops/test_update_and_norm.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from deep_delta.ops import partials
+from deep_delta.ops.delta import triton as delta_triton
+from deep_delta.ops.launch import NORM_SHARE, launch, record
+from deep_delta.ops.norm.lean import missing_update_grads, out_dtype
+from deep_delta.ops.norm.triton import (
+    norm_partials_store,
+    norm_reducer,
+    norm_row_backward,
+    norm_row_forward,
+    norm_row_store,
+    norm_weights,
+)
+
+# Launch choices, not yet timed on a GPU (2026-11-27): the forward and backward at the warps of the norm's
+# backward (one per 1024 fp32 values of the row, at least 2), one token per program forward, a persistent
+# backward grid of 4 programs per SM (the d_v = 1 norm backward's).
+BWD_PER_SM = 4
+
+
+@triton.jit
+def _vector_update(X, K, V, BETA, n, offs_d, offs_1, ok_d, ok_1, D, eps2_over_d, inv_sqrt_d):
+    """Token n's d_v = 1 update in fp32 registers: (x, u, rho, v, beta, p, delta) with u = k rho,
+    rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d), p = u . x, delta = beta (v - p) (v and beta read as lane 0 of a
+    vector: no scalar loads, for the interpreter)."""
+    k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    x = tl.load(X + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    v = tl.sum(tl.load(V + n + offs_1 * 0, mask=ok_1, other=0.0).to(tl.float32), axis=0)
+    beta = tl.sum(tl.load(BETA + n + offs_1 * 0, mask=ok_1, other=0.0).to(tl.float32), axis=0)
+    rho = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d) * inv_sqrt_d
+    u = k * rho
+    p = tl.sum(u * x, axis=0)
+    return x, u, rho, v, beta, p, beta * (v - p)
+
+
+@triton.jit
+def _update_norm_fwd_kernel(
+    X, K, V, BETA, NW, GW, GB, WV, BV, OUT, C, BETA2, V2,
+    N, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """One token per program: its update, then the next sublayer's (c, beta', v') from the row just stored."""
+    n = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    ok_d = offs_d < D
+    ok_v = offs_v < DV
+    wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
+    x, u, rho, v, beta, p, delta = _vector_update(X, K, V, BETA, n, offs_d, offs_v, ok_d, offs_v == 0, D,
+                                                  eps2_over_d, inv_sqrt_d)
+    out = (x + u * delta).to(OUT.dtype.element_ty)
+    tl.store(OUT + n * D + offs_d, out, mask=ok_d)
+    s = out.to(NW.dtype.element_ty).to(tl.float32)  # the stored row, read in the norm weight's dtype
+    r, c, s_g, s_v = norm_row_forward(s, g1, gw1, bg1, bv1, wv, D, eps)
+    norm_row_store(C, BETA2, V2, n, c, s_g, s_v, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale)
+
+
+@triton.jit
+def _update_norm_bwd_kernel(
+    X, K, V, BETA, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2,
+    GX, GK, GV, GBETA, PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
+    N, CHUNK, P, R_D, R_V, R, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+):
+    """P workers (:func:`_update_norm_bwd_worker`) and R reducers (``norm_reducer``, ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS)
+    if ticket < P:
+        _update_norm_bwd_worker(X, K, V, BETA, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA, PART_D,
+                                PART_V, PART_B, ticket, N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max,
+                                value_scale, BLOCK_D, BLOCK_V)
+        partials.signal_stored(COUNTERS)
+    else:
+        norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
+                     REDUCE_ROWS, REDUCE_COLS)
+
+
+@triton.jit
+def _update_norm_bwd_worker(
+    X, K, V, BETA, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA, PART_D, PART_V, PART_B, pid,
+    N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK): per token the norm's backward on the recomputed x', its gradient
+    added to G's row, then the update's backward; the norm weights' gradients summed over the chunk in fp32."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
+    acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
+    acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
+    acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    for i in range(0, CHUNK):
+        n = pid * CHUNK + i
+        ok_d = md & ((offs_d * 0 + n) < N)
+        ok_v = mv & ((offs_v * 0 + n) < N)
+        ok_1 = (offs_v == 0) & ((offs_v * 0 + n) < N)
+        x, u, rho, v, beta, p, delta = _vector_update(X, K, V, BETA, n, offs_d, offs_v, ok_d, ok_1, D, eps2_over_d,
+                                                      inv_sqrt_d)
+        s = (x + u * delta).to(X.dtype.element_ty).to(NW.dtype.element_ty).to(tl.float32)  # x' as stored
+        gc = tl.load(GC + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        gbeta2 = tl.load(GBETA2 + n + offs_v * 0, mask=ok_1, other=0.0).to(tl.float32)
+        gv2 = tl.load(GV2 + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        gsrc, inc_g, inc_wg, dlg, dlv = norm_row_backward(s, gc, gbeta2, gv2, g1, wg1, gw1, bg1, bv1, wv, D, eps,
+                                                          beta_max, value_scale)
+        acc_g += inc_g
+        acc_wg += inc_wg
+        acc_bg += dlg
+        acc_wv += dlv[:, None] * s[None, :]
+        acc_bv += dlv
+        # the update's backward for the whole gradient of x'
+        g = tl.load(G + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32) + gsrc
+        a = tl.sum(u * g, axis=0)
+        gp = -beta * a
+        tl.store(GX + n * D + offs_d, (g + u * gp).to(GX.dtype.element_ty), mask=ok_d)
+        gu = g * delta + x * gp
+        gk = rho * (gu - u * tl.sum(u * gu, axis=0))
+        tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=ok_d)
+        lane = tl.full((BLOCK_V,), 0.0, tl.float32)
+        tl.store(GV + n + offs_v * 0, (lane + beta * a).to(GV.dtype.element_ty), mask=ok_1)
+        tl.store(GBETA + n + offs_v * 0, (lane + a * (v - p)).to(GBETA.dtype.element_ty), mask=ok_1)
+    norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV)
+
+
+def _blocks(d: int, dv: int) -> tuple[int, int]:
+    if d > delta_triton.MAX_WIDTH:
+        raise ValueError(f"update_and_norm (triton): width d must be <= {delta_triton.MAX_WIDTH}, got {d}")
+    return triton.next_power_of_2(d), triton.next_power_of_2(dv)
+
+
+def triton_forward(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, norm_weight: torch.Tensor,
+    gate_weight: torch.Tensor, gate_bias: torch.Tensor, value_weight: torch.Tensor, value_bias: torch.Tensor,
+    k_eps: float, eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch: (x' (N, d) in x's dtype, c (N, d) in c_dtype (None: the norm weight's), beta' (N, 1),
+    v' (N, d_v')) for contiguous x, k (N, d), v, beta (N, 1) and the next sublayer's weights."""
+    n, d = x.shape
+    dv = value_weight.shape[0]
+    bd, bv = _blocks(d, dv)
+    out = torch.empty_like(x)
+    c = torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=x.device)
+    beta2 = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=x.device)
+    v2 = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=x.device)
+    if n == 0:
+        return out, c, beta2, v2
+    launch(
+        _update_norm_fwd_kernel, (n,),
+        (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d, dv,
+         k_eps * k_eps / d, 1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
+        writes=(9, 10, 11, 12), apart=(4, 5, 6, 7, 8, 10, 11, 12), BLOCK_D=bd, BLOCK_V=bv,
+        num_warps=delta_triton.delta_warps(bd * bv),
+    )
+    # the next sublayer's share of the launch, recorded on its own: what the update alone would not move
+    record("update_norm_fwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias),
+           (c, beta2, v2))
+    return out, c, beta2, v2
+
+
+def triton_backward(
+    g: torch.Tensor, gc: torch.Tensor, gbeta2: torch.Tensor, gv2: torch.Tensor, x: torch.Tensor, k: torch.Tensor,
+    v: torch.Tensor, beta: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor, value_weight: torch.Tensor, value_bias: torch.Tensor, k_eps: float, eps: float,
+    beta_max: float, value_scale: float,
+) -> tuple[torch.Tensor, ...]:
+    """One launch: the gradients of (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight,
+    value_bias), each its own tensor in its input's dtype and shape; the weight gradients summed over the tokens
+    in the launch (ops/partials.py)."""
+    n, d = x.shape
+    dv = value_weight.shape[0]
+    bd, bv = _blocks(d, dv)
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                  for t in (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
+    progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=BWD_PER_SM)
+    part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=x.device)
+    part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=x.device)
+    part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=x.device)
+    red = partials.plan(delta_triton.max_programs(x.device, per_sm=1), 2 * d, dv * d, 1 + dv)
+    r_d, r_v, _ = red.reducers
+    launch(
+        _update_norm_bwd_kernel, (progs + red.total,),
+        (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, g.contiguous(),
+         gc.contiguous(), gbeta2.contiguous(), gv2.contiguous(), *grads[:4], part_d, part_v, part_b, *grads[4:],
+         partials.counters(x.device), n, chunk, progs, r_d, r_v, red.total, d, dv, k_eps * k_eps / d,
+         1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
+        writes=(13, 14, 15, 16, 17, 18, 19), apart=(4, 5, 6, 7, 8, 10, 11, 12, 17, 18, 19, 20, 21, 22, 23, 24, 25),
+        BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_triton.delta_warps(bd * bv), **red.meta(),
+    )
+    record("update_norm_bwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc,
+                                                   gbeta2, gv2), (part_d, part_v, part_b))
+    g_nw, g_gw, g_gb, g_wv, g_bv = grads[4:]
+    partials.record_sum(part_d, g_nw, g_gw)
+    partials.record_sum(part_b, g_gb, g_bv)
+    partials.record_sum(part_v, g_wv)
+    return grads
+
+
+class UpdateNormTriton(torch.autograd.Function):
+    """Flattened x, k (N, d), v, beta (N, 1) and the next sublayer's weights; returns (x', c, beta', v').
+    Saves the inputs only (x' is recomputed in the backward)."""
+
+    @staticmethod
+    def forward(ctx, x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps, eps,
+                beta_max, value_scale, c_dtype):
+        ctx.save_for_backward(x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+        ctx.consts = (k_eps, eps, beta_max, value_scale)
+        return triton_forward(x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps,
+                              eps, beta_max, value_scale, c_dtype)
+
+    @staticmethod
+    def backward(ctx, g, gc, gbeta2, gv2):
+        saved = ctx.saved_tensors
+        ups = missing_update_grads(g, gc, gbeta2, gv2, saved[0], saved[4], saved[7])
+        return (*triton_backward(*ups, *saved, *ctx.consts), None, None, None, None, None)
+
+
+def update_and_norm_triton(x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, *, k_eps,
+                           eps, beta_max, value_scale, c_dtype=None):
+    """The kernels' autograd Function at any leading shape: x, k (..., d), v, beta (..., 1) -> x' (..., d),
+    c (..., d), beta' (..., 1), v' (..., d_v')."""
+    delta_triton.check_device("update_and_norm", x)
+    lead, d = x.shape[:-1], x.shape[-1]
+    out, c, beta2, v2 = UpdateNormTriton.apply(
+        x.reshape(-1, d).contiguous(), k.reshape(-1, d).contiguous(), v.reshape(-1, 1).contiguous(),
+        beta.reshape(-1, 1).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
+        value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps), float(beta_max),
+        float(value_scale), c_dtype)
+    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])
