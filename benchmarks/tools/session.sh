@@ -15,7 +15,11 @@
 # host-bound and its baseline moves between processes). authors (not in the default; needs third_party/ carried,
 # see authors_bench.py): the authors' published model code beside ours, eager and compiled, one table. profile
 # (not in the default): profile_step.py, the trainer's step per variant with torch.profiler (kernel time, launches,
-# syncs), to set beside `ddl bench-kernels --launches`' CPU count. Logs and tables go to $OUT (or ./gpu_out).
+# syncs), to set beside `ddl bench-kernels --launches`' CPU count. graphs (not in the default): the bench at 8 x 1024
+# with --compile --cuda-graphs blocks (the step replayed as CUDA graphs; docs/training.md). memory (not in the
+# default): memory_snapshot.py, the compiled step's memory history of baseline / ddl-dv1 / ddl-cc at 32 x 1024 and
+# what is live at its peak, by source line. compiled_recompute (not in the default): the compiled bench at 32 x 1024
+# with recompute_states=true (the state rebuild under compiled blocks). Logs and tables go to $OUT (or ./gpu_out).
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -61,6 +65,15 @@ for s in $steps; do
              timeout 330 $PY benchmarks/tools/authors_bench.py --authors third_party/ddl-authors/model \
                --commit "$(git rev-parse HEAD 2>/dev/null || echo "${COMMIT:-unknown}")" \
                --out "$OUT/authors_small_bf16.md" 2>&1 | tee "$OUT/authors.log" | tail -20 ;;
+    graphs) timeout 200 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 --compile \
+             --cuda-graphs blocks --repeats 3 --decode-tokens 0 --out "$OUT/bench_small_bf16_graphs_8x1024.md" 2>&1 \
+             | tee "$OUT/bench_graphs.log" | tail -12 ;;
+    memory) timeout 300 $PY benchmarks/tools/memory_snapshot.py --out "$OUT/memory" 2>&1 | tee "$OUT/memory.log" \
+             | tail -30 ;;
+    compiled_recompute) timeout 300 $PY -m deep_delta.cli.main bench --preset small --device cuda --dtype bfloat16 \
+             --compile --batch-size 32 --repeats 3 --decode-tokens 0 --set model.recompute_states=true \
+             --out "$OUT/bench_small_bf16_compiled_recompute_32x1024.md" 2>&1 | tee "$OUT/bench_compiled_recompute.log" \
+             | tail -12 ;;
     profile) timeout 200 $PY benchmarks/tools/profile_step.py --out "$OUT/profile" --batch 8 --seq 1024 2>&1 \
                | tee "$OUT/profile.log" | tail -12 ;;
   esac

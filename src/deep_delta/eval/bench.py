@@ -62,7 +62,8 @@ class _Subject(StepSubject):
 
     def __init__(self, variant: str, s: BenchSettings, device: torch.device):
         super().__init__(variant, s.preset, batch_size=s.batch_size, seq_len=s.seq_len, device=device,
-                         dtype=s.dtype, overrides=s.model, seed=s.seed, compile=s.compile)
+                         dtype=s.dtype, overrides=s.model, seed=s.seed, compile=s.compile,
+                         cuda_graphs=s.cuda_graphs)
         self.s = s
         self.decoder = None  # the StaticDecoder of a compiled bench, made at the first decode
 
@@ -181,8 +182,10 @@ def bench_table(rows: Sequence[BenchRow], settings: BenchSettings) -> str:
     base = next((r for r in rows if r.variant == "baseline"), rows[0])
     mem_method = ("torch.cuda.max_memory_allocated" if s.device.startswith("cuda")
                   else "torch profiler CPU allocation events")
-    compiled = (" (blocks compiled with torch.compile for training; prefill eager; decode: one compiled step over "
-                "the fixed-shape cache)" if s.compile else "")
+    graphs = {"off": "", "blocks": ", each replayed as CUDA graphs", "model": " (the whole model, replayed as CUDA "
+              "graphs)"}[s.cuda_graphs]
+    compiled = (f" (blocks compiled with torch.compile for training{graphs}; prefill eager; decode: one compiled step "
+                "over the fixed-shape cache)" if s.compile else "")
     lines = [
         f"Cost of one training step{compiled} (the trainer's: clip 1.0, AdamW) and of inference, preset {s.preset}, "
         f"{dtype_label(s.dtype)}, batch {s.batch_size} x {s.seq_len} tokens, on {_device_name(s.device)}; median of {s.repeats} interleaved repeats "

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 from deep_delta.settings import check_count, check_fields, parse_assignments, setting
+from deep_delta.train.config import CUDA_GRAPHS
 from deep_delta.variants import DEFAULT_VARIANTS, PRESETS
 
 # float32, or autocast over fp32 weights in bfloat16 / float16, as training runs (deep_delta.eval.timing)
@@ -45,6 +46,9 @@ class BenchSettings:
     compile: bool = setting(False, "compile each block for the training step, as `ddl train --set compile=true`, "
                             "and decode with the fixed-shape cache and one compiled step (CUDA graphs on CUDA; "
                             "deep_delta.hf.StaticDecoder); prefill stays eager")
+    cuda_graphs: str = setting("off", "with --compile on CUDA, the training step's forward and backward replayed as "
+                               "CUDA graphs, as `ddl train --set cuda_graphs=...`: blocks or model (docs/training.md, "
+                               "'CUDA graphs')", choices=CUDA_GRAPHS)
 
     def __post_init__(self):
         check_fields(self)
@@ -72,8 +76,12 @@ class BenchSettings:
                              "decode)")
         if not isinstance(self.compile, bool):
             raise ValueError(f"`compile` got {self.compile!r}; allowed: true | false")
+        if self.cuda_graphs not in CUDA_GRAPHS or (self.cuda_graphs != "off" and not self.compile):
+            raise ValueError(f"`cuda_graphs` got {self.cuda_graphs!r}; allowed: {' | '.join(CUDA_GRAPHS)}, and other "
+                             "than off only with --compile")
         return BenchSettings(self.preset, variants, device, self.dtype, b, t, self.steps, self.repeats,
-                             self.warmup, self.decode_tokens, self.seed, dict(self.model), self.compile)
+                             self.warmup, self.decode_tokens, self.seed, dict(self.model), self.compile,
+                             self.cuda_graphs)
 
 
 def with_assignments(settings, assignments: Sequence[str]):

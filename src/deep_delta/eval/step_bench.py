@@ -37,11 +37,12 @@ def _train_defaults() -> dict:
 
 class StepSubject:
     """One variant ready to train: model, optimizer, a (batch_size, seq_len) batch and the autocast context.
-    ``compile``: the blocks compiled as the trainer compiles them (``ddl train --set compile=true``)."""
+    ``compile``: the blocks compiled as the trainer compiles them (``ddl train --set compile=true``); ``cuda_graphs``:
+    as ``ddl train --set cuda_graphs=...`` (``deep_delta.train.distributed.parallelize``)."""
 
     def __init__(self, variant: str, preset: str = "tiny", *, batch_size: int, seq_len: int,
                  device: torch.device | str = "cpu", dtype: str = "float32", overrides: dict | None = None,
-                 seed: int = 0, compile: bool = False):
+                 seed: int = 0, compile: bool = False, cuda_graphs: str = "off"):
         from deep_delta.models import DDLConfig, DDLForCausalLM
         from deep_delta.train.distributed import DistInfo
         from deep_delta.train.optim import build_optimizer
@@ -61,7 +62,7 @@ class StepSubject:
         if self.compiled:  # as `ddl train --set compile=true`: each block compiled in place
             from deep_delta.train.distributed import parallelize
 
-            parallelize(self.model, DistInfo(device=device), compile=True)
+            parallelize(self.model, DistInfo(device=device), compile=True, cuda_graphs=cuda_graphs)
         train = _train_defaults()
         self.grad_clip = train["grad_clip"]
         self.opt = build_optimizer(self.model, train["lr"], train["weight_decay"], train["betas"],
@@ -72,7 +73,7 @@ class StepSubject:
         self.autocast = autocast_for(dtype, device)
         self.info = DistInfo(device=device)
         self.step = OptimizerStep(self.model, self.opt, autocast=self.autocast, grad_clip=self.grad_clip,
-                                  info=self.info)
+                                  info=self.info, cuda_graphs=cuda_graphs != "off")
 
     def train_step(self) -> None:
         """One optimizer step on the batch: the trainer's :class:`~deep_delta.train.step.OptimizerStep`."""

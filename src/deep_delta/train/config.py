@@ -23,6 +23,7 @@ from deep_delta.variants import PRESETS, VARIANTS
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
 ON_DIVERGENCE = ("raise", "stop")
+CUDA_GRAPHS = ("off", "blocks", "model")  # deep_delta.train.distributed.parallelize
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
 
 
@@ -84,6 +85,11 @@ class TrainConfig:
     device: str = setting("auto", "; under torchrun, cuda is each process's LOCAL_RANK GPU")  # after --device's
     dtype: str = setting("auto", "", choices=DTYPES)  # the text of --dtype everywhere (cli/options.add_dtype)
     compile: bool = setting(False, "torch.compile each block")
+    cuda_graphs: str = setting("off", "with compile on a CUDA device, replay the training step's forward and backward "
+                               "as CUDA graphs (torch.compile's mode='reduce-overhead'; no host work per kernel): "
+                               "blocks (each block compiled and captured on its own), model (the whole model as one "
+                               "compiled graph); one process, no activation checkpointing or state rebuild; "
+                               "docs/training.md, 'CUDA graphs'", choices=CUDA_GRAPHS)
     activation_checkpointing: bool = setting(False, "checkpoint each block: rerun its forward in backward (less "
                                              "activation memory)")
     distributed: str = setting("auto", "under torchrun: auto (DDP when several processes), none, ddp or fsdp "
@@ -138,6 +144,15 @@ class TrainConfig:
             raise _bad("peak_flops", self.peak_flops, "a float > 0 (FLOP/s of one device) or null")
         if not self.out:
             raise _bad("out", self.out, "a directory path")
+        if self.cuda_graphs != "off" and not self.compile:
+            raise _bad("cuda_graphs", self.cuda_graphs, "off unless compile is true (the graphs are captured by "
+                       "torch.compile's mode='reduce-overhead'): set compile=true as well")
+        if self.cuda_graphs != "off" and self.activation_checkpointing:
+            raise _bad("cuda_graphs", self.cuda_graphs, "off with activation_checkpointing (the two have not been "
+                       "tested together)")
+        if self.cuda_graphs != "off" and self.model.get("recompute_states"):
+            raise _bad("cuda_graphs", self.cuda_graphs, "off with model.recompute_states (the state rebuild's "
+                       "saved-tensor hooks cannot run inside a graph)")
         for name in ("wandb_project", "wandb_run_name", "wandb_group"):
             value = getattr(self, name)
             if value is not None and not (value.strip() and len(value) <= 128):

@@ -98,15 +98,41 @@ def teardown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16: bool = False) -> nn.Module:
+def check_cuda_graphs(cuda_graphs: str, info: DistInfo) -> None:
+    """CUDA graphs (``TrainConfig.cuda_graphs`` other than "off") need a CUDA device and one process: the graphs of
+    Inductor's mode="reduce-overhead" are not captured for CPU tensors (it would silently run without them), and
+    DDP's and FSDP's communication hooks run between the compiled regions, which has not been tested with them."""
+    if cuda_graphs == "off":
+        return
+    if info.device.type != "cuda":
+        raise ValueError(f"TrainConfig: `cuda_graphs` got {cuda_graphs!r} on device {info.device}; allowed: off "
+                         "(CUDA graphs need a CUDA device)")
+    if info.mode != "none":
+        raise ValueError(f"TrainConfig: `cuda_graphs` got {cuda_graphs!r} under {info.mode.upper()}; allowed: off "
+                         "(CUDA graphs are for one process; not tested with DDP or FSDP)")
+
+
+def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16: bool = False,
+                cuda_graphs: str = "off") -> nn.Module:
     """The module to train: ``model`` compiled (per block, in place) and wrapped for ``info.mode``.
 
     ``bf16`` selects FSDP's mixed-precision policy (bf16 parameters, fp32 reduction); DDP and single-process
-    runs use autocast instead.
+    runs use autocast instead. ``cuda_graphs`` (with ``compile``; :func:`check_cuda_graphs`): "blocks" compiles
+    each block with mode="reduce-overhead" (its forward and backward captured and replayed as CUDA graphs by
+    Inductor's CUDA graph trees), "model" the whole model in place instead of the blocks.
     """
-    if compile:
+    check_cuda_graphs(cuda_graphs, info)
+    if cuda_graphs != "off" and not compile:
+        raise ValueError(f"parallelize: `cuda_graphs` got {cuda_graphs!r} with compile=False; allowed: off")
+    if cuda_graphs != "off" and getattr(getattr(model, "model", None), "recompute_states", False):
+        raise ValueError(f"parallelize: `cuda_graphs` got {cuda_graphs!r} for a model with recompute_states; allowed: "
+                         "off (the state rebuild's saved-tensor hooks cannot run inside a graph)")
+    if compile and cuda_graphs == "model":
+        model.compile(mode="reduce-overhead")
+    elif compile:
+        kwargs = {"mode": "reduce-overhead"} if cuda_graphs == "blocks" else {}
         for block in model.model.layers:
-            block.compile()
+            block.compile(**kwargs)
     if info.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 

@@ -26,7 +26,7 @@ RUN_FILE = "run.json"
 # Settings a resumed run may change; every other TrainConfig field must match the run in OUT.
 RESUMABLE_CHANGES = frozenset({
     "steps", "eval_every", "eval_batches", "save_every", "keep", "log_every", "device", "dtype", "compile",
-    "activation_checkpointing", "distributed", "tensorboard", "peak_flops", "out", "on_divergence",
+    "cuda_graphs", "activation_checkpointing", "distributed", "tensorboard", "peak_flops", "out", "on_divergence",
     "wandb", "wandb_project", "wandb_run_name", "wandb_group",
 })
 # Settings that change nothing in a run's numbers (where it is written, how often it is logged or saved, how it is
@@ -34,7 +34,8 @@ RESUMABLE_CHANGES = frozenset({
 # eval_batches / eval_every / steps / dtype / device among them, changes a result that `ddl compare` reuses
 # (provenance.check_belongs).
 RESULT_NEUTRAL = frozenset({
-    "out", "log_every", "save_every", "keep", "tensorboard", "peak_flops", "compile", "activation_checkpointing",
+    "out", "log_every", "save_every", "keep", "tensorboard", "peak_flops", "compile", "cuda_graphs",
+    "activation_checkpointing",
     "distributed", "on_divergence", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
 })
 # config.json entries that describe the file, not the model: a resumed run may differ in these.

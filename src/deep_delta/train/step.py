@@ -22,12 +22,15 @@ class OptimizerStep:
 
     ``train_model``: the module the forward runs through (the DDP / FSDP / compiled wrapper; default ``model``);
     ``autocast``: the forward's autocast context (default none); ``grad_clip``: the norm gradients are clipped
-    to (0: only measured); ``info``: the process group (default one process on the CPU)."""
+    to (0: only measured); ``info``: the process group (default one process on the CPU); ``cuda_graphs``: the
+    model's compiled regions replay CUDA graphs (``distributed.parallelize``), so each micro-batch starts a new
+    step of the graph trees (``torch.compiler.cudagraph_mark_step_begin``: the previous replay's outputs may then
+    be overwritten, which the loss, detached and summed at once, never needs)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  train_model: torch.nn.Module | None = None, autocast=None, grad_clip: float = 1.0,
-                 info: distr.DistInfo | None = None):
-        self.model, self.optimizer = model, optimizer
+                 info: distr.DistInfo | None = None, cuda_graphs: bool = False):
+        self.model, self.optimizer, self.cuda_graphs = model, optimizer, cuda_graphs
         self.train_model = train_model if train_model is not None else model
         self.autocast = autocast if autocast is not None else contextlib.nullcontext()
         self.grad_clip = grad_clip
@@ -44,6 +47,8 @@ class OptimizerStep:
         for micro, (x, y) in enumerate(batches):
             x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
             distr.set_gradient_sync(self.train_model, info, micro == accum - 1)
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with self.autocast:
                 loss = self.train_model(x, shift_labels=y).loss
             (loss / accum).backward()

@@ -224,13 +224,14 @@ class Trainer:
             self.model.activation_checkpointing_enable()
         self.use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and info.device.type == "cuda")
         fsdp_mixed = self.use_bf16 and info.mode == "fsdp" and info.device.type == "cuda"  # FSDP casts itself
-        self.train_model = distr.parallelize(self.model, info, compile=cfg.compile, bf16=fsdp_mixed)
+        self.train_model = distr.parallelize(self.model, info, compile=cfg.compile, bf16=fsdp_mixed,
+                                             cuda_graphs=cfg.cuda_graphs)
         autocast = (torch.autocast(info.device.type, dtype=torch.bfloat16) if self.use_bf16 and not fsdp_mixed
                     else contextlib.nullcontext())
         fused = True if info.device.type == "cuda" and info.mode != "fsdp" else None
         self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas, fused=fused)
         self.step_fn = OptimizerStep(self.model, self.optimizer, train_model=self.train_model, autocast=autocast,
-                                     grad_clip=cfg.grad_clip, info=info)
+                                     grad_clip=cfg.grad_clip, info=info, cuda_graphs=cfg.cuda_graphs != "off")
         self.schedule = WarmupCosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         if restored is not None:
             self.restore(restored)
