@@ -153,7 +153,6 @@ def markdown(results: list[dict], top: int) -> str:
 
 def main(argv=None) -> int:
     import torch
-
     from tune_kernels import library_commit  # this directory's tool (run as a script: it is on sys.path)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
