@@ -74,11 +74,12 @@ def test_every_ddl_variant_keeps_its_launches_per_sublayer_within_the_bound():
         assert res.per_sublayer() <= base.per_sublayer() + EXTRA_BOUND[v], (v, res.per_sublayer(), base.per_sublayer())
         kernels = res.by_name()
         # per sublayer: the update forward and backward (the fused TC forward is its own kernel), the norm's two;
-        # d_v = 1: every update but the last computes the next sublayer's norm, gate and value (update_norm_*), so
-        # one plain update and one norm each way per step
+        # d_v = 1 and CC: every update but the last computes the next sublayer's norm, gate and value
+        # (update_norm_*, update_read_norm_*), so one plain update and one norm each way per step
         fwd = "delta_tc_fwd_kernel" if v == "ddl-tc" else "delta_fwd_kernel"
-        fused = res.sublayers - 1 if v == "ddl-dv1" else 0
-        assert kernels["update_norm_fwd_kernel"] == kernels["update_norm_bwd_kernel"] == fused, v
+        fused = 0 if v == "ddl-tc" else res.sublayers - 1
+        name = "update_norm" if v == "ddl-dv1" else "update_read_norm"
+        assert kernels[f"{name}_fwd_kernel"] == kernels[f"{name}_bwd_kernel"] == fused, v
         assert kernels[fwd] == kernels["delta_bwd_kernel"] == res.sublayers - fused, v
         assert (kernels["norm_gate_value_fwd_kernel"] == kernels["norm_gate_value_bwd_kernel"]
                 == res.sublayers - fused), v
@@ -87,10 +88,12 @@ def test_every_ddl_variant_keeps_its_launches_per_sublayer_within_the_bound():
 
 
 def test_an_extra_launch_in_an_op_shows_up(monkeypatch):
-    """One more Triton launch per delta kernel call, one more ATen op per norm forward: each appears once per
-    sublayer in the count (ddl-cc: one update forward and backward and one norm forward per sublayer)."""
+    """One more Triton launch per kernel call of the delta kernels and the fused update + read + norm kernels, one
+    more ATen op per norm forward: each appears once per call in the count (ddl-cc: per step one plain update with the
+    final read, the fused updates of the other sublayers, one norm kernel, the first sublayer's)."""
     import deep_delta.ops.delta.triton as dt
     import deep_delta.ops.norm.triton as nt
+    import deep_delta.ops.norm.triton_update as tu
 
     before = step_launches("ddl-cc", "tiny", 1, 8)
     launch, forward = dt.launch, nt.triton_forward
@@ -104,14 +107,18 @@ def test_an_extra_launch_in_an_op_shows_up(monkeypatch):
         return forward(src, *args, **kwargs)
 
     monkeypatch.setattr(dt, "launch", twice)
+    monkeypatch.setattr(tu, "launch", twice)
     monkeypatch.setattr(nt, "triton_forward", with_a_copy)
     after = step_launches("ddl-cc", "tiny", 1, 8)
-    n = before.sublayers
-    assert after.count(source="triton") == before.count(source="triton") + 2 * n
-    assert after.count("forward", "aten") == before.count("forward", "aten") + n
+    names = before.by_name()
+    doubled = sum(names[k] for k in ("delta_fwd_kernel", "delta_bwd_kernel", "update_read_norm_fwd_kernel",
+                                     "update_read_norm_bwd_kernel"))
+    norms = names["norm_gate_value_fwd_kernel"]
+    assert doubled == 2 * before.sublayers and norms == 1
+    assert after.count(source="triton") == before.count(source="triton") + doubled
+    assert after.count("forward", "aten") == before.count("forward", "aten") + norms
     assert after.count("backward", "aten") == before.count("backward", "aten")
-    assert after.by_name()["aten.clone"] == before.by_name()["aten.clone"] + n
-    assert after.per_sublayer() == pytest.approx(before.per_sublayer() + 3)
+    assert after.by_name()["aten.clone"] == names["aten.clone"] + norms
 
 
 def test_markdown_names_the_differences_and_how_it_was_counted():

@@ -2,11 +2,13 @@
 
 ddl-cc-noec, one block, d = 8, d_v = 4, fp32, 1 x 4 tokens (N = 4; one token per program, so 4 programs).
 One token's state is S = 8 * 4 * 4 = 128 bytes; a d-vector 32 bytes, v 16, beta 4, the weight c 128.
-Forward: the first CC read (x0 is not an update's output), then per sublayer the norm, gate and value of its
-read (``norm_gate_value``: the weights g, w_g, b_g, W_v (d_v, d) = 128 bytes, b_v) and the update fused with
-the next read (the MLP's read, the final readout). Backward: per sublayer the fused update (with its partial
-buffer of grad_c, one (d, d_v) fp32 tile per program, summed by torch), then the norm's backward (its partials:
-(g, w_g), (b_g, b_v) and W_v per program), then the first read's backward and its partial sum.
+Forward: the first CC read (x0 is not an update's output), the attention sublayer's norm, gate and value of it
+(``norm_gate_value``: the weights g, w_g, b_g, W_v (d_v, d) = 128 bytes, b_v), the attention update fused with the
+MLP sublayer's read and input stage (``update_read_norm``: its own record is the update's tensors and the read
+weight; the input stage's tensors are recorded apart, "(norm share)"), then the MLP update fused with the final
+read. Backward: the MLP update with the read's gradient (its partial buffer of grad_c, one (d, d_v) fp32 tile per
+program, summed in the launch and recorded as a partial sum), the fused attention update (grad_c's partials, then
+the norm share's: (g, w_g), (b_g, b_v) and W_v per program), the attention norm's backward and the first read's.
 """
 
 from __future__ import annotations
@@ -32,18 +34,27 @@ def test_traffic_of_a_step_matches_a_hand_count():
                       N * VEC + N * (2 * VEC + B + V + C))  # grad_src; partials (g, w_g), (b_g, b_v), W_v
     norm_partials = [Launch("partial_sum", "backward", N * 2 * VEC, 2 * VEC),
                      Launch("partial_sum", "backward", N * (B + V), B + V), partial_sum]
+    # the fused attention update: the update's tensors and the read weight (no x_in written, no g_in read), and the
+    # next sublayer's input stage apart: its weights, c / beta' / v' forward; their gradients and partials backward
+    share = " (norm share)"
+    fused_fwd = Launch("update_read_norm_fwd_kernel", "forward", N * (S + VEC + V + B) + C, N * S)
+    fused_fwd_share = Launch("update_read_norm_fwd_kernel" + share, "forward", weights, N * (VEC + B + V))
+    fused_bwd = Launch("update_read_norm_bwd_kernel", "backward", N * (S + VEC + V + B + S) + C,
+                       N * (S + VEC + V + B) + N * C)
+    fused_bwd_share = Launch("update_read_norm_bwd_kernel" + share, "backward", weights + N * (VEC + B + V),
+                             N * (2 * VEC + C + B + V))
     assert res.launches == [
         Launch("cc_fwd_kernel", "forward", N * S + C, N * VEC),
         fwd_norm,
-        fwd_update,
-        fwd_norm,
+        fused_fwd,
+        fused_fwd_share,
         fwd_update,
         bwd_update,
         partial_sum,
-        bwd_norm,
+        fused_bwd,
+        partial_sum,
+        fused_bwd_share,
         *norm_partials,
-        bwd_update,
-        partial_sum,
         bwd_norm,
         *norm_partials,
         Launch("cc_bwd_kernel", "backward", N * S + C + N * VEC, N * S + N * C),
@@ -52,18 +63,18 @@ def test_traffic_of_a_step_matches_a_hand_count():
     assert res.state_bytes == S and res.sublayers == 2 and res.tokens == N
     assert res.ideal("forward") == 2 * (2 * S + 4 * 8)
     assert res.ideal("backward") == 2 * (3 * S + 6 * 8)
-    norm, update = (la.read_bytes + la.write_bytes for la in (fwd_norm, fwd_update))
-    assert res.total("forward") == (N * S + C + N * VEC + 2 * (norm + update)) / N
-    assert res.total("forward", norm=False) == (N * S + C + N * VEC + 2 * update) / N
-    assert res.total("forward", norm=True) == 2 * norm / N
-    norm_bwd = bwd_norm.read_bytes + bwd_norm.write_bytes + sum(la.read_bytes + la.write_bytes for la in norm_partials)
-    assert res.total("backward", norm=True) == 2 * norm_bwd / N
+    size = lambda *launches: sum(la.read_bytes + la.write_bytes for la in launches)  # noqa: E731
+    first_read = Launch("cc_fwd_kernel", "forward", N * S + C, N * VEC)
+    assert res.total("forward") == size(first_read, fwd_norm, fused_fwd, fused_fwd_share, fwd_update) / N
+    assert res.total("forward", norm=False) == size(first_read, fused_fwd, fwd_update) / N
+    assert res.total("forward", norm=True) == size(fwd_norm, fused_fwd_share) / N
+    assert res.total("backward", norm=True) == size(fused_bwd_share, *norm_partials, bwd_norm, *norm_partials) / N
     assert res.total("backward", norm=False) + res.total("backward", norm=True) == res.total("backward")
     step = (res.total("forward", norm=False) + res.total("backward", norm=False)) / (2 * (5 * S + 10 * 8))
     assert res.step_ratio() == pytest.approx(step)
     text = traffic_markdown([res], "tiny", "float32")
     assert f"| {step:.2f} |" in text
-    assert "| ddl-cc-noec | forward | delta_fwd_kernel | 2 |" in text
+    assert "| ddl-cc-noec | forward | delta_fwd_kernel | 1 |" in text
 
 
 def test_traffic_refuses_a_variant_without_ddl_kernels():
@@ -83,7 +94,8 @@ def test_traffic_counts_a_realistic_step_with_bounded_partials():
     assert len(partials) == 3 + 2 * 3  # grad_c of the two updates and the first read; the two norms' three each
     assert all(la.read_bytes == MAX_PROGRAMS * la.write_bytes for la in partials)
     assert sum(la.read_bytes == MAX_PROGRAMS * C for la in partials) == 3 + 2  # the (d, d_v) tiles and W_v
-    updates = [la for la in res.launches if la.kernel == "delta_bwd_kernel"]
+    updates = [la for la in res.launches if la.kernel in ("delta_bwd_kernel", "update_read_norm_bwd_kernel")]
+    assert len(updates) == 2
     assert all(la.write_bytes == res.tokens * (S + VEC + V + B) + MAX_PROGRAMS * C for la in updates)
 
 

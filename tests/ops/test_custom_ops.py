@@ -200,6 +200,36 @@ def opcheck_update_norm_ops(n, d, dv, dtype, backend):
         assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
 
 
+def opcheck_update_read_norm_ops(n, d, dv, dtype, backend):
+    from deep_delta.ops.norm.library import update_read_norm_backward_op, update_read_norm_op
+
+    gen = torch.Generator().manual_seed(d)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    r = lambda *shape, dt=wdt: torch.randn(*shape, generator=gen).to(dt).to(DEVICE)  # noqa: E731
+    inputs = (r(n, d, dv, dt=dtype), r(n, d, dt=dtype), 2 * r(n, dv).sigmoid(), 2 * r(n, 1).sigmoid(), r(d, dv))
+    weights = (1 + 0.3 * r(d), r(1, d), r(1), r(dv, d), r(dv))
+    grads = (r(n, d, dv, dt=dtype), r(n, d), r(n, 1), r(n, dv))
+    consts = (1e-5, 1e-5, 2.0, 4.0)
+    leaves = lambda: tuple(t.clone().requires_grad_() for t in (*inputs, *weights))  # noqa: E731
+    cases = [
+        (update_read_norm_op, (*leaves(), *consts, None, backend)),
+        (update_read_norm_op, (*inputs, *weights, *consts, None, backend)),
+        (update_read_norm_backward_op, (*grads, *inputs, *weights, *consts, backend)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, f"{op}: {result}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_opcheck_update_read_norm_ops(dtype):
+    """``deep_delta::update_read_norm`` and its backward op (the update through the next CC read into the next
+    sublayer's input stage), on the lean path and the kernels."""
+    opcheck_update_read_norm_ops(5, 12, 3, dtype, "auto")
+    if dtype != torch.float64:
+        opcheck_update_read_norm_ops(5, 12, 3, dtype, "triton")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("n,d,dv", [(6, 7, 1), (5, 12, 3)], ids=["n6-d7-dv1", "n5-d12-dv3"])
 def test_opcheck_update_norm_ops(n, d, dv, dtype):

@@ -120,7 +120,12 @@ def test_model_recompute_states_matches_and_saves_memory(variant, backend):
         saved[rec] = saved_activation_bytes(model, ids, tgt)
     state_bytes = ids.numel() * cfg.hidden_size * cfg.value_channels * 4
     n_dropped = 2 * cfg.num_hidden_layers  # all states but the last
-    assert saved[True] <= saved[False] - n_dropped * state_bytes + n_dropped * ids.numel() * 4 * cfg.value_channels
+    # On the Triton backend a CC model computes each next sublayer's norm, gate and value inside the update and keeps
+    # no read x_in for it; the state rebuild turns that fusion off (the fused op records no rebuild), so its plain
+    # norms keep one x_in (d fp32 values per token) for each of the 2L - 1 sublayers the fusion covers
+    plain_norms = (n_dropped - 1) * ids.numel() * cfg.hidden_size * 4 if (backend, variant) == ("triton", "ddl-cc") else 0
+    assert saved[True] <= (saved[False] - n_dropped * state_bytes + n_dropped * ids.numel() * 4 * cfg.value_channels
+                           + plain_norms)
 
 
 def test_config_field_turns_recompute_on():

@@ -33,7 +33,12 @@ from tests.ops.test_norm_gate_value import assert_sum_close  # noqa: E402
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from deep_delta.ops.norm import update_and_norm, update_and_norm_reference  # noqa: E402
+from deep_delta.ops.norm import (  # noqa: E402
+    update_and_norm,
+    update_and_norm_reference,
+    update_read_and_norm,
+    update_read_and_norm_reference,
+)
 from deep_delta.ops.norm.lean import update_norm_backward_lean  # noqa: E402
 from helpers import DEBUG  # noqa: E402
 
@@ -239,3 +244,138 @@ def test_update_and_norm_refuses_what_it_cannot_fuse():
     assert not block.attn.fuses_norm_of(block.mlp, x)
     with pytest.raises(ValueError, match="update_and_norm: needs two d_v = 1 delta residuals"):
         block.attn.update_and_norm(x, block.mlp, None, None, None)
+
+
+# ----------------------------------------------------------------------------- d_v > 1: through the next CC read
+
+READ_NAMES = ("x", "k", "v", "beta", "read", "norm_weight", "gate_weight", "gate_bias", "value_weight", "value_bias")
+
+
+def make_read_inputs(lead, d, dv, dtype=torch.float32, seed=0):
+    """x (*lead, d, d_v) and k in dtype, v (*lead, d_v) and beta fp32, the read weight (d, d_v) and the next
+    sublayer's weights fp32 (fp64 for an fp64 state)."""
+    gen = torch.Generator().manual_seed(seed)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    r = lambda *shape, s=1.0: (s * torch.randn(*shape, generator=gen)).to(wdt).to(DEVICE)  # noqa: E731
+    x, k = (r(*lead, d, dv, s=2.0) + 0.3).to(dtype), r(*lead, d).to(dtype)
+    v, beta = 4 * r(*lead, dv).sigmoid(), 2 * r(*lead, 1).sigmoid()
+    read = r(d, dv, s=0.7)
+    weights = (1 + r(d, s=0.3), r(1, d, s=0.5), r(1, s=0.5), r(dv, d, s=0.5), r(dv, s=0.5))
+    return (x, k, v, beta, read, *weights)
+
+
+def read_upstream(inputs, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = inputs[0]
+    lead, d, dv = x.shape[:-2], x.shape[-2], x.shape[-1]
+    return tuple(torch.randn(*s, generator=gen).to(DEVICE) for s in ((*lead, d, dv), (*lead, d), (*lead, 1),
+                                                                       (*lead, dv)))
+
+
+def as_stored(t, dtype):
+    """``t`` rounded to ``dtype`` as the kernel rounds a value it computed (returned in t's dtype): to nearest on a
+    GPU; the Triton interpreter's fp32 -> bf16 conversion truncates (drops the low 16 bits of the fp32 pattern)."""
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        bits = t.float().view(torch.int32) & -65536  # 0xFFFF0000
+        return bits.view(torch.float32).to(t.dtype)
+    return t.to(dtype).to(t.dtype)
+
+
+def reading_read(stored):
+    """The CC reference with the next sublayer reading the kernel's stored x' (as :func:`reading`), and its CC read
+    rounded to the state's dtype as the unfused read stores it (the gradient passing both roundings unchanged)."""
+    from deep_delta.ops.compress.naive import channel_compress_reference
+    from deep_delta.ops.delta.naive import delta_update_reference
+    from deep_delta.ops.norm.naive import norm_gate_value_reference
+
+    def reference(x, k, v, beta, read, *weights, k_eps, eps, beta_max, value_scale, c_dtype=None):
+        out = delta_update_reference(x, k, v, beta, k_eps)
+        out = out + (stored.to(out.dtype) - out).detach()
+        x_in = channel_compress_reference(out, read)
+        x_in = x_in + (as_stored(x_in, stored.dtype) - x_in).detach()
+        return (out, *norm_gate_value_reference(x_in, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
+                                                c_dtype=c_dtype))
+
+    return reference
+
+
+def compare_read(fast, inputs, **kw):
+    """As :func:`compare`, for the update through the CC read: x' against the plain reference; the rest against
+    :func:`reading_read`."""
+    dtype = inputs[0].dtype
+    grads = read_upstream(inputs)
+    grads = (grads[0].to(dtype), grads[1].to(kw.get("c_dtype") or inputs[5].dtype), *grads[2:])
+    got, got_grads = run(fast, inputs, grads, **kw)
+    plain, _ = run(update_read_and_norm_reference, inputs, grads, torch.float64, **kw)
+    want, want_grads = run(reading_read(got[0].detach()), inputs, grads, torch.float64, **kw)
+    assert got[0].dtype == dtype and got[1].dtype == (kw.get("c_dtype") or inputs[5].dtype)
+    assert_close("x'", got[0], plain[0], dtype)
+    for name, a, b in zip(("c", "beta'", "v'"), got[1:], want[1:]):
+        assert_close(name, a, b, a.dtype)
+    n = inputs[0].numel() // (inputs[0].shape[-1] * inputs[0].shape[-2])
+    for i, (name, a, b, t) in enumerate(zip(READ_NAMES, got_grads, want_grads, inputs)):
+        assert a.dtype == t.dtype, f"grad {name}: dtype {a.dtype}, input {t.dtype}"
+        if i < 4:
+            assert_close(f"grad {name}", a, b, a.dtype)
+        else:
+            assert_sum_close(f"grad {name}", a, b, n)
+
+
+def read_triton_fn(*args, **kw):
+    return update_read_and_norm(*args, **kw, backend="triton")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,d,dv", [((1,), 16, 4), ((7,), 33, 3)], ids=["n1-d16-dv4", "n7-d33-dv3"])
+def test_read_triton_matches_reference(lead, d, dv, dtype):
+    compare_read(read_triton_fn, make_read_inputs(lead, d, dv, dtype, seed=d + dv))
+
+
+def test_read_triton_with_more_tokens_than_programs(monkeypatch):
+    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    compare_read(read_triton_fn, make_read_inputs((3, 5), 24, 4, torch.bfloat16, seed=4), c_dtype=torch.bfloat16)
+
+
+def test_read_lean_path_and_closed_form_backward_in_fp64():
+    from deep_delta.ops.norm.lean import update_read_norm_backward_lean
+
+    inputs = make_read_inputs((3, 4), 12, 3, torch.float64, seed=9)
+    grads = read_upstream(inputs)
+    got, got_grads = run(lambda *a, **kw: update_read_and_norm(*a, **kw, backend="torch"), inputs, grads)
+    want, want_grads = run(update_read_and_norm_reference, inputs, grads)
+    for a, b in zip([*got, *got_grads], [*want, *want_grads]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    x, k, v, beta, *rest = inputs
+    flat = (x.reshape(12, 12, 3), k.reshape(12, 12), v.reshape(12, 3), beta.reshape(12, 1), *rest)
+    ups = (grads[0].reshape(12, 12, 3), grads[1].reshape(12, 12), grads[2].reshape(12, 1), grads[3].reshape(12, 3))
+    closed = update_read_norm_backward_lean(*ups, *flat, *CONSTS.values())
+    for name, a, b in zip(READ_NAMES, closed, want_grads):
+        torch.testing.assert_close(a.reshape(b.shape), b, rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_read_errors_name_the_argument():
+    x, k, v, beta, read, *weights = make_read_inputs((3,), 8, 2)
+    with pytest.raises(ValueError, match=r"`read` must have shape \(8, 2\)"):
+        update_read_and_norm(x, k, v, beta, read[:4], *weights, **CONSTS)
+    with pytest.raises(ValueError, match="`x` must have shape \\(..., d, d_v\\) and `k` \\(..., d\\)"):
+        update_read_and_norm(x, k[:, :4], v, beta, read, *weights, **CONSTS)
+
+
+def test_cc_model_fused_equals_unfused_and_drops_the_reads_and_norms():
+    """ddl-cc-noec (2 blocks) on the Triton backend: 3 updates compute the next sublayer's CC read and its norm, gate
+    and value (update_read_norm_*), the last one the final read (delta_fwd_kernel with the read); the first read and
+    norm stay their own kernels. Values and every gradient as without any fusion."""
+    torch.manual_seed(0)
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc-noec", "tiny", delta_backend="triton", **DEBUG)).to(DEVICE)
+    ids = torch.randint(0, DEBUG["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    fused = model_run(model, ids)
+    set_fusion(model, False)
+    plain = model_run(model, ids)
+    torch.testing.assert_close(fused[0], plain[0], rtol=1e-5, atol=1e-6)
+    for name, g in fused[1].items():
+        torch.testing.assert_close(g, plain[1][name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    count = lambda kernels, name: kernels.count(name)  # noqa: E731
+    assert count(fused[2], "update_read_norm_fwd_kernel") == count(fused[2], "update_read_norm_bwd_kernel") == 3
+    assert count(fused[2], "norm_gate_value_fwd_kernel") == count(fused[2], "cc_fwd_kernel") == 1
+    assert count(fused[2], "delta_fwd_kernel") == 1
+    assert count(plain[2], "norm_gate_value_fwd_kernel") == 4 and count(plain[2], "cc_fwd_kernel") == 5

@@ -27,7 +27,7 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
 from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
-from deep_delta.ops.norm import norm_gate_value, update_and_norm
+from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm
 
 RESIDUAL_MAPS = ("k", "v")
 NORM_OUTPUTS = ("module", "autocast")
@@ -175,6 +175,7 @@ class DeltaResidual(nn.Module):
         return delta_update(x, k, v, beta, k_eps=self.k_eps, backend=self.backend)
 
     def update_and_read(self, x: torch.Tensor, read: nn.Module, *branch_args, x_in: torch.Tensor | None = None,
+                        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                         **branch_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """The update of :meth:`forward` and the next sublayer's read of the new state, from one fused op.
 
@@ -184,21 +185,49 @@ class DeltaResidual(nn.Module):
         """
         self._check(x, x_in)
         self._check_read(read, x)
-        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, None)
+        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
         if isinstance(read, ChannelCompressor):
             return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
         return update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps, backend=self.backend)
 
-    def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor) -> bool:
-        """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
-        (:meth:`update_and_norm`): both d_v = 1 delta residuals of one width, ``nxt`` with the k-Map and the
-        linear gate, both on the Triton backend, and no state rebuild recording (``recompute_states``)."""
+    def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
+        """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass:
+        two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear gate, both on the Triton
+        backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a read
+        (:meth:`update_and_norm`), for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor
+        (:meth:`update_read_and_norm`)."""
         from deep_delta.ops.delta.recompute import active_tape
 
-        return (isinstance(nxt, DeltaResidual) and not self.additive and not nxt.additive and self.value_channels == 1
-                and nxt.value_channels == 1 and nxt.fuse_inputs and nxt.dim == self.dim
+        if read is None:
+            shape_ok = self.value_channels == 1
+        else:
+            shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
+                        and (read.dim, read.value_channels) == (self.dim, self.value_channels))
+        return (shape_ok and isinstance(nxt, DeltaResidual) and not self.additive and not nxt.additive
+                and nxt.value_channels == self.value_channels and nxt.fuse_inputs and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)
+
+    def update_read_and_norm(self, x: torch.Tensor, read: ChannelCompressor, nxt: DeltaResidual, *branch_args,
+                             x_in: torch.Tensor | None = None,
+                             prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                             **branch_kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The update of :meth:`forward` (d_v > 1), ``read``'s CC read of the new state and ``nxt``'s input stage of
+        that read, from one fused op (:func:`deep_delta.ops.norm.update_read_and_norm`). Returns
+        ``(x_new, (c, beta, v))``, the last three what ``nxt(x_new, ..., prepared=...)`` takes."""
+        self._check(x, x_in)
+        if not self.fuses_norm_of(nxt, x, read):
+            raise ValueError(
+                "DeltaResidual.update_read_and_norm: needs two delta residuals of one width and d_v > 1 on the Triton "
+                "backend, a ChannelCompressor read of that state, the second residual with the k-Map and the linear "
+                "gate, and no state rebuild recording (`fuses_norm_of`)"
+            )
+        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
+        out, c, beta2, v2 = update_read_and_norm(
+            x, k, v, beta, read.weight, nxt.norm.weight, nxt.gate.proj.weight, nxt.gate.proj.bias,
+            nxt.value_proj.weight, nxt.value_proj.bias, k_eps=self.k_eps, eps=nxt.norm.eps, beta_max=nxt.gate.beta_max,
+            value_scale=nxt.value_scale, c_dtype=nxt._branch_dtype(x), backend=nxt.backend)
+        return out, (c, beta2, v2)
 
     def update_and_norm(self, x: torch.Tensor, nxt: DeltaResidual, *branch_args,
                         prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,

@@ -217,17 +217,24 @@ class DDLBlock(GradientCheckpointingLayer):
 
     def forward(self, state: torch.Tensor, read: torch.Tensor | None, rope, mask: torch.Tensor | None = None,
                 pad_mask: torch.Tensor | None = None, *, cache: DDLCache | None = None,
-                next_read: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                next_read: nn.Module | None = None, next_norm: nn.Module | None = None):
         """The attention update, then the MLP update. Returns ``(new state, its read for the next block)``.
 
         state: (B, T, d) for d_v = 1 (and HC's (B, T, d, n)), (B, T, d, d_v) otherwise. read: the attention
         sublayer's read of ``state`` (B, T, d) when the previous block's fused update already computed it, else
-        None. next_read: the next block's (or the final) ChannelCompressor, whose read of the new state the
-        fused path returns; otherwise the second value is None. rope: (cos, sin); mask: the attention mask or
-        None; pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
+        None, or (c, beta, v), its norm, gate and value, when the previous block's update computed them (on the
+        Triton backend: ``DeltaResidual.update_and_norm`` / ``update_read_and_norm``). next_read: the next block's
+        (or the final) compressor, whose read of the new state the fused path returns; next_norm: the next block's
+        attention residual, whose (c, beta, v) of that read the fused path returns instead where it can; otherwise
+        the second value is None. rope: (cos, sin); mask: the attention mask or None; pad_mask: (B, T) 1 at
+        tokens, 0 at pads, or None.
         """
         if self.compressor is None:  # d_v = 1 (additive or DDL), HC / mHC
             return self._forward_vector(state, read, rope, mask, cache, next_read)
+        if isinstance(read, tuple) or (
+                self.fuse_reads and cache is None and pad_mask is None and isinstance(self.attn, DeltaResidual)
+                and self.attn.fuses_norm_of(self.mlp, state, self.compressor)):
+            return self._forward_fused_norms(state, read, rope, mask, next_read, next_norm)
         if self.fuse_reads and fusable_read(self.compressor, cache, pad_mask):
             return self._forward_fused(state, read, rope, mask, pad_mask, cache, next_read)
         state, read = self._masked_read(state, read, pad_mask, cache, "attn")
@@ -249,6 +256,24 @@ class DDLBlock(GradientCheckpointingLayer):
         if next_norm is None or not self.mlp.fuses_norm_of(next_norm, state):
             return self.mlp(state, prepared=prepared), None
         return self.mlp.update_and_norm(state, next_norm, prepared=prepared)
+
+    def _forward_fused_norms(self, state, read, rope, mask, next_read, next_norm):
+        """A channel compressor's two updates on the Triton backend in training (no cache, no pads), each computing
+        the next sublayer's CC read and its norm, gate and value in the same pass
+        (``DeltaResidual.update_read_and_norm``): the MLP sublayer's after the attention update, ``next_norm``'s
+        after the MLP update (through ``next_read``, the next block's compressor); with ``next_read`` alone (the
+        final compressor, or a next block that cannot take them) the MLP update returns the plain read."""
+        prepared = read if isinstance(read, tuple) else None
+        x_in = None
+        if prepared is None:
+            state, x_in = self._masked_read(state, read, None, None, "attn")
+        state, prepared = self.attn.update_read_and_norm(state, self.compressor, self.mlp, rope, None, mask, x_in=x_in,
+                                                         prepared=prepared)
+        if next_norm is not None and self.mlp.fuses_norm_of(next_norm, state, next_read):
+            return self.mlp.update_read_and_norm(state, next_read, next_norm, prepared=prepared)
+        if next_read is not None:
+            return self.mlp.update_and_read(state, next_read, prepared=prepared)
+        return self.mlp(state, prepared=prepared), None
 
     def _forward_fused(self, state, read, rope, mask, pad_mask, cache, next_read):
         """The same two updates for a channel compressor, each fused with the read that follows it: the MLP
@@ -558,7 +583,9 @@ class DDLModel(DDLPreTrainedModel):
             next_read = nxt.compressor if nxt is not None else self.final_compressor
             fuse = (self.fuse_reads and block.fuse_reads and fusable_read(block.compressor, cache, pad_mask)
                     and fusable_read(next_read, cache, pad_mask))
-            x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=next_read if fuse else None)
+            next_norm = nxt.attn if fuse and nxt is not None and nxt.fuse_reads else None
+            x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=next_read if fuse else None,
+                            next_norm=next_norm)
         if self.final_compressor is None:
             return x
         x, read = _mask_pads(pad_mask, x, read)

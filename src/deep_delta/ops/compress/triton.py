@@ -29,10 +29,10 @@ import triton.language as tl
 
 from deep_delta.ops import partials
 from deep_delta.ops.delta.triton import (
-    _blocks,
     _num_warps,
     _rows_per_program,
     check_device,
+    delta_blocks,
     max_programs,
     reduction_grid,
 )
@@ -232,14 +232,14 @@ def _conv_bwd_w_worker(
 
 def _reduction_meta(d: int, dv: int) -> dict:
     """The meta-parameters of a persistent reduction kernel (its tokens per program are a runtime argument)."""
-    bd, bv = _blocks(d, dv)
+    bd, bv = delta_blocks(d, dv)
     return dict(BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
 
 
 def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
     """Grid and meta-parameters of a kernel without a reduction over tokens: ``ROWS`` tokens per program."""
     rows = _rows_per_program(n)
-    bd, bv = _blocks(d, dv)
+    bd, bv = delta_blocks(d, dv)
     return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
 
 

@@ -169,7 +169,7 @@ def _(g, x, k, v, beta, k_eps, backend="auto"):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, k, v, beta))
 
 
-def _update_read_backward_lean(
+def update_read_backward_lean(
     g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
@@ -201,7 +201,7 @@ def _update_read_backward(
     g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float,
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    kernel = _update_read_backward_triton if backend == "triton" else _update_read_backward_lean
+    kernel = _update_read_backward_triton if backend == "triton" else update_read_backward_lean
     return kernel(g, gin, x, out, k, v, beta, c, k_eps)
 
 
@@ -211,7 +211,7 @@ delta_update_read_backward_op = torch.library.custom_op(
 
 @delta_update_read_backward_op.register_kernel("cuda")
 def _delta_update_read_backward_cuda(g, gin, x, out, k, v, beta, c, k_eps, backend="auto"):
-    kernel = _update_read_backward_triton if backend == "triton" or _use_triton(x) else _update_read_backward_lean
+    kernel = _update_read_backward_triton if backend == "triton" or _use_triton(x) else update_read_backward_lean
     return kernel(g, gin, x, out, k, v, beta, c, k_eps)
 
 

@@ -39,7 +39,8 @@ from deep_delta.ops.launch import counting_dry, launch
 MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
 
 
-def _blocks(d: int, dv: int) -> tuple[int, int]:
+def delta_blocks(d: int, dv: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_V) of a delta kernel's (d, d_v) tile; ``ValueError`` past ``MAX_WIDTH``."""
     if d > MAX_WIDTH:
         raise ValueError(f"delta_update (triton): width d must be <= {MAX_WIDTH}, got {d}")
     return triton.next_power_of_2(d), triton.next_power_of_2(dv)
@@ -107,7 +108,7 @@ def delta_rows(n: int, tile: int) -> int:
 
 
 @triton.jit
-def _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
+def token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
     """Token n's k, x, v and beta as stored (not yet fp32); ok_d / ok_v mask the loads."""
     k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0)
     x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
@@ -117,8 +118,8 @@ def _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
 
 
 @triton.jit
-def _token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d):
-    """One token's update in fp32 registers from its loaded inputs (:func:`_token_load`):
+def token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d):
+    """One token's update in fp32 registers from its loaded inputs (:func:`token_load`):
     (x, u, rho, v, beta, p, delta) with u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d) (as
     ops.delta.naive.unit_direction), p = u^T x, delta = beta (v - p)."""
     k = k.to(tl.float32)
@@ -132,11 +133,28 @@ def _token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d):
 
 
 @triton.jit
-def _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d):
+def token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d):
     """One token's update in fp32 registers, as every delta kernel (forward and backward) computes it:
-    :func:`_token_math` of :func:`_token_load`."""
-    k, x, v, beta = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
-    return _token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d)
+    :func:`token_math` of :func:`token_load`."""
+    k, x, v, beta = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    return token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d)
+
+
+@triton.jit
+def token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, p, delta, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
+    """Token n's update backward for the whole gradient g (BLOCK_D, BLOCK_V) of x' (fp32) and its forward values
+    (:func:`token_math`): a = u^T G, grad_x = G - u (beta a)^T, grad_k, grad_v = beta a, grad_beta = a . (v - p),
+    each stored in its tensor's dtype."""
+    a = tl.sum(u[:, None] * g, axis=0)  # u^T G, (BLOCK_V,)
+    gp = -beta * a
+    gx = g + u[:, None] * gp[None, :]
+    tl.store(GX + n * D * DV + tile, gx.to(GX.dtype.element_ty), mask=ok_d[:, None] & ok_v[None, :])
+    gu = tl.sum(g * delta[None, :] + x * gp[None, :], axis=1)
+    gk = rho * (gu - u * tl.sum(u * gu, axis=0))
+    tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=ok_d)
+    tl.store(GV + n * DV + offs_v, (beta * a).to(GV.dtype.element_ty), mask=ok_v)
+    gb_v = tl.full(offs_v.shape, 0.0, tl.float32) + tl.sum(a * (v - p), axis=0)
+    tl.store(GBETA + n + offs_v * 0, gb_v.to(GBETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
 
 
 @triton.jit
@@ -161,7 +179,7 @@ def _delta_fwd_kernel(
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
-        x, u, rho, v, beta, p, delta = _token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
+        x, u, rho, v, beta, p, delta = token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
                                                      eps2_over_d, inv_sqrt_d)
         if HAS_DELTA:  # kept (fp32) to rebuild x from x' in backward (ops/delta/recompute.py)
             tl.store(DELTA + n * DV + offs_v, delta, mask=ok_v)
@@ -177,10 +195,10 @@ def _delta_fwd_kernel(
 @triton.jit
 def _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, N, D, DV, HAS_READ: tl.constexpr,
               TAPS: tl.constexpr):
-    """Token n's backward inputs as stored: k, x, v, beta (:func:`_token_load`), G's tile and one row of g_in:
+    """Token n's backward inputs as stored: k, x, v, beta (:func:`token_load`), G's tile and one row of g_in:
     row n with the CC read, row n + 3 with the TC taps (the newest row of the kernel's window of four), none
     (a load with an all-false mask: no traffic) without a read."""
-    k, x, v, beta = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    k, x, v, beta = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
     g = tl.load(G + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
     if TAPS > 0:
         gin = tl.load(GIN + (n + 3) * D + offs_d, mask=ok_d & (((offs_d * 0) + n + 3) < N), other=0.0)
@@ -286,7 +304,6 @@ def _delta_bwd_worker(
         n_v = (offs_v * 0) + n
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
-        mt = ok_d[:, None] & ok_v[None, :]
         if PREFETCH:
             k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx
             more_d = ((offs_d * 0) + r + 1) < CHUNK
@@ -297,7 +314,7 @@ def _delta_bwd_worker(
         else:
             k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile,
                                                                    ok_d, ok_v, N, D, DV, HAS_READ, TAPS)
-        x, u, rho, v, beta, p, delta = _token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
+        x, u, rho, v, beta, p, delta = token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
         g = g_raw.to(tl.float32)
         if HAS_READ or TAPS > 0:  # x' as the forward stored it (rounded), as a separate read would see it
             out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
@@ -318,17 +335,7 @@ def _delta_bwd_worker(
                 gin = tl.load(GIN + (n + s) * D + offs_d, mask=ok_d & (t_d + s < T), other=0.0).to(tl.float32)
                 g = g + _tap_tile(C, s, tile, mw, D, DV) * gin[:, None]
             win0, win1, win2 = win1, win2, gin_raw
-        a = tl.sum(u[:, None] * g, axis=0)  # u^T G, (BLOCK_V,)
-        gp = -beta * a
-        gx = g + u[:, None] * gp[None, :]
-        tl.store(GX + n * D * DV + tile, gx.to(GX.dtype.element_ty), mask=mt)
-        gu = tl.sum(g * delta[None, :] + x * gp[None, :], axis=1)
-        gk = rho * (gu - u * tl.sum(u * gu, axis=0))
-        tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=ok_d)
-        tl.store(GV + n * DV + offs_v, (beta * a).to(GV.dtype.element_ty), mask=ok_v)
-        gb = tl.sum(a * (v - p), axis=0)
-        gb_v = tl.full((BLOCK_V,), 0.0, tl.float32) + gb
-        tl.store(GBETA + n_v, gb_v.to(GBETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+        token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, p, delta, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
     if HAS_READ:
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=mw)
     if TAPS > 0:
@@ -380,7 +387,7 @@ def triton_forward(
     ``x_in`` (N, d); ``want_delta`` also writes ``delta`` (N, d_v) fp32 (for the state rebuild).
     """
     n, d, dv = x.shape
-    bd, bv = _blocks(d, dv)
+    bd, bv = delta_blocks(d, dv)
     rows = delta_rows(n, bd * bv)
     out = torch.empty_like(x)
     has_read = c is not None
@@ -404,7 +411,7 @@ def triton_backward(
     With c (the fused read) gin is the gradient of x_in (N, d), or None for zero.
     """
     n, d, dv = x.shape
-    bd, bv = _blocks(d, dv)
+    bd, bv = delta_blocks(d, dv)
     has_read = c is not None
     if has_read:  # a persistent grid: grad_c partials bounded by max_programs, not by n
         progs, chunk = reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)

@@ -44,14 +44,14 @@ import triton.language as tl
 from deep_delta.ops import partials
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 from deep_delta.ops.delta.triton import (
-    _blocks,
     _delta_bwd_kernel,
-    _token_load,
-    _token_math,
     check_device,
+    delta_blocks,
     delta_warps,
     max_programs,
     reduction_grid,
+    token_load,
+    token_math,
 )
 from deep_delta.ops.launch import launch
 
@@ -92,19 +92,19 @@ def _delta_tc_fwd_kernel(
     # cost of the registers that hold them: fewer programs per SM)
     ok_d = md & (((offs_d * 0) + start) < stop)
     ok_v = mv & (((offs_v * 0) + start) < stop)
-    k_raw, x_raw, v_raw, b_raw = _token_load(X, K, V, BETA, b * T + start, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    k_raw, x_raw, v_raw, b_raw = token_load(X, K, V, BETA, b * T + start, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
     for t in range(start, stop):
         n = b * T + t
         if PREFETCH:
             k_cur, x_cur, v_cur, b_cur = k_raw, x_raw, v_raw, b_raw
             ok_d = md & (((offs_d * 0) + t + 1) < stop)
             ok_v = mv & (((offs_v * 0) + t + 1) < stop)
-            k_raw, x_raw, v_raw, b_raw = _token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+            k_raw, x_raw, v_raw, b_raw = token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
         else:
-            k_cur, x_cur, v_cur, b_cur = _token_load(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV)
+            k_cur, x_cur, v_cur, b_cur = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV)
         keep_d = md & (((offs_d * 0) + t) >= t0)  # halo tokens are computed, not stored
         keep_v = mv & (((offs_v * 0) + t) >= t0)
-        x, u, rho, v, beta, p, delta = _token_math(k_cur, x_cur, v_cur, b_cur, D, eps2_over_d, inv_sqrt_d)
+        x, u, rho, v, beta, p, delta = token_math(k_cur, x_cur, v_cur, b_cur, D, eps2_over_d, inv_sqrt_d)
         if HAS_DELTA:
             tl.store(DELTA + n * DV + offs_v, delta, mask=keep_v)
         out_st = (x + u[:, None] * delta[None, :]).to(OUT.dtype.element_ty)
@@ -195,7 +195,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
     all contiguous; x_in (B, T, d) in x's dtype, delta (B, T, d_v) fp32."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
-    bd, bv = _blocks(d, dv)
+    bd, bv = delta_blocks(d, dv)
     chunk = _chunk(t, CHUNK)
     out = torch.empty_like(x)
     xin = torch.empty(bsz, t, d, dtype=x.dtype, device=x.device)
@@ -219,7 +219,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float):
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     n = bsz * t
-    bd, bv = _blocks(d, dv)
+    bd, bv = delta_blocks(d, dv)
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     groups = triton.cdiv(ks, TAP_GROUP)

@@ -19,7 +19,11 @@ import torch
 
 from deep_delta.ops.backend import resolve_backend, through_registered_op
 from deep_delta.ops.norm.lean import norm_gate_value_lean
-from deep_delta.ops.norm.naive import norm_gate_value_reference, update_and_norm_reference
+from deep_delta.ops.norm.naive import (
+    norm_gate_value_reference,
+    update_and_norm_reference,
+    update_read_and_norm_reference,
+)
 
 Tensor = torch.Tensor
 
@@ -162,5 +166,71 @@ def update_and_norm(
                                   c_dtype=c_dtype, backend=backend))
 
 
+def update_read_and_norm(
+    x: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    read: Tensor,
+    norm_weight: Tensor,
+    gate_weight: Tensor,
+    gate_bias: Tensor,
+    value_weight: Tensor,
+    value_bias: Tensor,
+    *,
+    k_eps: float,
+    eps: float,
+    beta_max: float,
+    value_scale: float,
+    c_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A delta update (d_v > 1) fused with the next sublayer's CC read and input stage: ``(x', c, beta', v')``.
+
+    Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = channel_compress(x', read)`` and
+    ``(c, beta', v') = norm_gate_value(x_in, norm_weight, ...)``; the Triton kernels (:mod:`.triton_update`) read
+    x_in from the tile they have just written and compute the next sublayer's inputs from it without storing it,
+    and the backward runs the input stage's and the read's backward in registers before the update's.
+
+    Args:
+        x: (..., d, d_v); k: (..., d); v: (..., d_v); beta: (..., 1); read: (d, d_v), the next sublayer's
+            channel compressor weight.
+        norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype: the
+            next sublayer's input stage, as :func:`norm_gate_value` takes them (value_weight (d_v, d)).
+        k_eps: this update's direction normalisation guard; backend: :func:`norm_gate_value`'s rules.
+    """
+    if x.dim() < 2 or tuple(k.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"update_read_and_norm: `x` must have shape (..., d, d_v) and `k` (..., d), got "
+                         f"{tuple(x.shape)} and {tuple(k.shape)}")
+    lead, dv = tuple(x.shape[:-2]), x.shape[-1]
+    for name, t, shape in (("v", v, lead + (dv,)), ("beta", beta, lead + (1,)), ("read", read, tuple(x.shape[-2:]))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"update_read_and_norm: `{name}` must have shape {shape} (x is {tuple(x.shape)}), got "
+                             f"{tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"update_read_and_norm: `{name}` must be a floating-point tensor, got {t.dtype}")
+    if not (math.isfinite(k_eps) and k_eps >= 0):
+        raise ValueError(f"update_read_and_norm: `k_eps` got {k_eps}; allowed: a finite number >= 0")
+    _check(x[..., 0], norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale,
+           c_dtype)
+    weights = (norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+    impl = resolve_backend(backend, x.device)
+    if impl == "triton" and through_registered_op(backend, impl, x.dtype):  # one node under compile
+        from deep_delta.ops.norm.library import update_read_norm_with_op
+
+        return update_read_norm_with_op(x, k, v, beta, read, *weights, k_eps, eps, beta_max, value_scale, c_dtype,
+                                        backend)
+    if impl == "triton":
+        from deep_delta.ops.norm.triton_update import update_read_and_norm_triton
+
+        return update_read_and_norm_triton(x, k, v, beta, read, *weights, k_eps=k_eps, eps=eps, beta_max=beta_max,
+                                           value_scale=value_scale, c_dtype=c_dtype)
+    from deep_delta.ops.delta import update_and_channel_read
+
+    out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend)
+    return (out, *norm_gate_value(x_in, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
+                                  c_dtype=c_dtype, backend=backend))
+
+
 __all__ = ["norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference", "update_and_norm",
-           "update_and_norm_reference"]
+           "update_and_norm_reference", "update_read_and_norm", "update_read_and_norm_reference"]

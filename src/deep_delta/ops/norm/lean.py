@@ -142,7 +142,46 @@ def update_norm_backward_lean(
 
 def missing_update_grads(g: Tensor | None, gc: Tensor | None, gbeta2: Tensor | None, gv2: Tensor | None, x: Tensor,
                          norm_weight: Tensor, value_weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The upstream gradients of the fused update's (x', c, beta', v') for a flattened x (N, d), contiguous; an
-    unused output's gradient may arrive as None: zeros of its shape."""
+    """The upstream gradients of the fused update's (x', c, beta', v') for a flattened x (N, d) or (N, d, d_v),
+    contiguous; an unused output's gradient may arrive as None: zeros of its shape."""
     g = torch.zeros_like(x) if g is None else g.contiguous()
-    return (g, *missing_grads_as_zeros(gc, gbeta2, gv2, x, norm_weight, value_weight))
+    rows = x if x.dim() == 2 else x[..., 0]  # (N, d): the shape of c's gradient
+    return (g, *missing_grads_as_zeros(gc, gbeta2, gv2, rows, norm_weight, value_weight))
+
+
+def update_read_norm_forward_lean(
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor, norm_weight: Tensor, gate_weight: Tensor,
+    gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float, beta_max: float,
+    value_scale: float, c_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(x', c, beta', v') of flattened x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), read (d, d_v): the lean
+    update, the CC read of x' (in x's dtype) and :func:`norm_gate_value_lean` of it. No autograd of its own."""
+    from deep_delta.ops.compress.lean import channel_read
+    from deep_delta.ops.delta.lean import lean_forward
+
+    out, _ = lean_forward(x, k, v, beta, k_eps)
+    c, beta2, v2 = norm_gate_value_lean(channel_read(out, read), norm_weight, gate_weight, gate_bias, value_weight,
+                                        value_bias, eps=eps, beta_max=beta_max, value_scale=value_scale,
+                                        c_dtype=c_dtype)
+    return out, c.contiguous(), beta2.contiguous(), v2.contiguous()
+
+
+def update_read_norm_backward_lean(
+    g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor,
+    norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor,
+    k_eps: float, eps: float, beta_max: float, value_scale: float,
+) -> tuple[Tensor, ...]:
+    """The gradients of (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias): x' and
+    x_in recomputed, the input stage's backward on x_in (its gradient of x_in in the compute dtype), then the fused
+    update + read's lean backward (``deep_delta.ops.delta.library.update_read_backward_lean``)."""
+    from deep_delta.ops.compress.lean import channel_read
+    from deep_delta.ops.delta.lean import lean_forward
+    from deep_delta.ops.delta.library import update_read_backward_lean
+    from deep_delta.ops.delta.naive import compute_dtype
+
+    ct = compute_dtype(x, k, v, beta)
+    out, _ = lean_forward(x, k, v, beta, k_eps)
+    gin, *weight_grads = norm_gate_value_backward_lean(gc, gbeta2, gv2, channel_read(out, read).to(ct), norm_weight,
+                                                       gate_weight, gate_bias, value_weight, value_bias, eps,
+                                                       beta_max, value_scale)
+    return (*update_read_backward_lean(g, gin, x, out, k, v, beta, read, k_eps), *weight_grads)

@@ -7,6 +7,8 @@
 | ``deep_delta::norm_gate_value_backward(gc, gbeta, gv, src, g, w_g, b_g, W_v, b_v, eps, beta_max, value_scale, backend)`` | Triton | the closed-form lean backward |
 | ``deep_delta::update_norm(x, k, v, beta, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, c_dtype, backend) -> (x', c, beta', v')`` | Triton (:mod:`.triton_update`) | the lean update, then the lean input stage |
 | ``deep_delta::update_norm_backward(g, gc, gbeta', gv', x, k, v, beta, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, backend)`` | Triton | the lean backwards, one after the other |
+| ``deep_delta::update_read_norm(x, k, v, beta, c_read, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, c_dtype, backend) -> (x', c, beta', v')`` | Triton (:mod:`.triton_update`) | the lean update, CC read and input stage |
+| ``deep_delta::update_read_norm_backward(g, gc, gbeta', gv', x, k, v, beta, c_read, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, backend)`` | Triton | the lean backwards, one after the other |
 
 ``backend`` is the caller's, ``"auto"`` (the table) or ``"triton"``: the kernels on every device (CPU tensors
 under the Triton interpreter), as in :mod:`deep_delta.ops.delta.library`. The backward op is what
@@ -21,6 +23,8 @@ both ops, with either backend.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from deep_delta.ops.norm.lean import (
@@ -31,6 +35,8 @@ from deep_delta.ops.norm.lean import (
     out_dtype,
     update_norm_backward_lean,
     update_norm_forward_lean,
+    update_read_norm_backward_lean,
+    update_read_norm_forward_lean,
 )
 
 Tensor = torch.Tensor
@@ -233,7 +239,95 @@ def _update_norm_grad(ctx, g, gc, gbeta2, gv2):
 
 update_norm_op.register_autograd(_update_norm_grad, setup_context=_save_update_norm_inputs)
 
-OPS = (norm_gate_value_op, norm_gate_value_backward_op, update_norm_op, update_norm_backward_op)
+
+
+# ----------------------------------------------------------------------------- the update, the CC read and the input stage
+
+
+def _update_read_norm_triton(*args):
+    from deep_delta.ops.norm.triton_update import read_triton_forward
+
+    return read_triton_forward(*args)
+
+
+def _update_read_norm(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor, norm_weight: Tensor,
+                      gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float,
+                      eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None,
+                      backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every device but CUDA: the lean math, or the kernels when asked for by name. Flattened shapes: x
+    (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), read (d, d_v)."""
+    return (_update_read_norm_triton if backend == "triton" else update_read_norm_forward_lean)(
+        x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps, eps, beta_max,
+        value_scale, c_dtype)
+
+
+update_read_norm_op = torch.library.custom_op("deep_delta::update_read_norm", _update_read_norm, mutates_args=())
+
+
+@update_read_norm_op.register_kernel("cuda")
+def _update_read_norm_cuda(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps,
+                           eps, beta_max, value_scale, c_dtype, backend="auto"):
+    return (_update_read_norm_triton if backend == "triton" or _use_triton(x) else update_read_norm_forward_lean)(
+        x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps, eps, beta_max,
+        value_scale, c_dtype)
+
+
+@update_read_norm_op.register_fake
+def _(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps, eps, beta_max,
+      value_scale, c_dtype, backend="auto"):
+    n, d, dv = x.shape
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(n, d, dtype=c_dtype or norm_weight.dtype), x.new_empty(n, 1, dtype=out_dtype(norm_weight)),
+            x.new_empty(n, value_weight.shape[0], dtype=out_dtype(norm_weight)))
+
+
+def _update_read_norm_backward_triton(*args):
+    from deep_delta.ops.norm.triton_update import read_triton_backward
+
+    return read_triton_backward(*args)
+
+
+def _update_read_norm_backward(g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor,
+                               beta: Tensor, read: Tensor, norm_weight: Tensor, gate_weight: Tensor,
+                               gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float,
+                               beta_max: float, value_scale: float, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Every device but CUDA: the lean backward, or the kernels when asked for by name."""
+    return (_update_read_norm_backward_triton if backend == "triton" else update_read_norm_backward_lean)(
+        g, gc, gbeta2, gv2, x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
+        k_eps, eps, beta_max, value_scale)
+
+
+update_read_norm_backward_op = torch.library.custom_op(
+    "deep_delta::update_read_norm_backward", _update_read_norm_backward, mutates_args=()
+)
+
+
+@update_read_norm_backward_op.register_kernel("cuda")
+def _update_read_norm_backward_cuda(g, gc, gbeta2, gv2, x, k, v, beta, read, norm_weight, gate_weight, gate_bias,
+                                    value_weight, value_bias, k_eps, eps, beta_max, value_scale, backend="auto"):
+    kernel = (_update_read_norm_backward_triton if backend == "triton" or _use_triton(x)
+              else update_read_norm_backward_lean)
+    return kernel(g, gc, gbeta2, gv2, x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight,
+                  value_bias, k_eps, eps, beta_max, value_scale)
+
+
+@update_read_norm_backward_op.register_fake
+def _(g, gc, gbeta2, gv2, x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps,
+      eps, beta_max, value_scale, backend="auto"):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                 for t in (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
+
+
+def _update_read_norm_grad(ctx, g, gc, gbeta2, gv2):
+    saved = ctx.saved_tensors
+    ups = missing_update_grads(g, gc, gbeta2, gv2, saved[0], saved[5], saved[8])
+    return (*update_read_norm_backward_op(*ups, *saved, *ctx.consts), None, None, None, None, None, None)
+
+
+update_read_norm_op.register_autograd(_update_read_norm_grad, setup_context=_save_update_norm_inputs)
+
+OPS = (norm_gate_value_op, norm_gate_value_backward_op, update_norm_op, update_norm_backward_op, update_read_norm_op,
+       update_read_norm_backward_op)
 
 
 def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
@@ -270,4 +364,25 @@ def update_norm_with_op(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, norm_weig
         beta.reshape(-1, 1).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
         value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps), float(beta_max),
         float(value_scale), c_dtype, backend)
+    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])
+
+
+def update_read_norm_with_op(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor, norm_weight: Tensor,
+                             gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor,
+                             k_eps: float, eps: float, beta_max: float, value_scale: float,
+                             c_dtype: torch.dtype | None = None,
+                             backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``deep_delta::update_read_norm`` at any leading shape: x (..., d, d_v), k (..., d), v (..., d_v), beta
+    (..., 1), read (d, d_v) -> x' (..., d, d_v), c (..., d), beta' (..., 1), v' (..., d_v')."""
+    if backend == "triton":
+        from deep_delta.ops.delta.triton import check_device
+
+        check_device("update_read_and_norm", x)
+    *lead, d, dv = x.shape
+    n = math.prod(lead)
+    out, c, beta2, v2 = update_read_norm_op(
+        x.reshape(n, d, dv).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
+        beta.reshape(n, 1).contiguous(), read.contiguous(), norm_weight.contiguous(), gate_weight.contiguous(),
+        gate_bias.contiguous(), value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps),
+        float(beta_max), float(value_scale), c_dtype, backend)
     return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])

@@ -41,10 +41,14 @@ from deep_delta.ops.norm.triton import (
     norm_weights,
 )
 
-# Launch choices, not yet timed on a GPU (2026-11-27): the forward and backward at the warps of the norm's
-# backward (one per 1024 fp32 values of the row, at least 2), one token per program forward, a persistent
-# backward grid of 4 programs per SM (the d_v = 1 norm backward's).
+# Launch choices, not yet timed on a GPU (2026-11-27). d_v = 1: the forward and backward at the delta kernels' warps
+# (one per 1024 fp32 values of the tile, at least 2), one token per program forward, a persistent backward grid of
+# 4 programs per SM (the d_v = 1 norm backward's). Through the CC read (d_v > 1): the forward as the fused update +
+# CC read; the backward holds the read's and the norm's weight tiles and their gradients' accumulators besides
+# the token's tiles, so twice the warps (sm_90 without a GPU, d = 768, d_v = 4: 251 / 255 registers bf16 / fp32
+# state at 8 warps, spilling 0 / 8 bytes, against 576 / 656 at 4; kernel_resources.py) on one program per SM.
 BWD_PER_SM = 4
+READ_BWD_PER_SM = 1
 
 
 @triton.jit
@@ -153,6 +157,110 @@ def _update_norm_bwd_worker(
     norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV)
 
 
+@triton.jit
+def _update_read_norm_fwd_kernel(
+    X, K, V, BETA, CR, NW, GW, GB, WV, BV, OUT, C, BETA2, V2,
+    N, D, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """ROWS tokens per program: the update of each (d, d_v) tile, x' stored, the CC read x_in = sum_j c_ij x'_ij of
+    the stored tile (rounded to x's dtype, as the unfused read stores it), and from it the next sublayer's
+    (c, beta', v') (d_v' = d_v: the next sublayer reads the same state)."""
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    cr = tl.load(CR + tile, mask=md[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
+    for r in range(ROWS):
+        n = pid * ROWS + r
+        ok_d = md & ((offs_d * 0 + n) < N)
+        ok_v = mv & ((offs_v * 0 + n) < N)
+        x, u, rho, v, beta, p, delta = delta_triton.token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D,
+                                                                 DV, eps2_over_d, inv_sqrt_d)
+        out = (x + u[:, None] * delta[None, :]).to(OUT.dtype.element_ty)
+        tl.store(OUT + n * D * DV + tile, out, mask=ok_d[:, None] & ok_v[None, :])
+        xin = tl.sum(out.to(tl.float32) * cr, axis=1).to(OUT.dtype.element_ty)
+        s = xin.to(NW.dtype.element_ty).to(tl.float32)
+        r_, c, s_g, s_v = norm_row_forward(s, g1, gw1, bg1, bv1, wv, D, eps)
+        norm_row_store(C, BETA2, V2, n, c, s_g, s_v, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale)
+
+
+@triton.jit
+def _update_read_norm_bwd_kernel(
+    X, K, V, BETA, CR, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2,
+    GX, GK, GV, GBETA, PART_C, PART_D, PART_V, PART_B, G_CR, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
+    N, CHUNK, P, R_C, R_D, R_V, R, D, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr,
+    REDUCE_COLS: tl.constexpr,
+):
+    """P workers (:func:`_update_read_norm_bwd_worker`) and R reducers: the first R_C sum the read's weight gradient
+    (PART_C (P, d d_v) into G_CR), the rest the next sublayer's norm weights' (``norm_reducer``)."""
+    ticket = partials.take_ticket(COUNTERS)
+    if ticket < P:
+        _update_read_norm_bwd_worker(X, K, V, BETA, CR, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA,
+                                     PART_C, PART_D, PART_V, PART_B, ticket, N, CHUNK, D, eps2_over_d, inv_sqrt_d, eps,
+                                     beta_max, value_scale, BLOCK_D, DV, BLOCK_V)
+        partials.signal_stored(COUNTERS)
+    elif ticket - P < R_C:
+        partials.reducer(COUNTERS, P, PART_C, G_CR, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
+    else:
+        norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P - R_C, P, R_D, R_V, R,
+                     D, DV, REDUCE_ROWS, REDUCE_COLS)
+
+
+@triton.jit
+def _update_read_norm_bwd_worker(
+    X, K, V, BETA, CR, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA, PART_C, PART_D, PART_V, PART_B,
+    pid, N, CHUNK, D, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Tokens [pid * CHUNK, (pid + 1) * CHUNK): x' and its read x_in recomputed as stored, the next sublayer's input
+    stage's backward on x_in (its gradient g_in in fp32), then the read's (G += g_in c^T, grad_c += g_in x'^T) and
+    the update's backward; the read's and the norm weights' gradients summed over the chunk in fp32."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_v = tl.arange(0, BLOCK_V)
+    md = offs_d < D
+    mv = offs_v < DV
+    mw = md[:, None] & mv[None, :]
+    tile = offs_d[:, None] * DV + offs_v[None, :]
+    cr = tl.load(CR + tile, mask=mw, other=0.0).to(tl.float32)
+    wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
+    acc_c = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
+    acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
+    acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    for i in range(0, CHUNK):
+        n = pid * CHUNK + i
+        ok_d = md & ((offs_d * 0 + n) < N)
+        ok_v = mv & ((offs_v * 0 + n) < N)
+        x, u, rho, v, beta, p, delta = delta_triton.token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D,
+                                                                 DV, eps2_over_d, inv_sqrt_d)
+        out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)  # x' as stored
+        s = tl.sum(out * cr, axis=1).to(X.dtype.element_ty).to(NW.dtype.element_ty).to(tl.float32)  # x_in as stored
+        gc = tl.load(GC + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+        gbeta2 = tl.load(GBETA2 + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0).to(tl.float32)
+        gv2 = tl.load(GV2 + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        gin, inc_g, inc_wg, dlg, dlv = norm_row_backward(s, gc, gbeta2, gv2, g1, wg1, gw1, bg1, bv1, wv, D, eps,
+                                                         beta_max, value_scale)
+        acc_g += inc_g
+        acc_wg += inc_wg
+        acc_bg += dlg
+        acc_wv += dlv[:, None] * s[None, :]
+        acc_bv += dlv
+        g = tl.load(G + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0).to(tl.float32)
+        g = g + gin[:, None] * cr
+        acc_c += gin[:, None] * out
+        delta_triton.token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, p, delta, offs_d, offs_v, tile,
+                                       ok_d, ok_v, D, DV)
+    tl.store(PART_C + pid * D * DV + tile, acc_c, mask=mw)
+    norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV)
+
+
 def _blocks(d: int, dv: int) -> tuple[int, int]:
     if d > delta_triton.MAX_WIDTH:
         raise ValueError(f"update_and_norm (triton): width d must be <= {delta_triton.MAX_WIDTH}, got {d}")
@@ -226,6 +334,93 @@ def triton_backward(
     return grads
 
 
+def read_triton_forward(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, read: torch.Tensor,
+    norm_weight: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, value_weight: torch.Tensor,
+    value_bias: torch.Tensor, k_eps: float, eps: float, beta_max: float, value_scale: float,
+    c_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch: (x' (N, d, d_v) in x's dtype, c (N, d), beta' (N, 1), v' (N, d_v)) for contiguous x (N, d, d_v),
+    k (N, d), v (N, d_v), beta (N, 1), the next sublayer's CC read weight (d, d_v) and input stage's weights."""
+    n, d, dv = x.shape
+    bd, bv = delta_triton.delta_blocks(d, dv)
+    out = torch.empty_like(x)
+    c = torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=x.device)
+    beta2 = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=x.device)
+    v2 = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=x.device)
+    if n == 0:
+        return out, c, beta2, v2
+    rows = delta_triton.delta_rows(n, bd * bv)
+    launch(
+        _update_read_norm_fwd_kernel, (triton.cdiv(n, rows),),
+        (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d,
+         k_eps * k_eps / d, 1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
+        writes=(10, 11, 12, 13), apart=(5, 6, 7, 8, 9, 11, 12, 13), ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
+        num_warps=delta_triton.delta_warps(bd * bv),
+    )
+    record("update_read_norm_fwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight,
+                                                        value_bias), (c, beta2, v2))
+    return out, c, beta2, v2
+
+
+def read_triton_backward(
+    g: torch.Tensor, gc: torch.Tensor, gbeta2: torch.Tensor, gv2: torch.Tensor, x: torch.Tensor, k: torch.Tensor,
+    v: torch.Tensor, beta: torch.Tensor, read: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor, value_weight: torch.Tensor, value_bias: torch.Tensor, k_eps: float, eps: float,
+    beta_max: float, value_scale: float,
+) -> tuple[torch.Tensor, ...]:
+    """One launch: the gradients of (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight,
+    value_bias), each its own tensor in its input's dtype; the read's and the norm weights' summed in the launch."""
+    n, d, dv = x.shape
+    bd, bv = delta_triton.delta_blocks(d, dv)
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                  for t in (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
+    progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
+    part_c = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
+    part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=x.device)
+    part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=x.device)
+    part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=x.device)
+    red = partials.plan(delta_triton.max_programs(x.device, per_sm=1), d * dv, 2 * d, dv * d, 1 + dv)
+    r_c, r_d, r_v, _ = red.reducers
+    launch(
+        _update_read_norm_bwd_kernel, (progs + red.total,),
+        (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, g.contiguous(),
+         gc.contiguous(), gbeta2.contiguous(), gv2.contiguous(), *grads[:4], part_c, part_d, part_v, part_b,
+         *grads[4:], partials.counters(x.device), n, chunk, progs, r_c, r_d, r_v, red.total, d, k_eps * k_eps / d,
+         1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
+        writes=(14, 15, 16, 17, 18, 19, 20, 21),
+        apart=(5, 6, 7, 8, 9, 11, 12, 13, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28),
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=min(16, 2 * delta_triton.delta_warps(bd * bv)), **red.meta(),
+    )
+    g_cr, g_nw, g_gw, g_gb, g_wv, g_bv = grads[4:]
+    partials.record_sum(part_c, g_cr)  # the read's: the update's share (a partial sum belongs to the record before it)
+    record("update_read_norm_bwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight,
+                                                        value_bias, gc, gbeta2, gv2), (part_d, part_v, part_b))
+    partials.record_sum(part_d, g_nw, g_gw)
+    partials.record_sum(part_b, g_gb, g_bv)
+    partials.record_sum(part_v, g_wv)
+    return grads
+
+
+class UpdateReadNormTriton(torch.autograd.Function):
+    """Flattened x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), the next sublayer's CC read weight (d, d_v) and
+    input stage's weights; returns (x', c, beta', v'). Saves the inputs only."""
+
+    @staticmethod
+    def forward(ctx, x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, k_eps, eps,
+                beta_max, value_scale, c_dtype):
+        ctx.save_for_backward(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+        ctx.consts = (k_eps, eps, beta_max, value_scale)
+        return read_triton_forward(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight,
+                                   value_bias, k_eps, eps, beta_max, value_scale, c_dtype)
+
+    @staticmethod
+    def backward(ctx, g, gc, gbeta2, gv2):
+        saved = ctx.saved_tensors
+        ups = missing_update_grads(g, gc, gbeta2, gv2, saved[0], saved[5], saved[8])
+        return (*read_triton_backward(*ups, *saved, *ctx.consts), None, None, None, None, None)
+
+
 class UpdateNormTriton(torch.autograd.Function):
     """Flattened x, k (N, d), v, beta (N, 1) and the next sublayer's weights; returns (x', c, beta', v').
     Saves the inputs only (x' is recomputed in the backward)."""
@@ -257,3 +452,18 @@ def update_and_norm_triton(x, k, v, beta, norm_weight, gate_weight, gate_bias, v
         value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps), float(beta_max),
         float(value_scale), c_dtype)
     return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])
+
+
+def update_read_and_norm_triton(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
+                                *, k_eps, eps, beta_max, value_scale, c_dtype=None):
+    """The kernels' autograd Function at any leading shape: x (..., d, d_v), k (..., d), v (..., d_v), beta (..., 1),
+    read (d, d_v) -> x' (..., d, d_v), c (..., d), beta' (..., 1), v' (..., d_v)."""
+    delta_triton.check_device("update_read_and_norm", x)
+    *lead, d, dv = x.shape
+    n = math.prod(lead)
+    out, c, beta2, v2 = UpdateReadNormTriton.apply(
+        x.reshape(n, d, dv).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
+        beta.reshape(n, 1).contiguous(), read.contiguous(), norm_weight.contiguous(), gate_weight.contiguous(),
+        gate_bias.contiguous(), value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps),
+        float(beta_max), float(value_scale), c_dtype)
+    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, dv)
