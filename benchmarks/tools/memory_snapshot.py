@@ -91,17 +91,14 @@ def record_step(subject, boundaries: list[tuple[str, int]]) -> dict:
         torch.cuda.synchronize()
         boundaries.append((phase, len(torch.cuda.memory._snapshot()["device_traces"][dev])))
 
-    model, opt = subject.model, subject.opt
+    step = subject.step  # the trainer's OptimizerStep, in its three parts
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     try:
-        with subject.autocast:
-            loss = model(subject.x, shift_labels=subject.y).loss
+        loss = step.forward(subject.x, subject.y)
         mark("forward")
-        loss.backward()
+        step.accumulate_gradients(loss)
         mark("backward")
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], subject.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step.update(loss.detach())
         mark("optimizer")
         snap = torch.cuda.memory._snapshot()
     finally:

@@ -8,9 +8,9 @@ item 4). The count runs the GPU's eager path on CPU tensors, on any machine:
 - the model in train mode under the training autocast, ``delta_backend="triton"`` (what ``"auto"`` resolves to on
   CUDA; in eager both call the kernels' autograd Functions) and the state dtype ``state_dtype="auto"`` gives under
   CUDA autocast (:func:`gpu_path_config`);
-- forward, then ``loss.backward()`` into gradients that are None, as the trainer's step
-  (:class:`deep_delta.train.step.OptimizerStep`) runs them after ``zero_grad(set_to_none=True)`` (its loss / accum
-  and running loss sum, the same few launches for every variant, are left out, as is the optimizer update);
+- forward, then the trainer's backward (``OptimizerStep.accumulate_gradients``) into gradients that are None, as
+  the trainer's step (:class:`deep_delta.train.step.OptimizerStep`) runs them after ``zero_grad(set_to_none=True)``
+  (its running loss sum, the same launch for every variant, is left out, as is the optimizer update);
 - every Triton launch recorded and not run (:class:`deep_delta.ops.launch.count_traffic`, dry), and every ATen op
   that launches a kernel recorded by a ``TorchDispatchMode`` (:func:`launches_kernel`): the torch work around the
   kernels (partial sums, casts, gradient copies) and the rest of the model (GEMMs, attention, norms, the loss);
@@ -166,6 +166,7 @@ def step_launches(variant: str, preset: str = "small", batch_size: int = 1, seq_
     from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM
     from deep_delta.ops.launch import count_traffic
     from deep_delta.settings import check_count
+    from deep_delta.train.step import OptimizerStep
 
     check_dtype(dtype)
     check_count("batch_size", batch_size, 1)
@@ -183,7 +184,7 @@ def step_launches(variant: str, preset: str = "small", batch_size: int = 1, seq_
                     with autocast_for(dtype, torch.device("cpu")):
                         loss = model(ids, shift_labels=ids).loss
                 else:
-                    loss.backward()
+                    OptimizerStep.accumulate_gradients(loss)
                 phases += [phase] * (len(triton.calls) - start)
     launches = [TritonLaunch(phase, kernel_name(kernel), argument_dtypes(args))
                 for phase, (kernel, _, args, _) in zip(phases, triton.calls)]

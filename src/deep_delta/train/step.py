@@ -47,13 +47,31 @@ class OptimizerStep:
         for micro, (x, y) in enumerate(batches):
             x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
             distr.set_gradient_sync(self.train_model, info, micro == accum - 1)
-            if self.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            with self.autocast:
-                loss = self.train_model(x, shift_labels=y).loss
-            (loss / accum).backward()
+            loss = self.forward(x, y)
+            self.accumulate_gradients(loss, accum)
             loss_sum += loss.detach()
         loss_t = distr.all_reduce_sum(loss_sum, info) / (accum * info.world_size)
+        return loss_t, self.update(loss_t, before_update)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of one micro-batch (inputs x, targets y already aligned), through the wrapped model under the
+        step's autocast; with ``cuda_graphs``, a new step of the graph trees first."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self.autocast:
+            return self.train_model(x, shift_labels=y).loss
+
+    @staticmethod
+    def accumulate_gradients(loss: torch.Tensor, accum: int = 1) -> None:
+        """The gradients of one micro-batch's loss, averaged over ``accum`` micro-batches, accumulated into each
+        parameter's ``.grad``: the backward every training step runs (``ddl bench-kernels --launches`` counts it).
+        One micro-batch divides by nothing (the same gradients, one kernel less each way)."""
+        (loss if accum == 1 else loss / accum).backward()
+
+    def update(self, loss_t: torch.Tensor,
+               before_update: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Clip (or measure) the gradients, ``before_update(loss, grad_norm)``, AdamW, zero_grad; returns the
+        gradient norm (a tensor)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
@@ -65,7 +83,7 @@ class OptimizerStep:
             before_update(loss_t, grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_t, grad_norm
+        return grad_norm
 
 
 __all__ = ["OptimizerStep"]
