@@ -236,11 +236,7 @@ def _norm_bwd_worker(
     md = offs_d < D
     mv = offs_v < DV
     wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
-    acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
-    acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
-    acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_zero(BLOCK_D, BLOCK_V)
     if PREFETCH:
         first = pid * CHUNK
         s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, first, offs_d, offs_v,
@@ -270,11 +266,8 @@ def _norm_bwd_worker(
                                                    value_scale, False)
             inc_g, inc_wg = gct * y, dlg_s * c
         tl.store(GSRC + n * D + offs_d, gsrc.to(GSRC.dtype.element_ty), mask=ok_d)
-        acc_g += inc_g
-        acc_wg += inc_wg
-        acc_bg += dlg
-        acc_wv += dlv[:, None] * s[None, :]
-        acc_bv += dlv
+        acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, inc_g, inc_wg,
+                                                                  dlg, dlv, s)
     norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV)
 
 
@@ -289,6 +282,21 @@ def norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV):
     bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
     bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
     return wv, g1, wg1, g1 * wg1, bg1, bv1
+
+
+@triton.jit
+def norm_partials_zero(BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
+    """A worker's fp32 accumulators of the norm's weight gradients: (g, w_g (BLOCK_D,), W_v (BLOCK_V, BLOCK_D),
+    b_g (lane 0 of BLOCK_V), b_v (BLOCK_V,))."""
+    return (tl.zeros([BLOCK_D], dtype=tl.float32), tl.zeros([BLOCK_D], dtype=tl.float32),
+            tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32), tl.zeros([BLOCK_V], dtype=tl.float32),
+            tl.zeros([BLOCK_V], dtype=tl.float32))
+
+
+@triton.jit
+def norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, inc_g, inc_wg, dlg, dlv, s):
+    """One token's terms (``norm_row_backward``'s, and its source row s) added to the accumulators."""
+    return acc_g + inc_g, acc_wg + inc_wg, acc_wv + dlv[:, None] * s[None, :], acc_bg + dlg, acc_bv + dlv
 
 
 @triton.jit

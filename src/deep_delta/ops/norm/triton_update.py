@@ -33,7 +33,9 @@ from deep_delta.ops.delta import triton as delta_triton
 from deep_delta.ops.launch import NORM_SHARE, launch, record
 from deep_delta.ops.norm.lean import missing_update_grads, out_dtype
 from deep_delta.ops.norm.triton import (
+    norm_partials_add,
     norm_partials_store,
+    norm_partials_zero,
     norm_reducer,
     norm_row_backward,
     norm_row_forward,
@@ -120,11 +122,7 @@ def _update_norm_bwd_worker(
     md = offs_d < D
     mv = offs_v < DV
     wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
-    acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
-    acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
-    acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_zero(BLOCK_D, BLOCK_V)
     for i in range(0, CHUNK):
         n = pid * CHUNK + i
         ok_d = md & ((offs_d * 0 + n) < N)
@@ -138,11 +136,8 @@ def _update_norm_bwd_worker(
         gv2 = tl.load(GV2 + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
         gsrc, inc_g, inc_wg, dlg, dlv = norm_row_backward(s, gc, gbeta2, gv2, g1, wg1, gw1, bg1, bv1, wv, D, eps,
                                                           beta_max, value_scale)
-        acc_g += inc_g
-        acc_wg += inc_wg
-        acc_bg += dlg
-        acc_wv += dlv[:, None] * s[None, :]
-        acc_bv += dlv
+        acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, inc_g, inc_wg,
+                                                                  dlg, dlv, s)
         # the update's backward for the whole gradient of x'
         g = tl.load(G + n * D + offs_d, mask=ok_d, other=0.0).to(tl.float32) + gsrc
         a = tl.sum(u * g, axis=0)
@@ -229,11 +224,7 @@ def _update_read_norm_bwd_worker(
     cr = tl.load(CR + tile, mask=mw, other=0.0).to(tl.float32)
     wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
     acc_c = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_wg = tl.zeros([BLOCK_D], dtype=tl.float32)
-    acc_wv = tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32)
-    acc_bg = tl.zeros([BLOCK_V], dtype=tl.float32)  # lane 0
-    acc_bv = tl.zeros([BLOCK_V], dtype=tl.float32)
+    acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_zero(BLOCK_D, BLOCK_V)
     for i in range(0, CHUNK):
         n = pid * CHUNK + i
         ok_d = md & ((offs_d * 0 + n) < N)
@@ -247,11 +238,8 @@ def _update_read_norm_bwd_worker(
         gv2 = tl.load(GV2 + n * DV + offs_v, mask=ok_v, other=0.0).to(tl.float32)
         gin, inc_g, inc_wg, dlg, dlv = norm_row_backward(s, gc, gbeta2, gv2, g1, wg1, gw1, bg1, bv1, wv, D, eps,
                                                          beta_max, value_scale)
-        acc_g += inc_g
-        acc_wg += inc_wg
-        acc_bg += dlg
-        acc_wv += dlv[:, None] * s[None, :]
-        acc_bv += dlv
+        acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, inc_g, inc_wg,
+                                                                  dlg, dlv, s)
         g = tl.load(G + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0).to(tl.float32)
         g = g + gin[:, None] * cr
         acc_c += gin[:, None] * out
