@@ -31,6 +31,11 @@ import torch
 import deep_delta.ops.delta.triton as dt
 import deep_delta.ops.delta.triton_token as tt
 import deep_delta.ops.norm.triton as nt
+
+try:  # the updates fused with the next sublayer's input stage (2026-11-27); an older checkout (a before-run) lacks them
+    import deep_delta.ops.norm.triton_update as tu
+except ImportError:
+    tu = None
 from deep_delta.eval.timing import timed
 from deep_delta.ops.launch import count_traffic, launch
 
@@ -47,13 +52,14 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
     if warps is not None:
         fixed = lambda elements, w=warps: w  # noqa: E731
         patches.update({(dt, "delta_warps"): fixed, (tt, "delta_warps"): fixed, (dt, "READ_BWD_WARPS"): warps,
-                        (nt, "WARPS"): warps})
+                        (nt, "WARPS"): warps, (tu, "WARPS"): warps})
     if rows is not None:
         fixed_rows = lambda n, tile, r=rows: r  # noqa: E731
         patches.update({(dt, "delta_rows"): fixed_rows, (tt, "delta_rows"): fixed_rows, (nt, "FWD_ROWS"): rows})
     if per_sm is not None:
         patches.update({(dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm, (nt, "BWD_PER_SM"): per_sm,
                         (tt, "BWD_PER_SM"): per_sm,  # the one-pass TC backward's persistent grid
+                        (tu, "BWD_PER_SM"): per_sm, (tu, "READ_BWD_PER_SM"): per_sm,  # the fused norm backwards
                         (dt, "MAX_PROGRAMS"): per_sm * 4})  # off CUDA (the smoke test): a small grid that varies
     if chunk is not None:
         patches[(tt, "CHUNK")] = chunk
@@ -130,6 +136,25 @@ def kernels(a, eps=1e-5):
                       ("warps", "rows")),
         "delta fwd": (lambda: dt.triton_forward(f["x"], f["k"], f["v"], f["beta"], None, eps), ("warps", "rows")),
     }
+    if tu is not None:  # the next sublayer's input stage inside the update (d_v = 1; through the CC read)
+        w, ng, c_dtype = a["norm"][1:], a["norm_grads"], a["c_dtype"]
+        fb = f["beta"].view(n, 1)
+        if dv == 1:
+            x1, g1 = f["x"].view(n, d), g.view(n, d)
+            table.update({
+                "delta bwd + norm (d_v = 1)": (lambda: tu.triton_backward(g1, *ng, x1, f["k"], f["v"], fb, *w, eps,
+                                                                          *consts), ("warps", "per_sm")),
+                "delta fwd + norm (d_v = 1)": (lambda: tu.triton_forward(x1, f["k"], f["v"], fb, *w, eps, *consts,
+                                                                         c_dtype), ("warps",)),
+            })
+        else:
+            table.update({
+                "delta bwd + CC read + norm": (lambda: tu.read_triton_backward(g, *ng, f["x"], f["k"], f["v"], fb,
+                                                                               a["c"], *w, eps, *consts),
+                                               ("warps", "per_sm")),
+                "delta fwd + CC read + norm": (lambda: tu.read_triton_forward(f["x"], f["k"], f["v"], fb, a["c"], *w,
+                                                                              eps, *consts, c_dtype), ("warps",)),
+            })
     return {name: call for name, call in table.items() if dv > 1 or "read" not in name}
 
 

@@ -51,6 +51,11 @@ from deep_delta.ops.norm.triton import (
 # state at 8 warps, spilling 0 / 8 bytes, against 576 / 656 at 4; kernel_resources.py) on one program per SM.
 BWD_PER_SM = 4
 READ_BWD_PER_SM = 1
+WARPS = None  # every kernel here at this many warps (None: the rules above); for tune_kernels.py
+
+
+def _warps(elements: int, factor: int = 1) -> int:
+    return WARPS if WARPS is not None else min(16, factor * delta_triton.delta_warps(elements))
 
 
 @triton.jit
@@ -276,7 +281,7 @@ def triton_forward(
         (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d, dv,
          k_eps * k_eps / d, 1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(9, 10, 11, 12), apart=(4, 5, 6, 7, 8, 10, 11, 12), BLOCK_D=bd, BLOCK_V=bv,
-        num_warps=delta_triton.delta_warps(bd * bv),
+        num_warps=_warps(bd * bv),
     )
     # the next sublayer's share of the launch, recorded on its own: what the update alone would not move
     record("update_norm_fwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias),
@@ -311,7 +316,7 @@ def triton_backward(
          partials.counters(x.device), n, chunk, progs, r_d, r_v, red.total, d, dv, k_eps * k_eps / d,
          1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(13, 14, 15, 16, 17, 18, 19), apart=(4, 5, 6, 7, 8, 10, 11, 12, 17, 18, 19, 20, 21, 22, 23, 24, 25),
-        BLOCK_D=bd, BLOCK_V=bv, num_warps=delta_triton.delta_warps(bd * bv), **red.meta(),
+        BLOCK_D=bd, BLOCK_V=bv, num_warps=_warps(bd * bv), **red.meta(),
     )
     record("update_norm_bwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc,
                                                    gbeta2, gv2), (part_d, part_v, part_b))
@@ -344,7 +349,7 @@ def read_triton_forward(
         (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d,
          k_eps * k_eps / d, 1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(10, 11, 12, 13), apart=(5, 6, 7, 8, 9, 11, 12, 13), ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        num_warps=delta_triton.delta_warps(bd * bv),
+        num_warps=_warps(bd * bv),
     )
     record("update_read_norm_fwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight,
                                                         value_bias), (c, beta2, v2))
@@ -378,7 +383,7 @@ def read_triton_backward(
          1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(14, 15, 16, 17, 18, 19, 20, 21),
         apart=(5, 6, 7, 8, 9, 11, 12, 13, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28),
-        BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=min(16, 2 * delta_triton.delta_warps(bd * bv)), **red.meta(),
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_warps(bd * bv, 2), **red.meta(),
     )
     g_cr, g_nw, g_gw, g_gb, g_wv, g_bv = grads[4:]
     partials.record_sum(part_c, g_cr)  # the read's: the update's share (a partial sum belongs to the record before it)
