@@ -31,6 +31,7 @@ from tests.ops.test_kernels import DEVICE, assert_close  # noqa: E402
 from tests.ops.test_norm_gate_value import assert_sum_close  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
+from deep_delta.models.ddl.cache import output_cache  # noqa: E402
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from deep_delta.ops.norm import (  # noqa: E402
@@ -379,3 +380,20 @@ def test_cc_model_fused_equals_unfused_and_drops_the_reads_and_norms():
     assert count(fused[2], "norm_gate_value_fwd_kernel") == count(fused[2], "cc_fwd_kernel") == 1
     assert count(fused[2], "delta_fwd_kernel") == 1
     assert count(plain[2], "norm_gate_value_fwd_kernel") == 4 and count(plain[2], "cc_fwd_kernel") == 5
+
+
+@torch.no_grad()
+def test_cc_decoding_runs_the_fused_norms_and_matches_a_full_forward():
+    """Decoding an unpadded batch with the cache (a CC read needs no token history): each step's updates take the
+    next sublayer's read and input stage in their pass too, and the step's logits equal a full forward's."""
+    torch.manual_seed(0)
+    model = DDLForCausalLM(DDLConfig.from_variant("ddl-cc-noec", "tiny", delta_backend="triton", **DEBUG)).to(DEVICE)
+    model.eval()
+    ids = torch.randint(0, DEBUG["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    full = model(ids).logits[:, -1]
+    past = output_cache(model(ids[:, :5], use_cache=True))
+    with count_traffic() as counter:
+        step = model(ids[:, 5:], cache=past, use_cache=True).logits[:, -1]
+    kernels = [launch.kernel for launch in counter.launches]
+    assert kernels.count("update_read_norm_fwd_kernel") == 2 * DEBUG["num_hidden_layers"] - 1
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)

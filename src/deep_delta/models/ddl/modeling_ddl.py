@@ -232,9 +232,9 @@ class DDLBlock(GradientCheckpointingLayer):
         if self.compressor is None:  # d_v = 1 (additive or DDL), HC / mHC
             return self._forward_vector(state, read, rope, mask, cache, next_read)
         if isinstance(read, tuple) or (
-                self.fuse_reads and cache is None and pad_mask is None and isinstance(self.attn, DeltaResidual)
+                self.fuse_reads and pad_mask is None and isinstance(self.attn, DeltaResidual)
                 and self.attn.fuses_norm_of(self.mlp, state, self.compressor)):
-            return self._forward_fused_norms(state, read, rope, mask, next_read, next_norm)
+            return self._forward_fused_norms(state, read, rope, mask, cache, next_read, next_norm)
         if self.fuse_reads and fusable_read(self.compressor, cache, pad_mask):
             return self._forward_fused(state, read, rope, mask, pad_mask, cache, next_read)
         state, read = self._masked_read(state, read, pad_mask, cache, "attn")
@@ -257,18 +257,19 @@ class DDLBlock(GradientCheckpointingLayer):
             return self.mlp(state, prepared=prepared), None
         return self.mlp.update_and_norm(state, next_norm, prepared=prepared)
 
-    def _forward_fused_norms(self, state, read, rope, mask, next_read, next_norm):
-        """A channel compressor's two updates on the Triton backend in training (no cache, no pads), each computing
-        the next sublayer's CC read and its norm, gate and value in the same pass
-        (``DeltaResidual.update_read_and_norm``): the MLP sublayer's after the attention update, ``next_norm``'s
-        after the MLP update (through ``next_read``, the next block's compressor); with ``next_read`` alone (the
-        final compressor, or a next block that cannot take them) the MLP update returns the plain read."""
+    def _forward_fused_norms(self, state, read, rope, mask, cache, next_read, next_norm):
+        """A channel compressor's two updates on the Triton backend without pads (training, and decoding an
+        unpadded batch: a CC read needs no token history), each computing the next sublayer's CC read and its
+        norm, gate and value in the same pass (``DeltaResidual.update_read_and_norm``): the MLP sublayer's after
+        the attention update, ``next_norm``'s after the MLP update (through ``next_read``, the next block's
+        compressor); with ``next_read`` alone (the final compressor, or a next block that cannot take them) the
+        MLP update returns the plain read."""
         prepared = read if isinstance(read, tuple) else None
         x_in = None
         if prepared is None:
-            state, x_in = self._masked_read(state, read, None, None, "attn")
-        state, prepared = self.attn.update_read_and_norm(state, self.compressor, self.mlp, rope, None, mask, x_in=x_in,
-                                                         prepared=prepared)
+            state, x_in = self._masked_read(state, read, None, cache, "attn")
+        state, prepared = self.attn.update_read_and_norm(state, self.compressor, self.mlp, rope, cache, mask,
+                                                         x_in=x_in, prepared=prepared)
         if next_norm is not None and self.mlp.fuses_norm_of(next_norm, state, next_read):
             return self.mlp.update_read_and_norm(state, next_read, next_norm, prepared=prepared)
         if next_read is not None:
