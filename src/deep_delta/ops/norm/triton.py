@@ -318,6 +318,22 @@ def _blocks(d: int, dv: int) -> tuple[int, int]:
     return triton.next_power_of_2(d), triton.next_power_of_2(dv)
 
 
+def norm_partial_buffers(progs: int, d: int, dv: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The fp32 partial rows of ``progs`` workers of a norm backward: (g, w_g) (P, 2, d), W_v (P, d_v, d) and
+    (b_g, b_v) (P, 1 + d_v) (:func:`norm_partials_store`'s layout)."""
+    return (torch.empty(progs, 2, d, dtype=torch.float32, device=device),
+            torch.empty(progs, dv, d, dtype=torch.float32, device=device),
+            torch.empty(progs, 1 + dv, dtype=torch.float32, device=device))
+
+
+def norm_outputs(n: int, d: int, dv: int, norm_weight: torch.Tensor, c_dtype: torch.dtype | None,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (c (N, d) in c_dtype (None: the norm weight's dtype), beta (N, 1), v (N, d_v)) of a forward."""
+    return (torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=device),
+            torch.empty(n, 1, dtype=out_dtype(norm_weight), device=device),
+            torch.empty(n, dv, dtype=out_dtype(norm_weight), device=device))
+
+
 def triton_forward(
     src: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
     value_weight: torch.Tensor, value_bias: torch.Tensor, eps: float, beta_max: float, value_scale: float,
@@ -328,9 +344,7 @@ def triton_forward(
     n, d = src.shape
     dv = value_weight.shape[0]
     bd, bv = _blocks(d, dv)
-    c = torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=src.device)
-    beta = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=src.device)
-    v = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=src.device)
+    c, beta, v = norm_outputs(n, d, dv, norm_weight, c_dtype, src.device)
     if n == 0:
         return c, beta, v
     rows = (4 if dv > 1 else 1) if FWD_ROWS is None else FWD_ROWS
@@ -361,9 +375,7 @@ def triton_backward(
     # at most max_programs partials, whatever n (none for n = 0: the reducers then write zeros)
     per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
     progs, chunk = delta_triton.reduction_grid(n, src.device, per_sm=per_sm)
-    part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=src.device)
-    part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=src.device)
-    part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=src.device)
+    part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, src.device)
     red = partials.plan(delta_triton.max_programs(src.device, per_sm=1), 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(

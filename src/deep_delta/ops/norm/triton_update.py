@@ -31,8 +31,10 @@ import triton.language as tl
 from deep_delta.ops import partials
 from deep_delta.ops.delta import triton as delta_triton
 from deep_delta.ops.launch import NORM_SHARE, launch, record
-from deep_delta.ops.norm.lean import missing_update_grads, out_dtype
+from deep_delta.ops.norm.lean import missing_update_grads
 from deep_delta.ops.norm.triton import (
+    norm_outputs,
+    norm_partial_buffers,
     norm_partials_add,
     norm_partials_store,
     norm_partials_zero,
@@ -271,9 +273,7 @@ def triton_forward(
     dv = value_weight.shape[0]
     bd, bv = _blocks(d, dv)
     out = torch.empty_like(x)
-    c = torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=x.device)
-    beta2 = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=x.device)
-    v2 = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=x.device)
+    c, beta2, v2 = norm_outputs(n, d, dv, norm_weight, c_dtype, x.device)
     if n == 0:
         return out, c, beta2, v2
     launch(
@@ -304,9 +304,7 @@ def triton_backward(
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                   for t in (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
     progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=BWD_PER_SM)
-    part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=x.device)
-    part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=x.device)
-    part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=x.device)
+    part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
     red = partials.plan(delta_triton.max_programs(x.device, per_sm=1), 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
@@ -338,9 +336,7 @@ def read_triton_forward(
     n, d, dv = x.shape
     bd, bv = delta_triton.delta_blocks(d, dv)
     out = torch.empty_like(x)
-    c = torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=x.device)
-    beta2 = torch.empty(n, 1, dtype=out_dtype(norm_weight), device=x.device)
-    v2 = torch.empty(n, dv, dtype=out_dtype(norm_weight), device=x.device)
+    c, beta2, v2 = norm_outputs(n, d, dv, norm_weight, c_dtype, x.device)
     if n == 0:
         return out, c, beta2, v2
     rows = delta_triton.delta_rows(n, bd * bv)
@@ -370,9 +366,7 @@ def read_triton_backward(
                   for t in (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
     progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
     part_c = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
-    part_d = torch.empty(progs, 2, d, dtype=torch.float32, device=x.device)
-    part_v = torch.empty(progs, dv, d, dtype=torch.float32, device=x.device)
-    part_b = torch.empty(progs, 1 + dv, dtype=torch.float32, device=x.device)
+    part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
     red = partials.plan(delta_triton.max_programs(x.device, per_sm=1), d * dv, 2 * d, dv * d, 1 + dv)
     r_c, r_d, r_v, _ = red.reducers
     launch(
