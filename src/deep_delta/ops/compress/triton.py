@@ -29,12 +29,12 @@ import triton.language as tl
 
 from deep_delta.ops import partials
 from deep_delta.ops.delta.triton import (
-    _num_warps,
-    _rows_per_program,
     check_device,
     delta_blocks,
     max_programs,
+    read_warps,
     reduction_grid,
+    rows_per_program,
 )
 from deep_delta.ops.launch import launch
 
@@ -233,14 +233,14 @@ def _conv_bwd_w_worker(
 def _reduction_meta(d: int, dv: int) -> dict:
     """The meta-parameters of a persistent reduction kernel (its tokens per program are a runtime argument)."""
     bd, bv = delta_blocks(d, dv)
-    return dict(BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
+    return dict(BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=read_warps(bd * bv))
 
 
 def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
     """Grid and meta-parameters of a kernel without a reduction over tokens: ``ROWS`` tokens per program."""
-    rows = _rows_per_program(n)
+    rows = rows_per_program(n)
     bd, bv = delta_blocks(d, dv)
-    return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_num_warps(bd * bv))
+    return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=read_warps(bd * bv))
 
 
 class ChannelCompressTriton(torch.autograd.Function):

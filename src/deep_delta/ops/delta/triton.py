@@ -55,7 +55,7 @@ READ_BWD_PER_SM = 2
 READ_BWD_PREFETCH = True
 
 
-def _rows_per_program(n: int) -> int:
+def rows_per_program(n: int) -> int:
     """Tokens per program of a kernel without a reduction over tokens: enough programs to fill a GPU."""
     return 1 if n <= 4096 else (4 if n <= 65536 else 16)
 
@@ -80,12 +80,12 @@ def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1,
     weight whatever the token count. Deterministic: the same n gives the same chunks and summation order.
     """
     cap = max(1, max_programs(device, per_sm) // per_program_axis)
-    progs = max(1, min(triton.cdiv(n, _rows_per_program(n)), cap))
+    progs = max(1, min(triton.cdiv(n, rows_per_program(n)), cap))
     chunk = max(1, triton.cdiv(n, progs))
     return triton.cdiv(n, chunk), chunk
 
 
-def _num_warps(block: int) -> int:
+def read_warps(block: int) -> int:
     """Warps per program of the compressor and norm kernels (a (d, d_v) tile of ``block`` elements)."""
     return 4 if block <= 2048 else 8
 
