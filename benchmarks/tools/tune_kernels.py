@@ -192,6 +192,16 @@ def launch_settings(fn) -> str:
     return "; ".join(out)
 
 
+def peak_text(device_name: str) -> str:
+    """The device's peak memory bandwidth as the header states it (deep_delta.eval.timing.peak_bandwidth)."""
+    try:
+        from deep_delta.eval.timing import peak_bandwidth
+    except ImportError:  # an older checkout (a before-run)
+        return "not known to this library"
+    peak = peak_bandwidth(device_name)
+    return f"{peak / 1e9:,.0f} GB/s" if peak else "unknown"
+
+
 def library_commit() -> str:
     """The commit of the checkout the imported library lives in (``git rev-parse HEAD`` there), marked when it has
     uncommitted changes; "not recorded" without git (e.g. a ``git archive`` copy for a before-run)."""
@@ -290,8 +300,9 @@ def main(argv=None) -> int:
     lines = [f"## tune_kernels on {name}, torch {torch.__version__}, library commit {library_commit()}", "",
              f"{args.batch} x {args.seq} tokens, d = {args.d}, K = {args.taps} taps; the inputs in the dtypes the model "
              f"passes each kernel under bf16 autocast (state: {states}; k and c bf16; v, beta and the weights fp32); "
-             f"median ms of {args.iters} calls (CUDA events); GB/s = the launch arguments' bytes / time; 'library' = "
-             "the library's current choice, with the launch settings it makes", ""]
+             f"median ms of {args.iters} calls (CUDA events); GB/s = the launch arguments' bytes / time (the device's "
+             f"peak: {peak_text(name)}); 'library' = the library's current choice, with the launch settings it makes",
+             ""]
     results = []
     raise_clocks(device)
     for dv in args.dvs:

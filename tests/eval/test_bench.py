@@ -196,6 +196,28 @@ def test_kernel_bench_tables():
     assert all(set(t.seconds) == {"ref", "lean"} for t in timings)  # CPU: no triton, no compile by default
     table = op_table(timings, notes, s)
     assert table.count("| n/a | n/a |") == 8 and "Triton kernels: skipped" in table and "HC / mHC: n=4 streams" in table
+    # the kernels' bytes are counted on any device (dry launches); their bandwidth needs their time (a GPU)
+    assert all(t.triton_bytes and t.triton_bytes > 0 for t in timings)
+    for t in timings:
+        assert f"| {t.triton_bytes / 1e6:,.1f} | n/a |" in table, t.op
+    assert "(cpu: unknown)" in table
+
+
+def test_op_table_gives_the_kernels_bandwidth_against_the_device_peak():
+    """With the Triton kernels timed: bytes over the median time, and its share of the device's peak
+    (deep_delta.eval.timing.peak_bandwidth, by the device's name)."""
+    from deep_delta.eval.kernel_bench import OpTiming
+    from deep_delta.eval.timing import peak_bandwidth
+
+    assert peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12 and peak_bandwidth("NVIDIA H200") == 4.8e12
+    assert peak_bandwidth("NVIDIA H100 PCIe") == 2.0e12 and peak_bandwidth("a CPU") is None
+    s = KernelBenchSettings(variants=["ddl-cc"], batch_size=1, seq_len=8, repeats=1, warmup=0, model=DEBUG)
+    t = OpTiming("delta update", {"ref": 4e-3, "lean": 2e-3, "triton": 1e-3}, triton_bytes=2_400_000_000)
+    table = op_table([t], [], s, device=("NVIDIA H200", 4.8e12))
+    assert "| delta update | 4.00 | 2.00 (2.00x) | n/a | 1.00 (4.00x) | 2,400.0 | 2.40 (0.50x) |" in table
+    assert "(NVIDIA H200: 4.80 TB/s)" in table
+    unknown = op_table([t], [], s, device=("some GPU", None))
+    assert "| 2,400.0 | 2.40 |" in unknown and "(some GPU: unknown)" in unknown
 
 
 def test_ddl_bench_kernels_cli(tmp_path, capsys):

@@ -49,6 +49,7 @@ VALUE_CHANNELS, TAPS = 4, 4  # d_v and kernel size of the op shapes
 class OpTiming:
     op: str
     seconds: dict[str, float]  # impl (IMPLS) -> median seconds; an impl not timed is missing
+    triton_bytes: int | None = None  # what the Triton kernels' launches move, forward + backward (counted, dry)
 
 
 NORM_CONSTS = dict(eps=1e-5, beta_max=2.0, value_scale=4.0)  # the sublayer norm's constants (DDLConfig's defaults)
@@ -169,7 +170,8 @@ def run_op_bench(settings: KernelBenchSettings) -> tuple[list[OpTiming], list[st
                 notes.append(f"torch.compile of {op} failed: {type(err).__name__}: {err}")
         if device.type == "cuda":
             cases["triton"] = _fwd_bwd(_triton_fn(tname), inputs, autocast)
-        results.append(OpTiming(op, interleaved_medians(cases, device, s.repeats, s.warmup)))
+        results.append(OpTiming(op, interleaved_medians(cases, device, s.repeats, s.warmup),
+                                triton_bytes=_triton_bytes(tname, inputs, autocast)))
     if device.type != "cuda":
         notes.append("Triton kernels: skipped, no GPU (on CPU they only run in the Triton interpreter, which is "
                      "a correctness check, not a speed measurement).")
@@ -178,20 +180,49 @@ def run_op_bench(settings: KernelBenchSettings) -> tuple[list[OpTiming], list[st
     return results, notes
 
 
+def _triton_bytes(tname: str, inputs: tuple, autocast) -> int:
+    """The bytes the Triton kernels of one forward + backward move, from their launch arguments (dry launches: any
+    device, nothing run; :mod:`deep_delta.ops.launch`)."""
+    from deep_delta.ops.launch import count_traffic
+
+    with count_traffic(dry=True) as counter:
+        _fwd_bwd(_triton_fn(tname), inputs, autocast)
+    return sum(la.read_bytes + la.write_bytes for la in counter.launches)
+
+
+def device_peak_bandwidth(device: torch.device) -> tuple[str, float | None]:
+    """(the device's name, its peak memory bandwidth in bytes/s or None): CUDA devices by name
+    (:func:`deep_delta.eval.timing.peak_bandwidth`), none elsewhere."""
+    from deep_delta.eval.timing import peak_bandwidth
+
+    if device.type != "cuda":
+        return device.type, None
+    name = torch.cuda.get_device_name(device)
+    return name, peak_bandwidth(name)
+
+
 def _op_dtype_label(dtype: str) -> str:
     return dtype if BENCH_DTYPES[dtype] is None else f"{dtype} autocast (fp32 states, {dtype} k, as in the model)"
 
 
-def op_table(timings: Sequence[OpTiming], notes: Sequence[str], settings: KernelBenchSettings) -> str:
+def op_table(timings: Sequence[OpTiming], notes: Sequence[str], settings: KernelBenchSettings,
+             device: tuple[str, float | None] | None = None) -> str:
+    """The ops table; ``device``: (name, peak bytes/s or None), default :func:`device_peak_bandwidth` of the
+    settings' device. The Triton kernels' bytes per forward + backward are counted on any device; their achieved
+    bandwidth (bytes over the median time) and its share of the device's peak where the kernels were timed."""
     s = settings.resolved()
     hidden_size = _hidden_size(s.preset)
+    name, peak = device if device is not None else device_peak_bandwidth(torch.device(s.device))
+    peak_text = f"{peak / 1e12:.2f} TB/s" if peak else "unknown"
     lines = [
         f"### Ops, forward + backward ({s.batch_size} x {s.seq_len} tokens, d={hidden_size}, d_v={VALUE_CHANNELS}, "
         f"{_op_dtype_label(s.dtype)}, {torch.device(s.device).type}; HC / mHC: n={_streams()} streams, per-token "
-        "coefficients): median ms, ratio vs the plain reference",
+        f"coefficients): median ms, ratio vs the plain reference; the Triton kernels' bytes (counted from their launch "
+        f"arguments) and bandwidth against the device's peak ({name}: {peak_text})",
         "",
-        "| op | reference ms | lean torch ms (speed-up) | compiled ref ms (speed-up) | triton ms (speed-up) |",
-        "| --- | --- | --- | --- | --- |",
+        "| op | reference ms | lean torch ms (speed-up) | compiled ref ms (speed-up) | triton ms (speed-up) | "
+        "triton MB | triton TB/s (x peak) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for t in timings:
         ref = t.seconds["ref"]
@@ -199,7 +230,13 @@ def op_table(timings: Sequence[OpTiming], notes: Sequence[str], settings: Kernel
         def cell(key: str, t=t, ref=ref) -> str:
             return f"{t.seconds[key] * 1e3:.2f} ({ref / t.seconds[key]:.2f}x)" if key in t.seconds else "n/a"
 
-        lines.append(f"| {t.op} | {ref * 1e3:.2f} | {cell('lean')} | {cell('compiled')} | {cell('triton')} |")
+        mb = f"{t.triton_bytes / 1e6:,.1f}" if t.triton_bytes is not None else "n/a"
+        rate = "n/a"
+        if t.triton_bytes is not None and "triton" in t.seconds:
+            achieved = t.triton_bytes / t.seconds["triton"]
+            rate = f"{achieved / 1e12:.2f}" + (f" ({achieved / peak:.2f}x)" if peak else "")
+        lines.append(f"| {t.op} | {ref * 1e3:.2f} | {cell('lean')} | {cell('compiled')} | {cell('triton')} | {mb} "
+                     f"| {rate} |")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])
 
 

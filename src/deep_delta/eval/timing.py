@@ -94,3 +94,30 @@ def autocast_for(dtype: str, device: torch.device):
 def dtype_label(dtype: str) -> str:
     """How a table header names the precision: "float32", or "bfloat16 autocast (fp32 weights)"."""
     return dtype if BENCH_DTYPES[dtype] is None else f"{dtype} autocast (fp32 weights)"
+
+
+# Peak DRAM bandwidth of one device, bytes/s (vendor datasheets; the most common part where a name covers several:
+# "H100" is the SXM part, "A100" the 40 GB one). Matched by the longest key the device's name contains.
+PEAK_BANDWIDTH = {
+    "H200": 4.8e12,
+    "H100 NVL": 3.9e12,
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100 80GB PCIe": 1.935e12,
+    "A100": 1.555e12,
+    "L40S": 0.864e12,
+    "L4": 0.3e12,
+    "RTX 4090": 1.008e12,
+    "V100": 0.9e12,
+    "T4": 0.32e12,
+}
+
+
+def peak_bandwidth(device_name: str) -> float | None:
+    """The peak memory bandwidth (bytes/s) of a CUDA device by its name (longest matching key), or None if
+    unknown."""
+    for key in sorted(PEAK_BANDWIDTH, key=len, reverse=True):
+        if key.lower() in device_name.lower():
+            return PEAK_BANDWIDTH[key]
+    return None
