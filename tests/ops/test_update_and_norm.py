@@ -243,7 +243,7 @@ def test_update_and_norm_refuses_what_it_cannot_fuse():
     block = model.model.layers[0]
     x = torch.randn(1, 4, DEBUG["hidden_size"])
     assert not block.attn.fuses_norm_of(block.mlp, x)
-    with pytest.raises(ValueError, match="update_and_norm: needs two d_v = 1 delta residuals"):
+    with pytest.raises(ValueError, match="update_and_norm: needs two delta residuals of one width and d_v"):
         block.attn.update_and_norm(x, block.mlp, None, None, None)
 
 

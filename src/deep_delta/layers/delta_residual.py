@@ -27,6 +27,7 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import delta_update, resolve_backend
 from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
+from deep_delta.ops.delta.recompute import active_tape
 from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm
 
 RESIDUAL_MAPS = ("k", "v")
@@ -163,7 +164,7 @@ class DeltaResidual(nn.Module):
 
         prepared: this sublayer's ``(c, beta, v)``, computed by the previous sublayer's update
         (:meth:`update_and_norm`), or None. The next sublayer's read of the new state, fused with the update:
-        :meth:`update_and_read`; its norm, gate and value (d_v = 1): :meth:`update_and_norm`.
+        :meth:`update_and_read`; its norm, gate and value: :meth:`update_and_norm`.
         """
         self._check(x, x_in)
         out = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
@@ -191,13 +192,10 @@ class DeltaResidual(nn.Module):
         return update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps, backend=self.backend)
 
     def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
-        """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass:
-        two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear gate, both on the Triton
-        backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a read
-        (:meth:`update_and_norm`), for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor
-        (:meth:`update_read_and_norm`)."""
-        from deep_delta.ops.delta.recompute import active_tape
-
+        """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
+        (:meth:`update_and_norm`): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
+        gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
+        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor."""
         if read is None:
             shape_ok = self.value_channels == 1
         else:
@@ -208,47 +206,39 @@ class DeltaResidual(nn.Module):
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)
 
-    def update_read_and_norm(self, x: torch.Tensor, read: ChannelCompressor, nxt: DeltaResidual, *branch_args,
-                             x_in: torch.Tensor | None = None,
-                             prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                             **branch_kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The update of :meth:`forward` (d_v > 1), ``read``'s CC read of the new state and ``nxt``'s input stage of
-        that read, from one fused op (:func:`deep_delta.ops.norm.update_read_and_norm`). Returns
-        ``(x_new, (c, beta, v))``, the last three what ``nxt(x_new, ..., prepared=...)`` takes."""
-        self._check(x, x_in)
-        if not self.fuses_norm_of(nxt, x, read):
-            raise ValueError(
-                "DeltaResidual.update_read_and_norm: needs two delta residuals of one width and d_v > 1 on the Triton "
-                "backend, a ChannelCompressor read of that state, the second residual with the k-Map and the linear "
-                "gate, and no state rebuild recording (`fuses_norm_of`)"
-            )
-        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
-        out, c, beta2, v2 = update_read_and_norm(
-            x, k, v, beta, read.weight, nxt.norm.weight, nxt.gate.proj.weight, nxt.gate.proj.bias,
-            nxt.value_proj.weight, nxt.value_proj.bias, k_eps=self.k_eps, eps=nxt.norm.eps, beta_max=nxt.gate.beta_max,
-            value_scale=nxt.value_scale, c_dtype=nxt._branch_dtype(x), backend=nxt.backend)
-        return out, (c, beta2, v2)
-
-    def update_and_norm(self, x: torch.Tensor, nxt: DeltaResidual, *branch_args,
+    def update_and_norm(self, x: torch.Tensor, nxt: DeltaResidual, *branch_args, read: ChannelCompressor | None = None,
+                        x_in: torch.Tensor | None = None,
                         prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                         **branch_kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The update of :meth:`forward` (d_v = 1) and ``nxt``'s input stage of the new state, from one fused op
-        (:func:`deep_delta.ops.norm.update_and_norm`). Returns ``(x_new, (c, beta, v))``, the last three what
-        ``nxt(x_new, ..., prepared=...)`` takes: the same values as ``nxt`` computing them itself.
-        ``prepared``: this sublayer's own, as :meth:`forward` takes it."""
-        self._check(x, None)
-        if not self.fuses_norm_of(nxt, x):
+        """The update of :meth:`forward` and ``nxt``'s input stage of the new state, from one fused op: d_v = 1
+        (:func:`deep_delta.ops.norm.update_and_norm`), or d_v > 1 through ``read``, ``nxt``'s ChannelCompressor
+        (:func:`deep_delta.ops.norm.update_read_and_norm`). Returns ``(x_new, (c, beta, v))``, the last three what
+        ``nxt(x_new, ..., prepared=...)`` takes: the same values as ``nxt`` computing them itself. ``x_in`` and
+        ``prepared``: this sublayer's own, as :meth:`forward` takes them."""
+        self._check(x, x_in)
+        if not self.fuses_norm_of(nxt, x, read):
+            got = nxt.extra_repr() if isinstance(nxt, DeltaResidual) else type(nxt).__name__
             raise ValueError(
-                "DeltaResidual.update_and_norm: needs two d_v = 1 delta residuals of one width on the Triton backend, "
-                "the second with the k-Map and the linear gate, and no state rebuild recording "
-                f"(`fuses_norm_of`); got {self.extra_repr()!r} -> {nxt.extra_repr() if isinstance(nxt, DeltaResidual) else type(nxt).__name__!r}"
+                "DeltaResidual.update_and_norm: needs two delta residuals of one width and d_v on the Triton backend "
+                "(d_v = 1, or d_v > 1 with a ChannelCompressor `read` of that state), the second with the k-Map and "
+                f"the linear gate, and no state rebuild recording (`fuses_norm_of`); got {self.extra_repr()!r} -> "
+                f"{got!r} with read={type(read).__name__ if read is not None else None}"
             )
-        k, v, beta = self._update_inputs(x, None, branch_args, branch_kwargs, prepared)
-        out, c, beta2, v2 = update_and_norm(
-            x, k, v, beta, nxt.norm.weight, nxt.gate.proj.weight, nxt.gate.proj.bias, nxt.value_proj.weight,
-            nxt.value_proj.bias, k_eps=self.k_eps, eps=nxt.norm.eps, beta_max=nxt.gate.beta_max,
-            value_scale=nxt.value_scale, c_dtype=nxt._branch_dtype(x), backend=nxt.backend)
+        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
+        weights, consts = nxt._input_stage(x)
+        if read is None:
+            out, c, beta2, v2 = update_and_norm(x, k, v, beta, *weights, k_eps=self.k_eps, **consts)
+        else:
+            out, c, beta2, v2 = update_read_and_norm(x, k, v, beta, read.weight, *weights, k_eps=self.k_eps, **consts)
         return out, (c, beta2, v2)
+
+    def _input_stage(self, src: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], dict]:
+        """This sublayer's RMSNorm, linear gate and k-Map value as :func:`deep_delta.ops.norm.norm_gate_value` (and
+        the fused updates that compute them) take them: ``(weights, constants)``, c in the branch's dtype for src."""
+        weights = (self.norm.weight, self.gate.proj.weight, self.gate.proj.bias, self.value_proj.weight,
+                   self.value_proj.bias)
+        return weights, dict(eps=self.norm.eps, beta_max=self.gate.beta_max, value_scale=self.value_scale,
+                             c_dtype=self._branch_dtype(src), backend=self.backend)
 
     def _update_inputs(self, x: torch.Tensor, x_in: torch.Tensor | None, branch_args: tuple, branch_kwargs: dict,
                        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None):
@@ -268,10 +258,8 @@ class DeltaResidual(nn.Module):
             # src as stored (a bf16 state stays bf16): the op reads it in the norm weight's dtype in registers and
             # writes its gradient in src's dtype, the same values as a cast before it, without the cast's two
             # passes over src (forward) and its gradient (backward)
-            weights = (self.gate.proj.weight, self.gate.proj.bias, self.value_proj.weight, self.value_proj.bias)
-            c, beta, v = norm_gate_value(src, self.norm.weight, *weights, eps=self.norm.eps,
-                                         beta_max=self.gate.beta_max, value_scale=self.value_scale,
-                                         c_dtype=c_dtype, backend=self.backend)
+            weights, consts = self._input_stage(src)
+            c, beta, v = norm_gate_value(src, *weights, **consts)
             return self.branch(c, *branch_args, **branch_kwargs), v, beta
         # elsewhere the modules themselves (the lean op, deep_delta.ops.norm.lean, is their ops bit for bit;
         # the modules keep the gradient of c summed in today's order and their forward hooks firing)

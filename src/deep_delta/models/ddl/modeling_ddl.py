@@ -223,7 +223,7 @@ class DDLBlock(GradientCheckpointingLayer):
         state: (B, T, d) for d_v = 1 (and HC's (B, T, d, n)), (B, T, d, d_v) otherwise. read: the attention
         sublayer's read of ``state`` (B, T, d) when the previous block's fused update already computed it, else
         None, or (c, beta, v), its norm, gate and value, when the previous block's update computed them (on the
-        Triton backend: ``DeltaResidual.update_and_norm`` / ``update_read_and_norm``). next_read: the next block's
+        Triton backend: ``DeltaResidual.update_and_norm``). next_read: the next block's
         (or the final) compressor, whose read of the new state the fused path returns; next_norm: the next block's
         attention residual, whose (c, beta, v) of that read the fused path returns instead where it can; otherwise
         the second value is None. rope: (cos, sin); mask: the attention mask or None; pad_mask: (B, T) 1 at
@@ -260,7 +260,7 @@ class DDLBlock(GradientCheckpointingLayer):
     def _forward_fused_norms(self, state, read, rope, mask, cache, next_read, next_norm):
         """A channel compressor's two updates on the Triton backend without pads (training, and decoding an
         unpadded batch: a CC read needs no token history), each computing the next sublayer's CC read and its
-        norm, gate and value in the same pass (``DeltaResidual.update_read_and_norm``): the MLP sublayer's after
+        norm, gate and value in the same pass (``DeltaResidual.update_and_norm`` with the read): the MLP sublayer's after
         the attention update, ``next_norm``'s after the MLP update (through ``next_read``, the next block's
         compressor); with ``next_read`` alone (the final compressor, or a next block that cannot take them) the
         MLP update returns the plain read."""
@@ -268,10 +268,10 @@ class DDLBlock(GradientCheckpointingLayer):
         x_in = None
         if prepared is None:
             state, x_in = self._masked_read(state, read, None, cache, "attn")
-        state, prepared = self.attn.update_read_and_norm(state, self.compressor, self.mlp, rope, cache, mask,
-                                                         x_in=x_in, prepared=prepared)
+        state, prepared = self.attn.update_and_norm(state, self.mlp, rope, cache, mask, read=self.compressor,
+                                                    x_in=x_in, prepared=prepared)
         if next_norm is not None and self.mlp.fuses_norm_of(next_norm, state, next_read):
-            return self.mlp.update_read_and_norm(state, next_read, next_norm, prepared=prepared)
+            return self.mlp.update_and_norm(state, next_norm, read=next_read, prepared=prepared)
         if next_read is not None:
             return self.mlp.update_and_read(state, next_read, prepared=prepared)
         return self.mlp(state, prepared=prepared), None

@@ -1,4 +1,6 @@
-"""Triton kernels of a d_v = 1 delta update fused with the next sublayer's input stage (issue 40, item 1).
+"""Triton kernels of a delta update fused with the next sublayer's input stage (issue 40, item 1): d_v = 1 (below),
+and d_v > 1 through the next sublayer's CC read (``_update_read_norm_*``: the same, with x_in = sum_j c_ij x'_ij of
+the tile just written as the input stage's source; no x_in written, its gradient g_in kept in registers).
 
 forward   read x, k, v, beta (one token's row each) and the next sublayer's g, w_g, b_g, W_v, b_v
           -> u = k rsqrt(mean(k^2) + eps_k^2/d) / sqrt(d), p = u . x, delta = beta (v - p)       (fp32)
