@@ -27,6 +27,7 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.delta_residual import DeltaResidual  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
+from deep_delta.ops import switches  # noqa: E402
 from helpers import DEBUG, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,10 +66,14 @@ def count_norm_fused(monkeypatch):
     return _count_calls(monkeypatch, "update_read_and_norm")
 
 
+@pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm-apart", "norm-fused"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("variant", ["ddl-cc", "ddl-cc-noec"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_fused_reads_equal_unfused(variant, backend, padded, count_fused, count_norm_fused):
+def test_fused_reads_equal_unfused(variant, backend, padded, fuse_norm, count_fused, count_norm_fused, monkeypatch):
+    """The model with every read fused into the update before it equals the model without, with the next norm
+    inside the update switched on and off (``switches.FUSE_NEXT_NORM``)."""
+    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", fuse_norm)
     cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE)
     ids = torch.randint(0, 64, (2, 5), device=DEVICE)  # few tokens: the interpreter runs a program per token
@@ -80,7 +85,7 @@ def test_fused_reads_equal_unfused(variant, backend, padded, count_fused, count_
     loss_f, logits_f, grads_f = _run(model, ids, mask)
     # every update is fused: 2 per block, the last one with the final readout; on the Triton backend in training
     # (no pads) every one but the last also computes the next sublayer's norm, gate and value from its read
-    norms = not padded and backend == "triton"
+    norms = fuse_norm and not padded and backend == "triton"
     assert len(count_fused) + len(count_norm_fused) == 2 * cfg.num_hidden_layers
     assert len(count_norm_fused) == (2 * cfg.num_hidden_layers - 1 if norms else 0)
     assert set(count_fused + count_norm_fused) == {backend}

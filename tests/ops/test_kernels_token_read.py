@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 
 import deep_delta.ops.delta.triton as dt  # noqa: E402
 import deep_delta.ops.delta.triton_token as tt  # noqa: E402
-from deep_delta.ops import delta_update  # noqa: E402
+from deep_delta.ops import delta_update, switches  # noqa: E402
 from deep_delta.ops.compress.naive import token_compress_reference  # noqa: E402
 from deep_delta.ops.delta import update_and_token_read  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
@@ -55,13 +55,20 @@ def small_grid(monkeypatch):
     monkeypatch.setattr(dt, "MAX_PROGRAMS", 3)
 
 
+PATHS = [{}, {"TC_ONE_PASS": True, "INKERNEL_REDUCE": True}]  # the defaults; the switched-on paths (issue 47)
+
+
+@pytest.mark.parametrize("paths", PATHS, ids=["default", "one-pass+inkernel"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("b", "t", "ks"), [(2, 19, 4), (1, 7, 1), (3, 5, 5), (2, 13, 3), (4, 3, 2)])
-def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks):
+def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks, paths):
+    """Both backward forms (``switches``: the one-pass backward with the in-kernel sum, and the defaults) give the
+    reference's values and gradients."""
     d, dv = 37, 3
     args = _inputs(b, t, d, dv, ks, dtype)
     ref_args = [a.detach().clone().requires_grad_() for a in args]
-    out, xin = update_and_token_read(*args, backend="triton")
+    with switches.override(**paths):
+        out, xin = update_and_token_read(*args, backend="triton")
     ref_out, ref_xin = _reference(*ref_args)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert out.dtype == dtype and xin.dtype == dtype
@@ -69,7 +76,8 @@ def test_values_and_gradients_equal_the_reference(small_grid, dtype, b, t, ks):
     gen = torch.Generator().manual_seed(1)
     g_out = torch.randn(out.shape, generator=gen).to(DEVICE, dtype)
     g_in = torch.randn(xin.shape, generator=gen).to(DEVICE, dtype)
-    torch.autograd.backward((out, xin), (g_out, g_in))
+    with switches.override(**paths):
+        torch.autograd.backward((out, xin), (g_out, g_in))
     torch.autograd.backward((ref_out, ref_xin), (g_out, g_in))
     for name, a, r in zip(("x", "k", "v", "beta", "w"), args, ref_args):
         assert rel_error(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
@@ -86,12 +94,15 @@ def test_forward_with_and_without_the_prefetch(small_grid, monkeypatch, prefetch
     assert rel_error(out, ref_out) < 1e-5 and rel_error(xin, ref_xin) < 1e-5
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ks", [4, 5])
-def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks):
+def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks, one_pass):
     """The backward's token loop in its other form (the launch knob ``BWD_PREFETCH``: token n+1's inputs and
-    g_in row loaded before token n's math) gives the reference's gradients too."""
+    g_in row loaded before token n's math) gives the reference's gradients too, with the one-pass backward and
+    without it."""
     monkeypatch.setattr(tt, "BWD_PREFETCH", not tt.BWD_PREFETCH)
+    monkeypatch.setattr(switches, "TC_ONE_PASS", one_pass)
     args = _inputs(2, 19, 37, 3, ks, dtype)
     ref_args = [a.detach().clone().requires_grad_() for a in args]
     out, xin = update_and_token_read(*args, backend="triton")
@@ -105,33 +116,39 @@ def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks):
         assert rel_error(a.grad, r.grad) < (1e-5 if dtype == torch.float32 else 3e-2), name
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("ks", [3, 4, 5])
-def test_backward_is_one_pass_over_the_state(ks):
-    """For K <= 4 the backward is one launch that reads x, G, k, v, beta and g_in once and writes every
-    gradient once (the taps' gradient from x' recomputed in registers, into one partial per program), then the
-    partials' sum; past four taps a second kernel reads the saved x' for the other taps. Counted from the
-    launch arguments (dry)."""
+def test_backward_is_one_pass_over_the_state(ks, one_pass):
+    """With the one-pass backward (``switches.TC_ONE_PASS``), for K <= 4 the backward is one launch that reads x,
+    G, k, v, beta and g_in once and writes every gradient once (the taps' gradient from x' recomputed in
+    registers, into one partial per program), then the partials' sum; past four taps a second kernel reads the
+    saved x' for the other taps. Switched off, the second kernel always runs and sums every tap's gradient from
+    x', and the update's launch writes no partial. Counted from the launch arguments (dry)."""
     b, t, d, dv = 2, 8, 16, 4
     x, k, v, beta, w = (a.detach() for a in _inputs(b, t, d, dv, ks, torch.float32))
     n, state, vec = b * t, d * dv * 4, d * 4
     with count_traffic(dry=True) as c:
-        tt.token_read_backward(torch.zeros_like(x), torch.zeros(b, t, d), x, x if ks > 4 else None, k, v,
-                               beta.reshape(b, t), w, 1e-5)
+        tt.token_read_backward(torch.zeros_like(x), torch.zeros(b, t, d), x, x if ks > 4 or not one_pass else None,
+                               k, v, beta.reshape(b, t), w, 1e-5, one_pass=one_pass)
     kernels = [la.kernel for la in c.launches]
-    assert kernels == ["delta_bwd_kernel"] + ["delta_tc_grad_w_kernel"] * (ks > 4) + ["partial_sum"]
+    second = ks > 4 or not one_pass
+    assert kernels == ["delta_bwd_kernel"] + ["delta_tc_grad_w_kernel"] * second + ["partial_sum"]
     progs = c.launches[-1].read_bytes // (ks * state)
     update = c.launches[0]
     assert update.read_bytes == n * (2 * state + 2 * vec + dv * 4 + 4) + ks * state
-    assert update.write_bytes == n * (state + vec + dv * 4 + 4) + progs * ks * state
+    assert update.write_bytes == n * (state + vec + dv * 4 + 4) + progs * ks * state * one_pass
 
 
-def test_saves_the_new_state_only_for_taps_past_the_fourth():
-    """The backward recomputes x' for the first four taps: the Function keeps it only where a fifth tap's
-    gradient reads it."""
-    for ks, kept in ((4, False), (5, True)):
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "two-pass"])
+def test_saves_the_new_state_only_where_the_second_kernel_reads_it(one_pass):
+    """With the one-pass backward, x' is recomputed for the first four taps: the Function keeps it only where a
+    fifth tap's gradient reads it; without it, always (the second kernel reads it for every tap)."""
+    for ks in (4, 5):
         x, k, v, beta, w = _inputs(1, 6, 8, 2, ks, torch.float32)
-        out, _ = update_and_token_read(x, k, v, beta, w, backend="triton")
+        with switches.override(TC_ONE_PASS=one_pass):
+            out, _ = update_and_token_read(x, k, v, beta, w, backend="triton")
         saved = out.grad_fn.saved_tensors
+        kept = ks > 4 or not one_pass
         assert any(s is not None and s.data_ptr() == out.data_ptr() for s in saved) == kept
 
 

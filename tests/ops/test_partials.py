@@ -30,7 +30,7 @@ from tests.ops.test_kernels import DEVICE, DTYPE_IDS, DTYPES, delta_inputs, run_
 from tests.ops.test_norm_gate_value import CONSTS, compare, norm_inputs, outputs_and_grads, upstream  # noqa: E402
 
 from deep_delta.eval.launches import AtenLaunches, kernel_name  # noqa: E402
-from deep_delta.ops import partials  # noqa: E402
+from deep_delta.ops import partials, switches  # noqa: E402
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
     channel_compress_reference,
@@ -49,6 +49,25 @@ from deep_delta.ops.norm import triton as norm_triton  # noqa: E402
 WORKERS, COLS, ROWS = 5, 8, 2
 
 
+ISSUED: list[torch.Tensor] = []  # every set of counters handed to a launch in this test
+
+
+@pytest.fixture(autouse=True)
+def inkernel(monkeypatch):
+    """The in-kernel reduction switched on (off by default until a GPU run has passed: ``switches``), and every set
+    of counters it hands out kept, so that the tests can check each is back at zero."""
+    monkeypatch.setattr(switches, "INKERNEL_REDUCE", True)
+    ISSUED.clear()
+    issue = partials.counters
+
+    def keep(device):
+        count = issue(device)
+        ISSUED.append(count)
+        return count
+
+    monkeypatch.setattr(partials, "counters", keep)
+
+
 @pytest.fixture
 def small_reduction(monkeypatch):
     monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: WORKERS)
@@ -58,23 +77,22 @@ def small_reduction(monkeypatch):
 
 
 def counters_at_zero() -> bool:
-    return all(int(t.abs().sum()) == 0 for t in partials._COUNTERS.values())
+    """Every set of counters handed out (and every cached one) is zero, and at least one was handed out."""
+    return bool(ISSUED) and all(int(t.abs().sum()) == 0 for t in [*ISSUED, *partials._COUNTERS.values()])
 
 
 @triton.jit
 def _copy_then_sum_kernel(X, PART, OUT, COUNTERS, P, R, WIDTH, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
     """Worker i copies row i of X (P, WIDTH) into PART; the reducers sum PART's rows into OUT."""
-    ticket = partials.take_ticket(COUNTERS)
+    ticket = partials.take_ticket(COUNTERS, True)
     if ticket < P:
         for c0 in range(0, WIDTH, REDUCE_COLS):
             cols = c0 + tl.arange(0, REDUCE_COLS)
             row = tl.load(X + ticket * WIDTH + cols, mask=cols < WIDTH, other=0.0)
             tl.store(PART + ticket * WIDTH + cols, row, mask=cols < WIDTH)
-        partials.signal_stored(COUNTERS)
+        partials.signal_stored(COUNTERS, True)
     else:
-        partials.wait_for_workers(COUNTERS, P)
-        partials.reduce_into(PART, OUT, ticket - P, P, WIDTH, REDUCE_ROWS, REDUCE_COLS)
-        partials.reducer_finished(COUNTERS, R)
+        partials.reducer(COUNTERS, P, PART, OUT, ticket - P, P, WIDTH, R, REDUCE_ROWS, REDUCE_COLS)
 
 
 @pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
@@ -122,10 +140,13 @@ B, T = 3, 5  # 15 tokens: 5 workers of 3 tokens, across batch rows
 D, DV = 7, 3  # odd sizes: a (d, d_v) weight of 21 values, 3 reducers of 8 columns (the last partly past it)
 
 
+@pytest.mark.parametrize("inkernel_sum", [True, False], ids=["inkernel-sum", "torch-sum"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_every_weight_gradient_with_several_reducers(small_reduction, dtype):
+def test_every_weight_gradient_with_several_reducers(small_reduction, dtype, inkernel_sum, monkeypatch):
     """Every reducing kernel against its plain reference: values and the gradient of every input (fp32 and bf16
-    inputs, fp32 weights); the counters at zero after each."""
+    inputs, fp32 weights), with the partial rows summed in the launch (the counters at zero after each) and by
+    torch (``switches.INKERNEL_REDUCE`` off: no counters handed out)."""
+    monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel_sum)
     x, k, v, beta = delta_inputs((B, T), D, DV, dtype, seed=1)
     xs, e, w, c, _past, _past_e, gx, gin = state_inputs(B, T, D, DV, 4, dtype, seed=2)
     w5 = torch.randn(5, D, DV, device=DEVICE) / DV
@@ -147,8 +168,40 @@ def test_every_weight_gradient_with_several_reducers(small_reduction, dtype):
     cases["HC read, static a"] = lambda: check_linear(lambda *t: stream_read(*t, backend="triton"),
                                                       stream_read_reference, (h, a), gin_h, dtype)
     for name, case in cases.items():
+        ISSUED.clear()
         case()
-        assert counters_at_zero(), name
+        assert counters_at_zero() if inkernel_sum else not ISSUED, name
+
+
+def _cc_backward():
+    x, k, v, beta = delta_inputs((B, T), D, DV, torch.float32, seed=7)
+    c = torch.randn(D, DV, device=DEVICE)
+    return delta_triton.triton_backward(torch.randn_like(x.reshape(-1, D, DV)), torch.randn(B * T, D, device=DEVICE),
+                                        x.reshape(-1, D, DV), k.reshape(-1, D), v.reshape(-1, DV), beta.reshape(-1), c,
+                                        1e-5)
+
+
+@pytest.mark.parametrize("planted", [[3, 0, 0, 0], [12, 12, 0, 0], [0, 7, 0, 0], [0, 0, 5, 0]],
+                         ids=["tickets", "tickets-and-rows", "rows", "finished"])
+def test_stale_counters_give_a_clear_error_not_a_hang_or_a_wrong_gradient(small_reduction, monkeypatch, planted):
+    """Counters that are not zero at a launch (planted here; on a GPU: a launch that died mid-way, or memory handed
+    to another tensor): a reducer whose ticket is past the launch's reducers, that sees more rows signalled than
+    workers, counts itself past the reducers, or polls ``SPIN_LIMIT`` times without seeing every worker sets the
+    failed counter and writes nothing, and the host raises ReductionError naming the kernel (on a GPU the kernel
+    traps). Before issue 47, [3, 0, 0] hung and [12, 12, 0] wrote a wrong grad_c without an error."""
+    monkeypatch.setattr(partials, "counters", lambda device: torch.tensor(planted, dtype=torch.int32, device=device))
+    with pytest.raises(partials.ReductionError, match=r"delta_bwd_kernel: the in-kernel reduction .* DDL_INKERNEL_REDUCE=0"):
+        _cc_backward()
+
+
+def test_fresh_counters_off_cuda_and_one_set_per_stream_on_cuda():
+    """Off CUDA every launch gets fresh zeros (nothing cached that a failed launch could leave dirty); the cache
+    is for CUDA streams only, and fresh zeros again while a graph is captured (checked on the GPU by the device
+    call's stress probe)."""
+    before = dict(partials._COUNTERS)
+    first, second = partials.counters(torch.device("cpu")), partials.counters(torch.device("cpu"))
+    assert first is not second and first.tolist() == second.tolist() == [0] * partials.SLOTS
+    assert partials._COUNTERS == before
 
 
 def test_same_bits_twice_and_gradients_in_the_weights_dtype(small_reduction):
@@ -212,10 +265,11 @@ def _backward_launches(forward, inputs, n_out):
     ("TC read", ["conv_bwd_input_kernel", "conv_bwd_w_kernel"]),
     ("HC write, static", ["write_bwd_kernel"]),
 ], ids=lambda a: a if isinstance(a, str) else None)
-def test_the_backward_is_its_launches_and_no_torch_op(op, kernels):
+def test_the_backward_is_its_launches_and_no_torch_op(op, kernels, monkeypatch):
     """No sum of partials, no copy or cast of a gradient after the kernels: the ATen ops of each backward, counted
     as ``ddl bench-kernels --launches`` counts them, are none (at the small preset's width and 8 x 1024 tokens:
     the persistent grid at its full size)."""
+    monkeypatch.setattr(switches, "TC_ONE_PASS", True)  # the TC rows: the one-pass backward's launches
     bsz, t, d, dv = 8, 1024, 768, 4
     f32, bf16 = torch.float32, torch.bfloat16
 

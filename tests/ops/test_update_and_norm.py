@@ -32,6 +32,7 @@ from tests.ops.test_norm_gate_value import assert_sum_close  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.models.ddl.cache import output_cache  # noqa: E402
+from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from deep_delta.ops.norm import (  # noqa: E402
@@ -138,8 +139,18 @@ def test_triton_matches_reference(lead, d, dv, dtype):
     compare(triton_fn, make_inputs(lead, d, dv, dtype, seed=d + dv))
 
 
-def test_triton_with_more_tokens_than_programs(monkeypatch):
-    """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs, the reductions spread over 4 reducers, c in bf16."""
+@pytest.fixture(autouse=True)
+def fused_norms(monkeypatch):
+    """This file tests the next sublayer's norm inside the update: switched on (off by default until a GPU run
+    has passed; ``deep_delta.ops.switches``)."""
+    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+
+
+@pytest.mark.parametrize("inkernel", [False, True], ids=["torch-sum", "inkernel-sum"])
+def test_triton_with_more_tokens_than_programs(monkeypatch, inkernel):
+    """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs, the reductions spread over 4 reducers (summed in the
+    launch, or by torch: ``switches.INKERNEL_REDUCE``), c in bf16."""
+    monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel)
     monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
     compare(triton_fn, make_inputs((3, 5), 33, 1, torch.bfloat16, seed=3), c_dtype=torch.bfloat16)
 
@@ -332,7 +343,9 @@ def test_read_triton_matches_reference(lead, d, dv, dtype):
     compare_read(read_triton_fn, make_read_inputs(lead, d, dv, dtype, seed=d + dv))
 
 
-def test_read_triton_with_more_tokens_than_programs(monkeypatch):
+@pytest.mark.parametrize("inkernel", [False, True], ids=["torch-sum", "inkernel-sum"])
+def test_read_triton_with_more_tokens_than_programs(monkeypatch, inkernel):
+    monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel)
     monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
     compare_read(read_triton_fn, make_read_inputs((3, 5), 24, 4, torch.bfloat16, seed=4), c_dtype=torch.bfloat16)
 

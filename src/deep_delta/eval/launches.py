@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from deep_delta.ops.launch import kernel_name
+
 PHASES = ("forward", "backward")
 
 # ATen ops with a tensor result that launch nothing on a GPU: allocations (their memory comes from the caching
@@ -189,12 +191,6 @@ def step_launches(variant: str, preset: str = "small", batch_size: int = 1, seq_
     launches = [TritonLaunch(phase, kernel_name(kernel), argument_dtypes(args))
                 for phase, (kernel, _, args, _) in zip(phases, triton.calls)]
     return StepLaunches(variant, 2 * cfg.num_hidden_layers, launches, aten.ops)
-
-
-def kernel_name(kernel) -> str:
-    """A Triton kernel's name as ``count_traffic`` records it (no leading underscore)."""
-    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
-    return name.lstrip("_")
 
 
 def argument_dtypes(args: tuple) -> tuple[str | None, ...]:

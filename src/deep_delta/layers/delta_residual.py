@@ -25,7 +25,7 @@ from torch import nn
 
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
-from deep_delta.ops import delta_update, resolve_backend
+from deep_delta.ops import delta_update, resolve_backend, switches
 from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
 from deep_delta.ops.delta.recompute import active_tape
 from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm
@@ -195,13 +195,15 @@ class DeltaResidual(nn.Module):
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
         (:meth:`update_and_norm`): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
         gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
-        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor."""
+        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; and the fusion switched on
+        (``deep_delta.ops.switches.FUSE_NEXT_NORM``, off until it has passed on a GPU)."""
         if read is None:
             shape_ok = self.value_channels == 1
         else:
             shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
                         and (read.dim, read.value_channels) == (self.dim, self.value_channels))
-        return (shape_ok and isinstance(nxt, DeltaResidual) and not self.additive and not nxt.additive
+        return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual) and not self.additive
+                and not nxt.additive
                 and nxt.value_channels == self.value_channels and nxt.fuse_inputs and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)

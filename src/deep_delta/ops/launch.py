@@ -71,12 +71,35 @@ def record(kernel: str, reads: tuple, writes: tuple) -> None:
         c.launches.append(Launch(kernel, c.phase, rb, wb))
 
 
+# The kernels index with 32-bit integers (n * d * d_v and the like): a tensor past 2^31 elements would address out
+# of bounds. Refused before any launch, with a margin for the offsets a masked load computes past a tensor's end
+# (a row or a tap beyond the last token).
+MAX_ELEMENTS = 2**31 - 2**24
+
+
+def check_sizes(kernel: str, args: tuple) -> None:
+    """``ValueError`` naming ``kernel`` and the argument if a tensor in ``args`` holds more than ``MAX_ELEMENTS``."""
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.numel() > MAX_ELEMENTS:
+            raise ValueError(
+                f"{kernel}: argument {i} holds {a.numel():,} elements (shape {tuple(a.shape)}); the Triton kernels "
+                f"index with 32-bit offsets, at most {MAX_ELEMENTS:,} elements per tensor: split the batch (fewer "
+                f"tokens per call or micro-batch), or use backend='torch'")
+
+
+def kernel_name(kernel) -> str:
+    """A Triton kernel's name without its leading underscore."""
+    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
+    return name.lstrip("_")
+
+
 def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], apart: tuple[int, ...] = (), **meta) -> None:
     """``kernel[grid](*args, **meta)``; with a counter active, also record the bytes of the tensor arguments:
     positions in ``writes`` are written, the others read; a tensor already seen in ``args`` counts once. Positions
     in ``apart`` are left out of this record: the gradients an in-kernel reduction writes, which the caller records
     with the reduction's reads (:func:`record`, as ``partial_sum``: what torch's sum of the partials was), and its
-    counters (12 bytes, :mod:`deep_delta.ops.partials`)."""
+    counters (:mod:`deep_delta.ops.partials`). A tensor past ``MAX_ELEMENTS`` is refused first (:func:`check_sizes`)."""
+    check_sizes(kernel_name(kernel), args)
     if _COUNTERS:
         seen: set[int] = set()
         reads, outs = [], []
@@ -85,8 +108,7 @@ def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], apart: tup
                 continue
             seen.add(id(a))
             (outs if i in writes else reads).append(a)
-        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
-        record(name.lstrip("_"), tuple(reads), tuple(outs))
+        record(kernel_name(kernel), tuple(reads), tuple(outs))
         if any(c.keep_calls for c in _COUNTERS):
             aliases: dict[int, torch.Tensor] = {}
             kept = tuple(aliases.setdefault(id(a), a.detach()) if isinstance(a, torch.Tensor) else a for a in args)

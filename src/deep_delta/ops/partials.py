@@ -19,9 +19,10 @@ them:
   reducer to finish sets the three counters back to zero (:func:`reducer_finished`), so they are zero for the next
   launch without a fill kernel.
 
-A reducer's wait always ends: every worker took its ticket before any reducer did, so every worker has started
-and runs on its SM while reducers wait (a started program is never evicted). The same argument as CUB's
-decoupled look-back; a static ``program_id`` split would rely on the order in which the hardware starts programs.
+A reducer's wait ends when every worker has signalled: every worker took its ticket before any reducer did, so
+every worker has started and runs on its SM while reducers wait (a started program is never evicted). The same
+argument as CUB's decoupled look-back; a static ``program_id`` split would rely on the order in which the hardware
+starts programs.
 
 Deterministic: a worker's row depends only on its ticket (its chunk of tokens), and a column is summed over the
 rows in the same order whatever the scheduling (blocks of ``REDUCE_ROWS`` rows in order, each block's sum a fixed
@@ -30,9 +31,27 @@ the gradient, which need a zeroed buffer (a fill launch) and whose order, so who
 scheduling. The bytes are those of torch's sum: every partial row read once (``.cg``, from L2), each gradient
 written once.
 
-The counters: three int32 per device and CUDA stream (:func:`counters`), zero between launches; launches on one
-stream run one after another, so one launch at a time uses them. Under the Triton interpreter (CPU) the programs
-run one after another in grid order, so the workers finish before the first reducer starts.
+The counters: four int32 (tickets, stored rows, finished reducers, failed), zero between launches; launches on
+one stream run one after another, so one launch at a time uses them. On CUDA one set per device and stream,
+except while a CUDA graph is being captured (then fresh zeros, allocated and filled inside the graph, so that no
+graph's private memory is ever shared with a launch outside it); elsewhere (the interpreter) fresh zeros at every
+launch. Under the Triton interpreter the programs run one after another in grid order, so the workers finish
+before the first reducer starts.
+
+**Off by default.** The in-kernel reduction has not yet run on a GPU: ``switches.INKERNEL_REDUCE`` (environment
+``DDL_INKERNEL_REDUCE``) turns it on. Off, a launch is its P workers and torch sums their rows
+(:meth:`Reduction.finish`), as until 2026-11-27.
+
+**Guarded.** Counters that are not zero at a launch (a launch that died mid-way, memory handed to another tensor)
+would make reducers wait forever or sum rows nobody wrote. So a program whose ticket is past the launch's
+programs, a reducer that finds more stored rows than workers, or counts itself past the launch's reducers, and a
+reducer that has waited ``SPIN_LIMIT`` polls without seeing every worker (a uniform count: every thread of the
+program sees the same value) sets the failed counter and writes nothing; on a GPU it then traps (the launch fails
+with a CUDA error instead of hanging or writing wrong gradients). Under the interpreter the host reads the flag
+after the launch and raises :class:`ReductionError` naming the kernel.
+
+Offsets: the kernels index with 32-bit integers; :func:`deep_delta.ops.launch.launch` refuses a tensor of more
+than ``MAX_ELEMENTS`` elements before launching.
 """
 
 from __future__ import annotations
@@ -43,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops import switches
 from deep_delta.ops.launch import counting_dry, record
 
 # The reducers' shape: about one reducer per SM (all of them reading at once, the reduction's bandwidth the GPU's,
@@ -50,7 +70,12 @@ from deep_delta.ops.launch import counting_dry, record
 # loading REDUCE_TILE values (REDUCE_TILE // C rows) per step: 16 KB in flight per reducer. Tests patch them small.
 REDUCE_TILE = 4096
 MIN_COLS, MAX_COLS = 32, 256
+SLOTS = 4  # tickets, stored rows, finished reducers, failed
 _COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+class ReductionError(RuntimeError):
+    """An in-kernel reduction found its counters stale or waited too long for its workers (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -79,46 +104,164 @@ def plan(spread: int, *widths: int) -> ReducePlan:
     return ReducePlan(tuple(triton.cdiv(w, cols) for w in widths), cols, max(1, REDUCE_TILE // cols))
 
 
+def inkernel() -> bool:
+    """Whether weight gradients are summed inside their launches now (``switches.INKERNEL_REDUCE``)."""
+    return bool(switches.INKERNEL_REDUCE)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How one launch sums its partial rows: in the launch (``inkernel``: ``plan.total`` reducer programs beside
+    the workers, the ``counters``) or by torch after it (no reducers; ``counters`` an unused placeholder)."""
+
+    plan: ReducePlan
+    inkernel: bool
+    counters: torch.Tensor
+
+    @property
+    def total(self) -> int:
+        """Reducer programs to launch beside the workers (0 when torch sums)."""
+        return self.plan.total if self.inkernel else 0
+
+    @property
+    def reducers(self) -> tuple[int, ...]:
+        """Reducers per partial buffer (zeros when torch sums)."""
+        return self.plan.reducers if self.inkernel else tuple(0 for _ in self.plan.reducers)
+
+    def meta(self) -> dict:
+        """The kernels' constants: ``REDUCE`` and the plan's ``REDUCE_ROWS``, ``REDUCE_COLS``."""
+        return dict(REDUCE=self.inkernel, **self.plan.meta())
+
+    def finish(self, kernel: str, *buffers: tuple) -> None:
+        """After the launch of ``kernel``: each ``(part, *grads)`` in ``buffers`` summed (by torch when not in the
+        kernel: ``part``'s rows summed in fp32, its columns split over ``grads`` in order, each written in its
+        dtype) and recorded for ``count_traffic``; in the kernel, under the interpreter, :func:`check`."""
+        if self.inkernel:
+            check(self.counters, kernel)
+        for part, *grads in buffers:
+            if not self.inkernel:
+                torch_sum(part, *grads)
+            record_sum(part, *grads)
+
+
+def start(device: torch.device, *widths: int) -> Reduction:
+    """The reduction of a launch on ``device`` with partial buffers of rows of ``widths`` values: the reducers'
+    plan (about one per SM) and, when the switch is on, the counters."""
+    from deep_delta.ops.delta.triton import max_programs  # the launch geometry (ops.delta.triton imports us)
+
+    on = inkernel()
+    red_plan = plan(max_programs(device, per_sm=1), *widths)
+    return Reduction(red_plan, on, counters(device) if on else _placeholder(device))
+
+
+def _placeholder(device: torch.device) -> torch.Tensor:
+    return torch.empty(SLOTS, dtype=torch.int32, device=device)
+
+
+def torch_sum(part: torch.Tensor, *grads: torch.Tensor) -> None:
+    """The rows of ``part`` (P, ...) summed in fp32, the sum's columns split over ``grads`` in order (each the
+    next ``numel`` values, in its own dtype and shape): the reduction when it is not in the kernel."""
+    total = part.reshape(part.shape[0], -1).sum(0, dtype=torch.float32)
+    start_col = 0
+    for g in grads:
+        g.copy_(total[start_col:start_col + g.numel()].view(g.shape))
+        start_col += g.numel()
+    if start_col != total.numel():
+        raise ValueError(f"partials.torch_sum: the gradients hold {start_col} values, the partial rows "
+                         f"{total.numel()}")
+
+
 def counters(device: torch.device) -> torch.Tensor:
-    """The three int32 counters of an in-kernel reduction on ``device`` (zero between launches: the kernel's last
-    reducer resets them), one set per device and CUDA stream. While counting launches dry (fake tensors) or
-    compiling, a fresh tensor: nothing is launched there, or the compiled graph owns its buffers."""
+    """The four int32 counters of an in-kernel reduction on ``device``, zero: one set per CUDA device and stream
+    (the kernel's last reducer sets them back to zero), fresh zeros while a CUDA graph is being captured, while
+    compiling and off CUDA. While counting launches dry (fake tensors), an empty placeholder."""
     if counting_dry():
-        return torch.empty(3, dtype=torch.int32, device=device)
-    if torch.compiler.is_compiling():
-        return torch.zeros(3, dtype=torch.int32, device=device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = ("cuda", index, torch.cuda.current_stream(index).cuda_stream)
-    else:
-        key = (device.type, device.index, 0)
+        return _placeholder(device)
+    if device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(SLOTS, dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = ("cuda", index, torch.cuda.current_stream(index).cuda_stream)
     found = _COUNTERS.get(key)
     if found is None:
-        found = _COUNTERS[key] = torch.zeros(3, dtype=torch.int32, device=device)
+        found = _COUNTERS[key] = torch.zeros(SLOTS, dtype=torch.int32, device=device)
     return found
 
 
-@triton.jit
-def take_ticket(COUNTERS):
-    """This program's ticket: the order in which the launch's programs started (counter 0)."""
-    return tl.atomic_add(COUNTERS, 1, sem="relaxed")
+def check(count: torch.Tensor, kernel: str) -> None:
+    """Raise :class:`ReductionError` naming ``kernel`` if its launch set the failed counter. Read on the host only
+    where that costs no synchronisation (CPU tensors: the interpreter); on a GPU the kernel traps instead, and
+    :func:`check_device` reads the flag on request."""
+    if count.device.type == "cpu" and not counting_dry() and int(count[3]) != 0:
+        raise ReductionError(_failure(kernel, count))
+
+
+def check_device(device: torch.device) -> None:
+    """Synchronise and raise :class:`ReductionError` if any cached counters on ``device`` are not zero (stale, or
+    failed): for probes and tests on a GPU."""
+    for key, count in _COUNTERS.items():
+        if count.device == device or (device.type == "cuda" and count.device.type == "cuda" and device.index is None):
+            if int(count.abs().sum()) != 0:
+                raise ReductionError(_failure(f"a launch on stream {key[2]}", count))
+
+
+def _failure(kernel: str, count: torch.Tensor) -> str:
+    return (f"{kernel}: the in-kernel reduction of its weight gradient failed (counters {count.tolist()}: tickets, "
+            f"stored rows, finished reducers, failed): its counters were not zero at the launch, or a reducer "
+            f"polled {SPIN_LIMIT} times without seeing every worker's row; no gradient was written. Run with "
+            f"DDL_INKERNEL_REDUCE=0 (torch sums the partial rows; deep_delta.ops.switches) and report it.")
 
 
 @triton.jit
-def signal_stored(COUNTERS):
-    """A worker's partial row is stored: counter 1 += 1, released after every thread of the program has stored its
-    part (the barrier orders them before the release)."""
-    tl.debug_barrier()
-    tl.atomic_add(COUNTERS + 1, 1, sem="release")
+def take_ticket(COUNTERS, REDUCE: tl.constexpr):
+    """This program's ticket: with REDUCE the order in which the launch's programs started (counter 0), else its
+    program id (no reducers, no counters)."""
+    ticket = tl.program_id(0)
+    if REDUCE:
+        ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
+    return ticket
+
+
+_INTERPRETED = type(take_ticket).__name__ == "InterpretedFunction"
+# Polls of a reducer waiting for its workers before it gives up: on a GPU about 2^24 (each an L2 round trip of
+# about a microsecond: tens of seconds, far past any launch's workers); under the interpreter, where the workers
+# have all run before the first reducer, a few, so that stale counters fail in well under a second.
+SPIN_LIMIT: tl.constexpr = tl.constexpr(64 if _INTERPRETED else 1 << 24)
+TRAP: tl.constexpr = tl.constexpr(not _INTERPRETED)
 
 
 @triton.jit
-def wait_for_workers(COUNTERS, P):
-    """Spin until all P workers have signalled (acquire), then let every thread of the program go on."""
+def signal_stored(COUNTERS, REDUCE: tl.constexpr):
+    """A worker's partial row is stored: with REDUCE, counter 1 += 1, released after every thread of the program has
+    stored its part (the barrier orders them before the release)."""
+    if REDUCE:
+        tl.debug_barrier()
+        tl.atomic_add(COUNTERS + 1, 1, sem="release")
+
+
+@triton.jit
+def fail(COUNTERS):
+    """Set the failed counter; on a GPU, trap (the launch fails with a CUDA error)."""
+    tl.atomic_xchg(COUNTERS + 3, 1, sem="relaxed")
+    if TRAP:
+        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_for_workers(COUNTERS, P, rid, R):
+    """Reducer ``rid`` of R: spin until all P workers have signalled (acquire), then let every thread of the
+    program go on. True when the reducer may sum; False after :func:`fail` when its ticket is past the launch's
+    reducers, more than P rows were signalled, or SPIN_LIMIT polls did not see all P (stale counters)."""
+    fresh = rid < R
     seen = tl.atomic_add(COUNTERS + 1, 0, sem="acquire")
-    while seen < P:
+    spins = 0
+    while fresh & (seen < P) & (spins < SPIN_LIMIT):
         seen = tl.atomic_add(COUNTERS + 1, 0, sem="acquire")
+        spins += 1
+    ok = fresh & (seen == P)
+    if not ok:
+        fail(COUNTERS)
     tl.debug_barrier()
+    return ok
 
 
 @triton.jit
@@ -161,20 +304,23 @@ def reduce_into(PART, OUT, rid, P, WIDTH, REDUCE_ROWS: tl.constexpr, REDUCE_COLS
 def reducer(COUNTERS, WORKERS, PART, OUT, rid, P, WIDTH, R, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
     """Reducer ``rid`` of the R of a launch with one partial buffer: waits for its WORKERS, sums its columns of
     PART's P rows into OUT (:func:`reduce_into`), then counts itself finished."""
-    wait_for_workers(COUNTERS, WORKERS)
-    reduce_into(PART, OUT, rid, P, WIDTH, REDUCE_ROWS, REDUCE_COLS)
-    reducer_finished(COUNTERS, R)
+    if wait_for_workers(COUNTERS, WORKERS, rid, R):
+        reduce_into(PART, OUT, rid, P, WIDTH, REDUCE_ROWS, REDUCE_COLS)
+        reducer_finished(COUNTERS, R)
 
 
 @triton.jit
 def reducer_finished(COUNTERS, R):
     """Counter 2 += 1; the last of the R reducers (every program has taken its ticket, every reducer has stopped
-    reading counter 1) sets the three counters back to zero for the next launch."""
+    reading counter 1) sets the three counters back to zero for the next launch. A count past R: :func:`fail`."""
     tl.debug_barrier()
-    if tl.atomic_add(COUNTERS + 2, 1, sem="acq_rel") == R - 1:
+    done = tl.atomic_add(COUNTERS + 2, 1, sem="acq_rel")
+    if done == R - 1:
         tl.atomic_xchg(COUNTERS, 0, sem="relaxed")
         tl.atomic_xchg(COUNTERS + 1, 0, sem="relaxed")
         tl.atomic_xchg(COUNTERS + 2, 0, sem="relaxed")
+    elif done >= R:
+        fail(COUNTERS)
 
 
 def record_sum(part: torch.Tensor, *grads: torch.Tensor) -> None:

@@ -31,7 +31,6 @@ from deep_delta.ops import partials
 from deep_delta.ops.delta.triton import (
     check_device,
     delta_blocks,
-    max_programs,
     read_warps,
     reduction_grid,
     rows_per_program,
@@ -59,14 +58,14 @@ def _cc_fwd_kernel(X, C, XIN, N, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, D
 
 @triton.jit
 def _cc_bwd_kernel(X, C, G, GX, GC_PART, GC, COUNTERS, N, CHUNK, P, R, D, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-                   BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
-    """P workers (:func:`_cc_bwd_worker`), then R reducers that sum their grad_c partials into GC
+                   BLOCK_V: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
+    """P workers (:func:`_cc_bwd_worker`), then (REDUCE) R reducers that sum their grad_c partials into GC
     (ops/partials.py)."""
-    ticket = partials.take_ticket(COUNTERS)
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _cc_bwd_worker(X, C, G, GX, GC_PART, ticket, N, CHUNK, D, BLOCK_D, DV, BLOCK_V)
-        partials.signal_stored(COUNTERS)
-    else:
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
         partials.reducer(COUNTERS, P, GC_PART, GC, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
 
 
@@ -180,16 +179,16 @@ def _conv_bwd_input_kernel(
 def _conv_bwd_w_kernel(
     A, S, GW_PART, GW, COUNTERS, N, CHUNK, P, KS, R, T, L, D,
     A_IS_STATE: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    BLOCK_V: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
 ):
-    """P x K workers (:func:`_conv_bwd_w_worker`; ticket i: the chunk i // K, tap i % K), then R reducers that sum
-    the (P, K, d, d_v) partials into GW (ops/partials.py)."""
-    ticket = partials.take_ticket(COUNTERS)
+    """P x K workers (:func:`_conv_bwd_w_worker`; ticket i: the chunk i // K, tap i % K), then (REDUCE) R reducers
+    that sum the (P, K, d, d_v) partials into GW (ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P * KS:
         _conv_bwd_w_worker(A, S, GW_PART, ticket // KS, ticket % KS, KS, N, CHUNK, T, L, D, A_IS_STATE, BLOCK_D,
                            DV, BLOCK_V)
-        partials.signal_stored(COUNTERS)
-    else:
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
         partials.reducer(COUNTERS, P * KS, GW_PART, GW, ticket - P * KS, P, KS * D * DV, R, REDUCE_ROWS,
                          REDUCE_COLS)
 
@@ -264,11 +263,11 @@ class ChannelCompressTriton(torch.autograd.Function):
         gx = torch.empty_like(x)
         part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
         gc = torch.empty_like(c)
-        red = partials.plan(max_programs(x.device, per_sm=1), d * dv)
+        red = partials.start(x.device, d * dv)
         launch(_cc_bwd_kernel, (progs + red.total,),
-               (x, c, g.contiguous(), gx, part, gc, partials.counters(x.device), n, chunk, progs, red.total, d),
+               (x, c, g.contiguous(), gx, part, gc, red.counters, n, chunk, progs, red.total, d),
                writes=(3, 4), apart=(5, 6), **_reduction_meta(d, dv), **red.meta())
-        partials.record_sum(part, gc)
+        red.finish("cc_bwd_kernel", (part, gc))
         return gx, gc
 
 
@@ -279,11 +278,11 @@ def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_sta
     progs, chunk = reduction_grid(n, a.device, per_program_axis=kk)  # (progs, K) workers, at most max_programs
     part = torch.empty(progs, kk, d, dv, dtype=torch.float32, device=a.device)
     gw = torch.empty_like(w)
-    red = partials.plan(max_programs(a.device, per_sm=1), kk * d * dv)
+    red = partials.start(a.device, kk * d * dv)
     launch(_conv_bwd_w_kernel, (progs * kk + red.total,),
-           (a, src, part, gw, partials.counters(a.device), n, chunk, progs, kk, red.total, t, length, d), writes=(2,),
+           (a, src, part, gw, red.counters, n, chunk, progs, kk, red.total, t, length, d), writes=(2,),
            apart=(3, 4), A_IS_STATE=a_is_state, **_reduction_meta(d, dv), **red.meta())
-    partials.record_sum(part, gw)
+    red.finish("conv_bwd_w_kernel", (part, gw))
     return gw
 
 

@@ -208,11 +208,14 @@ def _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, N, D, 
 
 
 @triton.jit
-def _tap_step(raw, t_d, s, T, out, w, g, gw):
+def _tap_step(raw, t_d, s, T, out, w, g, gw, TAP_GRADS: tl.constexpr):
     """Tap s of a token at position t_d of its sequence, g_in[t + s] given as stored (``raw``; zero past the
-    sequence's end, where the row is the next sequence's): (G + w_s g_in[t+s], grad_w_s + g_in[t+s] x'^T)."""
+    sequence's end, where the row is the next sequence's): (G + w_s g_in[t+s], grad_w_s + g_in[t+s] x'^T), the
+    second unchanged without TAP_GRADS."""
     gin = tl.where(t_d + s < T, raw.to(tl.float32), 0.0)
-    return g + w * gin[:, None], gw + gin[:, None] * out
+    if TAP_GRADS:
+        gw = gw + gin[:, None] * out
+    return g + w * gin[:, None], gw
 
 
 @triton.jit
@@ -226,34 +229,30 @@ def _delta_bwd_kernel(
     X, K, V, BETA, G, GIN, C,
     GX, GK, GV, GBETA, GC_PART, GC_OUT, COUNTERS,
     N, CHUNK, P, R, T, D, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
-    PREFETCH: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    HAS_READ: tl.constexpr, TAPS: tl.constexpr, TAP_GRADS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr,
+    REDUCE_COLS: tl.constexpr,
 ):
     """P workers (:func:`_delta_bwd_worker`); with REDUCE (a read's weight gradient summed in this launch,
     ops/partials.py) R reducers more, which sum the workers' partial rows GC_PART (P, W) into GC_OUT (W elements,
     W = d d_v for the CC read, K d d_v for the TC taps), in GC_OUT's dtype. Without REDUCE the grid is the P
-    workers (no read; or K > 4 taps, whose second kernel sums the partials)."""
-    if REDUCE:
-        ticket = partials.take_ticket(COUNTERS)
-    else:
-        ticket = tl.program_id(0)
+    workers (no read; torch sums the partials; or the TC taps' second kernel sums them)."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _delta_bwd_worker(X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, ticket, N, CHUNK, T, D, eps2_over_d,
-                          inv_sqrt_d, HAS_READ, TAPS, BLOCK_D, DV, BLOCK_V, PREFETCH)
-        if REDUCE:
-            partials.signal_stored(COUNTERS)
-    else:
-        if REDUCE:
-            partials.reducer(COUNTERS, P, GC_PART, GC_OUT, ticket - P, P, (TAPS + HAS_READ) * D * DV, R, REDUCE_ROWS,
-                             REDUCE_COLS)
+                          inv_sqrt_d, HAS_READ, TAPS, TAP_GRADS, BLOCK_D, DV, BLOCK_V, PREFETCH)
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
+        partials.reducer(COUNTERS, P, GC_PART, GC_OUT, ticket - P, P, (TAPS + HAS_READ) * D * DV, R, REDUCE_ROWS,
+                         REDUCE_COLS)
 
 
 @triton.jit
 def _delta_bwd_worker(
     X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, pid,
     N, CHUNK, T, D, eps2_over_d, inv_sqrt_d,
-    HAS_READ: tl.constexpr, TAPS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    HAS_READ: tl.constexpr, TAPS: tl.constexpr, TAP_GRADS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened rows, the weight gradient of the fused read
     summed over them in fp32 registers, one partial per program:
@@ -264,7 +263,9 @@ def _delta_bwd_worker(
       forward stored it), into a (P, K, d, d_v) partial buffer; taps past the fourth are
       ops.delta.triton_token's second kernel's. The rows g_in[t .. t+3] are a window carried from token to
       token: one new row per token (row t+3, loaded with the token's other inputs), the other three kept from
-      the tokens before; rows past the fourth tap are loaded where used.
+      the tokens before; rows past the fourth tap are loaded where used. Without TAP_GRADS (the one-pass
+      backward switched off: ``switches.TC_ONE_PASS``) only G's part: the second kernel sums every tap's
+      gradient.
 
     PREFETCH: token n+1's inputs are loaded before token n's math (their latency behind it, for the registers
     that hold them)."""
@@ -280,7 +281,7 @@ def _delta_bwd_worker(
         gc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
     if TAPS > 0:  # the first four taps: the tiles of w and of their gradient, and the window of g_in rows
         first_d = (offs_d * 0) + first
-        gw0 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)  # named: a loop carries no list
+        gw0 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)  # named: a loop carries no list (unused without TAP_GRADS)
         w0 = _tap_tile(C, 0, tile, mw, D, DV)
         win0 = tl.load(GIN + first * D + offs_d, mask=md & (first_d < N), other=0.0)  # rows t, t+1, t+2
         win1 = tl.load(GIN + (first + 1) * D + offs_d, mask=md & (first_d + 1 < N), other=0.0)
@@ -324,13 +325,13 @@ def _delta_bwd_worker(
             gc += gin[:, None] * out
         if TAPS > 0:  # the read of token t + s took x'_t through tap s
             t_d = n_d % T
-            g, gw0 = _tap_step(win0, t_d, 0, T, out, w0, g, gw0)
+            g, gw0 = _tap_step(win0, t_d, 0, T, out, w0, g, gw0, TAP_GRADS)
             if TAPS > 1:
-                g, gw1 = _tap_step(win1, t_d, 1, T, out, w1, g, gw1)
+                g, gw1 = _tap_step(win1, t_d, 1, T, out, w1, g, gw1, TAP_GRADS)
             if TAPS > 2:
-                g, gw2 = _tap_step(win2, t_d, 2, T, out, w2, g, gw2)
+                g, gw2 = _tap_step(win2, t_d, 2, T, out, w2, g, gw2, TAP_GRADS)
             if TAPS > 3:
-                g, gw3 = _tap_step(gin_raw, t_d, 3, T, out, w3, g, gw3)
+                g, gw3 = _tap_step(gin_raw, t_d, 3, T, out, w3, g, gw3, TAP_GRADS)
             for s in tl.static_range(4, TAPS):  # taps past the fourth: their rows and tiles from L1 / L2
                 gin = tl.load(GIN + (n + s) * D + offs_d, mask=ok_d & (t_d + s < T), other=0.0).to(tl.float32)
                 g = g + _tap_tile(C, s, tile, mw, D, DV) * gin[:, None]
@@ -338,7 +339,7 @@ def _delta_bwd_worker(
         token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, p, delta, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
     if HAS_READ:
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=mw)
-    if TAPS > 0:
+    if TAPS > 0 and TAP_GRADS:
         part = GC_PART + pid * TAPS * D * DV + tile
         tl.store(part, gw0, mask=mw)
         if TAPS > 1:
@@ -428,21 +429,21 @@ def triton_backward(
         gc_part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
         c_arg = c.contiguous()
         gc = torch.empty_like(c_arg)
-        count = partials.counters(x.device)
-    else:
-        gin, gc_part, c_arg, gc, count = g, g, g, g, g  # unused placeholders
-    red = partials.plan(max_programs(x.device, per_sm=1), d * dv)
-    reducing = red.total if has_read else 0
+        red = partials.start(x.device, d * dv)
+        count, reducing, meta = red.counters, red.total, red.meta()
+    else:  # unused placeholders
+        gin, gc_part, c_arg, gc, count, reducing = g, g, g, g, g, 0
+        meta = dict(REDUCE=False, **partials.plan(1, d * dv).meta())
     launch(
         _delta_bwd_kernel, (progs + reducing,),
         (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, gc, count, n, chunk, progs, reducing, 1, d,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=has_read, TAPS=0, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        PREFETCH=has_read and READ_BWD_PREFETCH, REDUCE=has_read, num_warps=delta_warps(bd * bv), **red.meta(),
+        writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=has_read, TAPS=0, TAP_GRADS=False, BLOCK_D=bd, DV=dv,
+        BLOCK_V=bv, PREFETCH=has_read and READ_BWD_PREFETCH, num_warps=delta_warps(bd * bv), **meta,
     )
     if not has_read:
         return gx, gk, gv, gbeta, None
-    partials.record_sum(gc_part, gc)
+    red.finish("delta_bwd_kernel", (gc_part, gc))
     return gx, gk, gv, gbeta, gc
 
 

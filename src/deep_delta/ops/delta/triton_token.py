@@ -41,14 +41,13 @@ import torch
 import triton
 import triton.language as tl
 
-from deep_delta.ops import partials
+from deep_delta.ops import partials, switches
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 from deep_delta.ops.delta.triton import (
     _delta_bwd_kernel,
     check_device,
     delta_blocks,
     delta_warps,
-    max_programs,
     reduction_grid,
     token_load,
     token_math,
@@ -133,19 +132,20 @@ def _tap_grad(GIN, row, ok, offs_d, D, out, gw):
 @triton.jit
 def _delta_tc_grad_w_kernel(
     OUT, GIN, GW_PART, GW, COUNTERS,
-    N, CHUNK, P, GROUPS, R, T, D, KS,
-    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr,
+    N, CHUNK, P, GROUPS, FIRST, R, T, D, KS,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr,
     REDUCE_COLS: tl.constexpr,
 ):
-    """The taps past the fourth (K > 4; the update's backward accumulates the first four): P x GROUPS workers
-    (:func:`_tap_group_worker`), ticket i the chunk i // GROUPS and the taps from 4 (i % GROUPS + 1), then R
-    reducers that sum the (P, K, d, d_v) partials of both kernels into GW, in GW's dtype (ops/partials.py)."""
-    ticket = partials.take_ticket(COUNTERS)
+    """The taps' gradient from the saved x', groups of four taps from group FIRST (1 with the one-pass backward:
+    the update's backward accumulates the first four; else 0): P x GROUPS workers (:func:`_tap_group_worker`),
+    ticket i the chunk i // GROUPS and the taps from 4 (i % GROUPS + FIRST), then (REDUCE) R reducers that sum the
+    (P, K, d, d_v) partials of both kernels into GW, in GW's dtype (ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P * GROUPS:
-        _tap_group_worker(OUT, GIN, GW_PART, ticket // GROUPS, (ticket % GROUPS + 1) * 4, N, CHUNK, T, D, KS,
+        _tap_group_worker(OUT, GIN, GW_PART, ticket // GROUPS, (ticket % GROUPS + FIRST) * 4, N, CHUNK, T, D, KS,
                           BLOCK_D, DV, BLOCK_V)
-        partials.signal_stored(COUNTERS)
-    else:
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
         partials.reducer(COUNTERS, P * GROUPS, GW_PART, GW, ticket - P * GROUPS, P, KS * D * DV, R, REDUCE_ROWS,
                          REDUCE_COLS)
 
@@ -209,13 +209,21 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
     return out, xin, delta
 
 
-def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float):
+def saves_new_state(ks: int, one_pass: bool) -> bool:
+    """Whether the backward reads x' as the forward stored it (the taps' second kernel runs): K > 4, or the
+    one-pass backward switched off (``switches.TC_ONE_PASS``)."""
+    return ks > TAP_GROUP or not one_pass
+
+
+def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: bool | None = None):
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
-    None for zero); out = x', the forward's new state, read only for taps past the fourth (None when K <= 4);
-    other shapes as :func:`token_read_forward`'s inputs. One launch for K <= 4: the update's backward with the
-    read's gradient added per token and the taps' gradient from x' recomputed in registers, on a bounded
-    persistent grid (ops.delta.triton's kernel); for K > 4 a second launch on the same grid adds the other taps'
-    gradient from the saved x'."""
+    None for zero); out = x', the forward's new state, read by the taps' second kernel (None when it does not run:
+    :func:`saves_new_state`); other shapes as :func:`token_read_forward`'s inputs. With the one-pass backward
+    (``switches.TC_ONE_PASS``), one launch for K <= 4: the update's backward with the read's gradient added per
+    token and the taps' gradient from x' recomputed in registers, on a bounded persistent grid (ops.delta.triton's
+    kernel); for K > 4 a second launch on the same grid adds the other taps' gradient from the saved x'. Without
+    it, the update's backward adds the read's gradient only and the second launch sums every tap's gradient.
+    ``one_pass``: None for the switch's value now (the Function passes the forward's)."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     n = bsz * t
@@ -223,26 +231,33 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float):
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     groups = triton.cdiv(ks, TAP_GROUP)
+    one_pass = switches.TC_ONE_PASS if one_pass is None else one_pass
+    first = 1 if one_pass else 0  # the first group of taps the second kernel sums
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     gw = torch.empty_like(w)
-    count, red = partials.counters(x.device), partials.plan(max_programs(x.device, per_sm=1), ks * d * dv)
-    one = groups == 1  # K <= 4: the update's backward sums the partials in its launch, else the second kernel
+    red = partials.start(x.device, ks * d * dv)
+    one = groups == first  # only the update's backward: it sums the partials in its launch, else the second kernel
+    none = dict(REDUCE=False, **red.plan.meta())
     launch(
         _delta_bwd_kernel, (progs + (red.total if one else 0),),
-        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part, gw, count, n, chunk, progs, red.total, t,
-         d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
-        writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=False, TAPS=ks, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        PREFETCH=BWD_PREFETCH, REDUCE=one, **red.meta(),
+        # without the taps' gradient the update's launch writes no partial (gx as a placeholder: counted once)
+        (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part if one_pass else gx, gw, red.counters, n,
+         chunk, progs, red.total, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
+        writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=False, TAPS=ks, TAP_GRADS=one_pass, BLOCK_D=bd, DV=dv,
+        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, **(red.meta() if one else none),
         num_warps=delta_warps(2 * bd * bv),  # the tiles of four taps and their gradient besides the state's
     )
     if not one:
+        if out is None:
+            raise ValueError("token_read_backward: the taps' second kernel reads x' (out), got None")
         launch(
-            _delta_tc_grad_w_kernel, (progs * (groups - 1) + red.total,),
-            (out.contiguous(), gin, gw_part, gw, count, n, chunk, progs, groups - 1, red.total, t, d, ks),
+            _delta_tc_grad_w_kernel, (progs * (groups - first) + red.total,),
+            (out.contiguous(), gin, gw_part, gw, red.counters, n, chunk, progs, groups - first, first, red.total, t,
+             d, ks),
             writes=(2,), apart=(3, 4), BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv), **red.meta(),
         )
-    partials.record_sum(gw_part, gw)
+    red.finish("delta_tc_grad_w_kernel" if not one else "delta_bwd_kernel", (gw_part, gw))
     return gx, gk, gv, gbeta, gw
 
 
@@ -255,16 +270,17 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
         out, xin, delta = token_read_forward(x, k, v, beta, w, k_eps, want_delta=tape is not None)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
-        # x' too where the taps' gradient past the fourth tap reads it (K > 4): the next update's input, saved by
-        # it anyway (the extra memory is the model's last state only); K <= 4 recomputes it in registers
-        ctx.save_for_backward(x, out if w.shape[0] > TAP_GROUP else None, k, v, beta, w)
+        # x' too where the taps' second kernel reads it (K > 4, or the one-pass backward off): the next update's
+        # input, saved by it anyway (the extra memory is the model's last state only); else recomputed in registers
+        ctx.one_pass = switches.TC_ONE_PASS
+        ctx.save_for_backward(x, out if saves_new_state(w.shape[0], ctx.one_pass) else None, k, v, beta, w)
         ctx.k_eps = k_eps
         return out, xin
 
     @staticmethod
     def backward(ctx, g, gin):
         x, out, k, v, beta, w = ctx.saved_tensors
-        return (*token_read_backward(g, gin, x, out, k, v, beta, w, ctx.k_eps), None)
+        return (*token_read_backward(g, gin, x, out, k, v, beta, w, ctx.k_eps, ctx.one_pass), None)
 
 
 def delta_update_token_read_triton(x, k, v, beta, weight, *, k_eps: float = 1e-5):

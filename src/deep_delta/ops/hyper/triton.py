@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops import partials
-from deep_delta.ops.delta.triton import check_device, max_programs, reduction_grid
+from deep_delta.ops.delta.triton import check_device, reduction_grid
 from deep_delta.ops.launch import launch
 
 MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
@@ -82,24 +82,19 @@ def _write_fwd_kernel(
 def _write_bwd_kernel(
     H, R, B, F, G, GH, GR, GB, GF, GR_SUM, GB_SUM, COUNTERS, NT, CHUNK, P, R_R, RED, D, stride_r, stride_b,
     R_STATIC: tl.constexpr, B_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
 ):
-    """P workers (:func:`_write_bwd_worker`); with a static coefficient RED reducers more (ops/partials.py): the
-    first R_R sum the static R's partials GR (P, n, n) into GR_SUM, the others the static b's GB (P, n) into
-    GB_SUM."""
-    if R_STATIC or B_STATIC:
-        ticket = partials.take_ticket(COUNTERS)
-    else:
-        ticket = tl.program_id(0)
+    """P workers (:func:`_write_bwd_worker`); with REDUCE (a static coefficient's gradient summed in the launch)
+    RED reducers more (ops/partials.py): the first R_R sum the static R's partials GR (P, n, n) into GR_SUM, the
+    others the static b's GB (P, n) into GB_SUM."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _write_bwd_worker(H, R, B, F, G, GH, GR, GB, GF, ticket.to(tl.int64), NT, CHUNK, D, stride_r, stride_b,
                           R_STATIC, B_STATIC, NS, BLOCK_D, BLOCK_N)
-        if R_STATIC or B_STATIC:
-            partials.signal_stored(COUNTERS)
-    else:
-        if R_STATIC or B_STATIC:
-            partials.wait_for_workers(COUNTERS, P)
-            rid = ticket - P
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
+        rid = ticket - P
+        if partials.wait_for_workers(COUNTERS, P, rid, RED):
             if rid < R_R:
                 partials.reduce_into(GR, GR_SUM, rid, P, NS * NS, REDUCE_ROWS, REDUCE_COLS)
             else:
@@ -174,21 +169,16 @@ def _read_fwd_kernel(H, A, OUT, D, stride_a, NS: tl.constexpr, BLOCK_D: tl.const
 def _read_bwd_kernel(
     H, A, G, GH, GA, GA_SUM, COUNTERS, NT, CHUNK, P, RED, D, stride_a,
     A_STATIC: tl.constexpr, NS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
 ):
-    """P workers (:func:`_read_bwd_worker`); with a static a RED reducers more, which sum its partials GA (P, n)
-    into GA_SUM (ops/partials.py)."""
-    if A_STATIC:
-        ticket = partials.take_ticket(COUNTERS)
-    else:
-        ticket = tl.program_id(0)
+    """P workers (:func:`_read_bwd_worker`); with REDUCE (a static a's gradient summed in the launch) RED reducers
+    more, which sum its partials GA (P, n) into GA_SUM (ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _read_bwd_worker(H, A, G, GH, GA, ticket.to(tl.int64), NT, CHUNK, D, stride_a, A_STATIC, NS, BLOCK_D, BLOCK_N)
-        if A_STATIC:
-            partials.signal_stored(COUNTERS)
-    else:
-        if A_STATIC:
-            partials.reducer(COUNTERS, P, GA, GA_SUM, ticket - P, P, NS, RED, REDUCE_ROWS, REDUCE_COLS)
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
+        partials.reducer(COUNTERS, P, GA, GA_SUM, ticket - P, P, NS, RED, REDUCE_ROWS, REDUCE_COLS)
 
 
 @triton.jit
@@ -295,9 +285,19 @@ def _coef_grad(grad: torch.Tensor, c: torch.Tensor, static: bool) -> torch.Tenso
     return torch.empty_like(c) if static else grad
 
 
-def _reducers(h: torch.Tensor, *static: torch.Tensor):
-    """The reducers of the static coefficients among ``static`` (None: per token)."""
-    return partials.plan(max_programs(h.device, per_sm=1), *(c.numel() for c in static if c is not None))
+def _reduction(h: torch.Tensor, *static: torch.Tensor | None) -> partials.Reduction | None:
+    """The reduction of the static coefficients' gradients among ``static`` (None: per token), or None when every
+    coefficient is per token (nothing summed over tokens)."""
+    widths = [c.numel() for c in static if c is not None]
+    return partials.start(h.device, *widths) if widths else None
+
+
+def _reduction_args(red: partials.Reduction | None, h: torch.Tensor) -> tuple[torch.Tensor, int, dict]:
+    """(counters, reducer programs, constants) of a launch with the reduction ``red`` (None: no reduction)."""
+    if red is None:
+        return torch.empty(partials.SLOTS, dtype=torch.int32, device=h.device), 0, dict(
+            REDUCE=False, REDUCE_ROWS=1, REDUCE_COLS=partials.MIN_COLS)
+    return red.counters, red.total, red.meta()
 
 
 class StreamWriteTriton(torch.autograd.Function):
@@ -329,16 +329,17 @@ class StreamWriteTriton(torch.autograd.Function):
         gr = torch.empty(progs if r_static else nt, n, n, dtype=torch.float32, device=h.device)
         gb = torch.empty(progs if b_static else nt, n, dtype=torch.float32, device=h.device)
         gr_out, gb_out = _coef_grad(gr, r, r_static), _coef_grad(gb, b, b_static)
-        red = _reducers(h, r if r_static else None, b if b_static else None)
+        red = _reduction(h, r if r_static else None, b if b_static else None)
+        count, reducers, meta = _reduction_args(red, h)
         r_r = red.reducers[0] if r_static else 0
-        launch(_write_bwd_kernel, (progs + red.total,),
-               (h, r, b, f, g, gh, gr, gb, gf, gr_out, gb_out, partials.counters(h.device), nt, chunk, progs, r_r,
-                red.total, d, _token_stride(r, 2), _token_stride(b, 1)),
+        launch(_write_bwd_kernel, (progs + reducers,),
+               (h, r, b, f, g, gh, gr, gb, gf, gr_out, gb_out, count, nt, chunk, progs, r_r, reducers, d,
+                _token_stride(r, 2), _token_stride(b, 1)),
                writes=(5, 6, 7, 8), apart=(9, 10, 11), R_STATIC=r_static, B_STATIC=b_static, NS=n, BLOCK_D=bd,
-               BLOCK_N=bn, num_warps=4, **red.meta())
-        for part, out, static in ((gr, gr_out, r_static), (gb, gb_out, b_static)):
-            if static:
-                partials.record_sum(part, out)
+               BLOCK_N=bn, num_warps=4, **meta)
+        if red is not None:
+            red.finish("write_bwd_kernel", *((part, out) for part, out, static in
+                                             ((gr, gr_out, r_static), (gb, gb_out, b_static)) if static))
         return gh, gr_out.to(r.dtype), gb_out.to(b.dtype), gf
 
 
@@ -366,13 +367,13 @@ class StreamReadTriton(torch.autograd.Function):
         progs, chunk = _backward_grid(nt, h.device, a_static)
         gh = torch.empty_like(h)
         ga = torch.empty(progs if a_static else nt, n, dtype=torch.float32, device=h.device)
-        ga_out, red = _coef_grad(ga, a, a_static), _reducers(h, a if a_static else None)
-        launch(_read_bwd_kernel, (progs + red.total,),
-               (h, a, g.contiguous(), gh, ga, ga_out, partials.counters(h.device), nt, chunk, progs, red.total, d,
-                _token_stride(a, 1)),
-               writes=(3, 4), apart=(5, 6), A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4, **red.meta())
-        if a_static:
-            partials.record_sum(ga, ga_out)
+        ga_out, red = _coef_grad(ga, a, a_static), _reduction(h, a if a_static else None)
+        count, reducers, meta = _reduction_args(red, h)
+        launch(_read_bwd_kernel, (progs + reducers,),
+               (h, a, g.contiguous(), gh, ga, ga_out, count, nt, chunk, progs, reducers, d, _token_stride(a, 1)),
+               writes=(3, 4), apart=(5, 6), A_STATIC=a_static, NS=n, BLOCK_D=bd, BLOCK_N=bn, num_warps=4, **meta)
+        if red is not None:
+            red.finish("read_bwd_kernel", (ga, ga_out))
         return gh, ga_out.to(a.dtype)
 
 

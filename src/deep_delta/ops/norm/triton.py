@@ -187,18 +187,18 @@ def _norm_gate_value_bwd_kernel(
     GSRC, PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
     N, CHUNK, P, R_D, R_V, R, D, DV, eps, beta_max, value_scale,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ONE_PASS: tl.constexpr,
-    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
 ):
     """P workers and R reducers (ops/partials.py). Worker i: tokens [i * CHUNK, (i + 1) * CHUNK), its partials
     PART_D (2, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v);
     PREFETCH: token n+1's rows are loaded before token n's math; ONE_PASS: the module's note. Reducers 0 .. R_D-1
     sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into G_WV, the rest PART_B's into G_GB, G_BV."""
-    ticket = partials.take_ticket(COUNTERS)
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _norm_bwd_worker(SRC, NW, GW, GB, WV, BV, GC, GBETA, GV, GSRC, PART_D, PART_V, PART_B, ticket, N, CHUNK, D,
                          DV, eps, beta_max, value_scale, BLOCK_D, BLOCK_V, PREFETCH, ONE_PASS)
-        partials.signal_stored(COUNTERS)
-    else:
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
         norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
                      REDUCE_ROWS, REDUCE_COLS)
 
@@ -209,20 +209,20 @@ def norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
     """Reducer ``rid`` of a launch whose P workers wrote the norm's partials (:func:`norm_row_backward`'s sums):
     reducers 0 .. R_D-1 sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into G_WV, the rest
     PART_B's into G_GB and G_BV (ops/partials.py)."""
-    partials.wait_for_workers(COUNTERS, P)
-    if rid < R_D:
-        cols = partials.reducer_columns(rid, REDUCE_COLS)
-        acc = partials.sum_columns(PART_D, P, 2 * D, cols, REDUCE_ROWS, REDUCE_COLS)
-        partials.store_columns(G_NW, 0, D, cols, acc)
-        partials.store_columns(G_GW, D, 2 * D, cols, acc)
-    elif rid < R_D + R_V:
-        partials.reduce_into(PART_V, G_WV, rid - R_D, P, DV * D, REDUCE_ROWS, REDUCE_COLS)
-    else:
-        cols = partials.reducer_columns(rid - R_D - R_V, REDUCE_COLS)
-        acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
-        partials.store_columns(G_GB, 0, 1, cols, acc)
-        partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
-    partials.reducer_finished(COUNTERS, R)
+    if partials.wait_for_workers(COUNTERS, P, rid, R):
+        if rid < R_D:
+            cols = partials.reducer_columns(rid, REDUCE_COLS)
+            acc = partials.sum_columns(PART_D, P, 2 * D, cols, REDUCE_ROWS, REDUCE_COLS)
+            partials.store_columns(G_NW, 0, D, cols, acc)
+            partials.store_columns(G_GW, D, 2 * D, cols, acc)
+        elif rid < R_D + R_V:
+            partials.reduce_into(PART_V, G_WV, rid - R_D, P, DV * D, REDUCE_ROWS, REDUCE_COLS)
+        else:
+            cols = partials.reducer_columns(rid - R_D - R_V, REDUCE_COLS)
+            acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
+            partials.store_columns(G_GB, 0, 1, cols, acc)
+            partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
+        partials.reducer_finished(COUNTERS, R)
 
 
 @triton.jit
@@ -326,6 +326,12 @@ def norm_partial_buffers(progs: int, d: int, dv: int, device: torch.device) -> t
             torch.empty(progs, 1 + dv, dtype=torch.float32, device=device))
 
 
+def norm_sums(part_d, part_v, part_b, g_nw, g_gw, g_gb, g_wv, g_bv) -> tuple[tuple, ...]:
+    """The norm's partial buffers with the gradients their columns hold, in :meth:`partials.Reduction.finish`'s
+    form (the layout of :func:`norm_partials_store`)."""
+    return (part_d, g_nw, g_gw), (part_b, g_gb, g_bv), (part_v, g_wv)
+
+
 def norm_outputs(n: int, d: int, dv: int, norm_weight: torch.Tensor, c_dtype: torch.dtype | None,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Empty (c (N, d) in c_dtype (None: the norm weight's dtype), beta (N, 1), v (N, d_v)) of a forward."""
@@ -376,20 +382,18 @@ def triton_backward(
     per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
     progs, chunk = delta_triton.reduction_grid(n, src.device, per_sm=per_sm)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, src.device)
-    red = partials.plan(delta_triton.max_programs(src.device, per_sm=1), 2 * d, dv * d, 1 + dv)
+    red = partials.start(src.device, 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
         _norm_gate_value_bwd_kernel, (progs + red.total,),
         (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc.contiguous(), gbeta.contiguous(),
-         gv.contiguous(), gsrc, part_d, part_v, part_b, *grads, partials.counters(src.device), n, chunk, progs, r_d,
+         gv.contiguous(), gsrc, part_d, part_v, part_b, *grads, red.counters, n, chunk, progs, r_d,
          r_v, red.total, d, dv, float(eps), float(beta_max), float(value_scale)),
         writes=(9, 10, 11, 12), apart=(13, 14, 15, 16, 17, 18),
         BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ONE_PASS=ONE_PASS, num_warps=_bwd_warps(bd * bv), **red.meta(),
     )
     g_nw, g_gw, g_gb, g_wv, g_bv = grads
-    partials.record_sum(part_d, g_nw, g_gw)
-    partials.record_sum(part_b, g_gb, g_bv)
-    partials.record_sum(part_v, g_wv)
+    red.finish("norm_gate_value_bwd_kernel", *norm_sums(part_d, part_v, part_b, g_nw, g_gw, g_gb, g_wv, g_bv))
     return (gsrc, *grads)
 
 

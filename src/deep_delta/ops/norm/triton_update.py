@@ -44,6 +44,7 @@ from deep_delta.ops.norm.triton import (
     norm_row_backward,
     norm_row_forward,
     norm_row_store,
+    norm_sums,
     norm_weights,
 )
 
@@ -104,16 +105,17 @@ def _update_norm_bwd_kernel(
     X, K, V, BETA, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2,
     GX, GK, GV, GBETA, PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
     N, CHUNK, P, R_D, R_V, R, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr,
+    REDUCE_COLS: tl.constexpr,
 ):
-    """P workers (:func:`_update_norm_bwd_worker`) and R reducers (``norm_reducer``, ops/partials.py)."""
-    ticket = partials.take_ticket(COUNTERS)
+    """P workers (:func:`_update_norm_bwd_worker`) and (REDUCE) R reducers (``norm_reducer``, ops/partials.py)."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _update_norm_bwd_worker(X, K, V, BETA, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA, PART_D,
                                 PART_V, PART_B, ticket, N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max,
                                 value_scale, BLOCK_D, BLOCK_V)
-        partials.signal_stored(COUNTERS)
-    else:
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
         norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
                      REDUCE_ROWS, REDUCE_COLS)
 
@@ -197,22 +199,23 @@ def _update_read_norm_bwd_kernel(
     X, K, V, BETA, CR, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2,
     GX, GK, GV, GBETA, PART_C, PART_D, PART_V, PART_B, G_CR, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
     N, CHUNK, P, R_C, R_D, R_V, R, D, eps2_over_d, inv_sqrt_d, eps, beta_max, value_scale,
-    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE_ROWS: tl.constexpr,
-    REDUCE_COLS: tl.constexpr,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, REDUCE: tl.constexpr,
+    REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
 ):
-    """P workers (:func:`_update_read_norm_bwd_worker`) and R reducers: the first R_C sum the read's weight gradient
-    (PART_C (P, d d_v) into G_CR), the rest the next sublayer's norm weights' (``norm_reducer``)."""
-    ticket = partials.take_ticket(COUNTERS)
+    """P workers (:func:`_update_read_norm_bwd_worker`) and (REDUCE) R reducers: the first R_C sum the read's weight
+    gradient (PART_C (P, d d_v) into G_CR), the rest the next sublayer's norm weights' (``norm_reducer``)."""
+    ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _update_read_norm_bwd_worker(X, K, V, BETA, CR, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA,
                                      PART_C, PART_D, PART_V, PART_B, ticket, N, CHUNK, D, eps2_over_d, inv_sqrt_d, eps,
                                      beta_max, value_scale, BLOCK_D, DV, BLOCK_V)
-        partials.signal_stored(COUNTERS)
-    elif ticket - P < R_C:
-        partials.reducer(COUNTERS, P, PART_C, G_CR, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
-    else:
-        norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P - R_C, P, R_D, R_V, R,
-                     D, DV, REDUCE_ROWS, REDUCE_COLS)
+        partials.signal_stored(COUNTERS, REDUCE)
+    elif REDUCE:
+        if ticket - P < R_C:
+            partials.reducer(COUNTERS, P, PART_C, G_CR, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
+        else:
+            norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P - R_C, P, R_D,
+                         R_V, R, D, DV, REDUCE_ROWS, REDUCE_COLS)
 
 
 @triton.jit
@@ -307,23 +310,20 @@ def triton_backward(
                   for t in (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
     progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=BWD_PER_SM)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
-    red = partials.plan(delta_triton.max_programs(x.device, per_sm=1), 2 * d, dv * d, 1 + dv)
+    red = partials.start(x.device, 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
         _update_norm_bwd_kernel, (progs + red.total,),
         (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, g.contiguous(),
          gc.contiguous(), gbeta2.contiguous(), gv2.contiguous(), *grads[:4], part_d, part_v, part_b, *grads[4:],
-         partials.counters(x.device), n, chunk, progs, r_d, r_v, red.total, d, dv, k_eps * k_eps / d,
+         red.counters, n, chunk, progs, r_d, r_v, red.total, d, dv, k_eps * k_eps / d,
          1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(13, 14, 15, 16, 17, 18, 19), apart=(4, 5, 6, 7, 8, 10, 11, 12, 17, 18, 19, 20, 21, 22, 23, 24, 25),
         BLOCK_D=bd, BLOCK_V=bv, num_warps=_warps(bd * bv), **red.meta(),
     )
     record("update_norm_bwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc,
                                                    gbeta2, gv2), (part_d, part_v, part_b))
-    g_nw, g_gw, g_gb, g_wv, g_bv = grads[4:]
-    partials.record_sum(part_d, g_nw, g_gw)
-    partials.record_sum(part_b, g_gb, g_bv)
-    partials.record_sum(part_v, g_wv)
+    red.finish("update_norm_bwd_kernel", *norm_sums(part_d, part_v, part_b, *grads[4:]))
     return grads
 
 
@@ -369,25 +369,23 @@ def read_triton_backward(
     progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
     part_c = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
-    red = partials.plan(delta_triton.max_programs(x.device, per_sm=1), d * dv, 2 * d, dv * d, 1 + dv)
+    red = partials.start(x.device, d * dv, 2 * d, dv * d, 1 + dv)
     r_c, r_d, r_v, _ = red.reducers
     launch(
         _update_read_norm_bwd_kernel, (progs + red.total,),
         (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, g.contiguous(),
          gc.contiguous(), gbeta2.contiguous(), gv2.contiguous(), *grads[:4], part_c, part_d, part_v, part_b,
-         *grads[4:], partials.counters(x.device), n, chunk, progs, r_c, r_d, r_v, red.total, d, k_eps * k_eps / d,
+         *grads[4:], red.counters, n, chunk, progs, r_c, r_d, r_v, red.total, d, k_eps * k_eps / d,
          1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(14, 15, 16, 17, 18, 19, 20, 21),
         apart=(5, 6, 7, 8, 9, 11, 12, 13, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28),
         BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=_warps(bd * bv, 2), **red.meta(),
     )
-    g_cr, g_nw, g_gw, g_gb, g_wv, g_bv = grads[4:]
-    partials.record_sum(part_c, g_cr)  # the read's: the update's share (a partial sum belongs to the record before it)
+    # the read's sum is the update's share (a partial sum belongs to the record before it), the norm's the norm's
+    red.finish("update_read_norm_bwd_kernel", (part_c, grads[4]))
     record("update_read_norm_bwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight,
                                                         value_bias, gc, gbeta2, gv2), (part_d, part_v, part_b))
-    partials.record_sum(part_d, g_nw, g_gw)
-    partials.record_sum(part_b, g_gb, g_bv)
-    partials.record_sum(part_v, g_wv)
+    red.finish("update_read_norm_bwd_kernel", *norm_sums(part_d, part_v, part_b, *grads[5:]))
     return grads
 
 
