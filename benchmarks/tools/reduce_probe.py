@@ -13,7 +13,7 @@ K = 4 taps, n = 4 streams, 32 x 1024 tokens; bf16 state) with the partial rows s
   after every worker has started, so they wait only for running programs), equal to the default grid's sum within
   ``rel_diff``'s bound;
 - ``counters_zero``: the cached counters are all zero after the case;
-- ``ms_inkernel`` / ``ms_torch``: the backward's time, median of 10 by CUDA events.
+- ``ms_inkernel`` / ``ms_torch``: the op's forward + backward, median of 10 by CUDA events.
 
 Then one CUDA graph: the fused CC read's backward captured with the in-kernel sum (fresh counters inside the graph)
 and replayed three times, equal bit for bit to eager, the cached counters untouched. Results as JSON (``--out``);
@@ -102,8 +102,9 @@ def cases(s: dict, device: torch.device) -> dict:
 def poison(device: torch.device, mib: int) -> None:
     """Fill ``mib`` MiB of fresh memory with NaN and free it: the caching allocator hands those blocks to the next
     allocations (the partial buffers among them)."""
-    if device.type == "cuda":
-        junk = torch.full((mib * 2**18,), float("nan"), device=device)
+    if device.type == "cuda":  # a large block and many small ones (the allocator's two pools)
+        junk = [torch.full((mib * 2**18,), float("nan"), device=device)]
+        junk += [torch.full((2**14,), float("nan"), device=device) for _ in range(256)]
         del junk
 
 

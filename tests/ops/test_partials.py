@@ -90,7 +90,7 @@ def _copy_then_sum_kernel(X, PART, OUT, COUNTERS, P, R, WIDTH, REDUCE_ROWS: tl.c
             cols = c0 + tl.arange(0, REDUCE_COLS)
             row = tl.load(X + ticket * WIDTH + cols, mask=cols < WIDTH, other=0.0)
             tl.store(PART + ticket * WIDTH + cols, row, mask=cols < WIDTH)
-        partials.signal_stored(COUNTERS, True)
+        partials.signal_stored(COUNTERS, P, True)
     else:
         partials.reducer(COUNTERS, P, PART, OUT, ticket - P, P, WIDTH, R, REDUCE_ROWS, REDUCE_COLS)
 
@@ -181,7 +181,7 @@ def _cc_backward():
                                         1e-5)
 
 
-@pytest.mark.parametrize("planted", [[3, 0, 0, 0], [12, 12, 0, 0], [0, 7, 0, 0], [0, 0, 5, 0]],
+@pytest.mark.parametrize("planted", [[3, 0, 0, 0], [12, 12, 0, 0], [0, 7, 0, 0], [0, 0, 300, 0]],
                          ids=["tickets", "tickets-and-rows", "rows", "finished"])
 def test_stale_counters_give_a_clear_error_not_a_hang_or_a_wrong_gradient(small_reduction, monkeypatch, planted):
     """Counters that are not zero at a launch (planted here; on a GPU: a launch that died mid-way, or memory handed
@@ -189,9 +189,35 @@ def test_stale_counters_give_a_clear_error_not_a_hang_or_a_wrong_gradient(small_
     workers, counts itself past the reducers, or polls ``SPIN_LIMIT`` times without seeing every worker sets the
     failed counter and writes nothing, and the host raises ReductionError naming the kernel (on a GPU the kernel
     traps). Before issue 47, [3, 0, 0] hung and [12, 12, 0] wrote a wrong grad_c without an error."""
+    if DEVICE == "cuda":  # the kernel traps: the process's CUDA context is lost, so it runs in its own process
+        _stale_counters_trap_on_the_gpu(planted)
+        return
     monkeypatch.setattr(partials, "counters", lambda device: torch.tensor(planted, dtype=torch.int32, device=device))
     with pytest.raises(partials.ReductionError, match=r"delta_bwd_kernel: the in-kernel reduction .* DDL_INKERNEL_REDUCE=0"):
         _cc_backward()
+
+
+def _stale_counters_trap_on_the_gpu(planted):
+    """On a GPU: the fused CC read's backward with planted counters fails with a CUDA error (the trap) within the
+    spin bound, in a process of its own, instead of hanging or finishing with a gradient."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from deep_delta.ops import partials, switches\n"
+        "from deep_delta.ops.delta import triton as dt\n"
+        "switches.INKERNEL_REDUCE = True\n"
+        f"partials.counters = lambda device: torch.tensor({planted}, dtype=torch.int32, device=device)\n"
+        "n, d, dv = 4096, 64, 4\n"
+        "r = lambda *s: torch.randn(*s, device='cuda')\n"
+        "out = dt.triton_backward(r(n, d, dv), r(n, d), r(n, d, dv), r(n, d), r(n, dv), r(n).abs(), r(d, dv), 1e-5)\n"
+        "torch.cuda.synchronize()\n"
+        "print('finished without an error')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0 and "finished without an error" not in done.stdout, done.stdout
+    assert "CUDA" in done.stderr or "cuda" in done.stderr, done.stderr[-2000:]
 
 
 def test_fresh_counters_off_cuda_and_one_set_per_stream_on_cuda():

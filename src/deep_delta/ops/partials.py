@@ -230,12 +230,14 @@ TRAP: tl.constexpr = tl.constexpr(not _INTERPRETED)
 
 
 @triton.jit
-def signal_stored(COUNTERS, REDUCE: tl.constexpr):
+def signal_stored(COUNTERS, P, REDUCE: tl.constexpr):
     """A worker's partial row is stored: with REDUCE, counter 1 += 1, released after every thread of the program has
-    stored its part (the barrier orders them before the release)."""
+    stored its part (the barrier orders them before the release). A count already at the launch's P workers (stale
+    counters): :func:`fail`."""
     if REDUCE:
         tl.debug_barrier()
-        tl.atomic_add(COUNTERS + 1, 1, sem="release")
+        if tl.atomic_add(COUNTERS + 1, 1, sem="release") >= P:
+            fail(COUNTERS)
 
 
 @triton.jit
@@ -250,7 +252,9 @@ def fail(COUNTERS):
 def wait_for_workers(COUNTERS, P, rid, R):
     """Reducer ``rid`` of R: spin until all P workers have signalled (acquire), then let every thread of the
     program go on. True when the reducer may sum; False after :func:`fail` when its ticket is past the launch's
-    reducers, more than P rows were signalled, or SPIN_LIMIT polls did not see all P (stale counters)."""
+    reducers, more than P rows were signalled, or SPIN_LIMIT polls did not see all P (stale counters). A stale
+    count below P can let a reducer go on early; a worker then finds the count at P (:func:`signal_stored`) and
+    fails the launch."""
     fresh = rid < R
     seen = tl.atomic_add(COUNTERS + 1, 0, sem="acquire")
     spins = 0

@@ -64,7 +64,7 @@ def _cc_bwd_kernel(X, C, G, GX, GC_PART, GC, COUNTERS, N, CHUNK, P, R, D, BLOCK_
     ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _cc_bwd_worker(X, C, G, GX, GC_PART, ticket, N, CHUNK, D, BLOCK_D, DV, BLOCK_V)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         partials.reducer(COUNTERS, P, GC_PART, GC, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
 
@@ -187,7 +187,7 @@ def _conv_bwd_w_kernel(
     if ticket < P * KS:
         _conv_bwd_w_worker(A, S, GW_PART, ticket // KS, ticket % KS, KS, N, CHUNK, T, L, D, A_IS_STATE, BLOCK_D,
                            DV, BLOCK_V)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P * KS, REDUCE)
     elif REDUCE:
         partials.reducer(COUNTERS, P * KS, GW_PART, GW, ticket - P * KS, P, KS * D * DV, R, REDUCE_ROWS,
                          REDUCE_COLS)

@@ -241,7 +241,7 @@ def _delta_bwd_kernel(
     if ticket < P:
         _delta_bwd_worker(X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, ticket, N, CHUNK, T, D, eps2_over_d,
                           inv_sqrt_d, HAS_READ, TAPS, TAP_GRADS, BLOCK_D, DV, BLOCK_V, PREFETCH)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         partials.reducer(COUNTERS, P, GC_PART, GC_OUT, ticket - P, P, (TAPS + HAS_READ) * D * DV, R, REDUCE_ROWS,
                          REDUCE_COLS)

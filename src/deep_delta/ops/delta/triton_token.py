@@ -144,7 +144,7 @@ def _delta_tc_grad_w_kernel(
     if ticket < P * GROUPS:
         _tap_group_worker(OUT, GIN, GW_PART, ticket // GROUPS, (ticket % GROUPS + FIRST) * 4, N, CHUNK, T, D, KS,
                           BLOCK_D, DV, BLOCK_V)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P * GROUPS, REDUCE)
     elif REDUCE:
         partials.reducer(COUNTERS, P * GROUPS, GW_PART, GW, ticket - P * GROUPS, P, KS * D * DV, R, REDUCE_ROWS,
                          REDUCE_COLS)

@@ -91,7 +91,7 @@ def _write_bwd_kernel(
     if ticket < P:
         _write_bwd_worker(H, R, B, F, G, GH, GR, GB, GF, ticket.to(tl.int64), NT, CHUNK, D, stride_r, stride_b,
                           R_STATIC, B_STATIC, NS, BLOCK_D, BLOCK_N)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         rid = ticket - P
         if partials.wait_for_workers(COUNTERS, P, rid, RED):
@@ -176,7 +176,7 @@ def _read_bwd_kernel(
     ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _read_bwd_worker(H, A, G, GH, GA, ticket.to(tl.int64), NT, CHUNK, D, stride_a, A_STATIC, NS, BLOCK_D, BLOCK_N)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         partials.reducer(COUNTERS, P, GA, GA_SUM, ticket - P, P, NS, RED, REDUCE_ROWS, REDUCE_COLS)
 

@@ -197,7 +197,7 @@ def _norm_gate_value_bwd_kernel(
     if ticket < P:
         _norm_bwd_worker(SRC, NW, GW, GB, WV, BV, GC, GBETA, GV, GSRC, PART_D, PART_V, PART_B, ticket, N, CHUNK, D,
                          DV, eps, beta_max, value_scale, BLOCK_D, BLOCK_V, PREFETCH, ONE_PASS)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
                      REDUCE_ROWS, REDUCE_COLS)

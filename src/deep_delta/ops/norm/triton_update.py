@@ -114,7 +114,7 @@ def _update_norm_bwd_kernel(
         _update_norm_bwd_worker(X, K, V, BETA, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA, PART_D,
                                 PART_V, PART_B, ticket, N, CHUNK, D, DV, eps2_over_d, inv_sqrt_d, eps, beta_max,
                                 value_scale, BLOCK_D, BLOCK_V)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
                      REDUCE_ROWS, REDUCE_COLS)
@@ -209,7 +209,7 @@ def _update_read_norm_bwd_kernel(
         _update_read_norm_bwd_worker(X, K, V, BETA, CR, NW, GW, GB, WV, BV, G, GC, GBETA2, GV2, GX, GK, GV, GBETA,
                                      PART_C, PART_D, PART_V, PART_B, ticket, N, CHUNK, D, eps2_over_d, inv_sqrt_d, eps,
                                      beta_max, value_scale, BLOCK_D, DV, BLOCK_V)
-        partials.signal_stored(COUNTERS, REDUCE)
+        partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         if ticket - P < R_C:
             partials.reducer(COUNTERS, P, PART_C, G_CR, ticket - P, P, D * DV, R, REDUCE_ROWS, REDUCE_COLS)
