@@ -16,6 +16,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ddl-cc": dict(residual="delta", value_channels=4, compressor="channel", state_init="conv"),
     "ddl-tc-noec": dict(residual="delta", value_channels=4, compressor="token", state_init="repeat"),
     "ddl-cc-noec": dict(residual="delta", value_channels=4, compressor="channel", state_init="repeat"),
+    # the write-only controls (issue 48): each DDL variant with the update x + beta k v^T (no read, nothing
+    # erased), everything else the same (parameters, initialisation, data order)
+    "ddl-dv1-write": dict(residual="delta", value_channels=1, residual_map="k", compressor="none", state_init="repeat",
+                          update_rule="write"),
+    "ddl-tc-write": dict(residual="delta", value_channels=4, compressor="token", state_init="conv", update_rule="write"),
+    "ddl-cc-write": dict(residual="delta", value_channels=4, compressor="channel", state_init="conv",
+                         update_rule="write"),
     # the rivals (docs/rivals.md): n = hc_streams residual streams instead of a d x d_v state
     "hc": dict(residual="hyper", hc_kind="hc", hc_dynamic=True),
     "hc-static": dict(residual="hyper", hc_kind="hc", hc_dynamic=False),
@@ -37,6 +44,9 @@ PAPER_NAMES = {
     "ddl-cc": "DDL-CC",
     "ddl-tc-noec": "DDL-TC w/o EC",
     "ddl-cc-noec": "DDL-CC w/o EC",
+    "ddl-dv1-write": "DDL (d_v=1) write-only",
+    "ddl-tc-write": "DDL-TC write-only",
+    "ddl-cc-write": "DDL-CC write-only",
     "hc": "HC (dynamic)",
     "hc-static": "HC (static)",
     "mhc": "mHC",
@@ -56,3 +66,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 def paper_name(variant: str) -> str:
     """The paper's name of ``variant`` for tables ("ddl-cc" -> "DDL-CC"); a name not in the table as given."""
     return PAPER_NAMES.get(variant, variant)
+
+
+def twin_of(variant: str) -> str | None:
+    """The write-only control of a DDL variant ("ddl-cc" -> "ddl-cc-write"), or None where it has none."""
+    twin = f"{variant}-write"
+    return twin if twin in VARIANTS else None

@@ -101,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"ddl compare: {', '.join(variants)} at preset {base.preset}{widths}, {steps} steps x "
           f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
           f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
+    if lrs is not None:
+        from deep_delta.experiments.lr_grid import gap_warning
+
+        warning = gap_warning(lrs)
+        if warning:
+            print(f"ddl compare: {warning}", file=sys.stderr, flush=True)
     if args.widths is not None or args.lengths is not None:
         return _run_scaling(args, given, base, variants, seeds, lrs, step_costs)
     if lrs is None:

@@ -104,11 +104,33 @@ def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float]
     return chosen
 
 
+# The widest step between neighbouring lrs of a grid that still brackets an optimum finely enough (issue 48): a
+# loss-against-lr curve can have two basins (DDL-TC's did), and a step wider than 2x can jump one.
+MAX_GRID_STEP = 2.0
+
+
+def grid_gaps(lrs: Sequence[float]) -> list[tuple[float, float]]:
+    """The neighbouring pairs (low, high) of the sorted grid more than ``MAX_GRID_STEP`` apart."""
+    ordered = sorted(lrs)
+    return [(lo, hi) for lo, hi in zip(ordered, ordered[1:]) if hi / lo > MAX_GRID_STEP * (1 + 1e-9)]
+
+
+def gap_warning(lrs: Sequence[float]) -> str | None:
+    """A sentence naming the grid's gaps wider than 2x (an optimum inside one would be missed), or None."""
+    gaps = grid_gaps(lrs)
+    if not gaps:
+        return None
+    spans = ", ".join(f"{lo:g} to {hi:g} ({hi / lo:.3g}x)" for lo, hi in gaps)
+    return (f"warning: the lr grid has {'a gap' if len(gaps) == 1 else 'gaps'} wider than {MAX_GRID_STEP:g}x: "
+            f"{spans}; a best lr inside {'it' if len(gaps) == 1 else 'them'} would be missed (docs/evidence.md: "
+            "grids in factors of 2 without gaps)")
+
+
 def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
     """Markdown: a row per variant, a column per lr, each cell the mean +- sd over seeds of the validation metric
     (``fmt`` formats one number), "diverged" where every seed did, the chosen lr in bold, and a chosen lr at
     the grid's edge said to be one (the variant's optimum may lie beyond it: its comparison is then not at its
-    best lr)."""
+    best lr); below the table, a grid with a gap wider than 2x said to have one (:func:`gap_warning`)."""
     head = "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen lr |"
     lines = [head, "|" + " --- |" * (len(lrs) + 2)]
     for variant, c in chosen.items():
@@ -127,6 +149,9 @@ def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
             beyond = "below" if edge == "lowest" else "above"
             cells.append(f"{c['lr']:g}" + (f" (the grid's {edge}: the best may lie {beyond} it)" if edge else ""))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    warning = gap_warning(lrs)
+    if warning:
+        lines += ["", warning[0].upper() + warning[1:]]
     return "\n".join(lines)
 
 

@@ -8,7 +8,9 @@
     beta = gate(c);  x <- x + beta k (v^T - k^T x)
 
 ``additive=True`` swaps in the plain additive residual ``x + branch(RMSNorm(x))`` with the same
-interface, so an A/B comparison needs no code change.
+interface, so an A/B comparison needs no code change. ``update_rule="write"`` swaps in the write-only control
+``x + beta k v^T`` (no read ``k^T x``, nothing erased) with everything else identical: the same modules,
+parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_update`).
 
 ``update_and_read(x, compressor, ...)`` (d_v > 1, a :class:`ChannelCompressor`) also returns the next
 sublayer's compressed read of the new state, ``(x_new, compressor(x_new))``, from one fused op
@@ -25,8 +27,9 @@ from torch import nn
 
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
-from deep_delta.ops import delta_update, resolve_backend, switches
-from deep_delta.ops.delta import update_and_channel_read, update_and_token_read
+from deep_delta.ops import resolve_backend, switches
+from deep_delta.ops.compress import channel_compress, token_compress
+from deep_delta.ops.delta import UPDATE_RULES, apply_update, update_and_channel_read, update_and_token_read
 from deep_delta.ops.delta.recompute import active_tape
 from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm
 
@@ -51,6 +54,9 @@ class DeltaResidual(nn.Module):
         k_eps: eps guard of the direction normalisation.
         vmap_rank: rank of the low-rank phi_k branch of the v-Map.
         additive: use the plain additive residual ``x + branch(RMSNorm(x))`` instead (d_v = 1 only): the baseline.
+        update_rule: "delta" (the paper's update) or "write" (the write-only control ``x + beta k v^T``: the same
+            residual without the read, for the ablation the authors name; never fused with the next sublayer's
+            read or norm).
         backend: delta-update backend, "auto", "torch" or "triton".
         norm_output: the dtype the branch gets c in. "module": the norm weight's (``nn.RMSNorm``'s output);
             "autocast": under autocast, the autocast dtype (bf16, say), rounded once after the norm. Right for a
@@ -78,8 +84,15 @@ class DeltaResidual(nn.Module):
         additive: bool = False,
         backend: str = "auto",
         norm_output: str = "module",
+        update_rule: str = "delta",
     ):
         super().__init__()
+        if update_rule not in UPDATE_RULES:
+            raise ValueError(f"DeltaResidual: `update_rule` must be one of {UPDATE_RULES}, got {update_rule!r}")
+        if additive and update_rule != "delta":
+            raise ValueError(f"DeltaResidual: `update_rule` must be 'delta' with additive=True (the additive residual "
+                             f"has no update rule), got {update_rule!r}")
+        self.update_rule = update_rule
         if norm_output not in NORM_OUTPUTS:
             raise ValueError(f"DeltaResidual: `norm_output` must be one of {NORM_OUTPUTS}, got {norm_output!r}")
         if value_channels < 1:
@@ -143,7 +156,8 @@ class DeltaResidual(nn.Module):
     def extra_repr(self) -> str:
         if self.additive:
             return f"dim={self.dim}, additive"
-        return f"dim={self.dim}, value_channels={self.value_channels}, map={self.residual_map}"
+        rule = "" if self.update_rule == "delta" else f", update_rule={self.update_rule}"
+        return f"dim={self.dim}, value_channels={self.value_channels}, map={self.residual_map}{rule}"
 
     def _check(self, x: torch.Tensor, x_in: torch.Tensor | None) -> None:
         want = (self.dim,) if self.value_channels == 1 else (self.dim, self.value_channels)
@@ -172,8 +186,12 @@ class DeltaResidual(nn.Module):
             return x + out.to(x.dtype)
         k, v, beta = out
         if self.value_channels == 1:
-            return delta_update(x.unsqueeze(-1), k, v, beta, k_eps=self.k_eps, backend=self.backend).squeeze(-1)
-        return delta_update(x, k, v, beta, k_eps=self.k_eps, backend=self.backend)
+            return self._update(x.unsqueeze(-1), k, v, beta).squeeze(-1)
+        return self._update(x, k, v, beta)
+
+    def _update(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """The update of state x (..., d, d_v) by this residual's rule."""
+        return apply_update(self.update_rule, x, k, v, beta, k_eps=self.k_eps, backend=self.backend)
 
     def update_and_read(self, x: torch.Tensor, read: nn.Module, *branch_args, x_in: torch.Tensor | None = None,
                         prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -187,6 +205,11 @@ class DeltaResidual(nn.Module):
         self._check(x, x_in)
         self._check_read(read, x)
         k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
+        if self.update_rule != "delta":  # the control has no fused kernel: the update, then the read
+            new = self._update(x, k, v, beta)
+            if isinstance(read, ChannelCompressor):
+                return new, channel_compress(new, read.weight, backend=self.backend)
+            return new, token_compress(new, read.folded_weight(), None, backend=self.backend)
         if isinstance(read, ChannelCompressor):
             return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
         return update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps, backend=self.backend)
@@ -195,7 +218,7 @@ class DeltaResidual(nn.Module):
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
         (:meth:`update_and_norm`): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
         gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
-        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; and the fusion switched on
+        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; both with the delta rule; and the fusion switched on
         (``deep_delta.ops.switches.FUSE_NEXT_NORM``, off until it has passed on a GPU)."""
         if read is None:
             shape_ok = self.value_channels == 1
@@ -203,7 +226,7 @@ class DeltaResidual(nn.Module):
             shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
                         and (read.dim, read.value_channels) == (self.dim, self.value_channels))
         return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual) and not self.additive
-                and not nxt.additive
+                and not nxt.additive and self.update_rule == nxt.update_rule == "delta"
                 and nxt.value_channels == self.value_channels and nxt.fuse_inputs and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)

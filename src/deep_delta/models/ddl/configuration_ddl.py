@@ -15,6 +15,7 @@ from deep_delta.layers.gate import GATE_KINDS
 from deep_delta.layers.hyper_connections import HYPER_KINDS
 from deep_delta.models.ddl.cache import CACHE_NAMES
 from deep_delta.ops import BACKENDS
+from deep_delta.ops.delta import UPDATE_RULES
 from deep_delta.settings import check_fields
 from deep_delta.variants import PRESETS, VARIANTS
 
@@ -43,7 +44,9 @@ class DDLConfig(PreTrainedConfig):
     (TC: taps over tokens, default 4; CC: must equal d_v), state_init ("repeat" | "conv" = EC),
     embed_conv_kernel_size, gate ("linear" | "mlp"), gate_hidden_size, beta_init, beta_max (beta =
     beta_max * sigmoid(.): 2 is the paper's range, up to a reflection; 1 removes reflection), value_scale,
-    k_eps, vmap_rank, delta_backend ("auto" | "torch" | "triton").
+    k_eps, vmap_rank, delta_backend ("auto" | "torch" | "triton"), update_rule ("delta": the paper's
+    update | "write": the write-only control ``x + beta k v^T``, no read and nothing erased, everything else the
+    same; the ``-write`` variants, issue 48).
 
     Hyper-connections (residual="hyper", docs/rivals.md): hc_streams (n, default 4), hc_kind ("hc":
     Hyper-Connections | "mhc": manifold-constrained, n >= 2), hc_dynamic (token-dependent coefficients, the
@@ -106,6 +109,7 @@ class DDLConfig(PreTrainedConfig):
     k_eps: float = 1e-5
     vmap_rank: int | None = None
     delta_backend: str = "auto"
+    update_rule: str = "delta"
     recompute_states: bool = False
     state_dtype: str = "auto"
     hc_streams: int = 4
@@ -155,7 +159,7 @@ class DDLConfig(PreTrainedConfig):
         """The residual fields: kinds, d_v and its compressor, the gate range, HC streams."""
         for name, allowed in (("residual", _RESIDUALS), ("residual_map", RESIDUAL_MAPS),
                               ("compressor", _COMPRESSORS), ("state_init", STATE_INITS),
-                              ("gate", GATE_KINDS), ("delta_backend", BACKENDS)):
+                              ("gate", GATE_KINDS), ("delta_backend", BACKENDS), ("update_rule", UPDATE_RULES)):
             if getattr(self, name) not in allowed:
                 raise _bad(name, getattr(self, name), " | ".join(allowed))
         if self.state_dtype not in STATE_DTYPES:
@@ -165,6 +169,12 @@ class DDLConfig(PreTrainedConfig):
                        "the embeddings' dtype)")
         if self.value_channels < 1:
             raise _bad("value_channels", self.value_channels, "an integer >= 1 (d_v)")
+        if self.update_rule != "delta" and self.residual != "delta":
+            raise _bad("update_rule", self.update_rule, f"'delta' with residual={self.residual!r} (an update rule is "
+                       "a delta residual's)")
+        if self.update_rule != "delta" and self.recompute_states:
+            raise _bad("recompute_states", self.recompute_states, "False with update_rule='write' (the state "
+                       "rebuild inverts the delta update)")
         if self.hc_kind not in HYPER_KINDS:
             raise _bad("hc_kind", self.hc_kind, " | ".join(HYPER_KINDS))
         if self.hc_streams < (2 if self.hc_kind == "mhc" else 1):

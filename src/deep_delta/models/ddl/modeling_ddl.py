@@ -156,6 +156,7 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
         additive=not config.is_delta,
         backend=config.delta_backend,
         norm_output="autocast",  # the branches' first ops on c are matmuls (q, k, v; gate, up)
+        update_rule=config.update_rule,
     )
 
 

@@ -15,8 +15,13 @@ from __future__ import annotations
 import torch
 
 from deep_delta.ops.backend import resolve_backend, through_registered_op
-from deep_delta.ops.delta.lean import delta_update_lean
-from deep_delta.ops.delta.naive import delta_operator_reference, delta_update_reference, unit_direction
+from deep_delta.ops.delta.lean import delta_update_lean, write_update_lean
+from deep_delta.ops.delta.naive import (
+    delta_operator_reference,
+    delta_update_reference,
+    unit_direction,
+    write_update_reference,
+)
 
 
 def _shape_error(name: str, expected: str, got: torch.Tensor, hint: str = "") -> ValueError:
@@ -80,6 +85,41 @@ def delta_update(
 
         return delta_update_triton(x, k, v, beta, k_eps=k_eps)
     return delta_update_lean(x, k, v, beta, k_eps=k_eps)
+
+
+UPDATE_RULES = ("delta", "write")
+
+
+def write_update(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    k_eps: float = 1e-5,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The write-only control ``x + beta k v^T`` (issue 48): the delta update with its read ``k^T x`` removed, so
+    it writes along k without erasing what the state holds there. The authors' named missing control: the same
+    model, state, compressor, EC, gate and init, only the update differs (``DDLConfig.update_rule = "write"``).
+
+    Arguments as :func:`delta_update`. Every backend runs the lean path (:func:`.lean.write_update_lean`, one
+    ``addcmul``; no Triton kernel: without the read there is no reduction over the state to fuse); ``backend``
+    is validated and otherwise unused.
+    """
+    beta = _check_inputs(x, k, v, beta)
+    resolve_backend(backend, x.device)
+    return write_update_lean(x, k, v, beta, k_eps=k_eps)
+
+
+def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+                 k_eps: float = 1e-5, backend: str = "auto") -> torch.Tensor:
+    """The update named by ``rule``: "delta" (:func:`delta_update`) or "write" (:func:`write_update`)."""
+    if rule == "delta":
+        return delta_update(x, k, v, beta, k_eps=k_eps, backend=backend)
+    if rule == "write":
+        return write_update(x, k, v, beta, k_eps=k_eps, backend=backend)
+    raise ValueError(f"apply_update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
 
 
 def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) -> torch.Tensor:
@@ -162,6 +202,8 @@ def update_and_token_read(
 
 
 __all__ = [
+    "UPDATE_RULES",
+    "apply_update",
     "delta_operator",
     "delta_operator_reference",
     "delta_update",
@@ -169,4 +211,6 @@ __all__ = [
     "unit_direction",
     "update_and_channel_read",
     "update_and_token_read",
+    "write_update",
+    "write_update_reference",
 ]

@@ -125,3 +125,17 @@ def delta_update_lean(
         x.reshape(n, d, dv), k.reshape(n, d), v.reshape(n, dv), beta.reshape(n, 1), float(k_eps)
     )
     return out.view(x.shape)
+
+
+def write_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                      k_eps: float = 1e-5) -> torch.Tensor:
+    """The write-only control ``x + beta k v^T`` on every device and backend (no kernel of its own: it reads no
+    state, so the lean path is one fused ``addcmul`` over x); autograd's own backward. x: (..., d, d_v), k:
+    (..., d), v: (..., d_v), beta: (..., 1) -> x's shape and dtype, the outer product in fp32 (fp64 for fp64
+    inputs) rounded once to x's dtype."""
+    ct = compute_dtype(x, k, v, beta)
+    u, _ = unit_direction(k, k_eps, ct)
+    gated = beta.to(ct) * v.to(ct)  # (..., d_v)
+    if x.dtype == ct:
+        return torch.addcmul(x, u.unsqueeze(-1), gated.unsqueeze(-2))
+    return x + (u.unsqueeze(-1) * gated.unsqueeze(-2)).to(x.dtype)

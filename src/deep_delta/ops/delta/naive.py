@@ -57,6 +57,22 @@ def delta_update_reference(
     return x + update.to(x.dtype)
 
 
+def write_update_reference(
+    x: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    k_eps: float = 1e-5,
+) -> torch.Tensor:
+    """Reference of the write-only control ``x + beta k v^T`` (k normalised as in the delta update): the delta
+    update without its read ``k^T x``, so nothing of the state is erased. Shapes and dtypes as
+    :func:`delta_update_reference`."""
+    ct = compute_dtype(x, k, v, beta)
+    u, _ = unit_direction(k, k_eps, ct)
+    update = u.unsqueeze(-1) * (beta.to(ct) * v.to(ct)).unsqueeze(-2)
+    return x + update.to(x.dtype)
+
+
 def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
     """Dense Delta Operator ``A = I - beta k k^T`` (eq. 2.3) with k normalised like in the update.
 
