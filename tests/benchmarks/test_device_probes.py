@@ -76,17 +76,20 @@ def test_tune_kernels_inputs_have_the_dtypes_the_model_passes(dv, variants):
     import torch
 
     from deep_delta.eval.launches import step_launches
+    from deep_delta.ops import switches
 
     model: dict[str, set[tuple]] = {}
-    for v in variants:
-        for la in step_launches(v, "tiny", 1, 8, "bfloat16").triton:
-            model.setdefault(la.kernel, set()).add(la.dtypes)
     tune = _load("tune_kernels")
     a = tune.inputs(2, 8, 16, dv, 4, torch.device("cpu"))
     timed: dict[str, set[tuple]] = {}
-    for fn, _ in tune.kernels(a).values():
-        for kernel, sigs in _launch_dtypes(fn).items():
-            timed.setdefault(kernel, set()).update(sigs)
+    # the kernels tune_kernels.py times include the paths behind the switches (issue 47): counted with them on
+    with switches.override(INKERNEL_REDUCE=True, FUSE_NEXT_NORM=True, TC_ONE_PASS=True):
+        for v in variants:
+            for la in step_launches(v, "tiny", 1, 8, "bfloat16").triton:
+                model.setdefault(la.kernel, set()).add(la.dtypes)
+        for fn, _ in tune.kernels(a).values():
+            for kernel, sigs in _launch_dtypes(fn).items():
+                timed.setdefault(kernel, set()).update(sigs)
     assert timed and set(timed) <= set(model)
     for kernel, sigs in timed.items():
         for sig in sigs:

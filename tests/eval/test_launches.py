@@ -17,9 +17,18 @@ from deep_delta.eval.launches import (
     launches_markdown,
     step_launches,
 )
+from deep_delta.ops import switches
 
 aten = torch.ops.aten
 DDL = ("ddl-dv1", "ddl-tc", "ddl-cc")
+
+
+@pytest.fixture(autouse=True)
+def switched_on(monkeypatch):
+    """The counts here are of the fused paths (the in-kernel sums, the next norm inside the update, TC's one-pass
+    backward), which are off by default until a GPU run has passed (``deep_delta.ops.switches``, issue 47)."""
+    for name in switches.NAMES:
+        monkeypatch.setattr(switches, name, True)
 
 
 @pytest.mark.parametrize(("op", "launches"), [
@@ -145,3 +154,18 @@ def test_ddl_bench_kernels_launches_cli(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench-kernels", "--launches", "--traffic"])
     assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_default_paths_launch_the_unfused_kernels_and_torch_sums(monkeypatch):
+    """With the switches off (the default until a GPU run has passed), no update computes the next norm and the
+    partial rows are summed by torch (ATen sums in the backward); the bound above is for the switched-on paths."""
+    for name in switches.NAMES:
+        monkeypatch.setattr(switches, name, False)
+    for v in DDL:
+        res = step_launches(v, "tiny", 1, 8)
+        kernels = res.by_name()
+        assert not any(k.startswith(("update_norm", "update_read_norm")) for k in kernels), v
+        assert kernels["norm_gate_value_bwd_kernel"] == res.sublayers, v
+        assert kernels.get("aten.sum", 0) > 0, (v, sorted(kernels))
+        if v == "ddl-tc":
+            assert kernels["delta_tc_grad_w_kernel"] == res.sublayers  # the taps' gradient in its own kernel

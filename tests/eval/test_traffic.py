@@ -16,10 +16,19 @@ from __future__ import annotations
 import pytest
 
 from deep_delta.eval.traffic import step_traffic, traffic_markdown
+from deep_delta.ops import switches
 from deep_delta.ops.launch import Launch
 
 TINY = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, vocab_size=16)
 N, S, VEC, V, B, C = 4, 128, 32, 16, 4, 128
+
+
+@pytest.fixture(autouse=True)
+def switched_on(monkeypatch):
+    """The counts here are of the fused paths (the in-kernel sums, the next norm inside the update, TC's one-pass
+    backward), which are off by default until a GPU run has passed (``deep_delta.ops.switches``, issue 47)."""
+    for name in switches.NAMES:
+        monkeypatch.setattr(switches, name, True)
 
 
 def test_traffic_of_a_step_matches_a_hand_count():

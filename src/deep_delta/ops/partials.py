@@ -144,13 +144,12 @@ class Reduction:
             record_sum(part, *grads)
 
 
-def start(device: torch.device, *widths: int) -> Reduction:
+def start(device: torch.device, spread: int, *widths: int) -> Reduction:
     """The reduction of a launch on ``device`` with partial buffers of rows of ``widths`` values: the reducers'
-    plan (about one per SM) and, when the switch is on, the counters."""
-    from deep_delta.ops.delta.triton import max_programs  # the launch geometry (ops.delta.triton imports us)
-
+    plan (about ``spread`` reducers: the SM count, ``max_programs(device, per_sm=1)``) and, when the switch is on,
+    the counters."""
     on = inkernel()
-    red_plan = plan(max_programs(device, per_sm=1), *widths)
+    red_plan = plan(spread, *widths)
     return Reduction(red_plan, on, counters(device) if on else _placeholder(device))
 
 

@@ -429,7 +429,7 @@ def triton_backward(
         gc_part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
         c_arg = c.contiguous()
         gc = torch.empty_like(c_arg)
-        red = partials.start(x.device, d * dv)
+        red = partials.start(x.device, max_programs(x.device, per_sm=1), d * dv)
         count, reducing, meta = red.counters, red.total, red.meta()
     else:  # unused placeholders
         gin, gc_part, c_arg, gc, count, reducing = g, g, g, g, g, 0

@@ -48,6 +48,7 @@ from deep_delta.ops.delta.triton import (
     check_device,
     delta_blocks,
     delta_warps,
+    max_programs,
     reduction_grid,
     token_load,
     token_math,
@@ -236,7 +237,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     gw = torch.empty_like(w)
-    red = partials.start(x.device, ks * d * dv)
+    red = partials.start(x.device, max_programs(x.device, per_sm=1), ks * d * dv)
     one = groups == first  # only the update's backward: it sums the partials in its launch, else the second kernel
     none = dict(REDUCE=False, **red.plan.meta())
     launch(

@@ -382,7 +382,7 @@ def triton_backward(
     per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
     progs, chunk = delta_triton.reduction_grid(n, src.device, per_sm=per_sm)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, src.device)
-    red = partials.start(src.device, 2 * d, dv * d, 1 + dv)
+    red = partials.start(src.device, delta_triton.max_programs(src.device, per_sm=1), 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
         _norm_gate_value_bwd_kernel, (progs + red.total,),

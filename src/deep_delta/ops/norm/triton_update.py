@@ -310,7 +310,7 @@ def triton_backward(
                   for t in (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
     progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=BWD_PER_SM)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
-    red = partials.start(x.device, 2 * d, dv * d, 1 + dv)
+    red = partials.start(x.device, delta_triton.max_programs(x.device, per_sm=1), 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
         _update_norm_bwd_kernel, (progs + red.total,),
@@ -369,7 +369,7 @@ def read_triton_backward(
     progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
     part_c = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
-    red = partials.start(x.device, d * dv, 2 * d, dv * d, 1 + dv)
+    red = partials.start(x.device, delta_triton.max_programs(x.device, per_sm=1), d * dv, 2 * d, dv * d, 1 + dv)
     r_c, r_d, r_v, _ = red.reducers
     launch(
         _update_read_norm_bwd_kernel, (progs + red.total,),
