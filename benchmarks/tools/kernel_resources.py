@@ -36,7 +36,7 @@ from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import delta_update, update_and_channel_read, update_and_token_read  # noqa: E402
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value, update_and_norm  # noqa: E402
 
 D, DV, K, NS, BATCH, SEQ = 768, 4, 4, 4, 8, 1024
 TARGET = GPUTarget("cuda", 90, 32)
@@ -94,8 +94,8 @@ def op_steps(dtype: torch.dtype) -> dict:
         "Sinkhorn-Knopp": lambda: back(sinkhorn_knopp(z, 20, 1e-6, backend=t)),
         "norm + gate + value": lambda: back(norm_gate_value(src, *norm_weights, eps=1e-5, beta_max=2.0,
                                                             value_scale=4.0, c_dtype=c_dtype, backend=t)),
-        "update + CC read + next norm": lambda: back(update_read_and_norm(
-            x, k, v, beta, c, *norm_weights, k_eps=1e-5, eps=1e-5, beta_max=2.0, value_scale=4.0, c_dtype=c_dtype,
+        "update + CC read + next norm": lambda: back(update_and_norm(
+            x, k, v, beta, *norm_weights, read=c, k_eps=1e-5, eps=1e-5, beta_max=2.0, value_scale=4.0, c_dtype=c_dtype,
             backend=t)),
         "update + next norm (d_v = 1)": lambda: back(update_and_norm(
             x1, k, v1, beta, *norm_weights1, k_eps=1e-5, eps=1e-5, beta_max=2.0, value_scale=4.0, c_dtype=c_dtype,

@@ -41,7 +41,7 @@ from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.delta import update_and_channel_read, update_and_token_read  # noqa: E402
 from deep_delta.ops.hyper import stream_read, stream_write  # noqa: E402
-from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value, update_and_norm  # noqa: E402
 
 SMALL = dict(batch=32, seq=1024, d=768, dv=4, k=4, ns=4)
 TINY = dict(batch=2, seq=5, d=12, dv=3, k=4, ns=4)
@@ -91,7 +91,7 @@ def cases(s: dict, device: torch.device) -> dict:
             lambda *a: norm_gate_value(*a, **consts, backend="triton"))
     out["update + CC read + next norm"] = (
         [x, k, v, bb, c, *norm_weights(dv)],
-        lambda x, k, v, bb, c, *nw: update_read_and_norm(x, k, v, bb, c, *nw, k_eps=1e-5, **consts, backend="triton"))
+        lambda x, k, v, bb, c, *nw: update_and_norm(x, k, v, bb, *nw, read=c, k_eps=1e-5, **consts, backend="triton"))
     x1, v1 = rnd(b, t, d, dtype=f32), rnd(b, t, 1, dtype=f32)  # a d_v = 1 state: (..., d), fp32
     out["update + next norm, d_v = 1"] = (
         [x1, k, v1, bb, *norm_weights(1)],

@@ -45,8 +45,12 @@ def assert_same(got, want, rtol=1e-6, atol=1e-7):
         torch.testing.assert_close(grads_g[name], grads_w[name], rtol=rtol, atol=atol, msg=name)
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute_states"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+# the state rebuild inverts the delta update: the write-only controls refuse it (their config says so)
+CASES = [(v, r) for v in VARIANTS for r in (False, True) if not (r and VARIANTS[v].get("update_rule") == "write")]
+
+
+@pytest.mark.parametrize(("variant", "recompute"), CASES,
+                         ids=[f"{v}-{'recompute_states' if r else 'plain'}" for v, r in CASES])
 def test_checkpointed_gradients_equal_the_plain_run(variant, recompute):
     ids = torch.randint(0, 64, (2, 12))
     # reference: no checkpointing and no state rebuild (recompute_states rounds its rebuilt states)

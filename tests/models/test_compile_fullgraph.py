@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
+from deep_delta.layers.delta_residual import Carry
+from deep_delta.models.ddl import fusion
 from deep_delta.variants import VARIANTS
 from helpers import DEBUG
 
@@ -26,10 +28,12 @@ def block_inputs(model: DDLForCausalLM, b: int = 2, t: int = 8):
 
 def run_block(block, x, rope, **kwargs):
     """Forward, then backward of a fixed random projection of every output; returns outputs and grads."""
-    outs = [o for o in block(x, None, rope, **kwargs) if o is not None]  # (x_new, x_in_next or None)
+    state, carry = block(x, Carry(), rope, **kwargs)  # (x_new, what its last update computed for the next sublayer)
+    outs = [state] + ([carry.read] if carry.read is not None else [])
     g = torch.Generator().manual_seed(1)
     loss = sum((o * torch.randn(o.shape, generator=g)).sum() for o in outs)
-    params = [p for p in block.parameters()] + [p for p in (kwargs.get("next_read") or torch.nn.Module()).parameters()]
+    read = kwargs["emits"][1].read if "emits" in kwargs else None
+    params = [p for p in block.parameters()] + [p for p in (read or torch.nn.Module()).parameters()]
     grads = torch.autograd.grad(loss, [x] + params)
     return [o.detach() for o in outs], grads
 
@@ -42,7 +46,8 @@ def test_block_compiles_as_one_graph(variant):
     x, rope = block_inputs(model)
     kwargs = {}
     if model.config.compressor == "channel":  # the model's fused path: the update also reads for the next block
-        kwargs["next_read"] = model.model.layers[1].compressor
+        kwargs["emits"] = fusion.plan(model.model, x, None, None)[0]
+        assert kwargs["emits"][1].read is model.model.layers[1].compressor
     torch._dynamo.reset()  # each variant is a new graph of the same DDLBlock.forward: stay under the recompile limit
     compiled = torch.compile(block, fullgraph=True, dynamic=False, backend="eager")
     want_out, want_grads = run_block(block, x, rope, **kwargs)
@@ -64,7 +69,8 @@ VARIANT_GROUPS = [
     ("baseline", "ddl-dv1", "ddl-dv1-vmap"),
     ("ddl-cc", "ddl-cc-noec", "ddl-tc"),
     ("ddl-tc-noec", "hc", "hc-static"),
-    ("mhc", "mhc-static"),
+    ("mhc", "mhc-static", "ddl-dv1-write"),
+    ("ddl-tc-write", "ddl-cc-write"),
 ]
 
 

@@ -28,6 +28,8 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before trito
 import pytest  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
+from deep_delta.layers.delta_residual import Carry, Emit  # noqa: E402
+from deep_delta.models.ddl import fusion  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from helpers import DEBUG  # noqa: E402
 
@@ -93,13 +95,18 @@ def test_channel_block_compiles_on_the_triton_backend():
     rope = model.model.rotary(torch.arange(8, device=DEVICE).unsqueeze(0).expand(2, 8), x.dtype)
     weights = [torch.randn(s, generator=gen).to(DEVICE) for s in (x.shape, x_in.shape)]
     params = [*block.parameters(), *next_read.parameters()]
+    # the plan of a forward without cache or pads: the attention update emits the MLP's read, the MLP update the
+    # next block's (the next norm inside the update is off by default: deep_delta.ops.switches)
+    emits = (Emit("read", read=block.compressor), Emit("read", read=next_read))
+    assert fusion.plan(model.model, x, None, None)[0] == emits
 
     def run(fn):
         leaves = [x.clone().requires_grad_(), x_in.clone().requires_grad_()]
 
         def step(counter):
             counter.phase = "forward"
-            outs = fn(*leaves, rope, next_read=next_read)
+            state, carry = fn(leaves[0], Carry(read=leaves[1]), rope, emits=emits)
+            outs = (state, carry.read)
             counter.phase = "backward"
             loss = sum((o * w).sum() for o, w in zip(outs, weights))
             grads = torch.autograd.grad(loss, leaves + params)

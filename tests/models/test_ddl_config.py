@@ -16,6 +16,10 @@ TABLE = {
     "ddl-cc": (4, "channel", True),
     "ddl-tc-noec": (4, "token", False),
     "ddl-cc-noec": (4, "channel", False),
+    # the write-only controls (issue 48): their DDL variant's shape, update_rule="write"
+    "ddl-dv1-write": (1, "none", False),
+    "ddl-tc-write": (4, "token", True),
+    "ddl-cc-write": (4, "channel", True),
 }
 
 
@@ -32,6 +36,7 @@ def test_variant_table_matches_the_spec():
         assert cfg.residual == ("additive" if name == "baseline" else "delta")
         assert cfg.residual_map == ("v" if name == "ddl-dv1-vmap" else "k")
         assert cfg.variant == name and cfg.preset == "tiny"
+        assert cfg.update_rule == ("write" if name.endswith("-write") else "delta")
         # authors' defaults
         assert (cfg.k_eps, cfg.value_scale, cfg.beta_init, cfg.gate) == (1e-5, 4.0, 1.0, "linear")
         if compressor == "token":

@@ -60,8 +60,12 @@ def test_the_guard_catches_host_reads():
     assert int(t) == 3  # restored
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute_states"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+# the state rebuild inverts the delta update: the write-only controls refuse it (their config says so)
+CASES = [(v, r) for v in VARIANTS for r in (False, True) if not (r and VARIANTS[v].get("update_rule") == "write")]
+
+
+@pytest.mark.parametrize(("variant", "recompute"), CASES,
+                         ids=[f"{v}-{'recompute_states' if r else 'plain'}" for v, r in CASES])
 def test_train_step_reads_nothing_on_the_host(variant, recompute):
     model = build(variant, recompute_states=recompute).train()
     ids = torch.randint(0, 64, (2, 12))

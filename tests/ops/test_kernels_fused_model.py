@@ -1,6 +1,6 @@
 """The fused "delta update + next CC read" wired into the model, against the unfused path.
 
-``DeltaResidual.update_and_read(x, compressor, ...)`` returns ``(x_new, compressor(x_new))`` from one op;
+``DeltaResidual(x, ..., emit=Emit("read", read=compressor))`` returns ``(x_new, Carry(read=compressor(x_new)))`` from one op;
 ``DDLModel`` uses it for every update of a channel-compressor model (attention update + MLP read, MLP
 update + next block's read, last MLP update + final readout). ``model.model.fuse_reads = False`` is the
 unfused path. Both backends: the lean torch path and the Triton kernel (interpreter on CPU).
@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 
 import deep_delta.layers.delta_residual as dr_mod  # noqa: E402
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor  # noqa: E402
-from deep_delta.layers.delta_residual import DeltaResidual  # noqa: E402
+from deep_delta.layers.delta_residual import DeltaResidual, Emit  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
 from deep_delta.ops import switches  # noqa: E402
@@ -63,7 +63,7 @@ def count_fused(monkeypatch):
 @pytest.fixture
 def count_norm_fused(monkeypatch):
     """The updates that also compute the next sublayer's norm, gate and value from the read (Triton, training)."""
-    return _count_calls(monkeypatch, "update_read_and_norm")
+    return _count_calls(monkeypatch, "update_and_norm")
 
 
 @pytest.mark.parametrize("fuse_norm", [False, True], ids=["norm-apart", "norm-fused"])
@@ -154,7 +154,8 @@ def test_token_reads_are_not_fused_with_padding_or_a_cache(count_token_fused):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_delta_residual_read_returns_update_and_read(backend):
-    """``update_and_read`` equals the plain forward followed by the compressor, in values and gradients."""
+    """``forward(..., emit=Emit("read", read=cc))`` equals the plain forward followed by the compressor, in values
+    and gradients."""
     d, dv = 12, 3
     mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
     res = DeltaResidual(d, mlp, value_channels=dv, backend=backend).to(DEVICE)
@@ -166,7 +167,8 @@ def test_delta_residual_read_returns_update_and_read(backend):
     gx, gr = torch.randn(2, 5, d, dv, device=DEVICE), torch.randn(2, 5, d, device=DEVICE)
     params = [x, x_in, cc.weight, *res.parameters()]
 
-    out, read = res.update_and_read(x, cc, x_in=x_in)
+    out, carry = res(x, x_in=x_in, emit=Emit("read", read=cc))
+    read = carry.read
     fused = torch.autograd.grad((out * gx).sum() + (read * gr).sum(), params)
     out2 = res(x, x_in=x_in)
     read2, _ = cc(out2)
@@ -181,17 +183,19 @@ def test_delta_residual_read_errors():
     res = DeltaResidual(d, torch.nn.Linear(d, d), value_channels=2)
     x = torch.randn(1, 3, d, 2)
     with pytest.raises(ValueError, match="`read` must be a ChannelCompressor or a TokenConvCompressor.*Linear"):
-        res.update_and_read(x, torch.nn.Linear(d, d))
+        res(x, emit=Emit("read", read=torch.nn.Linear(d, d)))
     with pytest.raises(ValueError, match=r"fused TokenConvCompressor read needs a \(B, T, d, d_v\) state"):
-        res.update_and_read(x[0], TokenConvCompressor(d, 2))
+        res(x[0], emit=Emit("read", read=TokenConvCompressor(d, 2)))
     with pytest.raises(ValueError, match=r"`read` must read a \(8, 2\) state"):
-        res.update_and_read(x, ChannelCompressor(d, 3))
+        res(x, emit=Emit("read", read=ChannelCompressor(d, 3)))
     with pytest.raises(ValueError, match="value_channels > 1, got value_channels=1"):
-        DeltaResidual(d, torch.nn.Linear(d, d)).update_and_read(torch.randn(1, 3, d), ChannelCompressor(d, 1))
+        DeltaResidual(d, torch.nn.Linear(d, d))(torch.randn(1, 3, d), emit=Emit("read", read=ChannelCompressor(d, 1)))
+    with pytest.raises(ValueError, match=r"`emit.what` got 'everything'; allowed: nothing \| read \| inputs"):
+        res(x, emit=Emit("everything"))
 
 
 def test_delta_residual_forward_takes_no_read_keyword():
-    """The fused read has one entry point, update_and_read; forward passes unknown keywords to the branch."""
+    """The fused read has one entry point, ``emit``; forward passes unknown keywords to the branch."""
     d = 8
     res = DeltaResidual(d, torch.nn.Linear(d, d), value_channels=2)
     with pytest.raises(TypeError, match="read"):

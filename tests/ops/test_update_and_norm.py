@@ -31,18 +31,24 @@ from tests.ops.test_kernels import DEVICE, assert_close  # noqa: E402
 from tests.ops.test_norm_gate_value import assert_sum_close  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
+from deep_delta.layers.delta_residual import Emit  # noqa: E402
 from deep_delta.models.ddl.cache import output_cache  # noqa: E402
 from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from deep_delta.ops.norm import (  # noqa: E402
-    update_and_norm,
-    update_and_norm_reference,
-    update_read_and_norm,
-    update_read_and_norm_reference,
-)
+from deep_delta.ops.norm import update_and_norm, update_and_norm_reference  # noqa: E402
 from deep_delta.ops.norm.lean import update_norm_backward_lean  # noqa: E402
 from helpers import DEBUG  # noqa: E402
+
+
+def update_read_and_norm(x, k, v, beta, read, *weights, **kw):
+    """The fused update through the next sublayer's CC read (``update_and_norm`` with ``read``), with the read
+    weight positional as the tests build their inputs."""
+    return update_and_norm(x, k, v, beta, *weights, read=read, **kw)
+
+
+def update_read_and_norm_reference(x, k, v, beta, read, *weights, **kw):
+    return update_and_norm_reference(x, k, v, beta, *weights, read=read, **kw)
 
 CONSTS = dict(k_eps=1e-5, eps=1e-5, beta_max=2.0, value_scale=4.0)
 NAMES = ("x", "k", "v", "beta", "norm_weight", "gate_weight", "gate_bias", "value_weight", "value_bias")
@@ -254,8 +260,8 @@ def test_update_and_norm_refuses_what_it_cannot_fuse():
     block = model.model.layers[0]
     x = torch.randn(1, 4, DEBUG["hidden_size"])
     assert not block.attn.fuses_norm_of(block.mlp, x)
-    with pytest.raises(ValueError, match="update_and_norm: needs two delta residuals of one width and d_v"):
-        block.attn.update_and_norm(x, block.mlp, None, None, None)
+    with pytest.raises(ValueError, match="emit='inputs' needs two delta residuals of one width and d_v"):
+        block.attn(x, None, None, None, emit=Emit("inputs", block.mlp))
 
 
 # ----------------------------------------------------------------------------- d_v > 1: through the next CC read

@@ -147,9 +147,10 @@ class DeltaProbe(Probe):
 
     def __init__(self, model, modules):
         super().__init__(model, modules)
-        # the hooks watch each sublayer's forward; a fused update-and-read bypasses it (same values unfused)
-        # and so does the fused norm + gate + value (Triton backend): both off while probing
-        self.fused = [(m, attr, getattr(m, attr)) for m in model.modules() for attr in ("fuse_reads", "fuse_inputs")
+        # the hooks watch each sublayer's forward and its modules (the gate's, the norm's): the unfused plan (no
+        # update computes the next sublayer's read or inputs; deep_delta.models.ddl.fusion) and the modules in
+        # place of the fused norm + gate + value op (Triton backend) while probing; the same values
+        self.fused = [(m, attr, getattr(m, attr)) for m in model.modules() for attr in ("fuse_updates", "fuse_inputs")
                       if hasattr(m, attr)]
         for m, attr, _ in self.fused:
             setattr(m, attr, False)

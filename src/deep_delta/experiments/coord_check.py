@@ -132,9 +132,8 @@ class ActivationRecorder:
             elif isinstance(module, BetaGate):
                 self.handles.append(module.register_forward_hook(self._gate))
             elif isinstance(module, DeltaResidual):
+                # every update is a forward call, the fused ones too (``emit``: the output is (x_new, Carry))
                 self.handles.append(module.register_forward_hook(self._residual, with_kwargs=True))
-                if hasattr(module, "update_and_read"):  # the fused update + next read bypasses forward hooks
-                    self.handles.append(_Patched(module, "update_and_read", self._fused(module)))
             elif isinstance(module, HyperResidual):
                 self.handles.append(module.register_forward_hook(self._hyper))
 
@@ -170,7 +169,7 @@ class ActivationRecorder:
         c = module.norm(src)
         self.on = False  # the branch again, unrecorded: the residual does not hand out its k
         try:
-            h = module.branch(c, *args[1:], **{k: v for k, v in kwargs.items() if k not in ("x_in", "read")})
+            h = module.branch(c, *args[1:], **{k: v for k, v in kwargs.items() if k not in ("x_in", "prepared", "emit")})
         finally:
             self.on = True
         k = h if module.residual_map == "k" else module.key_up(module.key_down(c))
@@ -198,15 +197,6 @@ class ActivationRecorder:
         if module.dynamic:
             self._add("coef_logit", _coefficient_logits(module, h.float()))
 
-    def _fused(self, module: DeltaResidual) -> Callable:
-        original = module.update_and_read
-
-        def update_and_read(x, read, *branch_args, **kwargs):
-            out = original(x, read, *branch_args, **kwargs)
-            self._residual(module, (x, *branch_args), kwargs, out)
-            return out
-        return update_and_read
-
     def take(self) -> dict[str, list[torch.Tensor]]:
         """The activations recorded since the last call, by type, and reset."""
         out = {k: v for k, v in self.seen.items() if v}
@@ -226,17 +216,6 @@ def _coefficient_logits(module: HyperResidual, h: torch.Tensor) -> torch.Tensor:
         return hbar @ module.dynamic_proj
     flat = h.flatten(-2)  # the token's whole state, RMS-normed without a weight
     return (flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + module.norm_eps)) @ module.phi
-
-
-class _Patched:
-    """An instance attribute shadowing a method until ``remove()`` (the handle interface of a hook)."""
-
-    def __init__(self, obj: Any, name: str, replacement: Callable):
-        self.obj, self.name = obj, name
-        setattr(obj, name, replacement)
-
-    def remove(self) -> None:
-        delattr(self.obj, self.name)
 
 
 class ProbeRows:

@@ -12,15 +12,17 @@ interface, so an A/B comparison needs no code change. ``update_rule="write"`` sw
 ``x + beta k v^T`` (no read ``k^T x``, nothing erased) with everything else identical: the same modules,
 parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_update`).
 
-``update_and_read(x, compressor, ...)`` (d_v > 1, a :class:`ChannelCompressor`) also returns the next
-sublayer's compressed read of the new state, ``(x_new, compressor(x_new))``, from one fused op
-(:func:`deep_delta.ops.delta.update_and_channel_read`): the Triton kernel reads the new state from
-the tile it has just written instead of making another pass over it.
+``forward(x, ..., emit=Emit(...))`` also computes what the next sublayer takes from the new state, from the same
+fused op, and returns ``(x_new, Carry)``: its compressed read (``emit.what == "read"``: a channel or token
+compressor; the Triton kernel reads the new state from the tile it has just written instead of making another
+pass over it) or its norm, gate and value (``"inputs"``: d_v = 1, or d_v > 1 through a channel compressor). The
+model decides which sublayer emits what once per forward (:mod:`deep_delta.models.ddl.fusion`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -31,10 +33,32 @@ from deep_delta.ops import resolve_backend, switches
 from deep_delta.ops.compress import channel_compress, token_compress
 from deep_delta.ops.delta import UPDATE_RULES, apply_update, update_and_channel_read, update_and_token_read
 from deep_delta.ops.delta.recompute import active_tape
-from deep_delta.ops.norm import norm_gate_value, update_and_norm, update_read_and_norm
+from deep_delta.ops.norm import norm_gate_value, update_and_norm
 
 RESIDUAL_MAPS = ("k", "v")
 NORM_OUTPUTS = ("module", "autocast")
+EMITS = ("nothing", "read", "inputs")
+
+
+class Carry(NamedTuple):
+    """What a sublayer's update computed for the next sublayer: nothing (both None), the next sublayer's compressed
+    read ``read`` (..., d), or its norm, gate and value ``inputs`` = (c, beta, v) (what ``prepared`` takes)."""
+
+    read: torch.Tensor | None = None
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+class Emit(NamedTuple):
+    """What an update computes for the next sublayer beside the new state: ``what`` is "nothing", "read" (the
+    compressed read of the new state by ``read``, a channel or token compressor) or "inputs" (``nxt``'s norm, gate
+    and value of the new state: d_v = 1 with ``read`` None, or d_v > 1 through ``read``, a channel compressor)."""
+
+    what: str = "nothing"
+    nxt: nn.Module | None = None
+    read: nn.Module | None = None
+
+
+NOTHING = Emit()
 
 
 class DeltaResidual(nn.Module):
@@ -172,19 +196,25 @@ class DeltaResidual(nn.Module):
             )
 
     def forward(self, x: torch.Tensor, *branch_args, x_in: torch.Tensor | None = None,
-                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                **branch_kwargs) -> torch.Tensor:
+                prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, emit: Emit | None = None,
+                **branch_kwargs) -> torch.Tensor | tuple[torch.Tensor, Carry]:
         """x: (..., d) [d_v = 1] or (..., d, d_v); x_in: (..., d) compressed read. Returns the new state, x's shape.
 
-        prepared: this sublayer's ``(c, beta, v)``, computed by the previous sublayer's update
-        (:meth:`update_and_norm`), or None. The next sublayer's read of the new state, fused with the update:
-        :meth:`update_and_read`; its norm, gate and value: :meth:`update_and_norm`.
+        prepared: this sublayer's ``(c, beta, v)``, computed by the previous sublayer's update (a :class:`Carry`'s
+        ``inputs``), or None. emit: what the update also computes for the next sublayer (:class:`Emit`); given,
+        the result is ``(x_new, Carry)``, the same values as the next sublayer computing them itself
+        (:meth:`_emit`).
         """
         self._check(x, x_in)
+        if emit is not None:
+            self._check_emit(x, emit)
         out = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
         if self.additive:
-            return x + out.to(x.dtype)
+            new = x + out.to(x.dtype)
+            return new if emit is None else (new, Carry())
         k, v, beta = out
+        if emit is not None:
+            return self._emit(x, k, v, beta, emit)
         if self.value_channels == 1:
             return self._update(x.unsqueeze(-1), k, v, beta).squeeze(-1)
         return self._update(x, k, v, beta)
@@ -193,30 +223,9 @@ class DeltaResidual(nn.Module):
         """The update of state x (..., d, d_v) by this residual's rule."""
         return apply_update(self.update_rule, x, k, v, beta, k_eps=self.k_eps, backend=self.backend)
 
-    def update_and_read(self, x: torch.Tensor, read: nn.Module, *branch_args, x_in: torch.Tensor | None = None,
-                        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                        **branch_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The update of :meth:`forward` and the next sublayer's read of the new state, from one fused op.
-
-        read: the next sublayer's :class:`~deep_delta.layers.compressors.ChannelCompressor` (d_v > 1 only).
-        Returns ``(x_new, x_in_next)``: x_new (..., d, d_v) and ``x_in_next = read(x_new)[0]`` (..., d), the same
-        values as calling ``read`` afterwards (:func:`deep_delta.ops.delta.update_and_channel_read`).
-        """
-        self._check(x, x_in)
-        self._check_read(read, x)
-        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
-        if self.update_rule != "delta":  # the control has no fused kernel: the update, then the read
-            new = self._update(x, k, v, beta)
-            if isinstance(read, ChannelCompressor):
-                return new, channel_compress(new, read.weight, backend=self.backend)
-            return new, token_compress(new, read.folded_weight(), None, backend=self.backend)
-        if isinstance(read, ChannelCompressor):
-            return update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
-        return update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps, backend=self.backend)
-
     def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
-        (:meth:`update_and_norm`): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
+        (``emit="inputs"``): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
         gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
         read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; both with the delta rule; and the fusion switched on
         (``deep_delta.ops.switches.FUSE_NEXT_NORM``, off until it has passed on a GPU)."""
@@ -231,31 +240,54 @@ class DeltaResidual(nn.Module):
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)
 
-    def update_and_norm(self, x: torch.Tensor, nxt: DeltaResidual, *branch_args, read: ChannelCompressor | None = None,
-                        x_in: torch.Tensor | None = None,
-                        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                        **branch_kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The update of :meth:`forward` and ``nxt``'s input stage of the new state, from one fused op: d_v = 1
-        (:func:`deep_delta.ops.norm.update_and_norm`), or d_v > 1 through ``read``, ``nxt``'s ChannelCompressor
-        (:func:`deep_delta.ops.norm.update_read_and_norm`). Returns ``(x_new, (c, beta, v))``, the last three what
-        ``nxt(x_new, ..., prepared=...)`` takes: the same values as ``nxt`` computing them itself. ``x_in`` and
-        ``prepared``: this sublayer's own, as :meth:`forward` takes them."""
-        self._check(x, x_in)
-        if not self.fuses_norm_of(nxt, x, read):
+    def _check_emit(self, x: torch.Tensor, emit: Emit) -> None:
+        """``emit`` is something this residual can compute with its update of state x (:class:`Emit`)."""
+        if emit.what not in EMITS:
+            raise ValueError(f"DeltaResidual: `emit.what` got {emit.what!r}; allowed: {' | '.join(EMITS)}")
+        if self.additive and emit.what != "nothing":
+            raise ValueError(f"DeltaResidual: the additive residual emits nothing, got emit={emit.what!r}")
+        if emit.what == "read":
+            self._check_read(emit.read, x)
+        elif emit.what == "inputs" and not self.fuses_norm_of(emit.nxt, x, emit.read):
+            nxt, read = emit.nxt, emit.read
             got = nxt.extra_repr() if isinstance(nxt, DeltaResidual) else type(nxt).__name__
             raise ValueError(
-                "DeltaResidual.update_and_norm: needs two delta residuals of one width and d_v on the Triton backend "
+                "DeltaResidual: emit='inputs' needs two delta residuals of one width and d_v on the Triton backend "
                 "(d_v = 1, or d_v > 1 with a ChannelCompressor `read` of that state), the second with the k-Map and "
-                f"the linear gate, and no state rebuild recording (`fuses_norm_of`); got {self.extra_repr()!r} -> "
-                f"{got!r} with read={type(read).__name__ if read is not None else None}"
+                "the linear gate, both with the delta rule, no state rebuild recording and the fusion switched on "
+                f"(`fuses_norm_of`); got {self.extra_repr()!r} -> {got!r} with "
+                f"read={type(read).__name__ if read is not None else None}"
             )
-        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
+
+    def _emit(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+              emit: Emit) -> tuple[torch.Tensor, Carry]:
+        """The update of state x by (k, v, beta) and what ``emit`` asks for, from one fused op where there is one:
+        ``"read"``: the read of the new state by ``emit.read`` (:func:`deep_delta.ops.delta.update_and_channel_read`,
+        :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only control updates, then reads);
+        ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.norm.update_and_norm`,
+        through ``emit.read`` for d_v > 1; :meth:`fuses_norm_of` must hold)."""
+        if emit.what == "nothing":
+            new = self._update(x.unsqueeze(-1), k, v, beta).squeeze(-1) if self.value_channels == 1 else \
+                self._update(x, k, v, beta)
+            return new, Carry()
+        if emit.what == "read":
+            read = emit.read
+            if self.update_rule != "delta":  # the control has no fused kernel: the update, then the read
+                new = self._update(x, k, v, beta)
+                if isinstance(read, ChannelCompressor):
+                    return new, Carry(read=channel_compress(new, read.weight, backend=self.backend))
+                return new, Carry(read=token_compress(new, read.folded_weight(), None, backend=self.backend))
+            if isinstance(read, ChannelCompressor):
+                new, x_in = update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
+            else:
+                new, x_in = update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps,
+                                                  backend=self.backend)
+            return new, Carry(read=x_in)
+        nxt, read = emit.nxt, emit.read
         weights, consts = nxt._input_stage(x)
-        if read is None:
-            out, c, beta2, v2 = update_and_norm(x, k, v, beta, *weights, k_eps=self.k_eps, **consts)
-        else:
-            out, c, beta2, v2 = update_read_and_norm(x, k, v, beta, read.weight, *weights, k_eps=self.k_eps, **consts)
-        return out, (c, beta2, v2)
+        out, c, beta2, v2 = update_and_norm(x, k, v, beta, *weights, read=None if read is None else read.weight,
+                                            k_eps=self.k_eps, **consts)
+        return out, Carry(inputs=(c, beta2, v2))
 
     def _input_stage(self, src: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], dict]:
         """This sublayer's RMSNorm, linear gate and k-Map value as :func:`deep_delta.ops.norm.norm_gate_value` (and

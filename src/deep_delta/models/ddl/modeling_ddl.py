@@ -38,9 +38,10 @@ from deep_delta.layers.compressors import (
     TokenConvCompressor,
     make_compressor,
 )
-from deep_delta.layers.delta_residual import DeltaResidual
+from deep_delta.layers.delta_residual import NOTHING, Carry, DeltaResidual, Emit
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
+from deep_delta.models.ddl import fusion
 from deep_delta.models.ddl.cache import (
     CACHE_FIELD,
     CACHE_NAMES,
@@ -52,6 +53,7 @@ from deep_delta.models.ddl.cache import (
     refuse_unknown_kwargs,
 )
 from deep_delta.models.ddl.configuration_ddl import DDLConfig
+from deep_delta.models.ddl.fusion import BlockPlan
 from deep_delta.ops.delta.recompute import StateTape
 
 
@@ -212,80 +214,39 @@ class DDLBlock(GradientCheckpointingLayer):
             else None
         )
 
-    # False: the attention update and the MLP sublayer's channel read run as two calls (same values), so that
-    # hooks on the residual's forward see every update (ddl analyze)
+    # False: this block's updates compute nothing for the sublayer after them (its reads and norms run as their
+    # own calls; the same values), and the blocks beside it none for it (deep_delta.models.ddl.fusion)
     fuse_reads: bool = True
 
-    def forward(self, state: torch.Tensor, read: torch.Tensor | None, rope, mask: torch.Tensor | None = None,
+    def forward(self, state: torch.Tensor, carry: Carry, rope, mask: torch.Tensor | None = None,
                 pad_mask: torch.Tensor | None = None, *, cache: DDLCache | None = None,
-                next_read: nn.Module | None = None, next_norm: nn.Module | None = None):
-        """The attention update, then the MLP update. Returns ``(new state, its read for the next block)``.
+                emits: BlockPlan = (NOTHING, NOTHING)):
+        """The attention update, then the MLP update. Returns ``(new state, Carry)``: what the MLP update computed
+        for the next sublayer (the next block's attention, or the final readout).
 
-        state: (B, T, d) for d_v = 1 (and HC's (B, T, d, n)), (B, T, d, d_v) otherwise. read: the attention
-        sublayer's read of ``state`` (B, T, d) when the previous block's fused update already computed it, else
-        None, or (c, beta, v), its norm, gate and value, when the previous block's update computed them (on the
-        Triton backend: ``DeltaResidual.update_and_norm``). next_read: the next block's
-        (or the final) compressor, whose read of the new state the fused path returns; next_norm: the next block's
-        attention residual, whose (c, beta, v) of that read the fused path returns instead where it can; otherwise
-        the second value is None. rope: (cos, sin); mask: the attention mask or None; pad_mask: (B, T) 1 at
-        tokens, 0 at pads, or None.
+        state: (B, T, d) for d_v = 1 (and HC's (B, T, d, n)), (B, T, d, d_v) otherwise. carry: what the previous
+        block's last update computed for this block's attention sublayer (:class:`Carry`; empty for the first).
+        emits: what each of the two updates computes for the sublayer after it, from the model's fusion plan
+        (:func:`deep_delta.models.ddl.fusion.plan`). rope: (cos, sin); mask: the attention mask or None;
+        pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
         """
-        if self.compressor is None:  # d_v = 1 (additive or DDL), HC / mHC
-            return self._forward_vector(state, read, rope, mask, cache, next_read)
-        if isinstance(read, tuple) or (
-                self.fuse_reads and pad_mask is None and isinstance(self.attn, DeltaResidual)
-                and self.attn.fuses_norm_of(self.mlp, state, self.compressor)):
-            return self._forward_fused_norms(state, read, rope, mask, cache, next_read, next_norm)
-        if self.fuse_reads and fusable_read(self.compressor, cache, pad_mask):
-            return self._forward_fused(state, read, rope, mask, pad_mask, cache, next_read)
-        state, read = self._masked_read(state, read, pad_mask, cache, "attn")
-        state = self.attn(state, rope, cache, mask, x_in=read)
-        state, read = self._masked_read(state, None, pad_mask, cache, "mlp")
-        return self.mlp(state, x_in=read), None
+        attn_emit, mlp_emit = emits
+        state, carry = self._sublayer("attn", state, carry, attn_emit, (rope, cache, mask), pad_mask, cache)
+        return self._sublayer("mlp", state, carry, mlp_emit, (), pad_mask, cache)
 
-    def _forward_vector(self, state, prepared, rope, mask, cache, next_norm):
-        """The two updates of a block without a compressor. On the Triton backend each d_v = 1 DDL update also
-        computes the next sublayer's norm, gate and value from the row it writes (``DeltaResidual.update_and_norm``):
-        the MLP sublayer's after the attention update, ``next_norm``'s (the next block's attention residual, if
-        given) after the MLP update, returned as the second value; ``prepared``: this block's attention inputs
-        from the previous block, or None."""
-        attn_args = (rope, cache, mask)
-        if not (self.fuse_reads and isinstance(self.attn, DeltaResidual) and self.attn.fuses_norm_of(self.mlp, state)):
-            state = self.attn(state, *attn_args) if prepared is None else self.attn(state, *attn_args, prepared=prepared)
-            return self.mlp(state), None
-        state, prepared = self.attn.update_and_norm(state, self.mlp, *attn_args, prepared=prepared)
-        if next_norm is None or not self.mlp.fuses_norm_of(next_norm, state):
-            return self.mlp(state, prepared=prepared), None
-        return self.mlp.update_and_norm(state, next_norm, prepared=prepared)
-
-    def _forward_fused_norms(self, state, read, rope, mask, cache, next_read, next_norm):
-        """A channel compressor's two updates on the Triton backend without pads (training, and decoding an
-        unpadded batch: a CC read needs no token history), each computing the next sublayer's CC read and its
-        norm, gate and value in the same pass (``DeltaResidual.update_and_norm`` with the read): the MLP sublayer's after
-        the attention update, ``next_norm``'s after the MLP update (through ``next_read``, the next block's
-        compressor); with ``next_read`` alone (the final compressor, or a next block that cannot take them) the
-        MLP update returns the plain read."""
-        prepared = read if isinstance(read, tuple) else None
-        x_in = None
-        if prepared is None:
-            state, x_in = self._masked_read(state, read, None, cache, "attn")
-        state, prepared = self.attn.update_and_norm(state, self.mlp, rope, cache, mask, read=self.compressor,
-                                                    x_in=x_in, prepared=prepared)
-        if next_norm is not None and self.mlp.fuses_norm_of(next_norm, state, next_read):
-            return self.mlp.update_and_norm(state, next_norm, read=next_read, prepared=prepared)
-        if next_read is not None:
-            return self.mlp.update_and_read(state, next_read, prepared=prepared)
-        return self.mlp(state, prepared=prepared), None
-
-    def _forward_fused(self, state, read, rope, mask, pad_mask, cache, next_read):
-        """The same two updates for a channel compressor, each fused with the read that follows it: the MLP
-        sublayer's after the attention update, ``next_read``'s (if given) after the MLP update."""
-        state, read = self._masked_read(state, read, pad_mask, cache, "attn")
-        state, read = self.attn.update_and_read(state, self.compressor, rope, cache, mask, x_in=read)
-        state, read = self._masked_read(state, read, pad_mask, cache, "mlp")
-        if next_read is None:
-            return self.mlp(state, x_in=read), None
-        return self.mlp.update_and_read(state, next_read, x_in=read)
+    def _sublayer(self, name: str, state: torch.Tensor, carry: Carry, emit: Emit, args: tuple,
+                  pad_mask: torch.Tensor | None, cache: DDLCache | None) -> tuple[torch.Tensor, Carry]:
+        """One sublayer's update of ``state`` from what ``carry`` brings (its read, its inputs, or nothing: then
+        with pads the state is masked and, with a compressor, read here), emitting what ``emit`` says."""
+        residual = getattr(self, name)
+        kwargs = {}
+        if carry.inputs is not None:
+            kwargs["prepared"] = carry.inputs
+        elif self.compressor is not None:
+            state, kwargs["x_in"] = self._masked_read(state, carry.read, pad_mask, cache, name)
+        if emit.what == "nothing":
+            return residual(state, *args, **kwargs), Carry()
+        return residual(state, *args, emit=emit, **kwargs)
 
     def _masked_read(self, state, read, pad_mask, cache, sublayer: str):
         """The state with its pads zeroed, and the sublayer's read of it: ``read`` (masked too) when given, else
@@ -294,15 +255,6 @@ class DDLBlock(GradientCheckpointingLayer):
         if read is None:
             read = read_with_history(self.compressor, state, cache, f"{self.layer_idx}.{sublayer}")
         return state, read
-
-
-def fusable_read(compressor: nn.Module | None, cache: DDLCache | None, pad_mask: torch.Tensor | None) -> bool:
-    """A read that can be computed inside the previous sublayer's update: CC (it needs no other token), and TC
-    in a forward without token history or padding (training): its kernel reads the K-1 tokens before each
-    chunk of its own, and a padded state is masked after the update, which a fused TC read would not see."""
-    if isinstance(compressor, ChannelCompressor):
-        return True
-    return isinstance(compressor, TokenConvCompressor) and cache is None and pad_mask is None
 
 
 class DDLPreTrainedModel(PreTrainedModel):
@@ -428,15 +380,17 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
 class DDLModel(DDLPreTrainedModel):
     """The backbone: embeddings -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm.
 
-    With channel compressors every delta update is fused with the next read (the MLP sublayer's, the
-    next block's attention read, or the final readout): one op returns the new state and its read.
-    ``fuse_reads = False`` (an attribute, default True) calls the update and the read separately: same
-    values, for tests and benchmarks. ``recompute_states`` (from the config, default False) saves only the last
+    Each delta update can compute what the sublayer after it takes (its read, or its norm, gate and value) in the
+    same op: the fusion plan (:mod:`deep_delta.models.ddl.fusion`), made once per forward. ``fuse_reads = False``
+    (an attribute, default True) keeps updates from computing anything for the next block (the blocks' own
+    ``fuse_reads`` for their two sublayers); ``fuse_updates = False`` fuses nothing at all: same values, for hooks on
+    every sublayer, tests and benchmarks. ``recompute_states`` (from the config, default False) saves only the last
     state of the delta chain for backward and rebuilds the earlier ones from it
     (:class:`deep_delta.ops.delta.recompute.StateTape`).
     """
 
     fuse_reads: bool = True
+    fuse_updates: bool = True
 
     def __init__(self, config: DDLConfig):
         super().__init__(config)
@@ -575,22 +529,13 @@ class DDLModel(DDLPreTrainedModel):
             x = read_with_history(self.expander, x, cache, "embed")
         if tape is not None:
             tape.register(x)
-        read = None  # the next block's read, when the previous update computed it (channel compressors, fused)
-        for i, block in enumerate(self.layers):
-            nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
-            if block.compressor is None:  # d_v = 1: the next block's attention inputs from this block's last update
-                fuse = self.fuse_reads and block.fuse_reads and nxt is not None and nxt.fuse_reads
-                x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=nxt.attn if fuse else None)
-                continue
-            next_read = nxt.compressor if nxt is not None else self.final_compressor
-            fuse = (self.fuse_reads and block.fuse_reads and fusable_read(block.compressor, cache, pad_mask)
-                    and fusable_read(next_read, cache, pad_mask))
-            next_norm = nxt.attn if fuse and nxt is not None and nxt.fuse_reads else None
-            x, read = block(x, read, rope, mask, pad_mask, cache=cache, next_read=next_read if fuse else None,
-                            next_norm=next_norm)
+        emits = fusion.plan(self, x, cache, pad_mask) if self.fuse_updates else fusion.unfused(len(self.layers))
+        carry = Carry()
+        for block, block_emits in zip(self.layers, emits):
+            x, carry = block(x, carry, rope, mask, pad_mask, cache=cache, emits=block_emits)
         if self.final_compressor is None:
             return x
-        x, read = _mask_pads(pad_mask, x, read)
+        x, read = _mask_pads(pad_mask, x, carry.read)
         return read_with_history(self.final_compressor, x, cache, "final") if read is None else read
 
 

@@ -22,7 +22,6 @@ from deep_delta.ops.norm.lean import norm_gate_value_lean
 from deep_delta.ops.norm.naive import (
     norm_gate_value_reference,
     update_and_norm_reference,
-    update_read_and_norm_reference,
 )
 
 Tensor = torch.Tensor
@@ -102,6 +101,23 @@ def norm_gate_value(
     return norm_gate_value_lean(*args, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
 
 
+def _flatten(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor | None) -> tuple[Tensor, ...]:
+    """(x, k, v, beta) with one leading dimension, contiguous: x (N, d) or (N, d, d_v) with ``read``."""
+    d, dv = x.shape[-1] if read is None else x.shape[-2], v.shape[-1]
+    n = k.numel() // d
+    state = (n, d) if read is None else (n, d, dv)
+    return (x.reshape(state).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
+            beta.reshape(n, 1).contiguous())
+
+
+def _unflatten(outs: tuple[Tensor, ...], x: Tensor, dv_next: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A fused op's flat outputs (x', c, beta', v') back at x's leading shape."""
+    out, c, beta2, v2 = outs
+    lead, d = c.shape[:-1], c.shape[-1]
+    lead = x.shape[: x.dim() - (out.dim() - 1)]
+    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, dv_next)
+
+
 def update_and_norm(
     x: Tensor,
     k: Tensor,
@@ -113,6 +129,7 @@ def update_and_norm(
     value_weight: Tensor,
     value_bias: Tensor,
     *,
+    read: Tensor | None = None,
     k_eps: float,
     eps: float,
     beta_max: float,
@@ -120,117 +137,72 @@ def update_and_norm(
     c_dtype: torch.dtype | None = None,
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A d_v = 1 delta update fused with the next sublayer's input stage: ``(x', c, beta', v')``.
+    """A delta update fused with the next sublayer's input stage: ``(x', c, beta', v')``.
 
-    Equals ``x' = delta_update(x[..., None], k, v, beta)[..., 0]`` followed by
-    ``norm_gate_value(x', norm_weight, ...)`` (the next sublayer's RMSNorm, linear gate and k-Map value); the
-    Triton kernels (:mod:`.triton_update`) compute the next sublayer's inputs from the row they have just
-    written, and the backward folds the input stage's backward into the update's: each state row read once
-    per direction for both.
+    Without ``read`` (a d_v = 1 state): ``x' = delta_update(x[..., None], k, v, beta)[..., 0]`` followed by
+    ``norm_gate_value(x', norm_weight, ...)``. With ``read`` (d_v > 1, the next sublayer's channel compressor
+    weight (d, d_v)): ``x' = delta_update(x, k, v, beta)``, ``x_in = channel_compress(x', read)`` and
+    ``(c, beta', v') = norm_gate_value(x_in, norm_weight, ...)``. The Triton kernels (:mod:`.triton_update`)
+    compute the next sublayer's inputs from the tile they have just written (the read without storing it), and the
+    backward runs the input stage's (and the read's) backward in registers before the update's: each state row
+    read once per direction.
 
     Args:
-        x: (..., d), the d_v = 1 state; k: (..., d), the raw direction; v: (..., 1); beta: (..., 1).
+        x: (..., d) without ``read``, (..., d, d_v) with it; k: (..., d), the raw direction; v: (..., 1) or
+            (..., d_v); beta: (..., 1).
         norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype: the
             next sublayer's, as :func:`norm_gate_value` takes them (value_weight (d_v', d): the next sublayer's
-            value width, 1 in a d_v = 1 model).
+            value width).
+        read: the next sublayer's channel compressor weight (d, d_v) for a d_v > 1 state, else None.
         k_eps: this update's direction normalisation guard.
         backend: "auto", "torch" or "triton" (:func:`norm_gate_value`'s rules).
     """
-    if x.dim() < 1 or tuple(k.shape) != tuple(x.shape):
-        raise ValueError(f"update_and_norm: `x` and `k` must have the same shape (..., d), got {tuple(x.shape)} and "
-                         f"{tuple(k.shape)}")
-    for name, t in (("v", v), ("beta", beta)):
-        if tuple(t.shape) != tuple(x.shape[:-1]) + (1,):
-            raise ValueError(f"update_and_norm: `{name}` must have shape {tuple(x.shape[:-1]) + (1,)} (x is "
-                             f"{tuple(x.shape)}), got {tuple(t.shape)}")
+    if read is None:
+        if x.dim() < 1 or tuple(k.shape) != tuple(x.shape):
+            raise ValueError(f"update_and_norm: `x` and `k` must have the same shape (..., d) without `read`, got "
+                             f"{tuple(x.shape)} and {tuple(k.shape)}")
+        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (1,)))
+        src = x
+    else:
+        if x.dim() < 2 or tuple(k.shape) != tuple(x.shape[:-1]):
+            raise ValueError(f"update_and_norm: with `read`, `x` must have shape (..., d, d_v) and `k` (..., d), got "
+                             f"{tuple(x.shape)} and {tuple(k.shape)}")
+        lead, dv = tuple(x.shape[:-2]), x.shape[-1]
+        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (1,)), ("read", read, tuple(x.shape[-2:])))
+        src = x[..., 0]
+    for name, t, shape in shapes:
+        if tuple(t.shape) != shape:
+            raise ValueError(f"update_and_norm: `{name}` must have shape {shape} (x is {tuple(x.shape)}), got "
+                             f"{tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"update_and_norm: `{name}` must be a floating-point tensor, got {t.dtype}")
     if not (math.isfinite(k_eps) and k_eps >= 0):
         raise ValueError(f"update_and_norm: `k_eps` got {k_eps}; allowed: a finite number >= 0")
-    _check(x, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
+    _check(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
     weights = (norm_weight, gate_weight, gate_bias, value_weight, value_bias)
+    consts = dict(k_eps=k_eps, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
     impl = resolve_backend(backend, x.device)
-    if impl == "triton" and through_registered_op(backend, impl, x.dtype):  # one node under compile
-        from deep_delta.ops.norm.library import update_norm_with_op
+    if impl == "triton":  # the kernels, on flattened tensors: through the custom op while compiling (one node)
+        flat = _flatten(x, k, v, beta, read)
+        if through_registered_op(backend, impl, x.dtype):
+            from deep_delta.ops.norm.library import update_norm_with_op
 
-        return update_norm_with_op(x, k, v, beta, *weights, k_eps, eps, beta_max, value_scale, c_dtype, backend)
-    if impl == "triton":
-        from deep_delta.ops.norm.triton_update import update_and_norm_triton
+            outs = update_norm_with_op(*flat, read, *weights, backend=backend, **consts)
+        else:
+            from deep_delta.ops.norm.triton_update import update_and_norm_triton
 
-        return update_and_norm_triton(x, k, v, beta, *weights, k_eps=k_eps, eps=eps, beta_max=beta_max,
-                                      value_scale=value_scale, c_dtype=c_dtype)
-    from deep_delta.ops.delta import delta_update
+            outs = update_and_norm_triton(*flat, read, *weights, **consts)
+        return _unflatten(outs, x, value_weight.shape[0])
+    from deep_delta.ops.delta import delta_update, update_and_channel_read
 
-    out = delta_update(x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
-    return (out, *norm_gate_value(out, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
-                                  c_dtype=c_dtype, backend=backend))
-
-
-def update_read_and_norm(
-    x: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    read: Tensor,
-    norm_weight: Tensor,
-    gate_weight: Tensor,
-    gate_bias: Tensor,
-    value_weight: Tensor,
-    value_bias: Tensor,
-    *,
-    k_eps: float,
-    eps: float,
-    beta_max: float,
-    value_scale: float,
-    c_dtype: torch.dtype | None = None,
-    backend: str = "auto",
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A delta update (d_v > 1) fused with the next sublayer's CC read and input stage: ``(x', c, beta', v')``.
-
-    Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = channel_compress(x', read)`` and
-    ``(c, beta', v') = norm_gate_value(x_in, norm_weight, ...)``; the Triton kernels (:mod:`.triton_update`) read
-    x_in from the tile they have just written and compute the next sublayer's inputs from it without storing it,
-    and the backward runs the input stage's and the read's backward in registers before the update's.
-
-    Args:
-        x: (..., d, d_v); k: (..., d); v: (..., d_v); beta: (..., 1); read: (d, d_v), the next sublayer's
-            channel compressor weight.
-        norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype: the
-            next sublayer's input stage, as :func:`norm_gate_value` takes them (value_weight (d_v, d)).
-        k_eps: this update's direction normalisation guard; backend: :func:`norm_gate_value`'s rules.
-    """
-    if x.dim() < 2 or tuple(k.shape) != tuple(x.shape[:-1]):
-        raise ValueError(f"update_read_and_norm: `x` must have shape (..., d, d_v) and `k` (..., d), got "
-                         f"{tuple(x.shape)} and {tuple(k.shape)}")
-    lead, dv = tuple(x.shape[:-2]), x.shape[-1]
-    for name, t, shape in (("v", v, lead + (dv,)), ("beta", beta, lead + (1,)), ("read", read, tuple(x.shape[-2:]))):
-        if tuple(t.shape) != shape:
-            raise ValueError(f"update_read_and_norm: `{name}` must have shape {shape} (x is {tuple(x.shape)}), got "
-                             f"{tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"update_read_and_norm: `{name}` must be a floating-point tensor, got {t.dtype}")
-    if not (math.isfinite(k_eps) and k_eps >= 0):
-        raise ValueError(f"update_read_and_norm: `k_eps` got {k_eps}; allowed: a finite number >= 0")
-    _check(x[..., 0], norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale,
-           c_dtype)
-    weights = (norm_weight, gate_weight, gate_bias, value_weight, value_bias)
-    impl = resolve_backend(backend, x.device)
-    if impl == "triton" and through_registered_op(backend, impl, x.dtype):  # one node under compile
-        from deep_delta.ops.norm.library import update_read_norm_with_op
-
-        return update_read_norm_with_op(x, k, v, beta, read, *weights, k_eps, eps, beta_max, value_scale, c_dtype,
-                                        backend)
-    if impl == "triton":
-        from deep_delta.ops.norm.triton_update import update_read_and_norm_triton
-
-        return update_read_and_norm_triton(x, k, v, beta, read, *weights, k_eps=k_eps, eps=eps, beta_max=beta_max,
-                                           value_scale=value_scale, c_dtype=c_dtype)
-    from deep_delta.ops.delta import update_and_channel_read
-
-    out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend)
+    if read is None:
+        out = delta_update(x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
+        x_in = out
+    else:
+        out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend)
     return (out, *norm_gate_value(x_in, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
                                   c_dtype=c_dtype, backend=backend))
 
 
 __all__ = ["norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference", "update_and_norm",
-           "update_and_norm_reference", "update_read_and_norm", "update_read_and_norm_reference"]
+           "update_and_norm_reference"]

@@ -23,8 +23,6 @@ both ops, with either backend.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from deep_delta.ops.norm.lean import (
@@ -348,41 +346,21 @@ def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tenso
     return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])
 
 
-def update_norm_with_op(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, norm_weight: Tensor, gate_weight: Tensor,
-                        gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float,
-                        beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
+def update_norm_with_op(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor | None, norm_weight: Tensor,
+                        gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, *,
+                        k_eps: float, eps: float, beta_max: float, value_scale: float,
+                        c_dtype: torch.dtype | None = None,
                         backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``deep_delta::update_norm`` at any leading shape: x, k (..., d), v, beta (..., 1) -> x' (..., d),
-    c (..., d), beta' (..., 1), v' (..., d_v')."""
+    """``deep_delta::update_norm`` (``read`` None: x (N, d), v (N, 1)) or ``deep_delta::update_read_norm``
+    (x (N, d, d_v), v (N, d_v), read (d, d_v)) on flattened contiguous tensors (k (N, d), beta (N, 1)) ->
+    (x', c (N, d), beta' (N, 1), v' (N, d_v'))."""
     if backend == "triton":
         from deep_delta.ops.delta.triton import check_device
 
         check_device("update_and_norm", x)
-    lead, d = x.shape[:-1], x.shape[-1]
-    out, c, beta2, v2 = update_norm_op(
-        x.reshape(-1, d).contiguous(), k.reshape(-1, d).contiguous(), v.reshape(-1, 1).contiguous(),
-        beta.reshape(-1, 1).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
-        value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps), float(beta_max),
-        float(value_scale), c_dtype, backend)
-    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])
-
-
-def update_read_norm_with_op(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor, norm_weight: Tensor,
-                             gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor,
-                             k_eps: float, eps: float, beta_max: float, value_scale: float,
-                             c_dtype: torch.dtype | None = None,
-                             backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``deep_delta::update_read_norm`` at any leading shape: x (..., d, d_v), k (..., d), v (..., d_v), beta
-    (..., 1), read (d, d_v) -> x' (..., d, d_v), c (..., d), beta' (..., 1), v' (..., d_v')."""
-    if backend == "triton":
-        from deep_delta.ops.delta.triton import check_device
-
-        check_device("update_read_and_norm", x)
-    *lead, d, dv = x.shape
-    n = math.prod(lead)
-    out, c, beta2, v2 = update_read_norm_op(
-        x.reshape(n, d, dv).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
-        beta.reshape(n, 1).contiguous(), read.contiguous(), norm_weight.contiguous(), gate_weight.contiguous(),
-        gate_bias.contiguous(), value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps),
-        float(beta_max), float(value_scale), c_dtype, backend)
-    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])
+    weights = (norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(), value_weight.contiguous(),
+               value_bias.contiguous())
+    consts = (float(k_eps), float(eps), float(beta_max), float(value_scale), c_dtype, backend)
+    if read is None:
+        return update_norm_op(x, k, v, beta, *weights, *consts)
+    return update_read_norm_op(x, k, v, beta, read.contiguous(), *weights, *consts)

@@ -427,30 +427,15 @@ class UpdateNormTriton(torch.autograd.Function):
         return (*triton_backward(*ups, *saved, *ctx.consts), None, None, None, None, None)
 
 
-def update_and_norm_triton(x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, *, k_eps,
-                           eps, beta_max, value_scale, c_dtype=None):
-    """The kernels' autograd Function at any leading shape: x, k (..., d), v, beta (..., 1) -> x' (..., d),
-    c (..., d), beta' (..., 1), v' (..., d_v')."""
+def update_and_norm_triton(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, *,
+                           k_eps, eps, beta_max, value_scale, c_dtype=None):
+    """The kernels' autograd Functions on flattened contiguous tensors: without ``read`` x (N, d), k (N, d),
+    v (N, 1), beta (N, 1) (:class:`UpdateNormTriton`); with ``read`` (d, d_v) x (N, d, d_v), v (N, d_v)
+    (:class:`UpdateReadNormTriton`) -> (x', c (N, d), beta' (N, 1), v' (N, d_v'))."""
     delta_triton.check_device("update_and_norm", x)
-    lead, d = x.shape[:-1], x.shape[-1]
-    out, c, beta2, v2 = UpdateNormTriton.apply(
-        x.reshape(-1, d).contiguous(), k.reshape(-1, d).contiguous(), v.reshape(-1, 1).contiguous(),
-        beta.reshape(-1, 1).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
-        value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps), float(beta_max),
-        float(value_scale), c_dtype)
-    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, value_weight.shape[0])
-
-
-def update_read_and_norm_triton(x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
-                                *, k_eps, eps, beta_max, value_scale, c_dtype=None):
-    """The kernels' autograd Function at any leading shape: x (..., d, d_v), k (..., d), v (..., d_v), beta (..., 1),
-    read (d, d_v) -> x' (..., d, d_v), c (..., d), beta' (..., 1), v' (..., d_v)."""
-    delta_triton.check_device("update_read_and_norm", x)
-    *lead, d, dv = x.shape
-    n = math.prod(lead)
-    out, c, beta2, v2 = UpdateReadNormTriton.apply(
-        x.reshape(n, d, dv).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
-        beta.reshape(n, 1).contiguous(), read.contiguous(), norm_weight.contiguous(), gate_weight.contiguous(),
-        gate_bias.contiguous(), value_weight.contiguous(), value_bias.contiguous(), float(k_eps), float(eps),
-        float(beta_max), float(value_scale), c_dtype)
-    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, dv)
+    weights = (norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(), value_weight.contiguous(),
+               value_bias.contiguous())
+    consts = (float(k_eps), float(eps), float(beta_max), float(value_scale), c_dtype)
+    if read is None:
+        return UpdateNormTriton.apply(x, k, v, beta, *weights, *consts)
+    return UpdateReadNormTriton.apply(x, k, v, beta, read.contiguous(), *weights, *consts)
