@@ -33,10 +33,15 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
-from deep_delta.ops.delta import delta_update, update_and_channel_read, update_and_token_read  # noqa: E402
+from deep_delta.ops.delta import (  # noqa: E402
+    delta_update,
+    update_and_channel_read,
+    update_and_norm,  # noqa: E402
+    update_and_token_read,
+)
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from deep_delta.ops.norm import norm_gate_value, update_and_norm  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value  # noqa: E402
 
 D, DV, K, NS, BATCH, SEQ = 768, 4, 4, 4, 8, 1024
 TARGET = GPUTarget("cuda", 90, 32)

@@ -4,7 +4,8 @@
 while ``torch.compile`` traces (:func:`deep_delta.ops.backend.through_registered_op`) and the Triton autograd
 Functions otherwise. This probe measures what that saves per call on the host, on any machine: the same Triton
 launch wrappers run both ways on CPU tensors inside ``count_traffic(dry=True)`` (the kernels are not launched,
-so only host work is timed), the ops' CPU kernels pointed at the Triton wrappers in this process. Each row:
+so only host work is timed), the ops called with ``backend="triton"`` (their kernel on any device then calls the
+Triton wrappers, as the CUDA kernel does). Each row:
 median microseconds of a forward + backward (best of ``--repeats`` medians over ``--iters`` calls), tiny
 tensors, so the torch ops around the kernels cost little.
 
@@ -30,18 +31,6 @@ from deep_delta.ops.norm import library as norm_library
 from deep_delta.ops.norm.triton import norm_gate_value_triton
 
 
-def ops_on_triton_for_cpu() -> None:
-    """Point the custom ops' CPU kernels at the Triton wrappers (as their CUDA kernels are), for this process."""
-    delta_library._use_triton = norm_library._use_triton = lambda t: True
-    for op, kernel in ((norm_library.norm_gate_value_op, norm_library._norm_gate_value_cuda),
-                       (norm_library.norm_gate_value_backward_op, norm_library._norm_gate_value_backward_cuda),
-                       (delta_library.delta_update_op, delta_library._delta_update_cuda),
-                       (delta_library.delta_update_backward_op, delta_library._delta_update_backward_cuda),
-                       (delta_library.delta_update_read_op, delta_library._delta_update_read_cuda),
-                       (delta_library.delta_update_read_backward_op, delta_library._delta_update_read_backward_cuda)):
-        op.register_kernel("cpu")(kernel)
-
-
 def cases(n: int, d: int, dv: int):
     g = torch.Generator().manual_seed(0)
 
@@ -53,12 +42,12 @@ def cases(n: int, d: int, dv: int):
     consts = (1e-5, 2.0, 4.0)
     LEAVES[:] = [src, *weights, x, k, v, beta, c]
     return {
-        "norm + gate + value": (lambda: norm_library.norm_gate_value_with_op(src, *weights, *consts),
+        "norm + gate + value": (lambda: norm_library.norm_gate_value_with_op(src, *weights, *consts, backend="triton"),
                                 lambda: norm_gate_value_triton(src, *weights, eps=1e-5, beta_max=2.0,
                                                                value_scale=4.0)),
-        "delta update": (lambda: delta_library.update_with_op(x, k, v, beta, None, 1e-5),
+        "delta update": (lambda: delta_library.update_with_op(x, k, v, beta, None, 1e-5, backend="triton"),
                          lambda: delta_update_triton(x, k, v, beta, k_eps=1e-5)),
-        "update + CC read": (lambda: delta_library.update_with_op(x, k, v, beta, c, 1e-5),
+        "update + CC read": (lambda: delta_library.update_with_op(x, k, v, beta, c, 1e-5, backend="triton"),
                              lambda: delta_update_read_triton(x, k, v, beta, c, k_eps=1e-5)),
     }
 
@@ -97,7 +86,6 @@ def main(argv=None) -> int:
         ap.error(f"--iters, --repeats and --threads must be >= 1, got {args.iters}, {args.repeats}, {args.threads}")
     torch.set_num_threads(args.threads)
     rows = []
-    ops_on_triton_for_cpu()
     with count_traffic(dry=True):
         for name, (op, function) in cases(n=8, d=64, dv=4).items():
             t_op, t_fn = median_us(op, args.iters, args.repeats), median_us(function, args.iters, args.repeats)

@@ -36,12 +36,17 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops import partials, switches  # noqa: E402
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
-from deep_delta.ops.delta import update_and_channel_read, update_and_token_read  # noqa: E402
+from deep_delta.ops.delta import (  # noqa: E402
+    update_and_channel_read,
+    update_and_norm,  # noqa: E402
+    update_and_token_read,
+)
 from deep_delta.ops.hyper import stream_read, stream_write  # noqa: E402
-from deep_delta.ops.norm import norm_gate_value, update_and_norm  # noqa: E402
+from deep_delta.ops.norm import norm_gate_value  # noqa: E402
 
 SMALL = dict(batch=32, seq=1024, d=768, dv=4, k=4, ns=4)
 TINY = dict(batch=2, seq=5, d=12, dv=3, k=4, ns=4)
@@ -145,14 +150,14 @@ def probe_case(leaves, forward, device, poison_mib: int, reps: int, big_per_sm: 
         got, _ = grads_of(leaves, forward, upstream)
         poison(device, poison_mib)
         again, _ = grads_of(leaves, forward, upstream)
-        sms = delta_triton.max_programs(device, per_sm=1)
-        default = delta_triton.max_programs
-        delta_triton.max_programs = lambda dev, per_sm=None: big_per_sm * sms
+        sms = ops_launch.max_programs(device, per_sm=1)
+        default = ops_launch.max_programs
+        ops_launch.max_programs = lambda dev, per_sm=None: big_per_sm * sms
         try:
             poison(device, poison_mib)
             big, _ = grads_of(leaves, forward, upstream)
         finally:
-            delta_triton.max_programs = default
+            ops_launch.max_programs = default
         ms_in = timed(lambda: grads_of(leaves, forward, upstream), device, reps)
     with switches.override(INKERNEL_REDUCE=False):
         ms_torch = timed(lambda: grads_of(leaves, forward, upstream), device, reps)

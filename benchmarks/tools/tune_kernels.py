@@ -30,12 +30,16 @@ import torch
 
 import deep_delta.ops.delta.triton as dt
 import deep_delta.ops.delta.triton_token as tt
+import deep_delta.ops.launch as gl
 import deep_delta.ops.norm.triton as nt
 
-try:  # the updates fused with the next sublayer's input stage (2026-11-27); an older checkout (a before-run) lacks them
-    import deep_delta.ops.norm.triton_update as tu
+try:  # the updates fused with the next sublayer's input stage (ops/delta/triton_norm.py since 2026-11-28,
+    import deep_delta.ops.delta.triton_norm as tu  # ops/norm/triton_update.py on 2026-11-27); a before-run lacks them
 except ImportError:
-    tu = None
+    try:
+        import deep_delta.ops.norm.triton_update as tu
+    except ImportError:
+        tu = None
 from deep_delta.eval.timing import timed
 from deep_delta.ops.launch import count_traffic, launch
 
@@ -57,7 +61,9 @@ def settings(warps=None, rows=None, per_sm=None, chunk=None, stages=None, prefet
         fixed_rows = lambda n, tile, r=rows: r  # noqa: E731
         patches.update({(dt, "delta_rows"): fixed_rows, (tt, "delta_rows"): fixed_rows, (nt, "FWD_ROWS"): rows})
     if per_sm is not None:
-        patches.update({(dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm, (nt, "BWD_PER_SM"): per_sm,
+        # the launch geometry in ops/launch.py since 2026-11-27 (gl), in ops/delta/triton.py before (dt)
+        patches.update({(gl, "PROGRAMS_PER_SM"): per_sm, (gl, "MAX_PROGRAMS"): per_sm * 4,
+                        (dt, "PROGRAMS_PER_SM"): per_sm, (dt, "READ_BWD_PER_SM"): per_sm, (nt, "BWD_PER_SM"): per_sm,
                         (tt, "BWD_PER_SM"): per_sm,  # the one-pass TC backward's persistent grid
                         (tu, "BWD_PER_SM"): per_sm, (tu, "READ_BWD_PER_SM"): per_sm,  # the fused norm backwards
                         (dt, "MAX_PROGRAMS"): per_sm * 4})  # off CUDA (the smoke test): a small grid that varies

@@ -26,8 +26,9 @@ def _load(name: str):
 def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):
     import deep_delta.ops.delta.triton as dt
     import deep_delta.ops.delta.triton_token as tt
+    import deep_delta.ops.launch as gl
 
-    before = (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch)
+    before = (dt.delta_warps, dt.delta_rows, gl.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch)
     tune = _load("tune_kernels")
     assert tune.main(["--device", "cpu", "--quick", "--dvs", "1", "--only", "delta fwd", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "tune_kernels.json").read_text())
@@ -37,7 +38,7 @@ def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):
     }
     assert all(r["ms"] > 0 and r["gbs"] > 0 for r in rows)
     assert "### delta fwd, d_v = 1" in (tmp_path / "tune_kernels.md").read_text()
-    assert (dt.delta_warps, dt.delta_rows, dt.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch) == before
+    assert (dt.delta_warps, dt.delta_rows, gl.PROGRAMS_PER_SM, dt.READ_BWD_PER_SM, tt.CHUNK, tt.PREFETCH, dt.launch) == before
 
 
 def test_tune_kernels_times_the_library_setting_of_the_tc_backward(tmp_path):

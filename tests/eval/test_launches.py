@@ -101,8 +101,8 @@ def test_an_extra_launch_in_an_op_shows_up(monkeypatch):
     more ATen op per norm forward: each appears once per call in the count (ddl-cc: per step one plain update with the
     final read, the fused updates of the other sublayers, one norm kernel, the first sublayer's)."""
     import deep_delta.ops.delta.triton as dt
+    import deep_delta.ops.delta.triton_norm as tu
     import deep_delta.ops.norm.triton as nt
-    import deep_delta.ops.norm.triton_update as tu
 
     before = step_launches("ddl-cc", "tiny", 1, 8)
     launch, forward = dt.launch, nt.triton_forward

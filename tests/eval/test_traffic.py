@@ -95,7 +95,7 @@ def test_traffic_counts_a_realistic_step_with_bounded_partials():
     """8 x 1024 tokens on fake tensors (nothing of the step's size is allocated): the partial buffers of the
     weight gradients stay at most MAX_PROGRAMS fp32 copies of their weight per launch ((d, d_v) tiles for the
     update and the read; the norm's weights), not one per token."""
-    from deep_delta.ops.delta.triton import MAX_PROGRAMS
+    from deep_delta.ops.launch import MAX_PROGRAMS
 
     res = step_traffic("ddl-cc-noec", "tiny", batch_size=8, seq_len=1024, **TINY)
     assert res.tokens == 8 * 1024

@@ -184,7 +184,7 @@ def update_norm_args(n, d, dv, dtype, seed=0):
 
 
 def opcheck_update_norm_ops(n, d, dv, dtype, backend):
-    from deep_delta.ops.norm.library import update_norm_backward_op, update_norm_op
+    from deep_delta.ops.delta.library import update_norm_backward_op, update_norm_op
 
     inputs, weights, grads, consts = update_norm_args(n, d, dv, dtype)
     low = torch.bfloat16 if dtype != torch.float64 else torch.float32
@@ -201,7 +201,7 @@ def opcheck_update_norm_ops(n, d, dv, dtype, backend):
 
 
 def opcheck_update_read_norm_ops(n, d, dv, dtype, backend):
-    from deep_delta.ops.norm.library import update_read_norm_backward_op, update_read_norm_op
+    from deep_delta.ops.delta.library import update_read_norm_backward_op, update_read_norm_op
 
     gen = torch.Generator().manual_seed(d)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32
@@ -257,12 +257,8 @@ def test_triton_kernels_of_every_op_return_fresh_tensors():
     path of each op's CUDA kernel) returns outputs that alias neither an input nor each other: torch.library
     refuses such outputs on CUDA ("may not alias any inputs ... or other returns"), which the lean CPU kernels
     alone never exercise."""
-    from deep_delta.ops.norm.library import (
-        norm_gate_value_backward_op,
-        norm_gate_value_op,
-        update_norm_backward_op,
-        update_norm_op,
-    )
+    from deep_delta.ops.delta.library import update_norm_backward_op, update_norm_op
+    from deep_delta.ops.norm.library import norm_gate_value_backward_op, norm_gate_value_op
 
     x, k, v, beta = flat_inputs((5,), 12, 3, torch.float32, seed=1)
     uinputs, uweights, ugrads, uconsts = update_norm_args(5, 12, 1, torch.float32)

@@ -24,6 +24,7 @@ import pytest  # noqa: E402
 from tests.ops.test_hyper_kernels import check_linear, hyper_inputs  # noqa: E402
 from tests.ops.test_kernels import DEVICE, DTYPE_IDS, DTYPES, delta_inputs, run_both, state_inputs  # noqa: E402
 
+from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
     channel_compress_reference,
@@ -43,7 +44,7 @@ B, T = 3, 5  # 15 tokens: 4 programs of 4, 4, 4, 3 tokens (2 of 8 and 7 per tap 
 
 @pytest.fixture
 def few_programs(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: PROGRAMS)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: PROGRAMS)
 
 
 def fused(x, k, v, beta, c):
@@ -131,8 +132,8 @@ def test_partial_buffers_do_not_grow_with_the_token_count(few_programs):
 def test_reduction_grid_covers_the_tokens_within_the_bound():
     for n in (0, 1, 3, 15, 256, 257, 4097, 100_000):
         for axis in (1, 3, 4):
-            progs, chunk = delta_triton.reduction_grid(n, torch.device("cpu"), per_program_axis=axis)
-            assert progs * axis <= max(axis, delta_triton.MAX_PROGRAMS)
+            progs, chunk = ops_launch.reduction_grid(n, torch.device("cpu"), per_program_axis=axis)
+            assert progs * axis <= max(axis, ops_launch.MAX_PROGRAMS)
             assert progs * chunk >= n and (progs - 1) * chunk < max(n, 1), (n, axis, progs, chunk)
 
 

@@ -21,9 +21,9 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before trito
 
 import pytest  # noqa: E402
 
-import deep_delta.ops.delta.triton as dt  # noqa: E402
 import deep_delta.ops.delta.triton_token as tt  # noqa: E402
 from deep_delta.ops import delta_update, switches  # noqa: E402
+from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops.compress.naive import token_compress_reference  # noqa: E402
 from deep_delta.ops.delta import update_and_token_read  # noqa: E402
 from deep_delta.ops.delta.naive import delta_update_reference  # noqa: E402
@@ -52,7 +52,7 @@ def _reference(x, k, v, beta, w):
 @pytest.fixture
 def small_grid(monkeypatch):
     monkeypatch.setattr(tt, "CHUNK", 4)
-    monkeypatch.setattr(dt, "MAX_PROGRAMS", 3)
+    monkeypatch.setattr(ops_launch, "MAX_PROGRAMS", 3)
 
 
 PATHS = [{}, {"TC_ONE_PASS": True, "INKERNEL_REDUCE": True}]  # the defaults; the switched-on paths (issue 47)
@@ -177,7 +177,7 @@ def test_lean_path_is_the_update_then_the_read():
 @pytest.mark.parametrize("tokens", [512, 8192])
 def test_partial_buffer_is_bounded_by_the_programs(monkeypatch, tokens):
     """grad_w's partial buffer holds one (K, d, d_v) tile per program, at most MAX_PROGRAMS, for any token count."""
-    monkeypatch.setattr(dt, "max_programs", lambda device, per_sm=None: 5)  # on CUDA too (there: 2 x the SM count)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 5)  # on CUDA too (there: 2 x the SM count)
     d, dv, ks = 16, 4, 4
     x, k, v, beta, w = _inputs(2, tokens // 2, d, dv, ks, torch.float32)
     with count_traffic(dry=True) as c:

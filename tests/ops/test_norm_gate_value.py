@@ -27,7 +27,7 @@ import pytest  # noqa: E402
 from tests.ops.test_kernels import DEVICE, assert_close  # noqa: E402
 
 from deep_delta.layers import DeltaResidual  # noqa: E402
-from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
+from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from deep_delta.ops.norm import norm_gate_value, norm_gate_value_reference  # noqa: E402
 from deep_delta.ops.norm.lean import norm_gate_value_backward_lean  # noqa: E402
@@ -115,7 +115,7 @@ def test_triton_with_more_tokens_than_programs(monkeypatch, dtype, prefetch, one
     taken at once (``ONE_PASS``, forward and backward) or in the order the math is written."""
     from deep_delta.ops.norm import triton as norm_triton
 
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     monkeypatch.setattr(norm_triton, "BWD_PREFETCH", prefetch)
     monkeypatch.setattr(norm_triton, "ONE_PASS", one_pass)
     compare(triton_fn, norm_inputs((3, 5), 33, 4, dtype, seed=3), dtype)
@@ -250,7 +250,7 @@ def partial_bytes(n: int, d: int, dv: int) -> list[int]:
 
 
 def test_partial_buffers_do_not_grow_with_the_token_count(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     d, dv = 9, 4
     small, large = partial_bytes(10, d, dv), partial_bytes(40, d, dv)
     weights = [2 * d * 4, (1 + dv) * 4, dv * d * 4]  # (g, w_g), (b_g, b_v), W_v in fp32
@@ -259,7 +259,7 @@ def test_partial_buffers_do_not_grow_with_the_token_count(monkeypatch):
 
 
 def test_persistent_sums_are_deterministic(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     inputs = norm_inputs((15,), 12, 4)
     grads = upstream(inputs[0], 4)
     first, second = (outputs_and_grads(triton_fn, inputs, grads)[1] for _ in range(2))

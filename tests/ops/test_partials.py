@@ -30,6 +30,7 @@ from tests.ops.test_kernels import DEVICE, DTYPE_IDS, DTYPES, delta_inputs, run_
 from tests.ops.test_norm_gate_value import CONSTS, compare, norm_inputs, outputs_and_grads, upstream  # noqa: E402
 
 from deep_delta.eval.launches import AtenLaunches, kernel_name  # noqa: E402
+from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops import partials, switches  # noqa: E402
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
@@ -70,7 +71,7 @@ def inkernel(monkeypatch):
 
 @pytest.fixture
 def small_reduction(monkeypatch):
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: WORKERS)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: WORKERS)
     monkeypatch.setattr(partials, "MIN_COLS", COLS)
     monkeypatch.setattr(partials, "MAX_COLS", COLS)
     monkeypatch.setattr(partials, "REDUCE_TILE", COLS * ROWS)

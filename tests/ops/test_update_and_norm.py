@@ -1,4 +1,4 @@
-"""The d_v = 1 delta update fused with the next sublayer's input stage (:func:`deep_delta.ops.norm.update_and_norm`,
+"""The d_v = 1 delta update fused with the next sublayer's input stage (:func:`deep_delta.ops.delta.update_and_norm`,
 issue 40, item 1).
 
 - The Triton kernels (``TRITON_INTERPRET=1`` on CPU, native on CUDA) against the plain reference
@@ -33,11 +33,11 @@ from tests.ops.test_norm_gate_value import assert_sum_close  # noqa: E402
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.layers.delta_residual import Emit  # noqa: E402
 from deep_delta.models.ddl.cache import output_cache  # noqa: E402
+from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops import switches  # noqa: E402
-from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
+from deep_delta.ops.delta import update_and_norm, update_and_norm_reference  # noqa: E402
+from deep_delta.ops.delta.lean_norm import update_norm_backward_lean  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
-from deep_delta.ops.norm import update_and_norm, update_and_norm_reference  # noqa: E402
-from deep_delta.ops.norm.lean import update_norm_backward_lean  # noqa: E402
 from helpers import DEBUG  # noqa: E402
 
 
@@ -157,7 +157,7 @@ def test_triton_with_more_tokens_than_programs(monkeypatch, inkernel):
     """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs, the reductions spread over 4 reducers (summed in the
     launch, or by torch: ``switches.INKERNEL_REDUCE``), c in bf16."""
     monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel)
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     compare(triton_fn, make_inputs((3, 5), 33, 1, torch.bfloat16, seed=3), c_dtype=torch.bfloat16)
 
 
@@ -352,12 +352,12 @@ def test_read_triton_matches_reference(lead, d, dv, dtype):
 @pytest.mark.parametrize("inkernel", [False, True], ids=["torch-sum", "inkernel-sum"])
 def test_read_triton_with_more_tokens_than_programs(monkeypatch, inkernel):
     monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel)
-    monkeypatch.setattr(delta_triton, "max_programs", lambda device, per_sm=None: 4)
+    monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     compare_read(read_triton_fn, make_read_inputs((3, 5), 24, 4, torch.bfloat16, seed=4), c_dtype=torch.bfloat16)
 
 
 def test_read_lean_path_and_closed_form_backward_in_fp64():
-    from deep_delta.ops.norm.lean import update_read_norm_backward_lean
+    from deep_delta.ops.delta.lean_norm import update_read_norm_backward_lean
 
     inputs = make_read_inputs((3, 4), 12, 3, torch.float64, seed=9)
     grads = read_upstream(inputs)

@@ -114,7 +114,7 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
 def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str:
     """The per-kernel table of every variant and the step totals next to the ideal."""
     from deep_delta.eval.timing import dtype_label
-    from deep_delta.ops.delta.triton import MAX_PROGRAMS
+    from deep_delta.ops.launch import MAX_PROGRAMS
 
     out = [f"### DDL kernel traffic per token, one training step (preset {preset}, {dtype_label(dtype)}; from "
            "launch arguments, not measured)", "",

@@ -31,9 +31,15 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import resolve_backend, switches
 from deep_delta.ops.compress import channel_compress, token_compress
-from deep_delta.ops.delta import UPDATE_RULES, apply_update, update_and_channel_read, update_and_token_read
+from deep_delta.ops.delta import (
+    UPDATE_RULES,
+    apply_update,
+    update_and_channel_read,
+    update_and_norm,
+    update_and_token_read,
+)
 from deep_delta.ops.delta.recompute import active_tape
-from deep_delta.ops.norm import norm_gate_value, update_and_norm
+from deep_delta.ops.norm import norm_gate_value
 
 RESIDUAL_MAPS = ("k", "v")
 NORM_OUTPUTS = ("module", "autocast")
@@ -264,7 +270,7 @@ class DeltaResidual(nn.Module):
         """The update of state x by (k, v, beta) and what ``emit`` asks for, from one fused op where there is one:
         ``"read"``: the read of the new state by ``emit.read`` (:func:`deep_delta.ops.delta.update_and_channel_read`,
         :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only control updates, then reads);
-        ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.norm.update_and_norm`,
+        ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.delta.update_and_norm`,
         through ``emit.read`` for d_v > 1; :meth:`fuses_norm_of` must hold)."""
         if emit.what == "nothing":
             new = self._update(x.unsqueeze(-1), k, v, beta).squeeze(-1) if self.value_channels == 1 else \

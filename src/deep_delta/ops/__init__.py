@@ -5,22 +5,30 @@
 - :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC), with the
   causal short convolution they share (:mod:`deep_delta.ops.compress.shortconv`);
 - :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp;
-- :mod:`deep_delta.ops.norm`: a k-Map sublayer's RMSNorm, linear gate and value from one read of its source row,
-  and a d_v = 1 update fused with the next sublayer's (``update_and_norm``).
+- :mod:`deep_delta.ops.norm`: a k-Map sublayer's RMSNorm, linear gate and value from one read of its source row
+  (the update fused with the next sublayer's, ``update_and_norm``, is :mod:`deep_delta.ops.delta`'s: every update
+  fused with what follows lives there).
 
 Each package holds the plain references (``naive.py``), the lean PyTorch path (``lean.py``,
 ``backend="torch"``) and the Triton kernels (``triton*.py``). :mod:`deep_delta.ops.backend` resolves the
-``backend`` name for all of them (:func:`resolve_backend`); :mod:`deep_delta.ops.launch` is the one launch
-point of the kernels. This module only re-exports the public entry points.
+``backend`` name for all of them (:func:`resolve_backend`), the compute dtype and the one registration of a custom
+op; :mod:`deep_delta.ops.launch` is the one launch point of the kernels and their shared launch geometry. This module only re-exports the public entry points.
 """
 
 from __future__ import annotations
 
 from deep_delta.ops.backend import BACKENDS, resolve_backend
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
-from deep_delta.ops.delta import delta_operator, delta_update, update_and_channel_read, update_and_token_read
+from deep_delta.ops.delta import (
+    delta_operator,
+    delta_update,
+    update_and_channel_read,
+    update_and_norm,
+    update_and_token_read,
+    write_update,
+)
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write
-from deep_delta.ops.norm import norm_gate_value, update_and_norm
+from deep_delta.ops.norm import norm_gate_value
 
 __all__ = [
     "BACKENDS",
@@ -37,4 +45,5 @@ __all__ = [
     "update_and_channel_read",
     "update_and_norm",
     "update_and_token_read",
+    "write_update",
 ]

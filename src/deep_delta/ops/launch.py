@@ -1,4 +1,10 @@
-"""Kernel launches that can be counted: the bytes each Triton kernel reads and writes, from its arguments.
+"""Kernel launches: the geometry every kernel family shares, and launches that can be counted.
+
+**Geometry** (:func:`state_blocks`, :func:`max_programs`, :func:`reduction_grid`, the warps and rows per program):
+how the op packages size their grids, here so that the packages stand side by side (none imports another's launch
+choices). Pure Python: importing it needs no Triton. :func:`check_device` says where the kernels can run.
+
+**Counting**: the bytes each Triton kernel reads and writes, from its arguments.
 
 Every DDL kernel is launched through :func:`launch`, which passes the call on unchanged unless a
 :class:`count_traffic` context is active; then each launch is also recorded as a :class:`Launch` with the
@@ -21,7 +27,7 @@ import torch
 
 _COUNTERS: list[count_traffic] = []
 # the suffix of a record holding the next sublayer's norm, gate and value's share of a fused update's launch (the
-# tensors only that part reads or writes: deep_delta.ops.norm.triton_update), apart from the update's own bytes
+# tensors only that part reads or writes: deep_delta.ops.delta.triton_norm), apart from the update's own bytes
 NORM_SHARE = " (norm share)"
 
 
@@ -118,3 +124,105 @@ def launch(kernel, grid: tuple, args: tuple, writes: tuple[int, ...], apart: tup
         if counting_dry():
             return
     kernel[grid](*args, **meta)
+
+
+# ----------------------------------------------------------------------------- launch geometry
+
+MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
+MAX_PROGRAMS = 256  # the persistent grid's size off CUDA (the interpreter, dry counting); tests patch it small
+PROGRAMS_PER_SM = 2  # on CUDA: max_programs = 2 x the SM count (264 on an H100 SXM)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def state_blocks(d: int, dv: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_V) of a kernel's (d, d_v) state tile; ``ValueError`` past ``MAX_WIDTH``."""
+    if d > MAX_WIDTH:
+        raise ValueError(f"the Triton kernels: width d must be <= {MAX_WIDTH}, got {d}")
+    return next_power_of_2(d), next_power_of_2(dv)
+
+
+def rows_per_program(n: int) -> int:
+    """Tokens per program of a kernel without a reduction over tokens: enough programs to fill a GPU."""
+    return 1 if n <= 4096 else (4 if n <= 65536 else 16)
+
+
+def max_programs(device: torch.device, per_sm: int | None = None) -> int:
+    """Programs of a persistent reduction grid: ``per_sm`` (default ``PROGRAMS_PER_SM``, 2) x the SM count on
+    CUDA, ``MAX_PROGRAMS`` elsewhere."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        sms = torch.cuda.get_device_properties(index).multi_processor_count  # cached by torch
+        return (PROGRAMS_PER_SM if per_sm is None else per_sm) * sms
+    return MAX_PROGRAMS
+
+
+def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1,
+                   per_sm: int | None = None) -> tuple[int, int]:
+    """(programs, tokens per program) of a kernel that sums a weight gradient over its n tokens.
+
+    Each program takes a contiguous chunk of tokens and accumulates in fp32 registers, then writes one partial;
+    the programs number ``min(cdiv(n, rows), max_programs // per_program_axis)`` (``per_program_axis``: the
+    size of a second grid axis, e.g. the K taps), so the partial buffer is bounded by ``max_programs`` x the
+    weight whatever the token count. Deterministic: the same n gives the same chunks and summation order.
+    """
+    cap = max(1, max_programs(device, per_sm) // per_program_axis)
+    progs = max(1, min(cdiv(n, rows_per_program(n)), cap))
+    chunk = max(1, cdiv(n, progs))
+    return cdiv(n, chunk), chunk
+
+
+def read_warps(block: int) -> int:
+    """Warps per program of the compressor and norm kernels (a (d, d_v) tile of ``block`` elements)."""
+    return 4 if block <= 2048 else 8
+
+
+# The delta kernels' launch parameters, chosen by measurement (benchmarks/tools/tune_kernels.py on an H200,
+# 32 x 1024 tokens, d = 768, bf16 state; benchmarks/records/2026-11-26-launch-tuning-decode-h200/): one token
+# per program for a (d, d_v) tile of 4096 elements or more, and one warp per 1024 fp32 values a program holds per
+# token, at least 2 (4 for d_v = 4 at d = 768, 2 for d_v = 1). With d_v a compile-time constant each thread holds
+# whole rows of the tile (vectorised loads), and 4 warps then beat 8 by 1.0-1.2x on every d_v = 4 kernel; before
+# it (d_v a runtime value), 8 did.
+def delta_warps(elements: int) -> int:
+    """Warps per program of a delta kernel holding ``elements`` fp32 values per token: one per 1024, 2 to 16."""
+    return max(2, min(16, elements // 1024))
+
+
+def delta_rows(n: int, tile: int) -> int:
+    """Tokens per program of a delta kernel without a reduction over tokens (n tokens, a tile of ``tile``
+    elements): one, or two for tiles under 4096 elements (d_v = 1) past 4096 tokens."""
+    return 2 if tile < 4096 and n > 4096 else 1
+
+
+_INTERPRETED: list[bool] = []
+
+
+def interpreted() -> bool:
+    """True when Triton builds kernels for its interpreter (TRITON_INTERPRET=1 when Triton was imported)."""
+    if not _INTERPRETED:
+        import triton
+
+        @triton.jit
+        def _probe():
+            pass
+
+        _INTERPRETED.append(type(_probe).__name__ == "InterpretedFunction")
+    return _INTERPRETED[0]
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter only."""
+    if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
+        return
+    if counting_dry():  # counting launch traffic without launching
+        return
+    raise ValueError(
+        f"{name}: backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before "
+        f"Triton is imported), got a tensor on {t.device}; use backend='torch' or 'auto' here"
+    )

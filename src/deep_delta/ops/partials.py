@@ -62,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deep_delta.ops import launch as launch_geometry
 from deep_delta.ops import switches
 from deep_delta.ops.launch import counting_dry, record
 
@@ -144,12 +145,11 @@ class Reduction:
             record_sum(part, *grads)
 
 
-def start(device: torch.device, spread: int, *widths: int) -> Reduction:
+def start(device: torch.device, *widths: int) -> Reduction:
     """The reduction of a launch on ``device`` with partial buffers of rows of ``widths`` values: the reducers'
-    plan (about ``spread`` reducers: the SM count, ``max_programs(device, per_sm=1)``) and, when the switch is on,
-    the counters."""
+    plan (about one per SM: ``max_programs(device, per_sm=1)``) and, when the switch is on, the counters."""
     on = inkernel()
-    red_plan = plan(spread, *widths)
+    red_plan = plan(launch_geometry.max_programs(device, per_sm=1), *widths)
     return Reduction(red_plan, on, counters(device) if on else _placeholder(device))
 
 

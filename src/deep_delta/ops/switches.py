@@ -14,7 +14,7 @@ setting                     environment variable   on: / off:
                                                    the launch writes its partial rows and torch sums them
 ``FUSE_NEXT_NORM``          ``DDL_FUSE_NEXT_NORM``   the next sublayer's norm, gate and value computed inside the
                                                    update (d_v = 1, and CC through its read;
-                                                   :mod:`deep_delta.ops.norm.triton_update`) / the next sublayer
+                                                   :mod:`deep_delta.ops.delta.triton_norm`) / the next sublayer
                                                    runs its own norm kernel
 ``TC_ONE_PASS``             ``DDL_TC_ONE_PASS``      the fused update + TC read's backward sums the first four
                                                    taps' gradient in the update's backward pass / a second

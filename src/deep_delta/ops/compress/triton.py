@@ -28,15 +28,14 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops import partials
-from deep_delta.ops.delta.triton import (
+from deep_delta.ops.launch import (
     check_device,
-    delta_blocks,
-    max_programs,
+    launch,
     read_warps,
     reduction_grid,
     rows_per_program,
+    state_blocks,
 )
-from deep_delta.ops.launch import launch
 
 
 @triton.jit
@@ -232,14 +231,14 @@ def _conv_bwd_w_worker(
 
 def _reduction_meta(d: int, dv: int) -> dict:
     """The meta-parameters of a persistent reduction kernel (its tokens per program are a runtime argument)."""
-    bd, bv = delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     return dict(BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=read_warps(bd * bv))
 
 
 def _launch_args(n: int, d: int, dv: int) -> tuple[tuple[int], dict]:
     """Grid and meta-parameters of a kernel without a reduction over tokens: ``ROWS`` tokens per program."""
     rows = rows_per_program(n)
-    bd, bv = delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     return (triton.cdiv(n, rows),), dict(ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=read_warps(bd * bv))
 
 
@@ -264,7 +263,7 @@ class ChannelCompressTriton(torch.autograd.Function):
         gx = torch.empty_like(x)
         part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
         gc = torch.empty_like(c)
-        red = partials.start(x.device, max_programs(x.device, per_sm=1), d * dv)
+        red = partials.start(x.device, d * dv)
         launch(_cc_bwd_kernel, (progs + red.total,),
                (x, c, g.contiguous(), gx, part, gc, red.counters, n, chunk, progs, red.total, d),
                writes=(3, 4), apart=(5, 6), **_reduction_meta(d, dv), **red.meta())
@@ -279,7 +278,7 @@ def _wgrad(a: torch.Tensor, src: torch.Tensor, w: torch.Tensor, t: int, a_is_sta
     progs, chunk = reduction_grid(n, a.device, per_program_axis=kk)  # (progs, K) workers, at most max_programs
     part = torch.empty(progs, kk, d, dv, dtype=torch.float32, device=a.device)
     gw = torch.empty_like(w)
-    red = partials.start(a.device, max_programs(a.device, per_sm=1), kk * d * dv)
+    red = partials.start(a.device, kk * d * dv)
     launch(_conv_bwd_w_kernel, (progs * kk + red.total,),
            (a, src, part, gw, red.counters, n, chunk, progs, kk, red.total, t, length, d), writes=(2,),
            apart=(3, 4), A_IS_STATE=a_is_state, **_reduction_meta(d, dv), **red.meta())

@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from deep_delta.ops.delta.naive import compute_dtype, unit_direction
+from deep_delta.ops.backend import compute_dtype
+from deep_delta.ops.delta.naive import unit_direction
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
 
 
@@ -139,3 +140,23 @@ def write_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: t
     if x.dtype == ct:
         return torch.addcmul(x, u.unsqueeze(-1), gated.unsqueeze(-2))
     return x + (u.unsqueeze(-1) * gated.unsqueeze(-2)).to(x.dtype)
+
+
+def update_read_backward_lean(
+    g: torch.Tensor, gin: torch.Tensor, x: torch.Tensor, out: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    beta: torch.Tensor, c: torch.Tensor, k_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
+    forward's new state (saved: the next update's input, kept anyway, except after a model's last update:
+    one state per model, ``benchmarks/tools/saved_by_source.py``). Lean math: the read's gradient
+    ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton kernel does in
+    registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
+    ``grad_c = sum_n g_in x'^T``."""
+    from deep_delta.ops.compress.lean import channel_read_weight_grad, read_gradient_rows
+
+    ct = compute_dtype(x, k, v, beta)
+    ge = read_gradient_rows(gin, x.shape[-1], ct)
+    grad_c = channel_read_weight_grad(ge, out).to(c.dtype)
+    total = torch.addcmul(g.to(ct), ge, c.to(ct))
+    grad_x, grad_k, grad_v, grad_beta = lean_backward(total, x.to(ct), k, v, beta, k_eps)
+    return grad_x.to(x.dtype), grad_k, grad_v, grad_beta, grad_c

@@ -9,6 +9,13 @@ kernels), so the whole model compiles with ``fullgraph=True`` and the same kerne
 | ``deep_delta::delta_update_read(x, k, v, beta, c, k_eps, backend) -> (x', x_in)`` | Triton, fused | lean update, then the CC read |
 | ``deep_delta::delta_update_backward(g, x, k, v, beta, k_eps, backend)`` | Triton | lean math |
 | ``deep_delta::delta_update_read_backward(g, g_in, x, x', k, v, beta, c, k_eps, backend)`` | Triton, fused | lean math |
+| ``deep_delta::update_norm(x, k, v, beta, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, c_dtype, backend) -> (x', c, beta', v')`` | Triton (:mod:`.triton_norm`) | the lean update, then the lean input stage (:mod:`.lean_norm`) |
+| ``deep_delta::update_norm_backward(g, gc, gbeta', gv', x, k, v, beta, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, backend)`` | Triton | the lean backwards, one after the other |
+| ``deep_delta::update_read_norm(x, k, v, beta, c_read, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, c_dtype, backend) -> (x', c, beta', v')`` | Triton (:mod:`.triton_norm`) | the lean update, CC read and input stage |
+| ``deep_delta::update_read_norm_backward(g, gc, gbeta', gv', x, k, v, beta, c_read, g, w_g, b_g, W_v, b_v, k_eps, eps, beta_max, value_scale, backend)`` | Triton | the lean backwards, one after the other |
+
+Each op is registered by :func:`deep_delta.ops.backend.register_op` from a prototype (its signature), its lean
+and Triton implementations and its fake.
 
 ``backend`` is the name the caller was given, ``"auto"`` (the table; fp64 keeps the lean math on CUDA too) or
 ``"triton"``: the Triton kernels on every device (CPU tensors under the Triton interpreter), so that
@@ -30,19 +37,21 @@ import math
 
 import torch
 
-from deep_delta.ops.delta.lean import lean_backward, lean_forward
-from deep_delta.ops.delta.naive import compute_dtype
+from deep_delta.ops.backend import register_op
+from deep_delta.ops.delta.lean import lean_backward, lean_forward, update_read_backward_lean
+from deep_delta.ops.delta.lean_norm import (
+    missing_update_grads,
+    update_norm_backward_lean,
+    update_norm_forward_lean,
+    update_read_norm_backward_lean,
+    update_read_norm_forward_lean,
+)
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
+from deep_delta.ops.launch import check_device
+from deep_delta.ops.norm.lean import out_dtype
 
 Tensor = torch.Tensor
-
-
-def _use_triton(x: Tensor) -> bool:
-    """``backend="auto"``'s choice on x's device."""
-    from deep_delta.ops.backend import resolve_backend
-
-    # The kernels do their math in fp32: fp64 (a precision check, not a speed run) keeps the lean fp64 math.
-    return resolve_backend("auto", x.device) == "triton" and x.dtype != torch.float64
+Grads4 = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
 def _record(x: Tensor, out: Tensor, k: Tensor, delta: Tensor | None, k_eps: float) -> None:
@@ -52,7 +61,12 @@ def _record(x: Tensor, out: Tensor, k: Tensor, delta: Tensor | None, k_eps: floa
         tape.record(x, out, delta_rebuild(k, delta, k_eps))
 
 
-# ----------------------------------------------------------------------------- forward ops
+def _fresh(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Empty contiguous tensors shaped as ``tensors`` (a fake's gradients)."""
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors)
+
+
+# ----------------------------------------------------------------------------- the update
 
 
 def _update_lean(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) -> Tensor:
@@ -70,26 +84,14 @@ def _update_triton(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) 
     return out
 
 
-def _update(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor:
-    """Every device but CUDA: the lean math, or the kernels when asked for by name."""
-    return (_update_triton if backend == "triton" else _update_lean)(x, k, v, beta, k_eps)
+def _update(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor: ...
 
 
-delta_update_op = torch.library.custom_op("deep_delta::delta_update", _update, mutates_args=())
-
-@delta_update_op.register_kernel("cuda")
-def _delta_update_cuda(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor:
-    return (_update_triton if backend == "triton" or _use_triton(x) else _update_lean)(x, k, v, beta, k_eps)
+delta_update_op = register_op("delta_update", _update, _update_lean, _update_triton,
+                              lambda x, *rest: torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
-@delta_update_op.register_fake
-def _(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto") -> Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _update_read_lean(
-    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
-) -> tuple[Tensor, Tensor]:
+def _update_read_lean(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float) -> tuple[Tensor, Tensor]:
     """(x', x_in): the update and the CC read ``x_in_i = sum_j c_ij x'_ij`` of the new state. Lean math."""
     from deep_delta.ops.compress.lean import channel_read
 
@@ -98,9 +100,8 @@ def _update_read_lean(
     return out, channel_read(out, c)
 
 
-def _update_read_triton(
-    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
-) -> tuple[Tensor, Tensor]:
+def _update_read_triton(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor,
+                        k_eps: float) -> tuple[Tensor, Tensor]:
     from deep_delta.ops.delta.triton import triton_forward
 
     out, xin, delta = triton_forward(x, k, v, beta, c, k_eps, want_delta=active_tape() is not None)
@@ -108,119 +109,45 @@ def _update_read_triton(
     return out, xin
 
 
-def _update_read(
-    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float, backend: str = "auto"
-) -> tuple[Tensor, Tensor]:
-    return (_update_read_triton if backend == "triton" else _update_read_lean)(x, k, v, beta, c, k_eps)
+def _update_read(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float,
+                 backend: str = "auto") -> tuple[Tensor, Tensor]: ...
 
 
-delta_update_read_op = torch.library.custom_op("deep_delta::delta_update_read", _update_read, mutates_args=())
-
-@delta_update_read_op.register_kernel("cuda")
-def _delta_update_read_cuda(
-    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float, backend: str = "auto"
-) -> tuple[Tensor, Tensor]:
-    kernel = _update_read_triton if backend == "triton" or _use_triton(x) else _update_read_lean
-    return kernel(x, k, v, beta, c, k_eps)
+delta_update_read_op = register_op(
+    "delta_update_read", _update_read, _update_read_lean, _update_read_triton,
+    lambda x, *rest: (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1])))
 
 
-@delta_update_read_op.register_fake
-def _(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float,
-      backend: str = "auto") -> tuple[Tensor, Tensor]:
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1])
-
-
-# ----------------------------------------------------------------------------- backward ops
-
-
-def _update_backward_lean(
-    g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(grad_x, grad_k, grad_v, grad_beta) for the upstream gradient g (N, d, d_v). Lean math."""
-    return lean_backward(g, x, k, v, beta, k_eps)
-
-
-def _update_backward_triton(
-    g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _update_backward_triton(g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float) -> Grads4:
     from deep_delta.ops.delta.triton import triton_backward
 
     return triton_backward(g, None, x, k, v, beta, None, k_eps)[:4]
 
 
-def _update_backward(
-    g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float, backend: str = "auto"
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return (_update_backward_triton if backend == "triton" else _update_backward_lean)(g, x, k, v, beta, k_eps)
+def _update_backward(g: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, k_eps: float,
+                     backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
 
 
-delta_update_backward_op = torch.library.custom_op(
-    "deep_delta::delta_update_backward", _update_backward, mutates_args=()
-)
-
-@delta_update_backward_op.register_kernel("cuda")
-def _delta_update_backward_cuda(g, x, k, v, beta, k_eps, backend="auto"):
-    kernel = _update_backward_triton if backend == "triton" or _use_triton(x) else _update_backward_lean
-    return kernel(g, x, k, v, beta, k_eps)
+delta_update_backward_op = register_op("delta_update_backward", _update_backward, lean_backward,
+                                       _update_backward_triton, lambda g, x, k, v, beta, *rest: _fresh(x, k, v, beta))
 
 
-@delta_update_backward_op.register_fake
-def _(g, x, k, v, beta, k_eps, backend="auto"):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, k, v, beta))
-
-
-def update_read_backward_lean(
-    g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
-    forward's new state (saved: the next update's input, kept anyway, except after a model's last update:
-    one state per model, ``benchmarks/tools/saved_by_source.py``). Lean math: the read's gradient
-    ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton kernel does in
-    registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
-    ``grad_c = sum_n g_in x'^T``."""
-    from deep_delta.ops.compress.lean import channel_read_weight_grad, read_gradient_rows
-
-    ct = compute_dtype(x, k, v, beta)
-    ge = read_gradient_rows(gin, x.shape[-1], ct)
-    grad_c = channel_read_weight_grad(ge, out).to(c.dtype)
-    total = torch.addcmul(g.to(ct), ge, c.to(ct))
-    grad_x, grad_k, grad_v, grad_beta = lean_backward(total, x.to(ct), k, v, beta, k_eps)
-    return grad_x.to(x.dtype), grad_k, grad_v, grad_beta, grad_c
-
-
-def _update_read_backward_triton(
-    g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _update_read_backward_triton(g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor,
+                                 c: Tensor, k_eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The kernel recomputes x' in registers: ``out`` is the lean path's."""
     from deep_delta.ops.delta.triton import triton_backward
 
     return triton_backward(g, gin, x, k, v, beta, c, k_eps)
 
 
-def _update_read_backward(
-    g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor, k_eps: float,
-    backend: str = "auto",
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    kernel = _update_read_backward_triton if backend == "triton" else update_read_backward_lean
-    return kernel(g, gin, x, out, k, v, beta, c, k_eps)
+def _update_read_backward(g: Tensor, gin: Tensor, x: Tensor, out: Tensor, k: Tensor, v: Tensor, beta: Tensor,
+                          c: Tensor, k_eps: float,
+                          backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]: ...
 
 
-delta_update_read_backward_op = torch.library.custom_op(
-    "deep_delta::delta_update_read_backward", _update_read_backward, mutates_args=()
-)
-
-@delta_update_read_backward_op.register_kernel("cuda")
-def _delta_update_read_backward_cuda(g, gin, x, out, k, v, beta, c, k_eps, backend="auto"):
-    kernel = _update_read_backward_triton if backend == "triton" or _use_triton(x) else update_read_backward_lean
-    return kernel(g, gin, x, out, k, v, beta, c, k_eps)
-
-
-@delta_update_read_backward_op.register_fake
-def _(g, gin, x, out, k, v, beta, c, k_eps, backend="auto"):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, k, v, beta, c))
-
-
-# ----------------------------------------------------------------------------- autograd
+delta_update_read_backward_op = register_op(
+    "delta_update_read_backward", _update_read_backward, update_read_backward_lean, _update_read_backward_triton,
+    lambda g, gin, x, out, k, v, beta, c, *rest: _fresh(x, k, v, beta, c))
 
 
 def _save_inputs(ctx, inputs, output) -> None:
@@ -252,8 +179,6 @@ def _delta_update_read_grad(ctx, g, gin):
 delta_update_op.register_autograd(_delta_update_grad, setup_context=_save_inputs)
 delta_update_read_op.register_autograd(_delta_update_read_grad, setup_context=_save_inputs_and_state)
 
-OPS = (delta_update_op, delta_update_read_op, delta_update_backward_op, delta_update_read_backward_op)
-
 
 def update_with_op(
     x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor | None, k_eps: float, backend: str = "auto"
@@ -262,8 +187,6 @@ def update_with_op(
     beta (..., 1); returns x' (..., d, d_v), or (x', x_in (..., d)) with c (d, d_v) the fused CC read.
     ``backend``: "auto" or "triton" (module docstring)."""
     if backend == "triton":
-        from deep_delta.ops.delta.triton import check_device
-
         check_device("update_and_channel_read" if c is not None else "delta_update", x)
     *lead, d, dv = x.shape
     n = math.prod(lead)
@@ -273,3 +196,129 @@ def update_with_op(
         return delta_update_op(*flat, float(k_eps), backend).view(x.shape)
     out, xin = delta_update_read_op(*flat, c.contiguous(), float(k_eps), backend)
     return out.view(x.shape), xin.view(*x.shape[:-1])
+
+
+# ----------------------------------------------------------------------------- the update fused with the next input stage
+
+
+def _inputs_fake(x: Tensor, norm_weight: Tensor, value_weight: Tensor, c_dtype: torch.dtype | None):
+    """The fake outputs (x', c (N, d), beta' (N, 1), v' (N, d_v')) of an update fused with the next input stage."""
+    n, d = x.shape[0], x.shape[1]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(n, d, dtype=c_dtype or norm_weight.dtype), x.new_empty(n, 1, dtype=out_dtype(norm_weight)),
+            x.new_empty(n, value_weight.shape[0], dtype=out_dtype(norm_weight)))
+
+
+def _update_norm_triton(*args):
+    from deep_delta.ops.delta.triton_norm import triton_forward
+
+    return triton_forward(*args)
+
+
+def _update_norm(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, norm_weight: Tensor, gate_weight: Tensor,
+                 gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float,
+                 beta_max: float, value_scale: float, c_dtype: torch.dtype | None,
+                 backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
+
+
+update_norm_op = register_op(
+    "update_norm", _update_norm, update_norm_forward_lean, _update_norm_triton,
+    lambda x, k, v, beta, g, wg, bg, wv, bv, k_eps, eps, bmax, vs, c_dtype, *rest: _inputs_fake(x, g, wv, c_dtype))
+
+
+def _update_norm_backward_triton(*args):
+    from deep_delta.ops.delta.triton_norm import triton_backward
+
+    return triton_backward(*args)
+
+
+def _update_norm_backward(g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor,
+                          beta: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
+                          value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float, beta_max: float,
+                          value_scale: float, backend: str = "auto",
+                          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]: ...
+
+
+update_norm_backward_op = register_op(
+    "update_norm_backward", _update_norm_backward, update_norm_backward_lean, _update_norm_backward_triton,
+    lambda g, gc, gb, gv, *tensors_and_consts: _fresh(*tensors_and_consts[:9]))
+
+
+def _update_read_norm_triton(*args):
+    from deep_delta.ops.delta.triton_norm import read_triton_forward
+
+    return read_triton_forward(*args)
+
+
+def _update_read_norm(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor, norm_weight: Tensor,
+                      gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float,
+                      eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None,
+                      backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
+
+
+update_read_norm_op = register_op(
+    "update_read_norm", _update_read_norm, update_read_norm_forward_lean, _update_read_norm_triton,
+    lambda x, k, v, beta, read, g, wg, bg, wv, bv, k_eps, eps, bmax, vs, c_dtype, *rest:
+    _inputs_fake(x, g, wv, c_dtype))
+
+
+def _update_read_norm_backward_triton(*args):
+    from deep_delta.ops.delta.triton_norm import read_triton_backward
+
+    return read_triton_backward(*args)
+
+
+def _update_read_norm_backward(g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor,
+                               beta: Tensor, read: Tensor, norm_weight: Tensor, gate_weight: Tensor,
+                               gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float,
+                               beta_max: float, value_scale: float, backend: str = "auto",
+                               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                          Tensor]: ...
+
+
+update_read_norm_backward_op = register_op(
+    "update_read_norm_backward", _update_read_norm_backward, update_read_norm_backward_lean,
+    _update_read_norm_backward_triton, lambda g, gc, gb, gv, *tensors_and_consts: _fresh(*tensors_and_consts[:10]))
+
+
+def _save_update_norm_inputs(ctx, inputs, output) -> None:
+    *tensors, k_eps, eps, beta_max, value_scale, _, backend = inputs
+    ctx.save_for_backward(*tensors)
+    ctx.consts = (k_eps, eps, beta_max, value_scale, backend)
+
+
+def _update_norm_grad(ctx, g, gc, gbeta2, gv2):
+    saved = ctx.saved_tensors
+    ups = missing_update_grads(g, gc, gbeta2, gv2, saved[0], saved[4], saved[7])
+    return (*update_norm_backward_op(*ups, *saved, *ctx.consts), None, None, None, None, None, None)
+
+
+def _update_read_norm_grad(ctx, g, gc, gbeta2, gv2):
+    saved = ctx.saved_tensors
+    ups = missing_update_grads(g, gc, gbeta2, gv2, saved[0], saved[5], saved[8])
+    return (*update_read_norm_backward_op(*ups, *saved, *ctx.consts), None, None, None, None, None, None)
+
+
+update_norm_op.register_autograd(_update_norm_grad, setup_context=_save_update_norm_inputs)
+update_read_norm_op.register_autograd(_update_read_norm_grad, setup_context=_save_update_norm_inputs)
+
+OPS = (delta_update_op, delta_update_read_op, delta_update_backward_op, delta_update_read_backward_op,
+       update_norm_op, update_norm_backward_op, update_read_norm_op, update_read_norm_backward_op)
+
+
+def update_norm_with_op(x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor | None, norm_weight: Tensor,
+                        gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, *,
+                        k_eps: float, eps: float, beta_max: float, value_scale: float,
+                        c_dtype: torch.dtype | None = None,
+                        backend: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``deep_delta::update_norm`` (``read`` None: x (N, d), v (N, 1)) or ``deep_delta::update_read_norm``
+    (x (N, d, d_v), v (N, d_v), read (d, d_v)) on flattened contiguous tensors (k (N, d), beta (N, 1)) ->
+    (x', c (N, d), beta' (N, 1), v' (N, d_v'))."""
+    if backend == "triton":
+        check_device("update_and_norm", x)
+    weights = (norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(), value_weight.contiguous(),
+               value_bias.contiguous())
+    consts = (float(k_eps), float(eps), float(beta_max), float(value_scale), c_dtype, backend)
+    if read is None:
+        return update_norm_op(x, k, v, beta, *weights, *consts)
+    return update_read_norm_op(x, k, v, beta, read.contiguous(), *weights, *consts)

@@ -9,13 +9,7 @@ import math
 
 import torch
 
-
-def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """fp32 for fp32/bf16/fp16 inputs, fp64 when any input is fp64 (gradcheck)."""
-    out = torch.float32
-    for t in tensors:
-        out = torch.promote_types(out, t.dtype)
-    return out
+from deep_delta.ops.backend import compute_dtype
 
 
 def unit_direction(
@@ -83,3 +77,25 @@ def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float =
     eye = torch.eye(d, dtype=u.dtype, device=k.device)
     return eye - beta.to(u.dtype).unsqueeze(-1) * u.unsqueeze(-1) * u.unsqueeze(-2)
 
+
+def update_and_norm_reference(
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
+    value_weight: torch.Tensor, value_bias: torch.Tensor, *, read: torch.Tensor | None = None, k_eps: float, eps: float,
+    beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A delta update and the next sublayer's input stage of the new state, one after the other: without ``read``
+    a d_v = 1 state x (..., d), k (..., d), v (..., 1), beta (..., 1), ``x' = delta_update_reference(x, k, v,
+    beta)`` and ``(c, beta', v') = norm_gate_value_reference(x', ...)``; with ``read`` (d, d_v) x (..., d, d_v),
+    v (..., d_v), and the input stage of ``x_in = channel_compress_reference(x', read)``. Returns
+    (x', c, beta', v')."""
+    from deep_delta.ops.compress.naive import channel_compress_reference
+    from deep_delta.ops.norm.naive import norm_gate_value_reference
+
+    if read is None:
+        out = delta_update_reference(x.unsqueeze(-1), k, v, beta, k_eps).squeeze(-1)
+        x_in = out
+    else:
+        out = delta_update_reference(x, k, v, beta, k_eps)
+        x_in = channel_compress_reference(out, read)
+    return (out, *norm_gate_value_reference(x_in, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
+                                            eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype))

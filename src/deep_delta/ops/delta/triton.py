@@ -34,77 +34,13 @@ import triton.language as tl
 
 from deep_delta.ops import partials
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.launch import counting_dry, launch
+from deep_delta.ops.launch import check_device, delta_rows, delta_warps, launch, reduction_grid, state_blocks
 
-MAX_WIDTH = 8192  # a (d, d_v) tile per token lives in registers/L1; far above every preset
-
-
-def delta_blocks(d: int, dv: int) -> tuple[int, int]:
-    """(BLOCK_D, BLOCK_V) of a delta kernel's (d, d_v) tile; ``ValueError`` past ``MAX_WIDTH``."""
-    if d > MAX_WIDTH:
-        raise ValueError(f"delta_update (triton): width d must be <= {MAX_WIDTH}, got {d}")
-    return triton.next_power_of_2(d), triton.next_power_of_2(dv)
-
-
-MAX_PROGRAMS = 256  # the persistent grid's size off CUDA (the interpreter, dry counting); tests patch it small
-PROGRAMS_PER_SM = 2  # on CUDA: max_programs = 2 x the SM count (264 on an H100 SXM)
 # The fused CC read's backward (a loop over a chunk of tokens): token n+1 loaded while token n is computed, on
 # 2 programs per SM. On an H200 (tune_kernels.py, 2026-11-26, 32 x 1024 tokens, d = 768, bf16): 0.576 ms without
 # the prefetch on 8 per SM (the choice before it), 0.391 ms with it on 8, 0.374 ms with it on 2.
 READ_BWD_PER_SM = 2
 READ_BWD_PREFETCH = True
-
-
-def rows_per_program(n: int) -> int:
-    """Tokens per program of a kernel without a reduction over tokens: enough programs to fill a GPU."""
-    return 1 if n <= 4096 else (4 if n <= 65536 else 16)
-
-
-def max_programs(device: torch.device, per_sm: int | None = None) -> int:
-    """Programs of a persistent reduction grid: ``per_sm`` (default ``PROGRAMS_PER_SM``, 2) x the SM count on
-    CUDA, ``MAX_PROGRAMS`` elsewhere."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        sms = torch.cuda.get_device_properties(index).multi_processor_count  # cached by torch
-        return (PROGRAMS_PER_SM if per_sm is None else per_sm) * sms
-    return MAX_PROGRAMS
-
-
-def reduction_grid(n: int, device: torch.device, per_program_axis: int = 1,
-                   per_sm: int | None = None) -> tuple[int, int]:
-    """(programs, tokens per program) of a kernel that sums a weight gradient over its n tokens.
-
-    Each program takes a contiguous chunk of tokens and accumulates in fp32 registers, then writes one partial;
-    the programs number ``min(cdiv(n, rows), max_programs // per_program_axis)`` (``per_program_axis``: the
-    size of a second grid axis, e.g. the K taps), so the partial buffer is bounded by ``max_programs`` x the
-    weight whatever the token count. Deterministic: the same n gives the same chunks and summation order.
-    """
-    cap = max(1, max_programs(device, per_sm) // per_program_axis)
-    progs = max(1, min(triton.cdiv(n, rows_per_program(n)), cap))
-    chunk = max(1, triton.cdiv(n, progs))
-    return triton.cdiv(n, chunk), chunk
-
-
-def read_warps(block: int) -> int:
-    """Warps per program of the compressor and norm kernels (a (d, d_v) tile of ``block`` elements)."""
-    return 4 if block <= 2048 else 8
-
-
-# The delta kernels' launch parameters, chosen by measurement (benchmarks/tools/tune_kernels.py on an H200,
-# 32 x 1024 tokens, d = 768, bf16 state; benchmarks/records/2026-11-26-launch-tuning-decode-h200/): one token
-# per program for a (d, d_v) tile of 4096 elements or more, and one warp per 1024 fp32 values a program holds per token, at least 2
-# (4 for d_v = 4 at d = 768, 2 for d_v = 1). With d_v a compile-time constant each thread holds whole rows of the
-# tile (vectorised loads), and 4 warps then beat 8 by 1.0-1.2x on every d_v = 4 kernel; before it (d_v a runtime
-# value), 8 did.
-def delta_warps(elements: int) -> int:
-    """Warps per program of a delta kernel holding ``elements`` fp32 values per token: one per 1024, 2 to 16."""
-    return max(2, min(16, elements // 1024))
-
-
-def delta_rows(n: int, tile: int) -> int:
-    """Tokens per program of a delta kernel without a reduction over tokens (n tokens, a tile of ``tile``
-    elements): one, or two for tiles under 4096 elements (d_v = 1) past 4096 tokens."""
-    return 2 if tile < 4096 and n > 4096 else 1
 
 
 @triton.jit
@@ -350,23 +286,6 @@ def _delta_bwd_worker(
             tl.store(part + 3 * D * DV, gw3, mask=mw)
 
 
-def interpreted() -> bool:
-    """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
-    return type(_delta_fwd_kernel).__name__ == "InterpretedFunction"
-
-
-def check_device(name: str, t: torch.Tensor) -> None:
-    """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter only."""
-    if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
-        return
-    if counting_dry():  # counting launch traffic without launching (deep_delta.ops.launch)
-        return
-    raise ValueError(
-        f"{name}: backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before "
-        f"Triton is imported), got a tensor on {t.device}; use backend='torch' or 'auto' here"
-    )
-
-
 def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor):
     *lead, d, dv = x.shape
     n = math.prod(lead)
@@ -388,7 +307,7 @@ def triton_forward(
     ``x_in`` (N, d); ``want_delta`` also writes ``delta`` (N, d_v) fp32 (for the state rebuild).
     """
     n, d, dv = x.shape
-    bd, bv = delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     rows = delta_rows(n, bd * bv)
     out = torch.empty_like(x)
     has_read = c is not None
@@ -412,7 +331,7 @@ def triton_backward(
     With c (the fused read) gin is the gradient of x_in (N, d), or None for zero.
     """
     n, d, dv = x.shape
-    bd, bv = delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     has_read = c is not None
     if has_read:  # a persistent grid: grad_c partials bounded by max_programs, not by n
         progs, chunk = reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
@@ -429,7 +348,7 @@ def triton_backward(
         gc_part = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
         c_arg = c.contiguous()
         gc = torch.empty_like(c_arg)
-        red = partials.start(x.device, max_programs(x.device, per_sm=1), d * dv)
+        red = partials.start(x.device, d * dv)
         count, reducing, meta = red.counters, red.total, red.meta()
     else:  # unused placeholders
         gin, gc_part, c_arg, gc, count, reducing = g, g, g, g, g, 0

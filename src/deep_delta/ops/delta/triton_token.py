@@ -43,17 +43,8 @@ import triton.language as tl
 
 from deep_delta.ops import partials, switches
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.delta.triton import (
-    _delta_bwd_kernel,
-    check_device,
-    delta_blocks,
-    delta_warps,
-    max_programs,
-    reduction_grid,
-    token_load,
-    token_math,
-)
-from deep_delta.ops.launch import launch
+from deep_delta.ops.delta.triton import _delta_bwd_kernel, token_load, token_math
+from deep_delta.ops.launch import check_device, delta_warps, launch, reduction_grid, state_blocks
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
 TAP_GROUP = 4  # taps whose gradient the update's backward sums (its four named accumulators; a second kernel the rest)
@@ -196,7 +187,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
     all contiguous; x_in (B, T, d) in x's dtype, delta (B, T, d_v) fp32."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
-    bd, bv = delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     chunk = _chunk(t, CHUNK)
     out = torch.empty_like(x)
     xin = torch.empty(bsz, t, d, dtype=x.dtype, device=x.device)
@@ -228,7 +219,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     n = bsz * t
-    bd, bv = delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     groups = triton.cdiv(ks, TAP_GROUP)
@@ -237,7 +228,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
     gw = torch.empty_like(w)
-    red = partials.start(x.device, max_programs(x.device, per_sm=1), ks * d * dv)
+    red = partials.start(x.device, ks * d * dv)
     one = groups == first  # only the update's backward: it sums the partials in its launch, else the second kernel
     none = dict(REDUCE=False, **red.plan.meta())
     launch(

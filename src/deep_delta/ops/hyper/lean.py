@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from deep_delta.ops.delta.naive import compute_dtype
+from deep_delta.ops.backend import compute_dtype
 
 
 def _no_autocast(t: torch.Tensor):

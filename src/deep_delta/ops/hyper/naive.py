@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from deep_delta.ops.delta.naive import compute_dtype
+from deep_delta.ops.backend import compute_dtype
 
 
 def stream_read_reference(h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

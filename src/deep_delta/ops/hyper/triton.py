@@ -37,8 +37,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops import partials
-from deep_delta.ops.delta.triton import check_device, max_programs, reduction_grid
-from deep_delta.ops.launch import launch
+from deep_delta.ops.launch import check_device, launch, reduction_grid
 
 MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
 TILE = 4096  # elements of the largest register tile (BLOCK_D x BLOCK_N x BLOCK_N in the write)
@@ -289,7 +288,7 @@ def _reduction(h: torch.Tensor, *static: torch.Tensor | None) -> partials.Reduct
     """The reduction of the static coefficients' gradients among ``static`` (None: per token), or None when every
     coefficient is per token (nothing summed over tokens)."""
     widths = [c.numel() for c in static if c is not None]
-    return partials.start(h.device, max_programs(h.device, per_sm=1), *widths) if widths else None
+    return partials.start(h.device, *widths) if widths else None
 
 
 def _reduction_args(red: partials.Reduction | None, h: torch.Tensor) -> tuple[torch.Tensor, int, dict]:

@@ -23,9 +23,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops import partials
-from deep_delta.ops.delta import triton as delta_triton
-from deep_delta.ops.delta.triton import MAX_WIDTH, check_device
-from deep_delta.ops.launch import launch
+from deep_delta.ops.launch import MAX_WIDTH, check_device, delta_warps, launch, reduction_grid
 from deep_delta.ops.norm.lean import missing_grads_as_zeros, out_dtype
 
 # Launch choices, measured on an H200 (benchmarks/tools/tune_kernels.py, 2026-11-26,
@@ -52,7 +50,7 @@ def _fwd_warps(block: int) -> int:
 
 
 def _bwd_warps(block: int) -> int:
-    return delta_triton.delta_warps(block) if WARPS is None else WARPS
+    return delta_warps(block) if WARPS is None else WARPS
 
 
 @triton.jit
@@ -380,9 +378,9 @@ def triton_backward(
                   for t in (norm_weight, gate_weight, gate_bias, value_weight, value_bias))
     # at most max_programs partials, whatever n (none for n = 0: the reducers then write zeros)
     per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
-    progs, chunk = delta_triton.reduction_grid(n, src.device, per_sm=per_sm)
+    progs, chunk = reduction_grid(n, src.device, per_sm=per_sm)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, src.device)
-    red = partials.start(src.device, delta_triton.max_programs(src.device, per_sm=1), 2 * d, dv * d, 1 + dv)
+    red = partials.start(src.device, 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
         _norm_gate_value_bwd_kernel, (progs + red.total,),

@@ -18,7 +18,7 @@ So each state row is read once and written once per direction for the update and
 together, where the unfused pair reads x' again in the norm's forward and backward and writes and re-reads the
 norm's gradient of x'. The per-token math is :mod:`.triton`'s one-pass form (``norm_row_forward``,
 ``norm_row_backward``) and the d_v = 1 update of :mod:`deep_delta.ops.delta.triton`, on vectors. Tested against
-the reference (:func:`deep_delta.ops.norm.naive.update_and_norm_reference`) under ``TRITON_INTERPRET=1``
+the reference (:func:`deep_delta.ops.delta.naive.update_and_norm_reference`) under ``TRITON_INTERPRET=1``
 (tests/ops/test_update_and_norm.py).
 """
 
@@ -32,8 +32,18 @@ import triton.language as tl
 
 from deep_delta.ops import partials
 from deep_delta.ops.delta import triton as delta_triton
-from deep_delta.ops.launch import NORM_SHARE, launch, record
-from deep_delta.ops.norm.lean import missing_update_grads
+from deep_delta.ops.delta.lean_norm import missing_update_grads
+from deep_delta.ops.launch import (
+    MAX_WIDTH,
+    NORM_SHARE,
+    check_device,
+    delta_rows,
+    delta_warps,
+    launch,
+    record,
+    reduction_grid,
+    state_blocks,
+)
 from deep_delta.ops.norm.triton import (
     norm_outputs,
     norm_partial_buffers,
@@ -60,7 +70,7 @@ WARPS = None  # every kernel here at this many warps (None: the rules above); fo
 
 
 def _warps(elements: int, factor: int = 1) -> int:
-    return WARPS if WARPS is not None else min(16, factor * delta_triton.delta_warps(elements))
+    return WARPS if WARPS is not None else min(16, factor * delta_warps(elements))
 
 
 @triton.jit
@@ -262,8 +272,8 @@ def _update_read_norm_bwd_worker(
 
 
 def _blocks(d: int, dv: int) -> tuple[int, int]:
-    if d > delta_triton.MAX_WIDTH:
-        raise ValueError(f"update_and_norm (triton): width d must be <= {delta_triton.MAX_WIDTH}, got {d}")
+    if d > MAX_WIDTH:
+        raise ValueError(f"update_and_norm (triton): width d must be <= {MAX_WIDTH}, got {d}")
     return triton.next_power_of_2(d), triton.next_power_of_2(dv)
 
 
@@ -308,9 +318,9 @@ def triton_backward(
     bd, bv = _blocks(d, dv)
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                   for t in (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
-    progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=BWD_PER_SM)
+    progs, chunk = reduction_grid(n, x.device, per_sm=BWD_PER_SM)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
-    red = partials.start(x.device, delta_triton.max_programs(x.device, per_sm=1), 2 * d, dv * d, 1 + dv)
+    red = partials.start(x.device, 2 * d, dv * d, 1 + dv)
     r_d, r_v, _ = red.reducers
     launch(
         _update_norm_bwd_kernel, (progs + red.total,),
@@ -336,12 +346,12 @@ def read_triton_forward(
     """One launch: (x' (N, d, d_v) in x's dtype, c (N, d), beta' (N, 1), v' (N, d_v)) for contiguous x (N, d, d_v),
     k (N, d), v (N, d_v), beta (N, 1), the next sublayer's CC read weight (d, d_v) and input stage's weights."""
     n, d, dv = x.shape
-    bd, bv = delta_triton.delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     out = torch.empty_like(x)
     c, beta2, v2 = norm_outputs(n, d, dv, norm_weight, c_dtype, x.device)
     if n == 0:
         return out, c, beta2, v2
-    rows = delta_triton.delta_rows(n, bd * bv)
+    rows = delta_rows(n, bd * bv)
     launch(
         _update_read_norm_fwd_kernel, (triton.cdiv(n, rows),),
         (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d,
@@ -363,13 +373,13 @@ def read_triton_backward(
     """One launch: the gradients of (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight,
     value_bias), each its own tensor in its input's dtype; the read's and the norm weights' summed in the launch."""
     n, d, dv = x.shape
-    bd, bv = delta_triton.delta_blocks(d, dv)
+    bd, bv = state_blocks(d, dv)
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                   for t in (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias))
-    progs, chunk = delta_triton.reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
+    progs, chunk = reduction_grid(n, x.device, per_sm=READ_BWD_PER_SM)
     part_c = torch.empty(progs, d, dv, dtype=torch.float32, device=x.device)
     part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, x.device)
-    red = partials.start(x.device, delta_triton.max_programs(x.device, per_sm=1), d * dv, 2 * d, dv * d, 1 + dv)
+    red = partials.start(x.device, d * dv, 2 * d, dv * d, 1 + dv)
     r_c, r_d, r_v, _ = red.reducers
     launch(
         _update_read_norm_bwd_kernel, (progs + red.total,),
@@ -432,7 +442,7 @@ def update_and_norm_triton(x, k, v, beta, read, norm_weight, gate_weight, gate_b
     """The kernels' autograd Functions on flattened contiguous tensors: without ``read`` x (N, d), k (N, d),
     v (N, 1), beta (N, 1) (:class:`UpdateNormTriton`); with ``read`` (d, d_v) x (N, d, d_v), v (N, d_v)
     (:class:`UpdateReadNormTriton`) -> (x', c (N, d), beta' (N, 1), v' (N, d_v'))."""
-    delta_triton.check_device("update_and_norm", x)
+    check_device("update_and_norm", x)
     weights = (norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(), value_weight.contiguous(),
                value_bias.contiguous())
     consts = (float(k_eps), float(eps), float(beta_max), float(value_scale), c_dtype)
