@@ -19,6 +19,14 @@ DEFAULT_SHAPES = {"tiny": (4, 256), "small": (8, 1024), "medium": (8, 1024)}
 _SHAPES = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
 
 
+def check_warmup(warmup: int, compile: bool) -> None:
+    """Refuse timing a compiled step without warm-up: its first calls compile it, and timed they would report
+    compilation (seconds) as the step (milliseconds)."""
+    if compile and warmup < 1:
+        raise ValueError(f"`warmup` got {warmup} with `compile`; allowed: at least 1 with `compile` (the first rounds "
+                         "of a compiled step compile it: timed, compilation would be reported as the step)")
+
+
 def check_dtype(dtype: str) -> None:
     """Refuse a precision that is not one of :data:`BENCH_DTYPE_NAMES`, naming the parameter ``dtype``."""
     if dtype not in BENCH_DTYPE_NAMES:
@@ -76,6 +84,7 @@ class BenchSettings:
                              "decode)")
         if not isinstance(self.compile, bool):
             raise ValueError(f"`compile` got {self.compile!r}; allowed: true | false")
+        check_warmup(self.warmup, self.compile)
         if self.cuda_graphs not in CUDA_GRAPHS or (self.cuda_graphs != "off" and not self.compile):
             raise ValueError(f"`cuda_graphs` got {self.cuda_graphs!r}; allowed: {' | '.join(CUDA_GRAPHS)}, and other "
                              "than off only with --compile")
@@ -138,6 +147,7 @@ class KernelBenchSettings:
         check_dtype(self.dtype)
         device = resolve_device(self.device)
         compile_ = self.compile if self.compile is not None else device.type == "cuda"
+        check_warmup(self.warmup, bool(compile_))
         return replace(self, variants=variants, device=str(device), compile=bool(compile_),
                        model=dict(self.model))
 
