@@ -47,7 +47,8 @@ class BenchSettings:
                                   "context)", metavar="T")
     steps: int = setting(2, "timed train steps per repeat", metavar="N")
     repeats: int = setting(5, "interleaved repeats; the median is reported", metavar="R")
-    warmup: int = setting(1, "untimed warm-up rounds per variant", metavar="W")
+    warmup: int = setting(1, "untimed warm-up rounds per variant (at least 1 with --compile: the first rounds "
+                          "compile)", metavar="W")
     decode_tokens: int = setting(32, "decode steps timed per repeat; 0: no decode column", metavar="N")
     seed: int = setting(0, "seed of the models' initialisation and of the batches", metavar="S")
     model: dict = setting(help="DDLConfig fields set for every variant (--set model.FIELD=VALUE)", factory=dict)
@@ -119,7 +120,7 @@ class KernelBenchSettings:
     batch_size: int = setting(4, "sequences per step", metavar="B")
     seq_len: int = setting(256, "tokens per sequence", metavar="T")
     repeats: int = setting(7, "timed rounds", metavar="R")
-    warmup: int = setting(2, "untimed rounds first", metavar="W")
+    warmup: int = setting(2, "untimed rounds first (at least 1 when compiling)", metavar="W")
     compile: bool | None = setting(None, "also time torch.compile of the reference ops (none: on CUDA only)")
     skip_ops: bool = setting(False, "only the training-step table: no op table")
     skip_steps: bool = setting(False, "only the op table: no training-step table")
