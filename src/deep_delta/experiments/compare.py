@@ -369,9 +369,9 @@ def _check_layout(runs: list[FinishedRun], where: Path) -> None:
     lrs = sorted({r.cfg.lr for r in runs})
     if len(lrs) > 1:
         a, b = (next(r for r in runs if r.cfg.lr == x) for x in lrs[:2])
-        raise ValueError(f"{b.dir / 'run.json'} records lr {b.cfg.lr:g} (train_config.lr), {a.dir / 'run.json'} lr {a.cfg.lr:g}, "
-                         f"in one comparison; allowed: one lr per comparison (an lr grid keeps each lr in its lr_<lr>/ "
-                         "folder)")
+        raise ValueError(f"{b.dir / 'run.json'} records lr {b.cfg.lr:g} (train_config.lr), {a.dir / 'run.json'} "
+                         f"lr {a.cfg.lr:g}, in one comparison; allowed: one lr per comparison (an lr grid keeps each "
+                         "lr in its lr_<lr>/ folder)")
     for run in runs:
         expected = Path(compare_config(run.cfg, run.cfg.variant, where, run.cfg.seed, len(seeds) > 1).out)
         if expected != run.dir:

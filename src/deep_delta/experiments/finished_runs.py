@@ -144,12 +144,12 @@ def read_run(run_dir: Path, folder_seed: int | None = None, folder_lr: float | N
         here.append((folder_lr, cfg.lr, "lr", f"{lr_name(folder_lr)}/"))
     for where, recorded, field, folder in here:
         if where != recorded:
-            raise ValueError(f"{path} records {field} {recorded!r} (train_config.{field}), but the run stands in {folder}; "
-                             f"allowed: each run in the folders of its own variant, seed and lr, as `ddl compare` "
-                             "wrote it (a run copied or linked into another's place is refused)")
+            raise ValueError(f"{path} records {field} {recorded!r} (train_config.{field}), but the run stands in "
+                             f"{folder}; allowed: each run in the folders of its own variant, seed and lr, as `ddl "
+                             "compare` wrote it (a run copied or linked into another's place is refused)")
     if end["step"] > cfg.steps or (end["diverged"] is None and end["step"] != cfg.steps):
-        raise ValueError(f"{path}: finished.step is {end['step']}, but the run's train_config.steps is {cfg.steps} "
-                         "and it did not diverge; allowed: the record of a run that trained all its steps")
+        raise ValueError(f"{path}: finished.step is {end['step']}, but the run's train_config.steps is "
+                         f"{cfg.steps} and it did not diverge; allowed: the record of a run that trained all its steps")
     check_metrics(run)
     return run
 
