@@ -84,3 +84,27 @@ def test_remove_stale_removes_only_what_a_dead_process_left(tmp_path):
     other = _dir(tmp_path / f".u.tmp-{host}-999999999-0123abcd")  # beside another target
     assert sorted(fsutil.remove_stale(target)) == sorted([dead, legacy_old])
     assert all(p.is_dir() for p in (alive, elsewhere, legacy_new, other))
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_atomic_writes_follow_the_umask(tmp_path, mask):
+    """Files written atomically (a temporary file renamed) come out as any other file does: 0666 less the umask
+    (mkstemp made them 0600, so data and models prepared on a shared machine were unreadable to its other users):
+    shards and meta.json, the report files, and atomic_write itself."""
+    import stat
+
+    from deep_delta.data import ByteTokenizer, write_dataset
+    from deep_delta.experiments.report import write_outputs
+    from deep_delta.fsutil import atomic_write
+
+    old = os.umask(mask)
+    try:
+        atomic_write(tmp_path / "a.txt", "x")
+        write_dataset(["some text " * 50], ByteTokenizer(), tmp_path / "data", val_fraction=0.1)
+        write_outputs(tmp_path / "report", "compare", {"rows": []}, "# report\n")
+    finally:
+        os.umask(old)
+    files = [tmp_path / "a.txt", *(tmp_path / "data").iterdir(), *(tmp_path / "report").iterdir()]
+    assert len(files) >= 5
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path

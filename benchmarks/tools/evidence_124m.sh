@@ -22,7 +22,7 @@
 # copy every call's runs into one folder with the comparison's layout (VARIANT/ or seed_S/VARIANT/, inside
 # lr_<lr>/ for a grid) and run `ddl compare --out THAT_FOLDER --report-only`.
 set -euo pipefail
-OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+OUT=${OUT:-gpu_out}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 PRESET=${PRESET:-small}
@@ -39,7 +39,19 @@ COMPILE=${COMPILE:-true}
 CORPUS_MB=${CORPUS_MB:-600}
 EXTRA=${EXTRA:-}  # more `ddl compare` options, e.g. EXTRA="--step-costs ddl-cc=1.22 ddl-tc=1.45" (equal cost)
 WORK=${WORK:-/tmp/ddl_evidence}
-mkdir -p "$WORK"
+# Every number is checked before any work: bash's arithmetic below would read a word as a variable (STEPS=abc is 0)
+# and `ddl compare` would get what it did not ask for.
+bad() { echo "evidence_124m.sh: $1 got '$2'; allowed: $3" >&2; exit 2; }
+INT='^[1-9][0-9]*$'; NUM='^([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$'
+for name in STEPS BATCH SEQ; do [[ ${!name} =~ $INT ]] || bad "$name" "${!name}" "an integer >= 1"; done
+for name in LR CORPUS_MB; do
+  [[ ${!name} =~ $NUM && ! ${!name} =~ ^[0.]*([eE].*)?$ ]] || bad "$name" "${!name}" "a number > 0, e.g. 1e-3"
+done
+for x in $LRS; do [[ $x =~ $NUM && ! $x =~ ^[0.]*([eE].*)?$ ]] || bad LRS "$LRS" "numbers > 0, e.g. 5e-4 1e-3"; done
+for x in $SEEDS; do [[ $x =~ ^[0-9]+$ ]] || bad SEEDS "$SEEDS" "integers >= 0 (one: a count; several: a list)"; done
+[[ -z $SEEDS ]] && bad SEEDS "" "integers >= 0"
+[[ -z $SEED || $SEED =~ ^[0-9]+$ ]] || bad SEED "$SEED" "an integer >= 0, or empty"
+mkdir -p "$OUT" "$WORK"
 
 echo "=== corpus ($(date +%T))"
 $PY - "$WORK/corpus.jsonl" "$CORPUS_MB" <<'EOF'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -43,6 +44,9 @@ def atomic_write(path: str | os.PathLike, *chunks: bytes | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file 0600 whatever the umask; a file written in place would be 0666 less the umask,
+        # so that data and models prepared on a shared machine are readable by the others it is shared with
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
@@ -56,6 +60,44 @@ def atomic_write(path: str | os.PathLike, *chunks: bytes | str) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+def current_umask() -> int:
+    """The process's file mode creation mask (read from /proc on Linux, where reading it changes nothing; else
+    set and restored at once)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def read_json_file(path: str | os.PathLike, what: str, *, limit: int = 16 << 20) -> object:
+    """The JSON value in ``path`` (``what`` says what the file should be, e.g. "a run record"), read as UTF-8. A
+    file that is missing, larger than ``limit`` bytes, not UTF-8 or not JSON is an error naming the file (a
+    ``FileNotFoundError`` or ``ValueError``), never a raw decoding error without a path; nothing of a file that
+    is not what it should be is echoed."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; expected {what}")
+    size = path.stat().st_size
+    if size > limit:
+        raise ValueError(f"{path} holds {size:,} bytes, more than {what} ever does (at most {limit:,}); it is not "
+                         f"{what}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); expected {what}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); expected {what}") from None
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> Path:
@@ -215,8 +257,6 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 def write_checksums(directory: str | os.PathLike, patterns: tuple[str, ...] = ("*.safetensors",)) -> dict:
     """Record the SHA-256 and size of the files matching ``patterns`` in ``directory/checksums.json``."""
-    import json
-
     directory = Path(directory)
     files = sorted({p for pat in patterns for p in directory.glob(pat) if p.is_file()})
     record = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}
@@ -228,8 +268,6 @@ def verify_checksums(directory: str | os.PathLike) -> int:
     """Check every file listed in ``directory/checksums.json``; return how many were checked (0 when the
     directory has no checksums.json, e.g. a model saved by plain transformers). Raises
     :class:`IntegrityError` naming the first file that is missing, has another size or another digest."""
-    import json
-
     directory = Path(directory)
     listing = directory / CHECKSUMS
     if not listing.is_file():
@@ -283,14 +321,16 @@ def as_os_error(error: BaseException, path: str | os.PathLike) -> BaseException:
 _MODEL_FILES = ("config.json", "model.safetensors")
 
 
-def replaced_dir(path: str | os.PathLike) -> tuple[Path, str] | None:
-    """The directory at or above ``path`` that one of our commands rotates or replaces, and what it is
+def replaced_dir(path: str | os.PathLike, *, itself: bool = True) -> tuple[Path, str] | None:
+    """The directory at or above ``path`` (strictly above it when ``itself`` is false: a command that replaces
+    ``path`` as a whole, export or data preparation) that one of our commands rotates or replaces, and what it is
     ("the checkpoints of a training run", "a model directory", "a prepared data directory"); None when there is
-    none. ``path`` need not exist."""
+    none. ``path`` need not exist. A run's ``checkpoints/`` counts from the start, before its first checkpoint."""
     p = Path(os.path.abspath(path))
-    for d in (p, *p.parents):
-        if d.name == "checkpoints" and ((d / "LATEST").is_file() or any(d.glob("step_*"))):
-            return d, "the checkpoints of a training run (rotated by `ddl train`)"
+    for d in (p, *p.parents) if itself else p.parents:
+        if d.name == "checkpoints" and ((d / "LATEST").is_file() or any(d.glob("step_*"))
+                                        or (d.parent / "run.json").is_file()):
+            return d, "the checkpoints of a training run (rotated by `ddl train`, removed by `ddl train --overwrite`)"
         if (d / "ddl_export.json").is_file() or all((d / f).is_file() for f in _MODEL_FILES):
             return d, "a model directory (replaced by `ddl export --overwrite`, or a checkpoint rotated by `ddl train`)"
         if (d / "meta.json").is_file() and any(d.glob("*_000000.bin")):
@@ -298,10 +338,11 @@ def replaced_dir(path: str | os.PathLike) -> tuple[Path, str] | None:
     return None
 
 
-def refuse_replaced_dir(out: str | os.PathLike, name: str = "out") -> None:
-    """Refuse to write derived outputs at ``out`` (the parameter ``name``) inside a directory that
-    :func:`replaced_dir` finds: they would be lost when that directory is rotated or replaced."""
-    found = replaced_dir(out)
+def refuse_replaced_dir(out: str | os.PathLike, name: str = "out", *, itself: bool = True) -> None:
+    """Refuse to write at ``out`` (the parameter ``name``) inside a directory that :func:`replaced_dir` finds (with
+    ``itself``): what is written there would be lost when that directory is rotated or replaced. Every command
+    that writes checks its output with this before it starts."""
+    found = replaced_dir(out, itself=itself)
     if found is not None:
         where, what = found
         raise ValueError(f"`{name}` got {out}, which is inside {where}, {what}: what is written there is lost when "

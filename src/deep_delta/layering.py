@@ -10,8 +10,8 @@ from __future__ import annotations
 
 # (layer, its files and packages under src/deep_delta/, the layers it may import), bottom up
 LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("utilities", ("__init__.py", "_lazy.py", "fsutil.py", "layering.py", "runtime.py", "settings.py", "variants.py"),
-     ()),
+    ("utilities", ("__init__.py", "_lazy.py", "extras.py", "fsutil.py", "layering.py", "runtime.py", "settings.py",
+                   "variants.py"), ()),
     ("math", ("ops/",), ("utilities",)),
     ("layers", ("layers/",), ("math", "utilities")),
     ("model", ("models/",), ("layers", "math", "utilities")),

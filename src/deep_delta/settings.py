@@ -151,7 +151,9 @@ def check_fields(settings: Any, declared_in: type | None = None) -> None:
         try:
             setattr(settings, f.name, _check(value, hints[f.name]))
         except TypeError as e:
-            raise ValueError(f"{owner}: `{f.name}` got {value!r}; allowed: {e}") from None
+            choices = f.metadata.get("choices")  # a field with choices names them, not only their type
+            allowed = " | ".join(map(str, choices)) if choices else e
+            raise ValueError(f"{owner}: `{f.name}` got {value!r}; allowed: {allowed}") from None
 
 
 def check_count(name: str, value: Any, low: int, high: int = MAX_COUNT, *, owner: str = "") -> int:

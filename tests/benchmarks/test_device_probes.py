@@ -175,3 +175,24 @@ def test_saved_by_source_counts_the_state_and_the_differences():
         saved.saved_by_source("baseline", "tiny", 1, 256)
     with pytest.raises(SystemExit):
         saved.main(["--variants", "ddl-cc"])  # no baseline to subtract
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"STEPS": "abc"}, "STEPS got 'abc'; allowed: an integer >= 1"),
+    ({"BATCH": "1;rm -rf x"}, "BATCH got '1;rm -rf x'; allowed: an integer >= 1"),
+    ({"LR": "nan"}, "LR got 'nan'; allowed: a number > 0"),
+    ({"LRS": "1e-3 0"}, "LRS got '1e-3 0'; allowed: numbers > 0"),
+    ({"SEEDS": "0 x"}, "SEEDS got '0 x'; allowed: integers >= 0"),
+    ({"CORPUS_MB": "-5"}, "CORPUS_MB got '-5'; allowed: a number > 0"),
+])
+def test_evidence_script_checks_its_numbers_before_any_work(tmp_path, env, said):
+    """benchmarks/tools/evidence_124m.sh: a number that is not one (bash's arithmetic read STEPS=abc as 0) is named
+    before the corpus is built or anything is written."""
+    import os
+    import subprocess
+
+    run = subprocess.run(["bash", str(TOOLS / "evidence_124m.sh")], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+                              "PY": "false", **env})
+    assert run.returncode == 2 and said in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

@@ -152,3 +152,12 @@ def test_an_option_given_twice_that_does_not_append_is_an_error(capsys):
         assert f"argument {argv[1]}: given twice" in capsys.readouterr().err
     args = build_parser().parse_args(["train", "--set", "lr=1", "--set", "steps=2", "--steps", "3"])
     assert args.assignments == ["lr=1", "steps=2"] and args.steps == 3  # appends, and each parse starts afresh
+
+
+@pytest.mark.parametrize("argv", [["train", "--set", "cuda_graphs="], ["bench", "--set", "cuda_graphs="],
+                                  ["compare", "--set", "cuda_graphs=7"]])
+def test_a_setting_with_choices_names_them(tmp_path, capsys, argv):
+    """`--set cuda_graphs=` (YAML's null) once said "allowed: a string"; a setting with choices names them."""
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--cuda-graphs got" in err and "allowed: off | blocks | model" in err and err.count("\n") == 1, err

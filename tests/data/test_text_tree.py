@@ -94,7 +94,7 @@ def test_our_own_outputs_are_never_read_as_sources(tmp_path, capsys):
         assert (meta["num_tokens"], meta["num_documents"]) == (first["num_tokens"], 4)
         assert not any("out" in Path(f).relative_to(src).parts[0] for f in meta["source_files"])
     # a run, a checkpoint, an export and a preparation in progress inside the tree are left out too
-    for marker, text in (("runs/a/run.json", "{}"), ("ckpt/train_meta.json", "{}"),
+    for marker, text in (("runs/a/run.json", RUN_JSON), ("ckpt/train_meta.json", TRAIN_META),
                          ("export/config.json", '{"model_type": "deep_delta"}'), (".o3.partial/.prepare.lock", "")):
         (src / marker).parent.mkdir(parents=True)
         (src / marker).write_text(text)
@@ -116,3 +116,39 @@ def test_a_tree_without_source_files_names_text_suffixes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds no .txt/.jsonl/.parquet files (it holds .py (3) files" in err
     assert "name their suffixes with --text-suffixes, e.g. .py" in err
+
+
+RUN_JSON = '{"identity": {"variant": "ddl-cc"}, "train_config": {"variant": "ddl-cc"}, "parameters": 10}'
+TRAIN_META = '{"step": 7, "train_config": {"variant": "ddl-cc"}, "variant": "ddl-cc"}'
+COMPARE_JSON = '{"rows": [], "reference": "baseline", "machine": {"device": "cpu"}}'
+
+
+def test_outputs_are_recognised_by_content_and_what_is_skipped_is_said(tmp_path, capsys):
+    """A user's folder holding a file merely named run.json, compare.json or train_meta.json (a web app's state, a
+    notebook's results) is read like any other, never taken for our output and skipped with everything under it;
+    our own outputs are recognised by what their files hold, skipped, and named in the output and in meta.json."""
+    src = _tree(tmp_path / "src")
+    theirs = {"app/run.json": '{"port": 8080}', "notebook/compare.json": '[1, 2, 3]',
+              "model/train_meta.json": '{"epochs": 3}'}
+    for rel, text in theirs.items():
+        (src / rel).parent.mkdir(parents=True)
+        (src / rel).write_text(text)
+        (src / rel).with_name("notes.md").write_text(f"the notes beside {rel}\n")
+    ours = {"runs/cc/run.json": RUN_JSON, "runs/cc/checkpoints/step_0000007/train_meta.json": TRAIN_META,
+            "cmp/compare.json": COMPARE_JSON}
+    for rel, text in ours.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+        (src / rel).with_name("notes.md").write_text("written by us\n")
+    capsys.readouterr()
+    assert main(["data", "prepare", "--source", str(src), "--text-suffixes", ".md", ".json", "--out",
+                 str(tmp_path / "out"), "--val-fraction", "0", "--no-progress", "--num-proc", "1"]) == 0
+    printed = capsys.readouterr().out
+    meta = read_meta(tmp_path / "out")
+    read = {Path(f).relative_to(src).as_posix() for f in meta["source_files"]}
+    assert {*theirs, *(str(Path(rel).with_name("notes.md").as_posix()) for rel in theirs)} <= read
+    assert not any(r.startswith(("runs/", "cmp/")) for r in read)
+    assert meta["skipped_outputs"] == {str(src / "cmp"): "a comparison (compare.json)",
+                                       str(src / "runs" / "cc"): "a training run (run.json)"}
+    assert "skipped 2 folder(s) our commands wrote, never read as text:" in printed
+    assert f"{src / 'runs' / 'cc'} (a training run (run.json))" in printed

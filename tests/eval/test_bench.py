@@ -292,8 +292,31 @@ def test_compiled_bench_of_every_variant_writes_its_table(monkeypatch, tmp_path,
     out = tmp_path / "bench.md"
     assert len(VARIANTS) > 8
     assert main(["bench", "--compile", "--variants", *VARIANTS, "--device", "cpu", "--batch-size", "1", "--seq-len",
-                 "8", "--steps", "1", "--repeats", "1", "--warmup", "0", "--decode-tokens", "2", "--threads", "1",
+                 "8", "--steps", "1", "--repeats", "1", "--warmup", "1", "--decode-tokens", "2", "--threads", "1",
                  *[x for k, v in DEBUG.items() for x in ("--set", f"model.{k}={v}")], "--out", str(out)]) == 0
     table = out.read_text()
     assert all(f"| {paper_name(v)} |" in table for v in VARIANTS), table
     capsys.readouterr()
+
+
+def test_a_compiled_bench_without_warm_up_is_refused(tmp_path, capsys):
+    """`ddl bench --compile --warmup 0` timed compilation as the step (1164x "speed-ups"): refused before any model
+    is built, in ddl bench and ddl bench-kernels alike."""
+    for argv in (["bench", "--compile", "--warmup", "0", "--device", "cpu", "--out", str(tmp_path / "b.md")],
+                 ["bench-kernels", "--compile", "--warmup", "0", "--device", "cpu"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--warmup got 0 with --compile; allowed: at least 1 with --compile" in err and "Traceback" not in err
+    assert not (tmp_path / "b.md").exists()
+
+
+@pytest.mark.parametrize("flag", ["--launches", "--traffic"])
+def test_counted_steps_of_impossible_sizes_are_refused_before_any_model(capsys, flag):
+    """`ddl bench-kernels --launches / --traffic` of 10^18 tokens once ended in a traceback (storage size overflow);
+    a step whose tensors the Triton kernels cannot index is refused naming the sizes and the bound."""
+    assert main(["bench-kernels", flag, "--preset", "small", "--variants", "ddl-tc", "--device", "cpu",
+                 "--batch-size", "1000000000", "--seq-len", "1000000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch-size x --seq-len got 1000000000 x 1000000000" in err and "32-bit offsets" in err, err
+    assert "with ddl-tc's 3,072 values per token" in err and "allowed: at most 693,589 tokens per step" in err
+    assert err.count("\n") == 1

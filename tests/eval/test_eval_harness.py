@@ -164,4 +164,4 @@ def test_missing_lm_eval_is_a_clear_error(monkeypatch, tmp_path, capsys):
         harness.require_lm_eval()
     run, _ = make_run(tmp_path / "run")
     assert main(["eval", "lm-eval", "--model", str(run)]) == 2
-    assert "lm-evaluation-harness is not installed" in capsys.readouterr().err
+    assert "needs lm_eval, which is not installed: pip install 'deep-delta-learning[eval]'" in capsys.readouterr().err

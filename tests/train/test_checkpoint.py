@@ -88,6 +88,28 @@ def test_latest_naming_a_broken_directory_is_an_error(tmp_path, model):
         latest_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize("planted", ["link outside", "huge", "garbage"])
+def test_a_latest_that_training_did_not_write_is_refused_unread(tmp_path, model, planted):
+    """LATEST as a symbolic link out of the run (to a secret, say), a huge file or one holding something else is
+    refused without its content in the message, or in memory."""
+    from deep_delta.train.checkpoint import CheckpointError
+
+    _save(tmp_path, model, 3)
+    latest = tmp_path / "checkpoints" / "LATEST"
+    secret = tmp_path.parent / f"{tmp_path.name}-secret.txt"
+    secret.write_text("password=hunter2\n")
+    latest.unlink()
+    if planted == "link outside":
+        latest.symlink_to(secret)
+    elif planted == "huge":
+        latest.write_text("step_0000003\n" + "x" * (1 << 20))
+    else:
+        latest.write_text("password=hunter2\n")
+    with pytest.raises(CheckpointError, match=f"^{latest}") as e:
+        latest_checkpoint(tmp_path)
+    assert "hunter2" not in str(e.value) and "xxxx" not in str(e.value)
+
+
 def test_rng_state_round_trip():
     import random
 

@@ -26,19 +26,19 @@ def final_val(run_dir):
     return [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r][-1]
 
 
-def diverge_when(monkeypatch, failing):
-    """Runs for which ``failing(cfg)`` holds end in a NaN loss: they train, then raise as the trainer does."""
-    from deep_delta.train import trainer
+def diverge_when(monkeypatch, failing, at=None):
+    """Runs for which ``failing(cfg)`` holds see a NaN loss at step ``at`` (default: their last): the trainer's own
+    divergence path ends them there (under `on_divergence` raise or stop), as a real divergence would."""
+    from deep_delta.train.trainer import Trainer
 
-    real = trainer.train
+    real = Trainer._check_finite
 
-    def train(cfg, **kw):
-        result = real(cfg, **kw)
-        if failing(cfg):
-            raise trainer.NonFiniteLossError(f"non-finite loss at step {cfg.steps}")
-        return result
+    def check(self, loss, norm):
+        if failing(self.cfg) and self.step + 1 == (at or self.cfg.steps):
+            loss = float("nan")
+        return real(self, loss, norm)
 
-    monkeypatch.setattr(trainer, "train", train)
+    monkeypatch.setattr(Trainer, "_check_finite", check)
 
 
 def test_grid_reports_each_variant_at_its_best_validation_lr_and_reuses_runs(tmp_path, data_dir, capsys,
@@ -57,7 +57,8 @@ def test_grid_reports_each_variant_at_its_best_validation_lr_and_reuses_runs(tmp
         run = out / f"lr_{p['lr']:g}" / f"seed_{p['seed']}" / p["variant"]
         assert json.loads((run / "run.json").read_text())["train_config"]["lr"] == p["lr"]
         if p["lr"] == 1e-2 or (p["lr"], p["variant"], p["seed"]) == (3e-3, "ddl-dv1", 1):
-            assert p["diverged"] == "non-finite loss at step 3" and p["value"] is None
+            assert p["diverged"].startswith("non-finite loss (loss nan") and p["diverged"].endswith("at step 3")
+            assert p["value"] is None
         else:
             assert p["diverged"] is None and p["value"] == final_val(run)
     rows = {r["variant"]: r for r in summary["rows"]}

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from deep_delta.cli.main import main
+from helpers import with_options
 
 MODEL = ["--set", "model.num_hidden_layers=1", "--set", "model.num_attention_heads=2", "--set",
          "model.max_position_embeddings=64", "--set", "model.hidden_size=32"]
@@ -71,14 +74,179 @@ def test_unfinished_or_mismatched_runs_are_refused(tmp_path, data_dir, capsys):
     capsys.readouterr()
     assert main(["compare", "--out", str(out), "--report-only"]) == 2
     err = capsys.readouterr().err
-    assert "were not made with the same settings (ddl-cc: batch_size: the reference run has 2, now 3)" in err
+    assert "were not made with the same settings (ddl-cc seed 0: batch_size: the reference run has 2, now 3)" in err
     shutil.rmtree(out / "ddl-cc")
     path = out / "ddl-dv1" / "run.json"
     run = json.loads(path.read_text())
     del run["finished"]
     path.write_text(json.dumps(run))
     assert main(["compare", "--out", str(out), "--report-only"]) == 2
-    assert "the run of ddl-dv1 in" in capsys.readouterr().err
+    assert "ddl-dv1/run.json records no end: the run has not finished" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["compare", "--out", str(tmp_path / "empty"), "--report-only"]) == 2
     assert "holds no run directories" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- each run is what its own record says
+@pytest.fixture(scope="module")
+def seeds_study(tmp_path_factory, data_dir):
+    """A finished comparison of baseline and ddl-dv1 with seeds 0 and 1 (2 steps each), made once; each test copies
+    it before changing it."""
+    out = tmp_path_factory.mktemp("seeds") / "cmp"
+    assert main(micro(out, data_dir, "--seeds", "2")) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def grid_study(tmp_path_factory, data_dir):
+    """A finished lr grid (1e-3, 2e-3) of baseline and ddl-dv1, and the lr 4e-3 of the same comparison made with
+    another batch size, made once."""
+    root = tmp_path_factory.mktemp("grid")
+    assert main(micro(root / "grid", data_dir, "--lrs", "1e-3", "2e-3")) == 0
+    assert main(with_options(micro(root / "other", data_dir, "--lrs", "4e-3"), "--batch-size", "3")) == 0
+    return root
+
+
+def _copy(study, tmp_path):
+    out = tmp_path / "cmp"
+    shutil.copytree(study, out, symlinks=True)
+    return out
+
+
+def _edit_run(run_dir, change):
+    path = run_dir / "run.json"
+    run = json.loads(path.read_text())
+    change(run)
+    path.write_text(json.dumps(run))
+
+
+def _refused(out, capsys, *expected):
+    capsys.readouterr()
+    assert main(["compare", "--out", str(out), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def _cut_after_first_line(path):
+    path.write_text(path.read_text().splitlines()[0] + "\n")
+
+
+def _replace_with(target, source, link=False):
+    shutil.rmtree(target)
+    if link:
+        target.symlink_to(source, target_is_directory=True)
+    else:
+        shutil.copytree(source, target)
+
+
+SEED_CASES = {
+    # a ddl-dv1 run copied into baseline/ is not the baseline
+    "variant copied": (lambda o, data: _replace_with(o / "seed_0" / "baseline", o / "seed_0" / "ddl-dv1"),
+                       ["seed_0/baseline/run.json records variant 'ddl-dv1' (train_config.variant), but the run stands in baseline/"]),
+    # seed 0 copied, or linked, as seed 1: one run twice is not two seeds
+    "seed copied": (lambda o, data: _replace_with(o / "seed_1" / "ddl-dv1", o / "seed_0" / "ddl-dv1"),
+                    ["seed_1/ddl-dv1/run.json records seed 0 (train_config.seed), but the run stands in seed_1/"]),
+    "seed linked": (lambda o, data: _replace_with(o / "seed_1", o / "seed_0", link=True),
+                    ["records seed 0 (train_config.seed), but the run stands in seed_1/"]),
+    "seed copied and relabelled": (
+        lambda o, data: (_replace_with(o / "seed_1" / "ddl-dv1", o / "seed_0" / "ddl-dv1"),
+                   _edit_run(o / "seed_1" / "ddl-dv1", lambda r: r["train_config"].update(seed=1))),
+        ["hold the same metrics.jsonl: one run copied, its run.json changed to ddl-dv1 seed"]),
+    # what a run reports comes from complete files of its own
+    "metrics missing": (lambda o, data: (o / "seed_1" / "baseline" / "metrics.jsonl").unlink(),
+                        ["seed_1/baseline/metrics.jsonl is missing"]),
+    "metrics empty": (lambda o, data: (o / "seed_1" / "baseline" / "metrics.jsonl").write_text(""),
+                      ["seed_1/baseline/metrics.jsonl is empty, but", "records the run's end at step 2"]),
+    "metrics truncated": (lambda o, data: _cut_after_first_line(o / "seed_0" / "ddl-dv1" / "metrics.jsonl"),
+                          ["seed_0/ddl-dv1/metrics.jsonl ends at step 1, but", "records the run's end at step 2"]),
+    "metrics torn": (lambda o, data: (o / "seed_0" / "ddl-dv1" / "metrics.jsonl").write_text(
+                         (o / "seed_0" / "ddl-dv1" / "metrics.jsonl").read_text()[:-20]),
+                     ["seed_0/ddl-dv1/metrics.jsonl, line", "not a metrics record (the file is truncated or damaged)"]),
+    # a run.json that is not a finished run's record
+    "no train_config": (lambda o, data: _edit_run(o / "seed_0" / "ddl-dv1", lambda r: r.pop("train_config")),
+                        ["ddl-dv1/run.json: `train_config` got null; allowed: the run's settings"]),
+    "finished null": (lambda o, data: _edit_run(o / "seed_0" / "ddl-dv1", lambda r: r.update(finished=None)),
+                      ["ddl-dv1/run.json: `finished` got null; allowed: the record of the run's end"]),
+    "a JSON list": (lambda o, data: (o / "seed_1" / "baseline" / "run.json").write_text("[1, 2]"),
+                    ["seed_1/baseline/run.json is not a run record: it holds a JSON list"]),
+    "not UTF-8": (lambda o, data: (o / "seed_1" / "baseline" / "run.json").write_bytes(b'{"a": "\xff"}'),
+                  ["seed_1/baseline/run.json is not UTF-8 text (byte 7"]),
+    "seed_abc": (lambda o, data: shutil.copytree(o / "seed_1", o / "seed_abc"),
+                 ["seed_abc is not a seed folder of a comparison; allowed: seed_<integer>/"]),
+    # one step count per variant: seeds of other lengths are not averaged
+    "other steps": (lambda o, data: _other_steps(o, data), ["seed_1/ddl-dv1/run.json records steps 3 (train_config.steps), but",
+                                                     "trained 2; allowed: one step count"]),
+}
+
+
+def _other_steps(out, data_dir):
+    """seed 1 of ddl-dv1 replaced by a run of 3 steps made with the same settings."""
+    other = out.parent / "three"
+    argv = with_options(micro(other, data_dir, "--seed", "1"), "--variants", "ddl-dv1", "--steps", "3")
+    assert main(argv) == 0
+    _replace_with(out / "seed_1" / "ddl-dv1", other / "ddl-dv1")
+
+
+@pytest.mark.parametrize("case", list(SEED_CASES))
+def test_report_only_believes_each_runs_own_record(seeds_study, data_dir, tmp_path, capsys, case):
+    """Whatever a folder is named or holds, a run is reported as what its run.json says, and only when that agrees
+    with where it stands, with its own metrics and with the other runs: else one line naming the run and the
+    field, and nothing is written."""
+    out = _copy(seeds_study, tmp_path)
+    change, expected = SEED_CASES[case]
+    change(out, data_dir)
+    before = (out / "compare.json").read_bytes()
+    _refused(out, capsys, *expected)
+    assert (out / "compare.json").read_bytes() == before
+
+
+GRID_CASES = {
+    # an lr folder is named as `ddl compare --lrs` names it, and its runs were made at that lr
+    "lr_4e-3 beside lr_0.004": (lambda r, o: shutil.copytree(o / "lr_0.001", o / "lr_1e-3"),
+                                ["lr_1e-3 is not an lr folder of a grid (`ddl compare --lrs` names the folder of lr "
+                                 "0.001 lr_0.001)"]),
+    "lr_nan": (lambda r, o: (o / "lr_0.002").rename(o / "lr_nan"), ["lr_nan is not an lr folder of a grid;"]),
+    "lr_0": (lambda r, o: (o / "lr_0.002").rename(o / "lr_0"), ["lr_0 is not an lr folder of a grid;"]),
+    "lr_abc": (lambda r, o: (o / "lr_0.002").rename(o / "lr_abc"), ["lr_abc is not an lr folder of a grid;"]),
+    "renamed lr": (lambda r, o: (o / "lr_0.002").rename(o / "lr_0.003"),
+                   ["lr_0.003/baseline/run.json records lr 0.002 (train_config.lr), but the run stands in lr_0.003/"]),
+    # lr folders of another batch size do not join the grid
+    "other batch size": (lambda r, o: shutil.copytree(r / "other" / "lr_0.004", o / "lr_0.004"),
+                         ["were not made with the same settings (baseline seed 0: batch_size: the reference run has "
+                          "2, now 3)"]),
+}
+
+
+@pytest.mark.parametrize("case", list(GRID_CASES))
+def test_report_only_of_a_grid_believes_each_runs_lr(grid_study, tmp_path, capsys, case):
+    out = _copy(grid_study / "grid", tmp_path)
+    change, expected = GRID_CASES[case]
+    change(grid_study, out)
+    _refused(out, capsys, *expected)
+
+
+def test_report_only_keeps_the_step_times_the_comparison_measured(tmp_path, data_dir, capsys):
+    """A finished comparison rebuilt from its runs keeps the step ms and equal-time columns its `ddl compare`
+    measured (they were dropped); a compare.json timed for other settings is not used, and the report says so."""
+    out = tmp_path / "cmp"
+    assert main(with_options(micro(out, data_dir), "--time-repeats", "1")) == 0
+    first = json.loads((out / "compare.json").read_text())
+    assert first["timing"]["step_time_s"]
+    capsys.readouterr()
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    again = json.loads((out / "compare.json").read_text())
+    assert again["timing"] == first["timing"]
+    for a, b in zip(first["rows"], again["rows"]):
+        assert (a["step_time_s"], a["equal_time_val_loss"], a.get("equal_time_d_val_loss")) == \
+            (b["step_time_s"], b["equal_time_val_loss"], b.get("equal_time_d_val_loss"))
+    assert "step ms: median of 1 interleaved rounds" in (out / "compare.md").read_text()
+    again["settings"]["batch_size"] = 5  # a summary of other settings beside these runs
+    (out / "compare.json").write_text(json.dumps(again))
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    printed = capsys.readouterr().out
+    last = json.loads((out / "compare.json").read_text())
+    assert last["timing"] is None and "were measured for other settings" in printed
+    assert "batch_size: it was timed with 5, now 2" in (out / "compare.md").read_text()

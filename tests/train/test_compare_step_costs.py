@@ -27,7 +27,8 @@ def test_a_dearer_variant_trains_fewer_steps_with_its_own_schedule(tmp_path, dat
     run = json.loads((out / "ddl-dv1" / "run.json").read_text())
     assert run["train_config"]["steps"] == 4  # its own schedule: cosine over 4 steps, not 6 cut short
     report = (out / "compare.md").read_text()
-    assert "Equal cost: the budget is 6 steps of `baseline`; ddl-dv1 4 steps (its step 1.5x the reference's)" in report
+    assert ("Equal cost: the budget is 6 steps of `baseline`; ddl-dv1 4 steps (its step 1.5x the reference's; "
+            "together 6 reference steps)") in report
     printed = capsys.readouterr().out
     assert "equal cost: ddl-dv1's step 1.5x the baseline's" in printed and "(ddl-dv1 128)" in printed
 
@@ -56,4 +57,22 @@ def test_bad_costs_are_refused_before_training(tmp_path, data_dir, capsys, costs
     out = tmp_path / "bad"
     assert main(micro(out, data_dir, "--steps", "2", "--step-costs", *costs)) == 2
     assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--steps", "6", "--step-costs", "ddl-dv1=100"],
+     "--step-costs for 'ddl-dv1' (100) with --steps 6: ddl-dv1 would train 1 step(s), which cost 100 of the "
+     "reference's steps, not 6"),
+    (["--steps", "3", "--step-costs", "ddl-dv1=1.6"], "ddl-dv1 would train 2 step(s), which cost 3.2 of the"),
+    (["--lengths", "4", "8", "--step-costs", "ddl-dv1=3"], "with --steps 4: ddl-dv1 would train 1 step(s)"),
+])
+def test_a_budget_that_whole_steps_cannot_meet_is_refused(tmp_path, data_dir, capsys, extra, expected):
+    """Equal cost is stated only when it holds: 6 baseline steps at a cost of 100 once trained 1 step (100 steps'
+    worth) and called it equal cost. Whole steps must cost the budget within 5%; the error says how many steps
+    would do."""
+    out = tmp_path / "bad"
+    assert main(micro(out, data_dir, *extra)) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "not an equal cost; allowed: --steps of at least" in err, err
     assert not out.exists()

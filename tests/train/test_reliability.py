@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,3 +239,34 @@ def test_debug_shows_the_traceback(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("DDL_DEBUG", "1")
     with pytest.raises(ValueError, match="`steps` got -1"):
         main(args)
+
+
+def test_nothing_derived_is_written_inside_a_runs_checkpoints(tmp_path, data_dir, capsys, files_of):
+    """`ddl export --out RUN/checkpoints/step_N` (the next rotation deleted it) and an export or file anywhere in
+    RUN/checkpoints are refused; `ddl train --overwrite` of a run whose checkpoints/ holds a user's file or export
+    is refused naming them, and nothing is removed; a rotation never deletes a step_N that is not a checkpoint."""
+    out = tmp_path / "run"
+    assert main(_args(data_dir, out, 2, "--save-every", "1", "--keep", "1")) == 0
+    for inside in ("checkpoints/step_0000009", "checkpoints/exports/cc", "checkpoints/step_0000002/hf"):
+        capsys.readouterr()
+        assert main(["export", "--model", str(out), "--out", str(out / inside)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out got {out / inside}, which is inside {out / 'checkpoints'}" in err, err
+        assert not (out / inside).exists()
+    assert main(["export", "--model", str(out), "--out", str(tmp_path / "hf")]) == 0
+    (out / "checkpoints" / "notes.txt").write_text("mine")
+    mine = out / "checkpoints" / "step_0000009"
+    shutil.copytree(tmp_path / "hf", mine)  # an export made there before exports were refused
+    # a rotation keeps what is not a checkpoint
+    assert main(_args(data_dir, out, 4, "--save-every", "1", "--keep", "1", "--resume")) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "LATEST", "notes.txt", "step_0000004", "step_0000009"]
+    before = files_of(out)
+    capsys.readouterr()
+    assert main(_args(data_dir, out, 2, "--overwrite")) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite would remove" in err and "notes.txt, step_0000009 that training did not write" in err
+    assert files_of(out) == before
+    (out / "checkpoints" / "notes.txt").unlink()
+    shutil.rmtree(mine)
+    assert main(_args(data_dir, out, 2, "--overwrite")) == 0

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from deep_delta.data import TokenLoader, default_data_dir
     from deep_delta.experiments.analyze import analyze_model, format_analysis, plot_analysis
+    from deep_delta.experiments.report import figures_note, has_matplotlib
     from deep_delta.fsutil import atomic_write, refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.hf.loading import load_model, quiet_transformers, resolve_model_dir
 
@@ -65,12 +66,15 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "analysis.json", json.dumps(report, indent=2))
     table = format_analysis(report)
-    figures = plot_analysis(report, out)
+    drawn = has_matplotlib()  # without the plot extra: the tables alone, saying which extra draws the figures
+    figures = plot_analysis(report, out) if drawn else []
     images = "".join(f"\n\n![{f.stem.replace('_', ' ')}]({f.name})" for f in figures)
+    note = "" if drawn else f"\n\n{figures_note()}"
     atomic_write(out / "analysis.md", f"# ddl analyze {args.model}\n\n{report['windows']} windows of {seq_len} "
-                 f"tokens from {data} ({args.split}).\n\n{table}{images}\n")
+                 f"tokens from {data} ({args.split}).\n\n{table}{images}{note}\n")
     print(table)
-    print(f"wrote {out}/analysis.json, analysis.md, " + ", ".join(f.name for f in figures))
+    print(f"wrote {out}/analysis.json, analysis.md" + "".join(f", {f.name}" for f in figures)
+          + ("" if drawn else f"; {figures_note()}"))
     return 0
 
 

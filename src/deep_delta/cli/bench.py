@@ -31,12 +31,16 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import time
+    from pathlib import Path
 
     from deep_delta.eval.bench import bench_table, run_bench, write_bench
     from deep_delta.eval.settings import BenchSettings, with_assignments
+    from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
 
     settings = BenchSettings(**options.given_settings(args, options.setting_names(BenchSettings)))
     settings = with_assignments(settings, args.assignments).resolved()
+    refuse_replaced_dir(args.out)
+    refuse_unwritable_results([Path(args.out), Path(args.out).with_suffix(".json")])
     import torch
 
     threads = torch.get_num_threads()

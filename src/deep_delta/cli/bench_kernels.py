@@ -52,9 +52,17 @@ def run(args: argparse.Namespace) -> int:
 
     settings = KernelBenchSettings(**options.given_settings(args, options.setting_names(KernelBenchSettings)))
     settings = with_assignments(settings, args.assignments).resolved()
+    if args.out:
+        from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
+
+        refuse_replaced_dir(args.out)
+        refuse_unwritable_results([Path(args.out)])
     import torch
 
     if args.traffic or args.launches:
+        from deep_delta.eval.launches import check_counted_step
+
+        check_counted_step(settings, "traffic" if args.traffic else "launches")  # before any model is built
         if args.traffic:
             from deep_delta.eval.traffic import traffic_report as report
         else:

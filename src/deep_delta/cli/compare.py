@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
                    "those), each point with its own seeds and lr grid, for a study run in parts; or, for an OUT "
                    "without such points, OUT/compare.md, compare.json and curves.png (and an lr grid's best-lr "
                    "report) from the finished run directories there, e.g. runs made on several machines and "
-                   "brought together without their checkpoints (each run's device is recorded). The points or runs "
+                   "brought together without their checkpoints (each run's device is recorded; each run is what its "
+                   "own run.json says and must stand where `ddl compare` puts it, once). The points or runs "
                    "must share every setting but width, length, variant, lr, steps and seeds, and the data. "
                    "Refused with the options that train")
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
@@ -132,9 +133,24 @@ def run(args: argparse.Namespace) -> int:
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:
         print(f"ddl compare: {r['variant']} diverged: {r['diverged']}", file=sys.stderr)
-    plot = ", lr_sensitivity.png" if lrs is not None else ""
-    print(f"\nwrote {args.out}/compare.md, {args.out}/compare.json, {args.out}/curves.png{plot}")
+    _say_written(args.out, summary)
     return 1 if failed else 0
+
+
+COMPARE_FILES = ("compare.md", "compare.json", "curves.png", "lr_sensitivity.png")
+SCALING_FILES = ("scaling.md", "scaling.json", "scaling.png")
+
+
+def _say_written(out: str, summary: dict, names: tuple[str, ...] = COMPARE_FILES) -> None:
+    """The report's files (of ``names``) that are there now, and its notes (step times not kept, figures not
+    drawn)."""
+    from pathlib import Path
+
+    written = [f"{out}/{name}" for name in names if (Path(out) / name).is_file()
+               and (name != "lr_sensitivity.png" or summary.get("lr_selection"))]
+    for note in summary.get("notes", []):
+        print(f"note: {note}")
+    print(f"\nwrote {', '.join(written)}")
 
 
 def parse_step_costs(items: list[str] | None) -> dict[str, float]:
@@ -172,7 +188,7 @@ def _run_scaling(args: argparse.Namespace, given: dict, base, variants: list[str
                           time_repeats=args.time_repeats, step_costs=step_costs)
     print()
     print(format_scaling(summary))
-    print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")
+    _say_written(args.out, summary, SCALING_FILES)
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
 
 
@@ -198,7 +214,7 @@ def _report_only(args: argparse.Namespace, given: dict) -> int:
         return _report_comparison(args.out)
     summary = collect_scaling(args.out, widths=args.widths, lengths=args.lengths)
     print(format_scaling(summary))
-    print(f"wrote {args.out}/scaling.md, {args.out}/scaling.json, {args.out}/scaling.png")
+    _say_written(args.out, summary, SCALING_FILES)
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
 
 
@@ -210,6 +226,5 @@ def _report_comparison(out: str) -> int:
     summary = collect_comparison(out)
     print(comparison_table(summary))
     print("\n".join(verdicts(summary)))
-    grid = ", lr_sensitivity.png" if summary.get("lr_selection") else ""
-    print(f"\nwrote {out}/compare.md, {out}/compare.json, {out}/curves.png{grid}")
+    _say_written(out, summary)
     return 1 if any(r.get("diverged") for r in summary["rows"]) else 0

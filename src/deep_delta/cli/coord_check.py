@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from deep_delta.experiments.coord_check import run_coord_check, verdict_line, write_coord_check
-    from deep_delta.experiments.report import has_matplotlib
+    from deep_delta.experiments.report import figures_note, has_matplotlib
     from deep_delta.experiments.settings import CoordCheckSettings
     from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.runtime import resolve_device
@@ -68,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(verdict_line(report["settings"], args.bound, failed))
     print(f"wrote {out / 'coord_check.json'}, {out / 'coord_check.md'}"
-          + (f", {out / 'coord_check.png'}" if drawn else " (no PNG: matplotlib is not installed)"))
+          + (f", {out / 'coord_check.png'}" if drawn else f"; {figures_note(['coord_check.png'])}"))
     return 1 if failed else 0

@@ -146,6 +146,11 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
           f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
     _print_splits(meta)
+    skipped = meta.get("skipped_outputs") or {}
+    if skipped:
+        listed = "; ".join(f"{d} ({what})" for d, what in list(skipped.items())[:5])
+        more = f"; and {len(skipped) - 5} more (meta.json lists them)" if len(skipped) > 5 else ""
+        print(f"  skipped {len(skipped)} folder(s) our commands wrote, never read as text: {listed}{more}")
     val = meta["splits"]["val"]["num_tokens"]
     if meta.get("split_by") == "tokens":
         print(f"  split by tokens: whole documents ({meta['num_documents']:,}) cannot give --val-fraction "

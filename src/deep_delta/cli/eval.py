@@ -132,7 +132,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
 
     from deep_delta.cli.main import UsageError
     from deep_delta.eval import harness
-    from deep_delta.fsutil import refuse_unwritable_results
+    from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.hf.loading import load_model, quiet_transformers
     from deep_delta.variants import paper_name
 
@@ -153,6 +153,7 @@ def run_lm_eval(args: argparse.Namespace) -> int:
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     # refuse unknown task names and an unwritable result before loading any model
     tasks = harness.check_tasks(tasks, harness.task_manager(args.include_path, tasks))
+    refuse_replaced_dir(args.out)
     refuse_unwritable_results([Path(args.out), Path(args.out).with_suffix(".json")])
     runs = []
     for i, path in enumerate(args.model):

@@ -85,11 +85,18 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory|not enough mem
 
 def describe_error(error: BaseException) -> tuple[str, int] | None:
     """(one-line message, exit code) for a known failure class, None for anything else (a bug)."""
+    from deep_delta.extras import MissingExtra, extra_of_error
     from deep_delta.fsutil import as_os_error
 
     data_errors = sys.modules.get("deep_delta.data.errors")
-    if isinstance(error, UsageError) or (data_errors and isinstance(error, data_errors.DataUnavailableError)):
+    if isinstance(error, (UsageError, MissingExtra)) or (
+            data_errors and isinstance(error, data_errors.DataUnavailableError)):
         return str(error), 2
+    missing = extra_of_error(error)  # an optional package no check caught first
+    if missing is not None:
+        return missing, 2
+    if _is_divergence(error):
+        return str(error), 1
     if isinstance(error, UnicodeError):  # before ValueError: the codec's text alone does not say what was read
         return f"text that is not valid UTF-8 ({error})", 2
     if isinstance(error, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)):
@@ -115,7 +122,8 @@ def describe_error(error: BaseException) -> tuple[str, int] | None:
 # Python parameter names whose flag is not --<name-with-dashes> nor an option's dest (those two are found
 # without a table): the library's name -> the flag, where a command has that flag.
 PARAMETER_FLAGS = {
-    "model": "--set",  # a command's DDLConfig fields come from --set model.FIELD=VALUE (where it has no --model)
+    "model": "--set",
+    "out_dir": "--out",  # ddl data prepare (export's --out has dest out_dir, found without this)  # a command's DDLConfig fields come from --set model.FIELD=VALUE (where it has no --model)
     "use_cache=False": "--no-cache",  # a switched-off library setting whose flag is a negative one
 }
 
@@ -149,11 +157,11 @@ def as_flags(message: str, parser: argparse.ArgumentParser, command: str | list[
     cmd = command_parser(parser, [command] if isinstance(command, str) else command)
     if cmd is None:
         return message
-    by_dest = {}
+    by_dest, flags = {}, set()
     for a in cmd._actions:
         if a.option_strings and a.help != argparse.SUPPRESS:
             by_dest.setdefault(a.dest, max(a.option_strings, key=len))
-    flags = set(by_dest.values())
+            flags.update(a.option_strings)  # --compile of --compile / --no-compile, not the longest
 
     def flag(m: re.Match) -> str:
         name = m.group(1)
@@ -173,6 +181,13 @@ def _os_message(error: OSError) -> str:
 
 # Exceptions that end a command after a signal, having kept its work; the message says what was kept.
 _STOPPED = (("deep_delta.train.trainer", "TrainingInterrupted"), ("deep_delta.experiments.study", "StudyInterrupted"))
+
+
+def _is_divergence(error: BaseException) -> bool:
+    """A training run whose loss diverged (``on_divergence`` raise): the message names the step, the last good
+    checkpoint and what to do."""
+    trainer = sys.modules.get("deep_delta.train.trainer")
+    return trainer is not None and isinstance(error, trainer.NonFiniteLossError)
 
 
 def _stopped_by_signal(error: BaseException) -> bool:

@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: f"{100 * x:.1f}") + "\n")
     print(f"test accuracy (%) by {summary['difficulty_name']}, mean +- sd over seeds")
     print(task_table(summary))
+    for note in summary.get("notes", []):  # e.g. the figures not drawn: which extra draws them
+        print(f"note: {note}")
     print(f"\nwrote {out}/tasks.md, {out}/tasks.json" + (", tasks.png" if _has_plot(out) else ""))
     if args.wandb:
         log_tasks(summary, out, project)

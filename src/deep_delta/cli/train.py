@@ -58,15 +58,12 @@ def run(args: argparse.Namespace) -> int:
         print(cfg.to_yaml(), end="")
         return 0
 
-    from deep_delta.train.trainer import NonFiniteLossError, train
+    from deep_delta.train.trainer import train
 
     options.apply_threads(args.threads)
-    try:
-        result = train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
-                       progress=not args.no_progress)
-    except NonFiniteLossError as e:
-        print(f"ddl train: error: {e}", file=sys.stderr)
-        return 1
+    # a divergence under `on_divergence` raise is the one error handler's (cli/main.py): one line, exit 1
+    result = train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
+                   progress=not args.no_progress)
     if result.diverged:
         print(f"ddl train: the run diverged ({result.diverged}) and stopped at step {result.step} "
               f"(--on-divergence stop); its checkpoint: {result.checkpoint}", file=sys.stderr)

@@ -53,7 +53,7 @@ from deep_delta.data.shards import (
 from deep_delta.data.sources import resolve_source
 from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
-from deep_delta.fsutil import atomic_write, remove_stale, swap_in
+from deep_delta.fsutil import atomic_write, refuse_replaced_dir, remove_stale, swap_in
 
 __all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "read_meta", "write_dataset"]
 
@@ -581,6 +581,7 @@ def prepare(
     _check_options(tok, val_fraction, shard_tokens, max_tokens)
     num_proc = default_num_proc() if num_proc is None else check_num_proc(num_proc)
     out = Path(out_dir).expanduser()
+    refuse_replaced_dir(out, "out_dir", itself=False)  # data inside a run's checkpoints or a model is lost with it
     _check_output(out, overwrite)
     staging = partial_dir(out)
     src = resolve_source(source, text_suffixes, exclude=(out, staging))

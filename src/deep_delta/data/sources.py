@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deep_delta.data.errors import DataError, DataUnavailableError
+from deep_delta.extras import require
 
 FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_DEFAULT_CONFIG = "sample-10BT"
@@ -96,51 +97,80 @@ def check_text_suffixes(text_suffixes: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-# What marks a directory as an output of ours: prepared data (meta.json of this format family), a preparation in
-# progress (its lock or progress record), a training run (run.json), a checkpoint (train_meta.json), a comparison
-# (compare.json) or an exported model (config.json with our model_type).
-_OUTPUT_MARKERS = (".prepare.lock", ".prepare-progress.json", "run.json", "train_meta.json", "compare.json")
+# What marks a directory as an output of ours, by the content of a file in it (a user's file of the same name, which
+# does not hold what ours hold, marks nothing): prepared data (meta.json of this format family), a training run
+# (run.json: its identity and settings, train/run_dir.py), a checkpoint (train_meta.json: its step and settings,
+# train/run_dir.py), a comparison (compare.json: its rows, reference and machine, experiments/compare_report.py) or an
+# exported model (config.json with our model_type). A preparation in progress is marked by its lock or progress
+# record, whose dotted names are ours alone.
+_OUTPUT_NAMES = {".prepare.lock": "a data preparation in progress",
+                 ".prepare-progress.json": "a data preparation in progress"}
+_OUTPUT_FILES = {
+    "meta.json": ("prepared token data", lambda d: isinstance(d.get("format"), str)
+                  and d["format"].startswith("deep_delta.tokens/")),
+    "config.json": ("an exported model", lambda d: d.get("model_type") == "deep_delta"),
+    "run.json": ("a training run", lambda d: isinstance(d.get("identity"), dict)
+                 and isinstance(d.get("train_config"), dict)),
+    "train_meta.json": ("a checkpoint", lambda d: isinstance(d.get("train_config"), dict)
+                        and isinstance(d.get("step"), int)),
+    "compare.json": ("a comparison", lambda d: isinstance(d.get("rows"), list) and isinstance(d.get("reference"), str)
+                     and isinstance(d.get("machine"), dict)),
+}
+_MARKER_LIMIT = 64 << 20  # a file this large is read to see whether it is ours only up to here: it is not
+
+
+def output_kind(directory: Path) -> str | None:
+    """What output of ours ``directory`` is ("a training run (run.json)", ...), recognised by the content of its
+    marker files (see ``_OUTPUT_FILES``), or None: then it is not ours, whatever its files are named."""
+    for name, what in _OUTPUT_NAMES.items():
+        if (directory / name).is_file():
+            return f"{what} ({name})"
+    for name, (what, ours) in _OUTPUT_FILES.items():
+        path = directory / name
+        if not path.is_file() or path.stat().st_size > _MARKER_LIMIT:
+            continue
+        try:
+            record = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and ours(record):
+            return f"{what} ({name})"
+    return None
 
 
 def is_output_dir(directory: Path) -> bool:
-    """Whether ``directory`` was written by one of our commands (see ``_OUTPUT_MARKERS``): such a directory is
-    never read as a source, so that ``--out`` inside ``--source`` (or an earlier output there) does not feed our
-    own metadata back in as text."""
-    if any((directory / name).is_file() for name in _OUTPUT_MARKERS):
-        return True
-    for name, key, mark in (("meta.json", "format", "deep_delta.tokens/"), ("config.json", "model_type", "deep_delta")):
-        path = directory / name
-        if path.is_file() and path.stat().st_size < 1 << 20:
-            try:
-                value = json.loads(path.read_bytes()).get(key)
-            except (OSError, ValueError, AttributeError):
-                continue
-            if isinstance(value, str) and (value.startswith(mark) if mark.endswith("/") else value == mark):
-                return True
-    return False
+    """Whether ``directory`` was written by one of our commands (:func:`output_kind`): such a directory is never
+    read as a source, so that ``--out`` inside ``--source`` (or an earlier output there) does not feed our own
+    metadata back in as text."""
+    return output_kind(directory) is not None
 
 
-def _outside_outputs(files: list[Path], root: Path | None, exclude: Iterable[Path]) -> list[Path]:
+def _outside_outputs(files: list[Path], root: Path | None,
+                     exclude: Iterable[Path]) -> tuple[list[Path], dict[str, str]]:
     """``files`` without those inside an output directory of ours (below ``root``, the source directory, when
-    given) or inside one of ``exclude``."""
+    given) or inside one of ``exclude``; and the output directories of ours that held some of them, with what each
+    is (what was skipped, to be said)."""
     excluded = [Path(os.path.abspath(p)) for p in exclude]
-    verdict: dict[Path, bool] = {}
+    verdict: dict[Path, str | None] = {}
 
-    def ours(d: Path) -> bool:
+    def ours(d: Path) -> str | None:
         if d not in verdict:
-            verdict[d] = is_output_dir(d) or any(d == e for e in excluded)
+            verdict[d] = "the output being written" if any(d == e for e in excluded) else output_kind(d)
         return verdict[d]
 
-    keep = []
+    keep, skipped = [], {}
     for f in files:
         absolute = Path(os.path.abspath(f))
         parents = list(absolute.parents)
         if root is not None:
             top = Path(os.path.abspath(root))
             parents = parents[: parents.index(top) + 1] if top in parents else parents
-        if not any(ours(d) for d in parents) and not any(e in absolute.parents for e in excluded):
+        owner = next((d for d in reversed(parents) if ours(d)), None)
+        if owner is None and not any(e in absolute.parents for e in excluded):
             keep.append(f)
-    return keep
+        elif owner is not None and owner not in excluded:
+            skipped[str(owner)] = verdict[owner]
+    return keep, skipped
 
 
 def _no_files(what: str, kinds: str, found: list[Path], candidates: list[Path]) -> FileNotFoundError:
@@ -159,13 +189,14 @@ def _no_files(what: str, kinds: str, found: list[Path], candidates: list[Path]) 
 
 
 def local_files(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
-                exclude: Iterable[str | os.PathLike] = ()) -> list[Path]:
-    """Files named by ``spec``: one file, a directory (searched recursively), or a glob pattern.
+                exclude: Iterable[str | os.PathLike] = ()) -> tuple[list[Path], dict[str, str]]:
+    """Files named by ``spec``: one file, a directory (searched recursively), or a glob pattern; and the output
+    directories of ours that were skipped ({directory: what it is}).
 
     From a directory or glob only ``.txt``, ``.jsonl`` and ``.parquet`` files are used, and files ending in one
     of ``text_suffixes`` (read as plain text: any UTF-8 text, source code say); an explicit file must have one of
-    these suffixes. Files inside an output directory of ours (:func:`is_output_dir`) or inside one of
-    ``exclude`` (the output being written) are left out.
+    these suffixes. Files inside an output directory of ours (:func:`output_kind`) or inside one of ``exclude``
+    (the output being written) are left out.
     """
     suffixes = LOCAL_SUFFIXES + check_text_suffixes(text_suffixes)
     kinds = "/".join(suffixes)
@@ -174,22 +205,22 @@ def local_files(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
     if any(c in text for c in "*?["):
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if Path(p).is_file())
         candidates = [p for p in found if p.suffix in suffixes]
-        files = _outside_outputs(candidates, None, exclude)
+        files, skipped = _outside_outputs(candidates, None, exclude)
         if not files:
             raise _no_files(f"source {text!r}: the pattern matches", kinds, found, candidates)
-        return files
+        return files, skipped
     path = Path(os.path.expanduser(text))
     if path.is_dir():
         found = sorted(p for p in path.rglob("*") if p.is_file())
         candidates = [p for p in found if p.suffix in suffixes]
-        files = _outside_outputs(candidates, path, exclude)
+        files, skipped = _outside_outputs(candidates, path, exclude)
         if not files:
             raise _no_files(f"source directory {path} holds", kinds, found, candidates)
-        return files
+        return files, skipped
     if path.is_file():
         if path.suffix not in suffixes:
             raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(suffixes)}")
-        return [path]
+        return [path], {}
     raise FileNotFoundError(
         f"source {text!r} is neither 'default', 'fineweb-edu[:CONFIG]', nor an existing file, directory or glob"
     )
@@ -297,10 +328,9 @@ def fineweb_records(config: str = FINEWEB_DEFAULT_CONFIG, *, data_files=None) ->
     path instead of the Hub. A Hub that cannot be reached, at the start or mid-stream, raises
     :class:`DataUnavailableError` saying how to use local parquet files instead.
     """
-    try:
-        from datasets import load_dataset
-    except ImportError as e:
-        raise ImportError("FineWeb-Edu needs the datasets library: pip install 'deep-delta-learning[data]'") from e
+    require("datasets", "FineWeb-Edu")
+    from datasets import load_dataset
+
     where = "local parquet files" if data_files is not None else f"the Hugging Face Hub ({FINEWEB_REPO}, {config})"
     try:
         if data_files is not None:
@@ -365,8 +395,12 @@ def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
     if config is not None:
         return Source(iter_texts(fineweb_records(config), f"{FINEWEB_REPO}:{config}"),
                       {"source": f"fineweb-edu:{config}", "source_detail": f"{FINEWEB_REPO} (config {config})"})
-    files = local_files(text, text_suffixes, exclude)
+    files, skipped = local_files(text, text_suffixes, exclude)
+    if any(p.suffix == ".parquet" for p in files):  # before any file is read: one line naming the extra
+        require("pyarrow", "reading parquet sources")
     info = {"source": text, "source_files": [str(p) for p in files]}
+    if skipped:
+        info["skipped_outputs"] = skipped
     if text_suffixes:
         info["text_suffixes"] = list(text_suffixes)
     return Source(iter_local_documents(files), info)

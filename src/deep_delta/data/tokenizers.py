@@ -112,12 +112,11 @@ def get_tokenizer(name: str, *, bpe_file: str | os.PathLike | None = None) -> To
 
 
 def _import_tiktoken():
-    try:
-        import tiktoken
-    except ImportError as e:
-        raise ImportError(
-            "the gpt2 tokenizer needs tiktoken: pip install 'deep-delta-learning[data]' (or pip install tiktoken)"
-        ) from e
+    from deep_delta.extras import require
+
+    require("tiktoken", "the gpt2 tokenizer")
+    import tiktoken
+
     return tiktoken
 
 

@@ -45,22 +45,12 @@ METRIC_CHOICES = ("paper", "acc", "acc_norm")
 
 
 def require_lm_eval():
-    """Raise a clear ImportError unless lm-eval and accelerate (which lm-eval's ``HFLM`` imports) are installed."""
-    try:
-        import lm_eval  # noqa: F401
-        from lm_eval.api.model import TemplateLM  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            "lm-evaluation-harness is not installed; it is an optional extra: "
-            "pip install 'deep-delta-learning[eval]' (or pip install lm-eval accelerate)"
-        ) from e
-    try:
-        import accelerate  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            "accelerate is not installed; lm-evaluation-harness's HFLM, which scores the model, imports it. "
-            "It is part of the optional extra: pip install 'deep-delta-learning[eval]' (or pip install accelerate)"
-        ) from e
+    """Refuse (:class:`~deep_delta.extras.MissingExtra`, an ImportError naming the ``eval`` extra) unless lm-eval and
+    accelerate (which lm-eval's ``HFLM`` imports) are installed."""
+    from deep_delta.extras import require
+
+    require("lm_eval", "`ddl eval lm-eval` (lm-evaluation-harness)")
+    require("accelerate", "lm-evaluation-harness's HFLM, which scores the model,")
 
 
 def make_harness_lm(model, tokenizer, *, batch_size: int = 8, max_length: int | None = None):

@@ -241,6 +241,34 @@ def launches_markdown(results: list[StepLaunches], preset: str, dtype: str, toke
     return "\n".join(out)
 
 
+def check_counted_step(settings, flag: str) -> None:
+    """Refuse, before any model is built, a counted step (``ddl bench-kernels --traffic`` / ``--launches``, named by
+    ``flag``; ``settings`` a resolved ``KernelBenchSettings``) that cannot be counted: without Triton (the counted
+    launches are its kernels', dry), or with a step whose widest per-token tensor (a d x d_v state, d x n streams,
+    over batch_size x seq_len tokens) holds more elements than the Triton kernels index with their 32-bit offsets
+    (:data:`deep_delta.ops.launch.MAX_ELEMENTS`)."""
+    from deep_delta.extras import require
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+    from deep_delta.ops.launch import MAX_ELEMENTS
+
+    require("triton", f"`ddl bench-kernels --{flag}` (it counts the Triton kernels' launches)")
+    tokens = settings.batch_size * settings.seq_len
+    widths = {}
+    for variant in settings.variants:
+        cfg = DDLConfig.from_variant(variant, settings.preset,
+                                     **{"max_position_embeddings": settings.seq_len, **settings.model})
+        widths[variant] = cfg.hidden_size * max(cfg.value_channels if cfg.is_delta else 1,
+                                                cfg.hc_streams if cfg.is_hyper else 1)
+    variant = max(widths, key=widths.get)
+    width = widths[variant]
+    if tokens * width > MAX_ELEMENTS:
+        raise ValueError(
+            f"`batch_size` x `seq_len` got {settings.batch_size} x {settings.seq_len} = {tokens:,} tokens per step; "
+            f"with {variant}'s {width:,} values per token a step's tensors hold {tokens * width:,} elements, past "
+            f"the {MAX_ELEMENTS:,} the Triton kernels index with 32-bit offsets; allowed: at most "
+            f"{MAX_ELEMENTS // width:,} tokens per step")
+
+
 def launches_report(settings) -> str:
     """``ddl bench-kernels --launches``: :func:`launches_markdown` for ``settings.variants`` (a resolved
     :class:`deep_delta.eval.settings.KernelBenchSettings`; the baseline is among them)."""

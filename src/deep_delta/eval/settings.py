@@ -19,6 +19,14 @@ DEFAULT_SHAPES = {"tiny": (4, 256), "small": (8, 1024), "medium": (8, 1024)}
 _SHAPES = ", ".join(f"{p} {b}x{t}" for p, (b, t) in DEFAULT_SHAPES.items())
 
 
+def check_warmup(warmup: int, compile: bool) -> None:
+    """Refuse timing a compiled step without warm-up: its first calls compile it, and timed they would report
+    compilation (seconds) as the step (milliseconds)."""
+    if compile and warmup < 1:
+        raise ValueError(f"`warmup` got {warmup} with `compile`; allowed: at least 1 with `compile` (the first rounds "
+                         "of a compiled step compile it: timed, compilation would be reported as the step)")
+
+
 def check_dtype(dtype: str) -> None:
     """Refuse a precision that is not one of :data:`BENCH_DTYPE_NAMES`, naming the parameter ``dtype``."""
     if dtype not in BENCH_DTYPE_NAMES:
@@ -39,7 +47,8 @@ class BenchSettings:
                                   "context)", metavar="T")
     steps: int = setting(2, "timed train steps per repeat", metavar="N")
     repeats: int = setting(5, "interleaved repeats; the median is reported", metavar="R")
-    warmup: int = setting(1, "untimed warm-up rounds per variant", metavar="W")
+    warmup: int = setting(1, "untimed warm-up rounds per variant (at least 1 with --compile: the first rounds "
+                          "compile)", metavar="W")
     decode_tokens: int = setting(32, "decode steps timed per repeat; 0: no decode column", metavar="N")
     seed: int = setting(0, "seed of the models' initialisation and of the batches", metavar="S")
     model: dict = setting(help="DDLConfig fields set for every variant (--set model.FIELD=VALUE)", factory=dict)
@@ -76,6 +85,7 @@ class BenchSettings:
                              "decode)")
         if not isinstance(self.compile, bool):
             raise ValueError(f"`compile` got {self.compile!r}; allowed: true | false")
+        check_warmup(self.warmup, self.compile)
         if self.cuda_graphs not in CUDA_GRAPHS or (self.cuda_graphs != "off" and not self.compile):
             raise ValueError(f"`cuda_graphs` got {self.cuda_graphs!r}; allowed: {' | '.join(CUDA_GRAPHS)}, and other "
                              "than off only with --compile")
@@ -110,7 +120,7 @@ class KernelBenchSettings:
     batch_size: int = setting(4, "sequences per step", metavar="B")
     seq_len: int = setting(256, "tokens per sequence", metavar="T")
     repeats: int = setting(7, "timed rounds", metavar="R")
-    warmup: int = setting(2, "untimed rounds first", metavar="W")
+    warmup: int = setting(2, "untimed rounds first (at least 1 when compiling)", metavar="W")
     compile: bool | None = setting(None, "also time torch.compile of the reference ops (none: on CUDA only)")
     skip_ops: bool = setting(False, "only the training-step table: no op table")
     skip_steps: bool = setting(False, "only the op table: no training-step table")
@@ -138,6 +148,7 @@ class KernelBenchSettings:
         check_dtype(self.dtype)
         device = resolve_device(self.device)
         compile_ = self.compile if self.compile is not None else device.type == "cuda"
+        check_warmup(self.warmup, bool(compile_))
         return replace(self, variants=variants, device=str(device), compile=bool(compile_),
                        model=dict(self.model))
 

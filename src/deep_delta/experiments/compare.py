@@ -13,13 +13,13 @@ and handed to every run; the report is :mod:`deep_delta.experiments.compare_repo
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deep_delta.experiments.compare_report import (
     REUSE_REMEDY,
@@ -36,8 +36,13 @@ from deep_delta.train.config import TrainConfig
 from deep_delta.train.data import TrainData
 from deep_delta.variants import DEFAULT_VARIANTS
 
+if TYPE_CHECKING:
+    from deep_delta.experiments.finished_runs import FinishedRun
+
 # the step costs an equal-cost comparison takes: a step between a hundredth and a hundred times the reference's
 MIN_STEP_COST, MAX_STEP_COST = 0.01, 100.0
+# how far a variant's whole steps may cost from the reference's budget and still be called equal cost
+STEP_BUDGET_TOLERANCE = 0.05
 OUTPUTS = ("compare.md", "compare.json", "curves.png")
 
 
@@ -55,9 +60,12 @@ def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None 
     return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name, steps=steps)
 
 
-def check_step_costs(step_costs: dict[str, float] | None, variants: list[str]) -> dict[str, float]:
+def check_step_costs(step_costs: dict[str, float] | None, variants: list[str],
+                     budgets: Sequence[int] = ()) -> dict[str, float]:
     """``step_costs`` validated against the comparison's variants: each a variant of it other than the reference
-    (``baseline`` when present, else the first), with a cost in [MIN_STEP_COST, MAX_STEP_COST]."""
+    (``baseline`` when present, else the first), with a cost in [MIN_STEP_COST, MAX_STEP_COST]; and against each of
+    the reference's step ``budgets``: a variant's whole steps (:func:`cost_steps`) must cost that budget within
+    ``STEP_BUDGET_TOLERANCE`` (6 reference steps at a cost of 100 would be one step costing 100: not equal cost)."""
     step_costs = dict(step_costs or {})
     reference = reference_variant(variants)
     for variant, cost in step_costs.items():
@@ -71,6 +79,16 @@ def check_step_costs(step_costs: dict[str, float] | None, variants: list[str]) -
                 or not MIN_STEP_COST <= cost <= MAX_STEP_COST):
             raise ValueError(f"compare: `step_costs` for {variant!r} got {cost!r}; allowed: a number in "
                              f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (the variant's step time over the reference's)")
+        for steps in budgets:
+            n = cost_steps(steps, cost)
+            if abs(n * cost - steps) > STEP_BUDGET_TOLERANCE * steps:
+                enough = math.ceil(cost / (2 * STEP_BUDGET_TOLERANCE))
+                raise ValueError(
+                    f"compare: `step_costs` for {variant!r} ({cost:g}) with `steps` {steps}: {variant} would train "
+                    f"{n} step(s), which cost {n * cost:g} of the reference's steps, not {steps} (off by "
+                    f"{abs(n * cost - steps) / steps:.0%}, more than {STEP_BUDGET_TOLERANCE:.0%}): not an equal cost; "
+                    f"allowed: `steps` of at least {enough} at this cost, so that whole steps come within "
+                    f"{STEP_BUDGET_TOLERANCE:.0%} of the budget")
     return step_costs
 
 
@@ -98,20 +116,21 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) 
     (all but :data:`~deep_delta.train.run_dir.RESULT_NEUTRAL`: the budget, the validation batches, the dtype, ...)
     and from the same data; else it is refused, naming the differences, before anything trains."""
     from deep_delta.train.provenance import check_belongs, check_same_data
-    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE
+    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE, read_run_file
 
     run_file = Path(cfg.out) / RUN_FILE
     if overwrite or not run_file.is_file():
         return
     try:
-        run = json.loads(run_file.read_text())
+        run = read_run_file(cfg.out)
     except ValueError as e:
-        raise ValueError(f"{run_file} is not valid JSON ({e}); retrain the run with `overwrite`") from None
+        raise ValueError(f"{e}; retrain the run with `overwrite`") from None
     what = f"the run in {cfg.out}"
+    data = run.get("data") if isinstance(run.get("data"), dict) else {}
     # the data is compared by its fingerprint, not by how its path was spelled
-    check_belongs(run.get("train_config", {}), cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
+    check_belongs(run["train_config"], cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
                   skip=RESULT_NEUTRAL | {"data"}, has="run has")
-    check_same_data((run.get("data") or {}).get("fingerprint"), data_fingerprint, what=what,
+    check_same_data(data.get("fingerprint"), data_fingerprint, what=what,
                     data_dir=cfg.data or "the default data", remedy=REUSE_REMEDY)
 
 
@@ -135,7 +154,7 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
 
     out = Path(out)
     variants, seeds = check_study(variants, seeds, base)
-    step_costs = check_step_costs(step_costs, variants)
+    step_costs = check_step_costs(step_costs, variants, [base.steps])
     if base.wandb:
         base = replace(base, wandb_group=wandb_group(base, out))
     data = data if data is not None else TrainData.resolve(base.data)
@@ -144,24 +163,27 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     t0 = time.perf_counter()
 
-    def train_one(key, index: str) -> str | None:
-        """Train (or continue, or reuse) one run; a diverged run is a result too: its message."""
+    def train_one(key, index: str) -> None:
+        """Train (or continue, or reuse) one run; a diverged run is a result too (its run.json says so)."""
         from deep_delta.train.trainer import NonFiniteLossError, train
 
         tag = f"{index} {key[0]}" + (f" seed {key[1]}" if len(seeds) > 1 else "")
         say(tag)
         if base.wandb:  # OUT is checked and locked by now
             _remember_group(out, base.wandb_group)
+        ended = None if overwrite else stored_divergence(cfgs[key].out)
+        if ended is not None:  # a divergence is a result: kept, not trained again (it would diverge again)
+            say(f"{tag}: diverged ({ended}); kept as a result")
+            return
         try:
             train(cfgs[key], resume=True, overwrite=overwrite, progress=progress, desc=tag, quiet=quiet, data=data)
         except NonFiniteLossError as e:
-            say(f"{tag}: {e}")
-            return str(e)
-        return None
+            say(f"{tag}: {e.reason}")
 
-    diverged = run_study(out, list(cfgs), check=lambda key: check_reusable(cfgs[key], data.fingerprint,
-                                                                            overwrite=overwrite),
-                         train=train_one, outputs=[out / name for name in OUTPUTS], lock="ddl compare")
+    run_study(out, list(cfgs), check=lambda key: check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite),
+              train=train_one, outputs=[out / name for name in OUTPUTS], lock="ddl compare")
+    # whether a run diverged is read from its record, as --report-only reads it: under either `on_divergence`
+    diverged = {key: run_divergence(cfgs[key].out) for key in cfgs}
     timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
     summary = summarize_runs(out, variants, base, seeds=seeds, step_times=timing,
                              diverged={k: v for k, v in diverged.items() if v})
@@ -191,8 +213,9 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
 
     out = Path(out)
     variants, seeds = check_study(variants, seeds, base)
-    step_costs = check_step_costs(step_costs, variants)
+    step_costs = check_step_costs(step_costs, variants, [base.steps])
     data = data if data is not None else TrainData.resolve(base.data)
+    check_grid_data(data)
     limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, data.vocab_size).vocab_size)
     refuse_replaced_dir(out)
     refuse_unwritable_results(out / name for name in (*OUTPUTS, "lr_sensitivity.png"))
@@ -219,6 +242,15 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     return run_lr_study(out, lrs, variants, check=check, run_at=run_at,
                         points_at=lambda lr, at_lr: lm_grid_points(lr, at_lr, limit), higher_is_better=False,
                         finish=finish, lock="ddl compare --lrs", say=say)
+
+
+def check_grid_data(data: TrainData) -> None:
+    """An lr grid chooses each variant's lr on its final validation loss: refused, before anything trains, on data
+    without a validation split (every run would count as diverged for want of a validation loss)."""
+    if not data.has_validation:
+        raise ValueError(f"`lrs`: an lr grid chooses each variant's lr on its final validation loss, but {data.dir} has "
+                         "no validation split (no val_*.bin shards); allowed: data prepared with a validation "
+                         "fraction > 0 (`ddl data prepare --val-fraction 0.05`), or one `lr` without a grid")
 
 
 def _remember_group(out: Path, group: str) -> None:
@@ -248,118 +280,164 @@ def measure_step_times(base: TrainConfig, variants: list[str], data_vocab: int, 
     return {"step_time_s": medians, "repeats": repeats, "device": str(device), "dtype": dtype}
 
 
-__all__ = ["check_reusable", "check_step_costs", "compare_config", "cost_steps", "measure_step_times",
-           "reference_variant", "run_compare", "run_lr_grid"]
+__all__ = ["check_grid_data", "check_reusable", "check_step_costs", "collect_comparison", "compare_config",
+           "cost_steps", "kept_timing", "measure_step_times", "reference_variant", "run_compare", "run_divergence",
+           "run_lr_grid"]
 
 
 def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
     """The comparison's report (compare.md, compare.json, curves.png; with an lr grid each lr's and the best-lr
     one) from the finished runs already in ``out``, training nothing: runs made in parts, on several machines,
-    and brought together (their checkpoints are not needed, only run.json and metrics.jsonl). Every run must
-    have finished (run.json records its end) and all must share every result-changing setting but variant, seed,
-    lr and steps, and the data (by fingerprint); else they are refused, naming the difference. Each run's device
-    is recorded in the summary."""
+    and brought together (their checkpoints are not needed, only run.json and metrics.jsonl). Each run is what its
+    own run.json says (variant, seed, lr, steps, settings, its end and whether it diverged), checked against where
+    it stands, its metrics and the other runs (:mod:`deep_delta.experiments.finished_runs`); any disagreement is
+    refused, naming the run and the field. The step times an earlier ``ddl compare`` measured for these runs (its
+    compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary."""
+    from deep_delta.experiments.finished_runs import check_together, find_runs, lr_of_folder
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, choose_lrs
     from deep_delta.train.build import build_model_config
+    from deep_delta.variants import VARIANTS
 
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a comparison's or a "
                                 "study's directory (the `out` of `ddl compare`)")
-    lr_dirs = sorted((float(d.name[3:]), d) for d in out.glob("lr_*") if d.is_dir() and _runs_in(d))
+    lr_dirs = [d for d in sorted(out.iterdir()) if d.name.startswith("lr_") and d.is_dir()]
     if not lr_dirs:
-        return _collect_point(out)
-    per_lr = {lr: _collect_point(d) for lr, d in lr_dirs}
+        runs = find_runs(out)
+        check_together(runs, out)
+        summary = _collect_point(out, runs, kept_timing(out / "compare.json", runs))
+        write_comparison(out, summary)
+        return summary
+    beside = [d.name for d in out.iterdir() if d.name in VARIANTS or d.name.startswith("seed_")]
+    if beside:
+        raise ValueError(f"{out} holds an lr grid (lr_<lr>/ folders) and runs beside it ({beside[0]}/); allowed: "
+                         "one comparison per `out`")
+    at_lr = {}
+    for d in lr_dirs:
+        lr = lr_of_folder(d)
+        at_lr[lr] = (d, find_runs(d, lr))
+    check_together([r for _, runs in at_lr.values() for r in runs], out)
+    per_lr = {}
+    for lr, (d, runs) in sorted(at_lr.items()):
+        per_lr[lr] = _collect_point(d, runs, None)  # a grid's lr is run without timing; the grid times once
+        write_comparison(d, per_lr[lr])
     first = next(iter(per_lr.values()))
-    _check_same(per_lr, "lr_*")
+    all_runs = [r for _, runs in at_lr.values() for r in runs]
     base = TrainConfig.from_dict(first["settings"])
     variants, seeds, lrs = [r["variant"] for r in first["rows"]], first["seeds"], list(per_lr)
     vocab = first["data_vocab"]
     limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, vocab).vocab_size)
     points = [p for lr, at in per_lr.items() for p in lm_grid_points(lr, at, limit)]
     chosen = choose_lrs(points, variants, lrs, higher_is_better=False)
-    summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, None, limit)
+    timing, note = kept_timing(out / "compare.json", all_runs)
+    summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit)
     summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
-                   devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()})
+                   devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
+                   **({"notes": [note]} if note else {}))
     write_comparison(out, summary)
     return summary
 
 
-def _runs_in(where: Path) -> list[tuple[str, int, Path]]:
-    """(variant, seed, run directory) of every run under ``where``: ``VARIANT/`` or ``seed_S/VARIANT/``."""
-    from deep_delta.variants import VARIANTS
-
-    runs = [(d.name, None, d) for d in where.iterdir() if d.name in VARIANTS and (d / "run.json").is_file()]
-    for seed_dir in where.glob("seed_*"):
-        runs += [(d.name, int(seed_dir.name[5:]), d) for d in seed_dir.iterdir()
-                 if d.name in VARIANTS and (d / "run.json").is_file()]
-    return sorted(runs, key=lambda r: (r[1] or 0, r[0]))
-
-
-def _collect_point(where: Path) -> dict[str, Any]:
-    """One comparison's summary from its finished run directories (see :func:`collect_comparison`)."""
-    found = _runs_in(where) if where.is_dir() else []
-    if not found:
-        raise FileNotFoundError(f"{where} holds no run directories (VARIANT/run.json or seed_S/VARIANT/run.json); "
-                                "allowed: the `out` of a `ddl compare` whose runs have finished")
-    runs = {(v, s): json.loads((d / "run.json").read_text()) for v, s, d in found}
-    for (v, s), run in runs.items():
-        if "finished" not in run:
-            raise ValueError(f"the run of {_name(v, s)} in {where} has not finished (its run.json records no end); "
-                             "finish it with the `ddl compare` that started it")
-    variants = reference_order([v for v, _ in runs])
-    seeds = sorted({s for _, s in runs if s is not None}) or [next(iter(runs.values()))["train_config"]["seed"]]
-    ref = runs[next(k for k in runs if k[0] == variants[0])]
-    _check_runs_agree(where, ref, runs)
-    base = TrainConfig.from_dict({**ref["train_config"], "out": str(where), "seed": seeds[0]})
-    steps = {v: next(r["train_config"]["steps"] for (w, _), r in runs.items() if w == v) for v in variants}
+def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | None, str | None] | None) -> dict[str, Any]:
+    """One comparison's summary from its finished runs (checked by the caller, here checked to stand where the
+    comparison puts them); ``timing``: the step times kept for it and why none were, if so (:func:`kept_timing`)."""
+    _check_layout(runs, where)
+    variants = reference_order([r.cfg.variant for r in runs])
+    seeds = sorted({r.cfg.seed for r in runs})
+    ref = next(r for r in runs if r.cfg.variant == variants[0])
+    base = replace(ref.cfg, out=str(where), seed=seeds[0])
+    steps = {r.cfg.variant: r.cfg.steps for r in runs}
     costs = {v: steps[variants[0]] / n for v, n in steps.items() if v != variants[0] and n != steps[variants[0]]}
-    diverged = {(v, seeds[0] if s is None else s): r["finished"]["diverged"] for (v, s), r in runs.items()
-                if r["finished"].get("diverged")}
-    summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged)
-    data = ref.get("data") or {}
+    diverged = {(r.cfg.variant, r.cfg.seed): r.diverged for r in runs if r.diverged}
+    step_times, note = timing or (None, None)
+    summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
+    data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
     summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
-                   devices={_name(v, s): (r.get("device") or {}).get("name", "not recorded")
-                            for (v, s), r in runs.items()},
-                   wall_s=sum(r["finished"].get("wall_s", 0.0) for r in runs.values()),
-                   **({"step_costs": costs} if costs else {}))
-    write_comparison(where, summary)
+                   devices={_name(r.cfg.variant, r.cfg.seed if len(seeds) > 1 else None):
+                            (r.record.get("device") or {}).get("name", "not recorded") for r in runs},
+                   wall_s=sum(r.end["wall_s"] for r in runs),
+                   **({"step_costs": costs} if costs else {}), **({"notes": [note]} if note else {}))
     return summary
+
+
+def _check_layout(runs: list[FinishedRun], where: Path) -> None:
+    """Each run of one comparison in ``where`` (an lr's folder, in a grid) must stand where ``ddl compare`` puts it
+    (:func:`compare_config`) for the comparison's seeds: ``VARIANT/`` with one seed, ``seed_S/VARIANT/`` with
+    several; within a comparison, one lr."""
+    seeds = sorted({r.cfg.seed for r in runs})
+    lrs = sorted({r.cfg.lr for r in runs})
+    if len(lrs) > 1:
+        a, b = (next(r for r in runs if r.cfg.lr == x) for x in lrs[:2])
+        raise ValueError(f"{b.dir / 'run.json'} records lr {b.cfg.lr:g} (train_config.lr), {a.dir / 'run.json'} "
+                         f"lr {a.cfg.lr:g}, in one comparison; allowed: one lr per comparison (an lr grid keeps each "
+                         "lr in its lr_<lr>/ folder)")
+    for run in runs:
+        expected = Path(compare_config(run.cfg, run.cfg.variant, where, run.cfg.seed, len(seeds) > 1).out)
+        if expected != run.dir:
+            layout = "seed_S/VARIANT/ (several seeds)" if len(seeds) > 1 else "VARIANT/ (one seed)"
+            raise ValueError(f"{run.dir} is the run of {run.name}, which `ddl compare` puts in {expected} (seeds "
+                             f"{', '.join(map(str, seeds))}: {layout}); allowed: each run where the comparison "
+                             "writes it")
+
+
+def kept_timing(path: Path, runs: list[FinishedRun]) -> tuple[dict | None, str | None]:
+    """The step times an earlier ``ddl compare`` measured for these runs (``path``: its compare.json), so that a
+    report brought together keeps its step-ms and equal-time columns: (the timing, None) when compare.json has one
+    for every variant, measured at these runs' settings; (None, why it was not kept) when it has one that does not
+    fit; (None, None) when there is none (the comparison measured none)."""
+    from deep_delta.fsutil import read_json_file
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.run_dir import RESULT_NEUTRAL
+
+    if not path.is_file():
+        return None, None
+    try:
+        old = read_json_file(path, "a comparison's summary (compare.json)", limit=256 << 20)
+    except ValueError as e:
+        return None, f"the step times of an earlier report were not kept: {e}"
+    timing = old.get("timing") if isinstance(old, dict) else None
+    if not timing:
+        return None, None
+    times = timing.get("step_time_s") if isinstance(timing, dict) else None
+    variants = sorted({r.cfg.variant for r in runs})
+    if not isinstance(times, dict) or any(not isinstance(times.get(v), (int, float)) for v in variants):
+        return None, (f"the step times in {path} were not kept: they do not time every variant of these runs "
+                      f"({', '.join(variants)})")
+    free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
+    diff = differences(old.get("settings") or {}, runs[0].cfg.to_dict(), skip=free, has="it was timed with")
+    if diff:
+        return None, (f"the step times in {path} were not kept: they were measured for other settings than these "
+                      f"runs' ({'; '.join(diff)})")
+    return timing, None
 
 
 def _name(variant: str, seed: int | None) -> str:
     return variant if seed is None else f"{variant} seed {seed}"
 
 
-def _check_runs_agree(where: Path, ref: dict, runs: dict) -> None:
-    """Every run of a comparison brought together must share the reference run's result-changing settings but
-    variant, seed, lr and steps, and its data."""
-    from deep_delta.train.provenance import differences
-    from deep_delta.train.run_dir import RESULT_NEUTRAL
+def run_divergence(run_dir: str | os.PathLike) -> str | None:
+    """Why a finished run diverged, as its run.json records it (None: it did not): the one reading of a divergence
+    that ``ddl compare`` and its ``--report-only`` share."""
+    from deep_delta.train.run_dir import read_run_file, run_end
 
-    free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "wandb_run_name", "data"}
-    fingerprint = (ref.get("data") or {}).get("fingerprint")
-    for (v, s), run in runs.items():
-        diff = differences(ref["train_config"], run["train_config"], skip=free, has="the reference run has")
-        if (run.get("data") or {}).get("fingerprint") != fingerprint:
-            diff.append("the data (its fingerprint)")
-        if diff:
-            raise ValueError(f"the runs in {where} were not made with the same settings ({_name(v, s)}: "
-                             f"{'; '.join(diff)}); allowed: runs of one comparison, made with one command's "
-                             "settings (variant, seed, lr and steps may differ)")
+    return run_end(run_dir, read_run_file(run_dir))["diverged"]
+
+
+def stored_divergence(run_dir: str | os.PathLike) -> str | None:
+    """Why the run stored in ``run_dir`` diverged, when its run.json records that it ended so; None when there is no
+    run, it has not ended, or it did not diverge (its settings are checked by :func:`check_reusable`)."""
+    from deep_delta.train.run_dir import RUN_FILE, RunNotFinished, read_run_file, run_end
+
+    if not (Path(run_dir) / RUN_FILE).is_file():
+        return None
+    try:
+        return run_end(run_dir, read_run_file(run_dir))["diverged"]
+    except RunNotFinished:
+        return None
 
 
 def reference_order(variants: list[str]) -> list[str]:
     """The variants with the reference first (``baseline`` when there), the others in their order."""
     ref = reference_variant(variants)
     return [ref, *sorted(v for v in set(variants) if v != ref)]
-
-
-def _check_same(per_lr: dict[float, dict], where: str) -> None:
-    """The lrs of a grid must hold the same variants and seeds, from the same data."""
-    first = next(iter(per_lr.values()))
-    for lr, at in per_lr.items():
-        same = ([r["variant"] for r in at["rows"]], at["seeds"], at["data_fingerprint"])
-        if same != ([r["variant"] for r in first["rows"]], first["seeds"], first["data_fingerprint"]):
-            raise ValueError(f"the lr {lr:g} of the grid in {where} holds other variants, seeds or data than the "
-                             "first; allowed: one grid's comparisons")

@@ -6,7 +6,6 @@ Written through the shared report stack (:mod:`deep_delta.experiments.report`)."
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
@@ -23,6 +22,7 @@ from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
+from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
 
 REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
@@ -57,7 +57,7 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
         raise StoredResultMismatch(
             f"{run_dir / 'metrics.jsonl'} holds validation losses measured on {' and '.join(map(str, measured))} "
             f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    run = read_run_file(run_dir) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None
     return {
         "seed": seed,
@@ -202,6 +202,7 @@ def comparison_report(summary: dict[str, Any]) -> str:
     seeds = summary.get("seeds") or [s.get("seed")]
     tokens = rows[0]["tokens"] if rows else 0
     notes = [f"- {r['variant']} diverged: {r['diverged']}" for r in rows if r.get("diverged")]
+    notes += [f"- {note}" for note in summary.get("notes", [])]
     timing = summary.get("timing")
     grid = summary.get("lr_selection")
     lr_text = (f"lr {s.get('lr')}" if grid is None else
@@ -353,14 +354,16 @@ def cost_sentence(summary: dict[str, Any]) -> str:
     if not costs:
         return ""
     steps = summary["settings"].get("steps")
-    parts = [f"{v} {cost_steps(steps, c)} steps (its step {c:g}x the reference's)" for v, c in costs.items()]
+    parts = [f"{v} {cost_steps(steps, c)} steps (its step {c:g}x the reference's; together "
+             f"{cost_steps(steps, c) * c:g} reference steps)" for v, c in costs.items()]
     return (f" Equal cost: the budget is {steps} steps of `{summary['reference']}`; {', '.join(parts)}, each with "
             "its own warm-up and cosine schedule over its steps (the costs are given, not measured here).")
 
 
-def write_comparison(out: str | os.PathLike, summary: dict[str, Any]) -> None:
+def write_comparison(out: str | os.PathLike, summary: dict[str, Any]) -> list[Path]:
     """compare.md, compare.json (every per-seed number) and curves.png, each replaced atomically; for an lr grid
-    also lr_sensitivity.png."""
+    also lr_sensitivity.png (the figures only with matplotlib: :func:`~deep_delta.experiments.report.
+    write_outputs`). Returns the paths written."""
     from deep_delta.experiments.lr_grid import lr_dir, plot_sensitivity
 
     out = Path(out)
@@ -373,7 +376,7 @@ def write_comparison(out: str | os.PathLike, summary: dict[str, Any]) -> None:
             summary["lr_grid"], variants, path, "final validation loss (nats / token)",
             f"validation loss against lr, {len(summary['seeds'])} seed(s) per point")
     figures["curves.png"] = lambda path: plot_curves(out, variants, path, summary.get("seeds"), roots)
-    write_outputs(out, "compare", summary, comparison_report(summary), figures)
+    return write_outputs(out, "compare", summary, comparison_report(summary), figures)
 
 
 def log_comparison(out: Path, summary: dict[str, Any], base: TrainConfig, say=print) -> None:

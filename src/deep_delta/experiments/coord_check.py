@@ -408,19 +408,18 @@ def write_coord_check(out, report: dict[str, Any], bound: float) -> tuple[str, l
     """coord_check.json, coord_check.md and (with matplotlib installed) coord_check.png in ``out``, each replaced
     atomically (the shared report stack); returns the table and the muP verdict's failures (slopes beyond
     ``bound``; none when mup did not run)."""
-    from deep_delta.experiments.report import has_matplotlib, write_outputs
+    from deep_delta.experiments.report import write_outputs
 
     settings = report["settings"]
     table = coord_table(report)
     failed = violations(report, bound) if "mup" in settings["parametrizations"] else []
     verdict = verdict_line(settings, bound, failed)
-    drawn = has_matplotlib()
     markdown = ("# ddl coord-check\n\nLog-log slopes against width of each activation's size mean |x_t| and its "
                 "change since init mean |x_t - x_0| (the checked one), on a fixed probe batch (widths "
                 f"{' '.join(map(str, settings['widths']))}).\n\n{table}\n\n{verdict}\n"
-                + ("\n![coordinate check](coord_check.png)\n" if drawn else ""))
-    figures = {"coord_check.png": lambda path: plot_coord_check(report, path)} if drawn else {}
-    write_outputs(out, "coord_check", report, markdown, figures)
+                "\n![coordinate check](coord_check.png)\n")
+    write_outputs(out, "coord_check", report, markdown,
+                  {"coord_check.png": lambda path: plot_coord_check(report, path)})
     return table, failed
 
 

@@ -44,28 +44,58 @@ def ci_text(ci: list[float] | None, spec: str = "+.4f") -> str:
 
 
 def write_outputs(out: str | os.PathLike, stem: str, summary: dict[str, Any], markdown: str,
-                  figures: dict[str, Callable[[Path], Any]] | None = None) -> None:
+                  figures: dict[str, Callable[[Path], Any]] | None = None) -> list[Path]:
     """``OUT/<stem>.md`` and ``OUT/<stem>.json`` (every number of ``summary``), and each figure of ``figures``
     (file name -> a function drawing it to the path it is given), each replaced atomically: a figure is drawn
-    to a temporary name and renamed, so a reader never sees half a file."""
+    to a temporary name and renamed, so a reader never sees half a file. Without matplotlib (the package installed
+    without its ``plot`` extra) the figures are left out: the markdown loses their images and says which extra
+    draws them (:func:`figures_note`, also in ``summary["notes"]``), and a figure of an earlier report there, which
+    would no longer match, is removed. Returns the paths written."""
+    from deep_delta.extras import installed
     from deep_delta.fsutil import atomic_write
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, draw in (figures or {}).items():
+    figures = dict(figures or {})
+    if figures and not installed("matplotlib"):
+        note = figures_note(list(figures))
+        summary.setdefault("notes", []).append(note)
+        markdown = without_images(markdown, list(figures)).rstrip("\n") + f"\n\n{note}\n"
+        for name in figures:
+            (out / name).unlink(missing_ok=True)
+        figures = {}
+    written = []
+    for name, draw in figures.items():
         tmp = out / f".{name}.tmp{Path(name).suffix}"
         draw(tmp)
         os.replace(tmp, out / name)
+        written.append(out / name)
     atomic_write(out / f"{stem}.json", json.dumps(summary, indent=2) + "\n")
     atomic_write(out / f"{stem}.md", markdown)
+    return [out / f"{stem}.md", out / f"{stem}.json", *written]
+
+
+def figures_note(names: list[str] | None = None) -> str:
+    """What a report without its figures says: which are missing and the extra that draws them."""
+    from deep_delta.extras import install_hint
+
+    which = f" ({', '.join(names)})" if names else ""
+    return (f"The figures{which} are not drawn: matplotlib is not installed; `{install_hint('matplotlib')}` draws "
+            "them (every number is in the tables and the JSON).")
+
+
+def without_images(markdown: str, names: list[str]) -> str:
+    """``markdown`` without the lines that show one of the images ``names`` (``![...](NAME)``)."""
+    shown = tuple(f"]({name})" for name in names)
+    return "\n".join(line for line in markdown.split("\n")
+                     if not (line.lstrip().startswith("![") and line.rstrip().endswith(shown)))
 
 
 def has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether figures can be drawn (matplotlib, the ``plot`` extra, is installed)."""
+    from deep_delta.extras import installed
+
+    return installed("matplotlib")
 
 
 def cell(value: Any) -> Any:
@@ -99,4 +129,5 @@ def log_study(out: str | os.PathLike, *, project: str | None, name: str, job_typ
     sink.close()
 
 
-__all__ = ["ci_text", "fmt", "has_matplotlib", "log_study", "machine", "write_outputs"]
+__all__ = ["ci_text", "figures_note", "fmt", "has_matplotlib", "log_study", "machine", "without_images",
+           "write_outputs"]

@@ -57,17 +57,19 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
     every length (``steps``), each in its own directory and resumable; returns the summary (also
     ``scaling.json``). ``step_costs``: an equal-cost comparison at every point
     (:func:`~deep_delta.experiments.compare.run_compare`; a length is the reference's steps)."""
-    from deep_delta.experiments.compare import check_step_costs, run_compare, run_lr_grid
+    from deep_delta.experiments.compare import check_grid_data, check_step_costs, run_compare, run_lr_grid
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.train.data import TrainData
 
-    step_costs = check_step_costs(step_costs, variants)
     widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
+    step_costs = check_step_costs(step_costs, variants, lengths)
     for w in widths:  # a width the heads cannot divide is refused before anything trains
         DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
     refuse_replaced_dir(out)
     refuse_unwritable_results(Path(out) / f"scaling.{ext}" for ext in ("md", "json", "png"))
     data = TrainData.resolve(base.data)  # once, for every point
+    if lrs is not None:
+        check_grid_data(data)
     studies = {}
     for i, (w, n) in enumerate([(w, n) for w in widths for n in lengths], 1):
         cfg = replace(base, steps=n, model={**base.model, "hidden_size": w})

@@ -17,7 +17,7 @@ from deep_delta.experiments.lr_grid import (
     selection_sentence,
     shared_lr_sentence,
 )
-from deep_delta.experiments.report import has_matplotlib, log_study, machine, write_outputs
+from deep_delta.experiments.report import log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference
 from deep_delta.fsutil import save_figure
 from deep_delta.tasks.base import Task
@@ -223,15 +223,14 @@ def plot_tasks(summary: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 def write_tasks(out: str | os.PathLike, summary: dict[str, Any]) -> None:
-    """tasks.md, tasks.json and (with matplotlib installed) tasks.png in ``out``, each replaced atomically; for
-    an lr grid also lr_sensitivity.png."""
-    figures = {}
-    if has_matplotlib():  # the table and the JSON hold every number; the figure is optional
-        figures["tasks.png"] = lambda path: plot_tasks(summary, path)
-        if summary.get("lr_selection"):
-            figures["lr_sensitivity.png"] = lambda path: plot_sensitivity(
-                summary["lr_grid"], summary["variants"], path, "validation accuracy (fraction correct)",
-                f"{summary['task']}: validation accuracy against lr, {len(summary['seeds'])} seed(s)")
+    """tasks.md, tasks.json and tasks.png in ``out``, each replaced atomically; for an lr grid also
+    lr_sensitivity.png (the figures only with matplotlib installed: :func:`~deep_delta.experiments.report.
+    write_outputs`)."""
+    figures = {"tasks.png": lambda path: plot_tasks(summary, path)}
+    if summary.get("lr_selection"):
+        figures["lr_sensitivity.png"] = lambda path: plot_sensitivity(
+            summary["lr_grid"], summary["variants"], path, "validation accuracy (fraction correct)",
+            f"{summary['task']}: validation accuracy against lr, {len(summary['seeds'])} seed(s)")
     write_outputs(out, "tasks", summary, task_report(summary), figures)
 
 

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import torch
 
-from deep_delta.fsutil import fsync_dir, fsync_file, remove_stale, staging_dir, swap_in, write_checksums
+from deep_delta.fsutil import (
+    fsync_dir,
+    fsync_file,
+    refuse_replaced_dir,
+    remove_stale,
+    staging_dir,
+    swap_in,
+    write_checksums,
+)
 from deep_delta.hf.loading import LoadedModel, load_model, resolve_model_dir
 from deep_delta.models.utils import count_parameters
 
@@ -143,6 +151,7 @@ def export_model(
     for s in (source.model_dir.resolve(), Path(src).resolve()):
         if s == o or o in s.parents:  # replacing OUT_DIR would delete the source
             raise ValueError(f"`out_dir` {out} is or contains the source model {src}; choose another directory")
+    refuse_replaced_dir(out, "out_dir", itself=False)  # an export inside a run's checkpoints is rotated away
     check_out_dir(out, overwrite)
     loaded = load_model(src, device="cpu", dtype=dtype, tokenizer=tokenizer, require_tokenizer=True)
     model, tok = loaded.model, loaded.tokenizer

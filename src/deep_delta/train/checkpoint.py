@@ -52,6 +52,11 @@ META_FILE = "train_meta.json"
 REQUIRED = ("config.json", "model.safetensors", STATE_TENSORS, STATE_TREE, META_FILE, CHECKSUMS)
 LOCK_FILE = ".lock"
 _STEP_DIR = re.compile(r"step_(\d{7,})")
+# What a checkpoint directory holds besides REQUIRED: what save_pretrained may add (the generation config, the
+# weights in shards with their index)
+_CHECKPOINT_EXTRAS = re.compile(r"generation_config\.json|model(-\d+-of-\d+)?\.safetensors(\.index\.json)?")
+# The most bytes LATEST holds: a checkpoint's name and a newline
+_LATEST_LIMIT = 64
 
 
 class CheckpointError(ValueError):
@@ -180,6 +185,29 @@ def run_lock(out_dir: str | os.PathLike, what: str = "ddl train") -> Iterator[Pa
                 out.rmdir()  # only when empty
 
 
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint directory as :func:`save_checkpoint` writes it: a real directory named
+    ``step_N`` holding the checkpoint's files and nothing else (a user's file or an export put there is not one)."""
+    if path.is_symlink() or not path.is_dir() or not _STEP_DIR.fullmatch(path.name):
+        return False
+    names = [p.name for p in path.iterdir()]
+    return META_FILE in names and all(
+        (n in REQUIRED or _CHECKPOINT_EXTRAS.fullmatch(n)) and (path / n).is_file() and not (path / n).is_symlink()
+        for n in names)
+
+
+def foreign_entries(out_dir: str | os.PathLike) -> list[Path]:
+    """What ``OUT/checkpoints`` holds that training did not write: anything but complete checkpoints
+    (:func:`is_checkpoint_dir`), ``LATEST`` and the temporary files of a killed writer. Training rotates and
+    ``overwrite`` removes that directory, so what is listed here would be lost with it."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    ours = (lambda p: (p.name == LATEST and p.is_file() and not p.is_symlink()) or p.name.startswith(".tmp-")
+            or (p.name.startswith(f".{LATEST}.") and p.name.endswith(".tmp")) or is_checkpoint_dir(p))
+    return sorted(p for p in root.iterdir() if not ours(p))
+
+
 def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
     """Remove the temporary files a killed writer can leave in ``OUT/checkpoints`` (``.tmp-*`` builds,
     ``.LATEST.*.tmp``). Call only while holding :func:`run_lock`: then no other writer is alive."""
@@ -236,11 +264,19 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     """
     root = Path(out_dir) / CHECKPOINTS
     latest = root / LATEST
+    if latest.is_symlink():  # never written by training: what it points to is not read, nor shown
+        raise CheckpointError(f"{latest} is a symbolic link; LATEST is the file `ddl train` writes with the name of "
+                              "the newest checkpoint: remove the link (the newest complete checkpoint is named "
+                              "again by the next save), or start a new run (`overwrite`)")
     if not latest.is_file():
         return None
-    name = latest.read_text().strip()
+    if latest.stat().st_size > _LATEST_LIMIT:
+        raise CheckpointError(f"{latest} holds {latest.stat().st_size:,} bytes, not a checkpoint's name (at most "
+                              f"{_LATEST_LIMIT}, like step_0001000); it was not written by `ddl train`")
+    name = latest.read_bytes().decode("utf-8", "replace").strip()
     if not _STEP_DIR.fullmatch(name):
-        raise ValueError(f"{latest}: expected a checkpoint name like step_0001000, got {name!r}")
+        raise CheckpointError(f"{latest} does not hold a checkpoint's name (expected one like step_0001000); it was "
+                              "changed after `ddl train` wrote it")
     path = root / name
     _check_complete(path, f"{latest} names {path}, which")
     return path
@@ -316,7 +352,7 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> None:
     temporary builds."""
     root = Path(out_dir) / CHECKPOINTS
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
-    dirs = checkpoint_dirs(out_dir)
+    dirs = [p for p in checkpoint_dirs(out_dir) if is_checkpoint_dir(p)]  # a user's step_N is not rotated away
     for path in dirs[: max(0, len(dirs) - keep)]:
         if path.name != latest:
             shutil.rmtree(path, ignore_errors=True)
@@ -342,5 +378,5 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     return {"path": path, "meta": meta, "state": load_state(path, map_location)}
 
 
-__all__ = ["CheckpointError", "IntegrityError", "RunLockedError", "clean_stale", "load_checkpoint", "run_lock",
-           "save_checkpoint", "latest_checkpoint"]
+__all__ = ["CheckpointError", "IntegrityError", "RunLockedError", "clean_stale", "foreign_entries",
+           "is_checkpoint_dir", "latest_checkpoint", "load_checkpoint", "run_lock", "save_checkpoint"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -59,23 +60,97 @@ def holds_run(out: Path) -> bool:
 
 def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to clobber a run: OUT holding a run needs ``resume`` (same settings) or ``overwrite``."""
+    from deep_delta.fsutil import refuse_replaced_dir
+
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output directory {out} exists and is not a directory")
-    if not holds_run(out) or overwrite:
+    refuse_replaced_dir(out)  # a run inside a checkpoint, model or data directory would be lost with it
+    if not holds_run(out):
+        return
+    if overwrite:
+        check_clearable(out)
         return
     if not resume:
         raise FileExistsError(
             f"output directory {out} already holds a training run; resume it (`resume`) or replace it "
             "(`overwrite`)"
         )
-    run_file = out / RUN_FILE
-    if run_file.is_file():
+    if (out / RUN_FILE).is_file():
         try:
-            saved = json.loads(run_file.read_text()).get("identity", {})
+            saved = read_run_file(out).get("identity", {})
         except ValueError as e:
-            raise ValueError(f"{run_file} is not valid JSON ({e}); replace the run with `overwrite`") from None
-        refuse_other_run(out, _differences(saved, run_identity(cfg, data_dir)))
+            raise ValueError(f"{e}; replace the run with `overwrite`") from None
+        refuse_other_run(out, _differences(saved if isinstance(saved, dict) else {}, run_identity(cfg, data_dir)))
+
+
+def read_run_file(out: str | os.PathLike) -> dict[str, Any]:
+    """``OUT/run.json``, the run's record, checked to be one: a JSON object with the run's settings
+    (``train_config``). A file that is missing, not UTF-8, not JSON, not an object or without settings is an
+    error naming the file."""
+    from deep_delta.fsutil import read_json_file
+
+    path = Path(out) / RUN_FILE
+    run = read_json_file(path, "a run record (the run.json `ddl train` writes)", limit=RUN_FILE_LIMIT)
+    if not isinstance(run, dict):
+        raise ValueError(f"{path} is not a run record: it holds a JSON {_json_kind(run)}, not the object `ddl train` "
+                         "writes")
+    if not isinstance(run.get("train_config"), dict):
+        raise ValueError(f"{path}: `train_config` got {_shown(run.get('train_config'))}; allowed: the run's settings "
+                         "(an object, as `ddl train` writes them): it is not a run record")
+    return run
+
+
+def run_end(out: str | os.PathLike, run: dict[str, Any]) -> dict[str, Any]:
+    """The end of a finished run as its run.json (``run``, read by :func:`read_run_file`) records it: ``step``,
+    ``evaluation``, ``diverged`` (None, or why the run diverged) and ``wall_s``. A run that has not finished, or a
+    record of its end that is not one, is an error naming the file and the field."""
+    path = Path(out) / RUN_FILE
+    if "finished" not in run:
+        raise RunNotFinished(f"{path} records no end: the run has not finished")
+    end = run["finished"]
+    if not isinstance(end, dict):
+        raise ValueError(f"{path}: `finished` got {_shown(end)}; allowed: the record of the run's end (its step, "
+                         "evaluation, divergence and wall time), as `ddl train` writes it when the run ends")
+    checks = (("step", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+              ("evaluation", lambda v: isinstance(v, dict), "an object"),
+              ("diverged", lambda v: v is None or isinstance(v, str), "null or why the run diverged"),
+              ("wall_s", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"))
+    for name, ok, allowed in checks:
+        if not ok(end.get(name)):
+            raise ValueError(f"{path}: `finished.{name}` got {_shown(end.get(name))}; allowed: {allowed}")
+    return end
+
+
+class RunNotFinished(ValueError):
+    """A run whose run.json records no end (still training, interrupted, or stopped by an error)."""
+
+
+# run.json is a few kilobytes; a file far larger is not one (and is not read into memory)
+RUN_FILE_LIMIT = 4 << 20
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for an error message: short values as they are, others by their kind."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"a JSON {_json_kind(value)}"
+
+
+def check_clearable(out: Path) -> None:
+    """Refuse ``overwrite`` of the run in ``out`` when its ``checkpoints/`` holds anything training did not write
+    (a user's file, an export): ``overwrite`` removes that directory whole."""
+    foreign = ckpt.foreign_entries(out)
+    if foreign:
+        more = f", ... ({len(foreign)} in all)" if len(foreign) > 3 else ""
+        raise FileExistsError(
+            f"`overwrite` would remove {out / ckpt.CHECKPOINTS}, which holds {', '.join(p.name for p in foreign[:3])}"
+            f"{more} that training did not write; move them out of it (training rotates and replaces that "
+            "directory: nothing of yours belongs there), then run again")
 
 
 def refuse_other_run(out: Path, diff: list[str], what: str = "a different run") -> None:
@@ -131,7 +206,9 @@ def own_run_dir(stack: contextlib.ExitStack, cfg: TrainConfig, info, data_dir: P
 
 
 def clear_run(out: Path) -> None:
-    """What ``overwrite`` removes: only the files a training run writes (a user's other files stay)."""
+    """What ``overwrite`` removes: only the files a training run writes (a user's other files stay; a
+    ``checkpoints/`` holding anything else is refused, :func:`check_clearable`)."""
+    check_clearable(out)
     for name in (RUN_FILE, METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
         p = out / name
         if p.is_dir():
@@ -169,7 +246,7 @@ def mark_finished(out: Path, result: dict[str, Any]) -> None:
     run.json: a run directory that says it finished can be reported without its checkpoints (``ddl compare
     --report-only``)."""
     path = out / RUN_FILE
-    run = json.loads(path.read_text())
+    run = read_run_file(out)
     run["finished"] = result
     ckpt.write_text_atomic(path, json.dumps(run, indent=2, sort_keys=True))
 
@@ -207,6 +284,6 @@ def save_checkpoint(trainer, at: int) -> None:
     })
 
 
-__all__ = ["RESULT_NEUTRAL", "RESUMABLE_CHANGES", "RUN_FILE", "check_checkpoint_matches", "check_out_dir",
-           "clear_run", "holds_run", "own_run_dir", "refuse_other_run", "run_identity", "save_checkpoint",
-           "write_run_file"]
+__all__ = ["RESULT_NEUTRAL", "RESUMABLE_CHANGES", "RUN_FILE", "RunNotFinished", "check_checkpoint_matches",
+           "check_clearable", "check_out_dir", "clear_run", "holds_run", "own_run_dir", "read_run_file",
+           "refuse_other_run", "run_end", "run_identity", "save_checkpoint", "write_run_file"]

@@ -46,7 +46,12 @@ from deep_delta.train.step import OptimizerStep
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/inf loss or gradient norm; the message names the step and the last good
-    checkpoint (which is left untouched)."""
+    checkpoint (which is left untouched) and what to do. ``reason``: what diverged, at which step (what run.json
+    records as the run's divergence); ``step``: the last good step."""
+
+    def __init__(self, message: str, reason: str | None = None, step: int | None = None):
+        super().__init__(message)
+        self.reason, self.step = reason or message, step
 
 
 class TrainingInterrupted(Exception):
@@ -95,6 +100,10 @@ class Trainer:
         if not persist and resume:
             raise ValueError("`resume` got true with `persist` false; allowed: resume a run that keeps a run "
                              "directory (a run kept in memory has no checkpoint to continue from)")
+        if cfg.tensorboard and persist and (info is None or info.is_main):
+            from deep_delta.extras import require
+
+            require("tensorboard", "TrainConfig's `tensorboard`")  # before anything is built, not at the first step
         self.cfg, self.info = cfg, info or distr.DistInfo()
         self.resume, self.overwrite, self.progress, self.persist = resume, overwrite, progress, persist
         self.desc, self.out = desc or cfg.variant, Path(cfg.out)
@@ -159,14 +168,22 @@ class Trainer:
             stop = stack.enter_context(StopSignals())
             bar = stack.enter_context(self.display.bar())
             self._notify("on_train_start")
-            while self.step < self.end and self.diverged is None:
-                record = self.train_step()
-                if record is not None:
-                    self._after_step(record, bar)
-                if self._agree_to_stop(stop):
-                    self.save(self.step)
-                    latest = ckpt.latest_checkpoint(self.out) if self.persist else None
-                    raise TrainingInterrupted(stop.requested, self.step, latest)
+            try:
+                while self.step < self.end and self.diverged is None:
+                    record = self.train_step()
+                    if record is not None:
+                        self._after_step(record, bar)
+                    if self._agree_to_stop(stop):
+                        self.save(self.step)
+                        latest = ckpt.latest_checkpoint(self.out) if self.persist else None
+                        raise TrainingInterrupted(stop.requested, self.step, latest)
+            except NonFiniteLossError as e:
+                # a divergence ends the run as a result under either `on_divergence`: run.json records it the same
+                # way, so every report of the run (ddl compare and its --report-only) says "diverged"
+                if self.persist and self.info.is_main:
+                    run_dir.mark_finished(self.out, {"step": self.step, "evaluation": {}, "diverged": e.reason,
+                                                     "wall_s": time.perf_counter() - t_start})
+                raise
             if self.diverged is not None:
                 self._end_diverged(bar)
             for loader in loaders:
@@ -328,9 +345,11 @@ class Trainer:
         kept = ckpt.latest_checkpoint(self.out) if self.persist else None
         raise NonFiniteLossError(
             f"{found}; training stopped. The last good checkpoint is "
-            f"{kept if kept else 'none (no checkpoint was written)'}; lower `lr` or raise `warmup_steps`, then "
-            "`resume`"
-        )
+            f"{kept if kept else 'none (no checkpoint was written)'}. A resumed run keeps its `lr` and "
+            "`warmup_steps` and repeats the same steps, so it would diverge again: train it anew with a lower `lr` "
+            "or more `warmup_steps` (`overwrite`, or another `out`), or set `on_divergence` to stop to keep the run "
+            "up to its last good step as a result",
+            reason=found, step=self.step)
 
     def _agree_to_stop(self, stop: StopSignals) -> bool:
         """Whether a signal asked this run to stop (on any rank: every rank stops after the same step)."""
