@@ -18,7 +18,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)\)")
 
 def test_the_top_level_holds_the_index_the_latest_figures_tools_and_records():
     assert sorted(p.name for p in BENCH.iterdir() if p.name != "__pycache__") == [
-        "LATEST.md", "README.md", "records", "tools"]
+        "LATEST.md", "QUEUE.md", "README.md", "records", "tools"]
 
 
 def test_every_script_is_a_tool_and_the_index_documents_it():
