@@ -11,7 +11,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
@@ -360,3 +360,69 @@ def refuse_unwritable_results(paths: Iterable[str | os.PathLike]) -> None:
         if blocker is not None:
             raise NotADirectoryError(f"{blocker} is a file, but the result {path} is to be written below it; choose "
                                      "another output")
+
+
+class DirectoryLockedError(FileExistsError):
+    """Another process holds a directory's lock (:func:`dir_lock`)."""
+
+
+@contextlib.contextmanager
+def dir_lock(directory: str | os.PathLike, what: str, *, name: str = ".lock",
+             busy: str = "wait for it to finish (or stop it), or choose another output directory") -> Iterator[Path]:
+    """Hold an exclusive OS lock on ``DIRECTORY/<name>`` for the duration (``fcntl.flock``: the kernel releases it
+    when the process ends in any way, kill -9 included): one writer per directory. A second holder is refused
+    (:class:`DirectoryLockedError`) naming the first one (its pid and ``what``) and ``busy``, what to do. The lock
+    file is removed on release, and ``directory`` too if this call created it and it is empty (a refused run
+    leaves nothing behind). Where ``fcntl`` does not exist this is a no-op. The one lock of the package: run
+    directories (``train.checkpoint.run_lock``) and data preparation (``data.prepare``)."""
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output directory {out} exists and is not a directory")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield path
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
+            os.close(fd)
+            raise DirectoryLockedError(f"{out} is in use by another process ({holder}); {busy}") from None
+        try:  # the holder before us may have removed the file while we waited: then lock the new one
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, {what}".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # still holding the lock: a waiter that opened this file sees it is gone and retries
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty
+
+
+def lock_held(directory: str | os.PathLike, name: str = ".lock") -> bool:
+    """Whether another process (or another open file of this one) holds ``DIRECTORY/<name>`` (:func:`dir_lock`)."""
+    try:
+        import fcntl
+
+        with open(Path(directory) / name) as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # per open file: a lock of this process conflicts too
+    except BlockingIOError:
+        return True
+    except (ImportError, OSError):
+        return False
+    return False

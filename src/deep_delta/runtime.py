@@ -3,6 +3,7 @@ command and library entry point (one meaning of ``device``, ``dtype`` and ``thre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -53,6 +54,21 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in DTYPES:
         raise ValueError(f"`dtype` got {dtype!r}; allowed: auto | {' | '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def trains_in_bf16(dtype: str, device: torch.device) -> bool:
+    """The training precision rule, one for every run and benchmark: bf16 autocast over fp32 weights for
+    ``dtype="bfloat16"``, and for ``"auto"`` on CUDA; fp32 otherwise."""
+    return dtype == "bfloat16" or (dtype == "auto" and torch.device(device).type == "cuda")
+
+
+def training_autocast(dtype: str, device: torch.device, fsdp: bool = False):
+    """The autocast context of a training step (:func:`trains_in_bf16`); a null context for fp32 and under FSDP's
+    own mixed precision on CUDA (FSDP casts the parameters itself)."""
+    device = torch.device(device)
+    if not trains_in_bf16(dtype, device) or (fsdp and device.type == "cuda"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def _cpu_times() -> tuple[int, int] | None:

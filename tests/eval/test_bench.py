@@ -255,7 +255,7 @@ def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(m
     s = BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2, model=dict(DEBUG),
                       compile=True).resolved()
     sub = _Subject("ddl-cc", s, torch.device("cpu"))
-    assert calls == [{"compile": True, "cuda_graphs": "off"}]
+    assert calls == [{"compile": True, "bf16": False, "cuda_graphs": "off"}]  # as the trainer: train.step.build_step
     assert all(block._compiled_call_impl is not None for block in sub.model.model.layers)
     from torch._dynamo.utils import counters
 

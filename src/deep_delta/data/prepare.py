@@ -24,7 +24,6 @@ directories of a run that was killed are removed by the next one.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import json
@@ -53,7 +52,7 @@ from deep_delta.data.shards import (
 from deep_delta.data.sources import resolve_source
 from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
-from deep_delta.fsutil import atomic_write, refuse_replaced_dir, remove_stale, swap_in
+from deep_delta.fsutil import atomic_write, dir_lock, lock_held, refuse_replaced_dir, remove_stale, swap_in
 
 __all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "read_meta", "write_dataset"]
 
@@ -514,23 +513,6 @@ def partial_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.partial"
 
 
-@contextlib.contextmanager
-def _locked(directory: Path):
-    """Hold an exclusive lock on ``directory`` (one ``prepare`` per output at a time)."""
-    try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform
-        yield
-        return
-    with open(directory / _LOCK_FILE, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FileExistsError(f"another `ddl data prepare` is writing {directory} (it holds "
-                                  f"{directory / _LOCK_FILE}); wait for it or choose another --out") from None
-        yield
-
-
 def _source_stamp(info: dict) -> list | None:
     """Sizes and modification times of local source files: a resumed run must read the same files."""
     stamp = []
@@ -588,7 +570,8 @@ def prepare(
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)
-        with _locked(staging):
+        with dir_lock(staging, "ddl data prepare", name=_LOCK_FILE,
+                      busy=f"another `ddl data prepare` is writing {out}; wait for it or choose another --out"):
             meta = write_dataset(src.documents, tok, staging, val_fraction=val_fraction, shard_tokens=shard_tokens,
                                  max_tokens=max_tokens, source_info=src.info, progress=progress,
                                  num_proc=num_proc, resume=True, source_stamp=_source_stamp(src.info))
@@ -609,18 +592,8 @@ def prepare(
 
 def _discard(staging: Path) -> None:
     """Remove the partial directory of a failed run, unless another run holds its lock."""
-    if not staging.exists():
-        return
-    try:
-        import fcntl
-
-        with open(staging / _LOCK_FILE) as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # per open file: a lock of this process conflicts too
-    except BlockingIOError:
-        return
-    except (ImportError, OSError):
-        pass
-    shutil.rmtree(staging, ignore_errors=True)
+    if staging.exists() and not lock_held(staging, _LOCK_FILE):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _output_error(error: OSError, out: Path, staging: Path | None) -> OSError | None:

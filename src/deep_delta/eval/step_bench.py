@@ -20,7 +20,6 @@ Memory:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -29,24 +28,20 @@ from deep_delta.eval.settings import check_dtype
 from deep_delta.eval.timing import autocast_for, check_int
 
 
-def _train_defaults() -> dict:
-    from deep_delta.train.config import TrainConfig
-
-    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-
-
 class StepSubject:
-    """One variant ready to train: model, optimizer, a (batch_size, seq_len) batch and the autocast context.
-    ``compile``: the blocks compiled as the trainer compiles them (``ddl train --set compile=true``); ``cuda_graphs``:
-    as ``ddl train --set cuda_graphs=...`` (``deep_delta.train.distributed.parallelize``)."""
+    """One variant ready to train: model, optimizer, a (batch_size, seq_len) batch and the autocast context, the
+    step built as the trainer builds it (:func:`deep_delta.train.step.build_step`) with the trainer's defaults
+    and ``train`` (TrainConfig fields: e.g. a run's ``compile``, ``cuda_graphs``, ``activation_checkpointing``,
+    ``grad_clip``, lr and betas). ``compile`` / ``cuda_graphs``: as ``ddl train --set compile=true`` /
+    ``cuda_graphs=...``."""
 
     def __init__(self, variant: str, preset: str = "tiny", *, batch_size: int, seq_len: int,
                  device: torch.device | str = "cpu", dtype: str = "float32", overrides: dict | None = None,
-                 seed: int = 0, compile: bool = False, cuda_graphs: str = "off"):
+                 seed: int = 0, compile: bool = False, cuda_graphs: str = "off", train: dict | None = None):
         from deep_delta.models import DDLConfig, DDLForCausalLM
+        from deep_delta.train.config import TrainConfig
         from deep_delta.train.distributed import DistInfo
-        from deep_delta.train.optim import build_optimizer
-        from deep_delta.train.step import OptimizerStep
+        from deep_delta.train.step import build_step
 
         check_int("batch_size", batch_size, 1)
         check_int("seq_len", seq_len, 1)
@@ -58,22 +53,20 @@ class StepSubject:
         cfg = DDLConfig.from_variant(variant, preset, **(overrides or {}))
         self.model = DDLForCausalLM(cfg).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.compiled = bool(compile)
-        if self.compiled:  # as `ddl train --set compile=true`: each block compiled in place
-            from deep_delta.train.distributed import parallelize
-
-            parallelize(self.model, DistInfo(device=device), compile=True, cuda_graphs=cuda_graphs)
-        train = _train_defaults()
-        self.grad_clip = train["grad_clip"]
-        self.opt = build_optimizer(self.model, train["lr"], train["weight_decay"], train["betas"],
-                                   fused=True if device.type == "cuda" else None)  # as the trainer (no FSDP)
+        settings = {**(train or {}), "compile": bool(compile) or bool((train or {}).get("compile")),
+                    "cuda_graphs": cuda_graphs if cuda_graphs != "off" else (train or {}).get("cuda_graphs", "off")}
+        run = TrainConfig(variant=variant, preset=preset, batch_size=batch_size, seq_len=seq_len, seed=seed,
+                          device=str(device), dtype=dtype if dtype != "float16" else "float32", **settings)
+        self.compiled, self.cuda_graphs = run.compile, run.cuda_graphs
+        self.activation_checkpointing = run.activation_checkpointing
+        self.grad_clip = run.grad_clip
+        self.autocast = autocast_for(dtype, device)
+        self.info = DistInfo(device=device)
+        built = build_step(self.model, run, self.info, autocast=self.autocast)
+        self.opt, self.step = built.optimizer, built.step
         g = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
         self.x, self.y = tokens[:, :-1], tokens[:, 1:]
-        self.autocast = autocast_for(dtype, device)
-        self.info = DistInfo(device=device)
-        self.step = OptimizerStep(self.model, self.opt, autocast=self.autocast, grad_clip=self.grad_clip,
-                                  info=self.info, cuda_graphs=cuda_graphs != "off")
 
     def train_step(self) -> None:
         """One optimizer step on the batch: the trainer's :class:`~deep_delta.train.step.OptimizerStep`."""

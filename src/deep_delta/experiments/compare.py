@@ -260,28 +260,38 @@ def _remember_group(out: Path, group: str) -> None:
         write_wandb_file(out, group=group)
 
 
+STEP_FIELDS = ("compile", "cuda_graphs", "activation_checkpointing", "grad_clip", "lr", "weight_decay", "betas")
+
+
+def step_settings(base: TrainConfig) -> dict:
+    """The fields of the runs' TrainConfig that decide how their step is built (``train.step.build_step``): the
+    step :func:`measure_step_times` times is the one they trained."""
+    return {name: getattr(base, name) for name in STEP_FIELDS}
+
+
 def measure_step_times(base: TrainConfig, variants: list[str], data_vocab: int, *, repeats: int = 5,
                        warmup: int = 1) -> dict:
     """Median seconds per optimizer step of each variant at the comparison's shape (batch, sequence, model,
-    device), timed in interleaved rounds so that a busy machine slows every variant alike; the sequential
-    runs' own clocks are not used for this."""
+    device) and with the step the runs trained (:func:`step_settings`: compile, CUDA graphs, activation
+    checkpointing, ...), timed in interleaved rounds so that a busy machine slows every variant alike; the
+    sequential runs' own clocks are not used for this."""
     from deep_delta.eval.step_bench import StepSubject
     from deep_delta.eval.timing import interleaved_medians
-    from deep_delta.runtime import resolve_device
+    from deep_delta.runtime import resolve_device, trains_in_bf16
     from deep_delta.train.build import build_model_config
 
     vocab = build_model_config(base, data_vocab).vocab_size  # the model the runs trained
     device = resolve_device(base.device)
-    dtype = "bfloat16" if base.dtype == "bfloat16" or (base.dtype == "auto" and device.type == "cuda") else "float32"
+    dtype = "bfloat16" if trains_in_bf16(base.dtype, device) else "float32"
     subjects = {v: StepSubject(v, base.preset, batch_size=base.batch_size, seq_len=base.seq_len, device=device,
                                dtype=dtype, overrides={**base.model, "vocab_size": vocab}, seed=base.seed,
-                               compile=base.compile) for v in variants}
+                               train=step_settings(base)) for v in variants}
     medians = interleaved_medians({v: s.train_step for v, s in subjects.items()}, device, repeats, warmup)
     return {"step_time_s": medians, "repeats": repeats, "device": str(device), "dtype": dtype}
 
 
 __all__ = ["check_grid_data", "check_reusable", "check_step_costs", "collect_comparison", "compare_config",
-           "cost_steps", "kept_timing", "measure_step_times", "reference_variant", "run_compare", "run_divergence",
+           "cost_steps", "kept_timing", "measure_step_times", "step_settings", "reference_variant", "run_compare", "run_divergence",
            "run_lr_grid"]
 
 

@@ -19,13 +19,12 @@ naming the previous complete checkpoint; the temporary files it may leave are re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,10 @@ import torch
 
 from deep_delta.fsutil import (
     CHECKSUMS,
+    DirectoryLockedError,
     IntegrityError,
     as_os_error,
+    dir_lock,
     fsync_dir,
     fsync_file,
     swap_in,
@@ -133,56 +134,15 @@ def load_state(directory: str | os.PathLike, map_location: str | torch.device = 
 
 
 # ---------------------------------------------------------------------- one process per run directory
-class RunLockedError(FileExistsError):
-    """Another process holds the run directory's lock."""
+RunLockedError = DirectoryLockedError  # another process holds the run directory's lock
 
 
-@contextlib.contextmanager
-def run_lock(out_dir: str | os.PathLike, what: str = "ddl train") -> Iterator[Path]:
-    """Hold an exclusive OS lock on ``OUT/.lock`` for the duration (``fcntl.flock``: the kernel releases it
-    when the process ends in any way, kill -9 included). A second holder is refused with a message naming
-    the first one's pid. On release the lock file is removed, and ``OUT`` too if this call created it and
-    it is empty (a refused run leaves nothing behind). Where ``fcntl`` does not exist this is a no-op."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output directory {out} exists and is not a directory")
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_FILE
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield path
-        return
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
-            os.close(fd)
-            raise RunLockedError(
-                f"{out} is in use by another process ({holder}); two processes writing one run directory would "
-                "lose each other's steps. Wait for it to finish (or stop it), or choose another output directory"
-            ) from None
-        try:  # the holder before us may have removed the file while we waited: then lock the new one
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}, {what}".encode(), 0)
-        yield path
-    finally:
-        with contextlib.suppress(OSError):
-            path.unlink()  # still holding the lock: a waiter that opened this file sees it is gone and retries
-        os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                out.rmdir()  # only when empty
+def run_lock(out_dir: str | os.PathLike, what: str = "ddl train"):
+    """Hold the run directory's lock, ``OUT/.lock``, for the duration (:func:`deep_delta.fsutil.dir_lock`): one
+    process writes a run directory; a second is refused naming the first one's pid."""
+    return dir_lock(out_dir, what, name=LOCK_FILE,
+                    busy="two processes writing one run directory would lose each other's steps. Wait for it to "
+                         "finish (or stop it), or choose another output directory")
 
 
 def is_checkpoint_dir(path: Path) -> bool:

@@ -4,17 +4,25 @@
 autocast context, the gradient clip and the process group; calling it on ``accum`` micro-batches runs forward +
 backward of each (gradients averaged, synced on the last one), clips, calls ``before_update`` (which may raise to
 skip the update), steps the optimizer and zeroes the gradients. The :class:`~deep_delta.train.trainer.Trainer`
-calls it once per step; ``ddl bench`` and ``ddl bench-kernels`` time it.
+calls it once per step; ``ddl bench`` and ``ddl bench-kernels`` time it, and ``ddl compare`` times the step of
+the runs it trained. :func:`build_step` makes it from a model and a :class:`~deep_delta.train.config.TrainConfig`
+(activation checkpointing, compile and CUDA graphs, the precision, the optimizer): the one place a training step
+is assembled.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from deep_delta.train import distributed as distr
+
+if TYPE_CHECKING:
+    from deep_delta.train.config import TrainConfig
 
 
 class OptimizerStep:
@@ -87,3 +95,43 @@ class OptimizerStep:
 
 
 __all__ = ["OptimizerStep"]
+
+
+@dataclass
+class TrainStep:
+    """What :func:`build_step` assembled: the module the forward runs through (``train_model``), the optimizer,
+    the step, and whether it trains in bf16 autocast."""
+
+    train_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    step: OptimizerStep
+    bf16: bool | None  # None: a given autocast
+
+
+def build_step(model: torch.nn.Module, cfg: TrainConfig, info: distr.DistInfo | None = None, *,
+               autocast=None) -> TrainStep:
+    """The training step of ``model`` (on ``info.device`` already) as ``cfg`` asks for it: activation
+    checkpointing (before compile and FSDP wrap the blocks), the blocks compiled and replayed as CUDA graphs
+    (``cfg.compile``, ``cfg.cuda_graphs``) and wrapped for DDP / FSDP (``distributed.parallelize``), bf16
+    autocast by the one rule (``runtime.trains_in_bf16``; FSDP's mixed precision instead under FSDP on CUDA),
+    AdamW (fused on CUDA without FSDP) with ``cfg``'s lr, weight decay and betas, and the gradient clip. The
+    trainer, ``ddl bench`` and ``ddl compare``'s step times all build their step here. ``autocast``: a context
+    in place of the rule's (a benchmark of fp16 autocast, which training does not offer)."""
+    from deep_delta.runtime import training_autocast, trains_in_bf16
+    from deep_delta.train.optim import build_optimizer
+
+    info = info or distr.DistInfo()
+    if cfg.activation_checkpointing:
+        model.activation_checkpointing_enable()
+    bf16 = trains_in_bf16(cfg.dtype, info.device)
+    fsdp = info.mode == "fsdp"
+    train_model = distr.parallelize(model, info, compile=cfg.compile, bf16=bf16 and fsdp and info.device.type == "cuda",
+                                    cuda_graphs=cfg.cuda_graphs)
+    fused = True if info.device.type == "cuda" and not fsdp else None
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, fused=fused)
+    step = OptimizerStep(model, optimizer, train_model=train_model,
+                         autocast=autocast if autocast is not None else training_autocast(cfg.dtype, info.device,
+                                                                                          fsdp=fsdp),
+                         grad_clip=cfg.grad_clip,
+                         info=info, cuda_graphs=cfg.cuda_graphs != "off")
+    return TrainStep(train_model, optimizer, step, bf16 if autocast is None else None)

@@ -38,10 +38,10 @@ from deep_delta.train.build import build_model, build_model_config, check_contex
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.data import Batches, TrainData
 from deep_delta.train.metrics import METRICS_FILE, MemoryLog, MetricsLog, flops_per_token
-from deep_delta.train.optim import WarmupCosine, build_optimizer, set_learning_rate
+from deep_delta.train.optim import WarmupCosine, set_learning_rate
 from deep_delta.train.progress import RunDisplay, peak_of
 from deep_delta.train.signals import StopSignals
-from deep_delta.train.step import OptimizerStep
+from deep_delta.train.step import build_step
 
 
 class NonFiniteLossError(RuntimeError):
@@ -237,18 +237,9 @@ class Trainer:
                       self._load_weights(latest) if restored is not None else build_model(self.model_config))
         self.n_params = count_parameters(self.model)
         self.model.to(info.device).train()
-        if cfg.activation_checkpointing:  # before compile and FSDP wrap the blocks
-            self.model.activation_checkpointing_enable()
-        self.use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and info.device.type == "cuda")
-        fsdp_mixed = self.use_bf16 and info.mode == "fsdp" and info.device.type == "cuda"  # FSDP casts itself
-        self.train_model = distr.parallelize(self.model, info, compile=cfg.compile, bf16=fsdp_mixed,
-                                             cuda_graphs=cfg.cuda_graphs)
-        autocast = (torch.autocast(info.device.type, dtype=torch.bfloat16) if self.use_bf16 and not fsdp_mixed
-                    else contextlib.nullcontext())
-        fused = True if info.device.type == "cuda" and info.mode != "fsdp" else None
-        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.betas, fused=fused)
-        self.step_fn = OptimizerStep(self.model, self.optimizer, train_model=self.train_model, autocast=autocast,
-                                     grad_clip=cfg.grad_clip, info=info, cuda_graphs=cfg.cuda_graphs != "off")
+        built = build_step(self.model, cfg, info)
+        self.train_model, self.optimizer, self.step_fn, self.use_bf16 = (built.train_model, built.optimizer,
+                                                                          built.step, built.bf16)
         self.schedule = WarmupCosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         if restored is not None:
             self.restore(restored)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.train.test_compare_scaling import micro
+from tests.experiments.test_compare_scaling import micro
 
 from deep_delta.cli.main import main
 from deep_delta.experiments.compare import cost_steps
