@@ -1,0 +1,20 @@
+"""README's Layout names every package under src/deep_delta (issue 50): a package added or moved shows up there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_layout_names_every_package():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Status and limits")]
+    src = ROOT / "src" / "deep_delta"
+    top = sorted(p.name for p in src.iterdir() if (p / "__init__.py").exists())
+    for name in top:
+        assert re.search(rf"^\s+{name}/", layout, re.M), f"README's Layout does not name {name}/"
+    for package in ("ops",):  # the op packages, named inside ops/'s line
+        for sub in sorted(p.name for p in (src / package).iterdir() if (p / "__init__.py").exists()):
+            assert f"{sub}/" in layout, f"README's Layout does not name {package}/{sub}/"
