@@ -13,7 +13,7 @@ K = 4 taps, n = 4 streams, 32 x 1024 tokens; bf16 state) with the partial rows s
   after every worker has started, so they wait only for running programs), equal to the default grid's sum within
   ``rel_diff``'s bound;
 - ``counters_zero``: the cached counters are all zero after the case;
-- ``ms_inkernel`` / ``ms_torch``: the op's forward + backward, median of 10 by CUDA events.
+- ``ms_inkernel`` / ``ms_torch``: the op's forward + backward, median of 10 (host clock, the device synchronised).
 
 Then one CUDA graph: the fused CC read's backward captured with the in-kernel sum (fresh counters inside the graph)
 and replayed three times, equal bit for bit to eager, the cached counters untouched. Results as JSON (``--out``);
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -36,6 +37,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from deep_delta.eval import timing  # noqa: E402
 from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops import partials, switches  # noqa: E402
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
@@ -128,18 +130,12 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def timed(fn, device: torch.device, reps: int) -> float | None:
+    """Median milliseconds of ``reps`` calls after one untimed (the library's timer, the device synchronised
+    around each call); None off CUDA."""
     if device.type != "cuda":
         return None
     fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return statistics.median(timing.timed(fn, device) for _ in range(reps)) * 1e3
 
 
 def probe_case(leaves, forward, device, poison_mib: int, reps: int, big_per_sm: int) -> dict:
