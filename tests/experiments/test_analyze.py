@@ -86,10 +86,42 @@ def test_compressors_at_init_read_the_plain_mean():
     assert all(v < 1e-6 for v in report["compressor_drift"].values())
 
 
-def test_the_baseline_has_nothing_to_analyze():
-    model = DDLForCausalLM(DDLConfig.from_variant("baseline", "tiny", **TINY))
-    with pytest.raises(ValueError, match="no delta sublayers"):
-        analyze_model(model, _batches())
+def test_the_baseline_gets_the_state_through_the_depth():
+    """The additive baseline has no beta or k, but a state: its norm entering and leaving each sublayer and the
+    update's, equal to a hand computation from hooks on the first sublayer."""
+    torch.manual_seed(0)
+    model = DDLForCausalLM(DDLConfig.from_variant("baseline", "tiny", **TINY)).eval()
+    seen = []
+    handle = model.model.layers[0].attn.register_forward_hook(lambda m, a, o: seen.append((a[0].double(),
+                                                                                         o.double())))
+    report = analyze_model(model, _batches(1))
+    handle.remove()
+    assert report["probes"] == ["state"] and len(report["states"]) == 2 * TINY["num_hidden_layers"]
+    x, new = seen[0]
+    first = report["states"]["model.layers.0.attn"]
+    assert first["norm_before"] == pytest.approx(float(x.norm(dim=-1).mean()), rel=1e-9)
+    assert first["update_norm"] == pytest.approx(float((new - x).norm(dim=-1).mean()), rel=1e-9)
+
+
+@pytest.mark.parametrize("variant", ["ddl-dv1", "ddl-cc"])
+def test_the_erased_share_and_the_write_only_control(variant):
+    """beta = 1 and v = 0: the delta update is X - k k^T X, so the share it erases is the update's size over the
+    state's (the state probe's figure); its write-only twin on the same weights writes beta k v^T = 0 and erases
+    nothing, while the delta rule would erase as much from the twin's states."""
+    ddl = _model(variant, 0.0)
+    twin = _model(f"{variant}-write", 0.0)
+    twin.load_state_dict(ddl.state_dict())
+    for model, rule in ((ddl, "delta"), (twin, "write")):
+        report = analyze_model(model, _batches(1))
+        assert report["probes"] == ["state", "delta"]
+        for name, r in report["sublayers"].items():
+            assert r["rule"] == rule and r["delta_would_erase"] > 0.01
+            state = report["states"][name]
+            if rule == "delta":
+                assert r["erased"] == pytest.approx(r["delta_would_erase"])
+                assert r["erased"] == pytest.approx(state["update_relative"], rel=1e-3), name
+            else:
+                assert r["erased"] == 0.0 and state["update_norm"] == 0.0, name
 
 
 def test_cli_writes_json_table_and_figures(tmp_path, capsys):

@@ -106,8 +106,12 @@ class Probe:
 # ---------------------------------------------------------------------------------------------- delta rule
 
 
-def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float) -> tuple[dict[str, Any], torch.Tensor]:
-    """The figures of one delta sublayer from its recorded tensors; also returns its unit directions (N, d)."""
+def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
+                    rule: str = "delta") -> tuple[dict[str, Any], torch.Tensor]:
+    """The figures of one delta sublayer from its recorded tensors; also returns its unit directions (N, d).
+    ``erased``: the mean share of the state an update removes along k, ``beta |k^T X| / |X|`` per token (the
+    delta rule's erase term ``beta k k^T X``); the write-only control (``rule="write"``) erases nothing, and
+    ``delta_would_erase`` says what the delta rule would have on its states."""
     beta = torch.cat([b.flatten() for b in raw["beta"]]).double()
     k_raw = torch.cat([k.reshape(-1, k.shape[-1]) for k in raw["k_raw"]]).double()
     k = k_raw / torch.sqrt((k_raw * k_raw).sum(-1, keepdim=True) + k_eps ** 2)
@@ -120,8 +124,13 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float) -> tuple[d
     nb, na = before.norm(dim=-1), after.norm(dim=-1)
     ok = nb > 1e-12
     flipped = ((before * after).sum(-1) < 0).double()
+    size = x.double().flatten(1).norm(dim=-1).clamp_min(1e-30)
+    would = float((beta * nb / size).mean())
     report = {
         "tokens": int(beta.numel()),
+        "rule": rule,
+        "erased": would if rule == "delta" else 0.0,
+        "delta_would_erase": would,
         "beta": {**_stats(beta), "quantiles": {str(q): float(torch.quantile(beta, q)) for q in QUANTILES},
                  **{f"share_{name}": float(((beta >= lo) & (beta <= hi) if name != "identity" else beta < hi)
                                             .double().mean()) for name, (lo, hi) in REGIMES.items()}},
@@ -198,7 +207,7 @@ class DeltaProbe(Probe):
     def sections(self):
         layers, directions = {}, []
         for name, m in self.modules:
-            layers[name], k = sublayer_report(self.raw[name], m.k_eps)
+            layers[name], k = sublayer_report(self.raw[name], m.k_eps, m.update_rule)
             directions.append(k)
         for (name, _), k0, k1 in zip(self.modules[1:], directions, directions[1:]):
             cos = (k0 * k1).sum(-1)
@@ -208,15 +217,19 @@ class DeltaProbe(Probe):
     @staticmethod
     def format(report):
         lines = ["| sublayer | beta mean | beta median | identity | projection | reflection | k^T X after/before "
-                 "| sign flipped | cos(k, previous k) | v mean |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                 "| sign flipped | cos(k, previous k) | v mean | erased | the delta rule would erase |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for name, r in report["sublayers"].items():
             b, kc = r["beta"], r["k_component"]
             cos = r.get("cos_previous_k", {}).get("mean")
             lines.append(f"| {_short(name)} | {_fmt(b['mean'])} | {_fmt(b['quantiles']['0.5'])} "
                          f"| {_fmt(b['share_identity'], '.2f')} | {_fmt(b['share_projection'], '.2f')} "
                          f"| {_fmt(b['share_reflection'], '.2f')} | {_fmt(kc['ratio_after_before'])} "
-                         f"| {_fmt(kc['share_sign_flipped'], '.2f')} | {_fmt(cos)} | {_fmt(r['v']['mean'])} |")
+                         f"| {_fmt(kc['share_sign_flipped'], '.2f')} | {_fmt(cos)} | {_fmt(r['v']['mean'])} "
+                         f"| {_fmt(r.get('erased'))} | {_fmt(r.get('delta_would_erase'))} |")
+        lines += ["", "erased: the mean share of the state an update removes along k, beta |k^T X| / |X| per token "
+                  "(0 for the write-only control, which removes nothing; the last column is what the delta rule "
+                  "would remove from the same states)"]
         drift = report.get("compressor_drift") or {}
         if drift:
             lines += ["", "compressor read vs plain mean (relative difference): "
@@ -433,7 +446,73 @@ class HyperProbe(Probe):
 
 # The probes ``analyze_model`` tries, by the name a report lists them under. A new residual kind adds its
 # probe here; the command and the report functions need no change.
-PROBES: dict[str, type[Probe]] = {p.name: p for p in (DeltaProbe, HyperProbe)}
+class StateProbe(Probe):
+    """The residual state through the depth, for every variant with a ``DeltaResidual`` (the additive baseline,
+    DDL, the write-only control): per sublayer the state's mean norm per token entering and leaving it and the
+    update's (``|X' - X|``, and relative to ``|X|``), so that the variants' states can be set side by side."""
+
+    name = "state"
+
+    @staticmethod
+    def find(model):
+        from deep_delta.layers.delta_residual import DeltaResidual
+
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual)]
+
+    def __init__(self, model, modules):
+        super().__init__(model, modules)
+        self.sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for name, m in modules:
+            self.handles.append(m.register_forward_hook(self._hook(self.sums[name], m.value_channels)))
+
+    @staticmethod
+    def _hook(acc: dict[str, float], dv: int):
+        def hook(mod, args, out):
+            x, new = args[0].detach().double(), _first(out).detach().double()
+            per = (lambda t: t.flatten(-1 if dv == 1 else -2).norm(dim=-1))  # noqa: E731  (per token)
+            before, after, update = per(x), per(new), per(new - x)
+            acc["tokens"] += before.numel()
+            acc["before"] += float(before.sum())
+            acc["after"] += float(after.sum())
+            acc["update"] += float(update.sum())
+            acc["relative"] += float((update / before.clamp_min(1e-30)).sum())
+        return hook
+
+    def sections(self):
+        out = {}
+        for name, _ in self.modules:
+            a = self.sums[name]
+            n = max(1.0, a["tokens"])
+            out[name] = {"norm_before": a["before"] / n, "norm_after": a["after"] / n, "update_norm": a["update"] / n,
+                         "update_relative": a["relative"] / n}
+        return {"states": out}
+
+    @staticmethod
+    def format(report):
+        lines = ["| sublayer | state norm entering | state norm leaving | update norm | update / state |",
+                 "| --- | ---: | ---: | ---: | ---: |"]
+        for name, r in report["states"].items():
+            lines.append(f"| {_short(name)} | {_fmt(r['norm_before'])} | {_fmt(r['norm_after'])} "
+                         f"| {_fmt(r['update_norm'])} | {_fmt(r['update_relative'])} |")
+        return "\n".join(lines)
+
+    @staticmethod
+    def plot(report, out):
+        """The state's norm through the depth (entering each sublayer, then leaving the last)."""
+        plt = _pyplot()
+        names = list(report["states"])
+        norms = [report["states"][n]["norm_before"] for n in names] + [report["states"][names[-1]]["norm_after"]]
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(norms) + 2), 3.5))
+        ax.plot(range(len(norms)), norms, "o-")
+        ax.set_xticks(range(len(norms)), [_short(n) for n in names] + ["out"], rotation=60, fontsize=7)
+        ax.set_ylabel("mean state norm per token")
+        ax.set_title(f"the residual state through the depth ({report.get('variant') or 'model'})")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        return [save_figure(fig, out / "state_norms.png", dpi=120)]
+
+
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (StateProbe, DeltaProbe, HyperProbe)}
 
 
 def _probes_of(report: dict[str, Any]) -> list[type[Probe]]:
@@ -447,8 +526,8 @@ def analyze_model(model: torch.nn.Module, batches, *, device: torch.device | str
     model.eval()
     found = [(cls, mods) for cls in PROBES.values() if (mods := cls.find(model))]
     if not found:
-        raise ValueError("analyze: the model has no delta sublayers and no hyper-connections (an additive "
-                         "baseline has no beta, k or streams to analyse)")
+        raise ValueError("analyze: the model has no residual this analysis knows (DeltaResidual, additive or "
+                         "delta, or HyperResidual)")
     probes: list[Probe] = []
     windows = 0
     try:
