@@ -272,10 +272,11 @@ def _their_subject(model, *, x, y, device, dtype: str, compile: bool):
     """Their model as a :class:`StepSubject`: the same step object, memory measurement and batch as ours."""
     import torch
 
-    from deep_delta.eval.step_bench import StepSubject, _train_defaults
+    from deep_delta.eval.step_bench import StepSubject
     from deep_delta.eval.timing import autocast_for
+    from deep_delta.train.config import TrainConfig
     from deep_delta.train.distributed import DistInfo
-    from deep_delta.train.step import OptimizerStep
+    from deep_delta.train.step import build_step
 
     class LossOnly(torch.nn.Module):
         """Their model behind the call our step makes, ``model(x, shift_labels=y).loss``; their forward is
@@ -298,16 +299,15 @@ def _their_subject(model, *, x, y, device, dtype: str, compile: bool):
             if self.compiled:
                 for block in model.transformer.h:
                     block.compile()
-            train = _train_defaults()
-            self.grad_clip = train["grad_clip"]
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=train["lr"], betas=train["betas"],
-                                         weight_decay=train["weight_decay"],
-                                         fused=True if device.type == "cuda" else None)
+            # our step, built as ours is (train.step.build_step: the trainer's defaults, AdamW with weight decay on
+            # the matrices); their blocks compiled above, in place
+            run = TrainConfig(device=str(device))
+            self.grad_clip = run.grad_clip
             self.x, self.y = x, y
             self.autocast = autocast_for(dtype, device)
             self.info = DistInfo(device=device)
-            self.step = OptimizerStep(self.model, self.opt, autocast=self.autocast, grad_clip=self.grad_clip,
-                                      info=self.info)
+            built = build_step(self.model, run, self.info, autocast=self.autocast)
+            self.opt, self.step = built.optimizer, built.step
 
     return TheirSubject()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from deep_delta.eval.bench import _Subject
+from deep_delta.eval.bench import BenchSubject
 from deep_delta.eval.settings import BenchSettings
 from deep_delta.eval.timing import interleaved
 from deep_delta.models.ddl import output_cache
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     # `ddl bench`'s own subjects and decode loops, without its compiled training step (not compiled unless run)
     s = BenchSettings(args.preset, args.variants, str(device), args.dtype, args.batch, args.seq,
                       decode_tokens=n).resolved()
-    subs = {v: _Subject(v, s, device) for v in args.variants}
+    subs = {v: BenchSubject(v, s, device) for v in args.variants}
 
     @torch.no_grad()
     def agree(v):

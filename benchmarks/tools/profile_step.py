@@ -2,11 +2,11 @@
 
 For each variant: median time of the trainer's own step (:class:`deep_delta.train.step.OptimizerStep`: fwd +
 bwd under bf16 autocast over fp32 weights, clipping at 1.0, the fused AdamW ``ddl train`` builds; what ``ddl
-bench`` times) with each delta backend asked for (default ``auto``, what ``ddl bench`` runs, and the lean
+bench`` times; built by ``train.step.build_step``) with each delta backend asked for (default ``auto``, what ``ddl bench`` runs, and the lean
 ``torch``), the summed GPU kernel time of one step from torch.profiler (the device-side events only: an op's
 self device time and its kernels' would count each kernel twice; wall >> kernel sum means the host is the
-bottleneck), the host-device syncs, and the top ops by self CPU / device time. Optionally times torch.compile
-of the model (--compile).
+bottleneck), the host-device syncs, and the top ops by self CPU / device time. Optionally times the step with
+its blocks compiled, as ``ddl train --set compile=true`` (--compile).
 
     python benchmarks/tools/profile_step.py --out DIR [--compile] [--batch 8 --seq 1024]
 """
@@ -25,22 +25,22 @@ from torch.profiler import ProfilerActivity, profile
 from deep_delta.models import DDLConfig, DDLForCausalLM
 
 
-def build(variant, backend, preset, seq, device):
-    from deep_delta.train.optim import build_optimizer
+def build(variant, backend, preset, seq, device, compile=False):
+    """The model and its training step as the trainer builds it (``train.step.build_step``: bf16 autocast, the
+    fused AdamW, clipping at 1.0; ``compile``: the blocks compiled, as ``ddl train --set compile=true``)."""
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.distributed import DistInfo
+    from deep_delta.train.step import build_step
 
     torch.manual_seed(0)
     cfg = DDLConfig.from_variant(variant, preset, delta_backend=backend, max_position_embeddings=max(seq, 1024))
     model = DDLForCausalLM(cfg).to(device).train()
-    return model, build_optimizer(model, 1e-4, 0.1, (0.9, 0.95), fused=True)
+    run = TrainConfig(variant=variant, preset=preset, device=str(device), dtype="bfloat16", lr=1e-4, compile=compile)
+    return model, build_step(model, run, DistInfo(device=device)).step
 
 
-def step_fn(model, opt, ids, tgt, fwd=None):
-    """The trainer's step on (ids, tgt): forward through ``fwd`` (a compiled model, or the model)."""
-    from deep_delta.train.distributed import DistInfo
-    from deep_delta.train.step import OptimizerStep
-
-    step = OptimizerStep(model, opt, train_model=fwd, autocast=torch.autocast("cuda", dtype=torch.bfloat16),
-                         grad_clip=1.0, info=DistInfo(device=ids.device))
+def step_fn(step, ids, tgt):
+    """The trainer's step on (ids, tgt)."""
     return lambda: step([(ids, tgt)])
 
 
@@ -95,28 +95,27 @@ def main():
     results = {}
     for variant in a.variants.split(","):
         for backend in (a.backends.split(",") if variant != "baseline" else ["torch"]):
-            model, opt = build(variant, backend, a.preset, a.seq, dev)
+            model, step = build(variant, backend, a.preset, a.seq, dev)
             ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=g).to(dev)
             tgt = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=g).to(dev)
-            fn = step_fn(model, opt, ids, tgt)
+            fn = step_fn(step, ids, tgt)
             t = timed(fn)
             r = prof(fn, out, f"{variant}_{backend}")
             r["step_s"] = t
             results[f"{variant}/{backend}"] = r
             print(f"{variant:10s} {backend:6s} step {t*1e3:7.1f} ms  profiled wall {r['wall_s']*1e3:7.1f} ms  "
                   f"kernel sum {r['kernel_sum_s']*1e3:7.1f} ms  launches {r['launches']:5d}  syncs {r['syncs']}", flush=True)
-            del model, opt
+            del model, step
             torch.cuda.empty_cache()
     for item in filter(None, a.compile.split(",")):
         variant, backend = item.split(":")
         torch._dynamo.reset()
-        model, opt = build(variant, backend, a.preset, a.seq, dev)
-        ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=g).to(dev)
-        tgt = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=g).to(dev)
         t0 = time.perf_counter()
         try:
-            cm = torch.compile(model)
-            fn = step_fn(model, opt, ids, tgt, fwd=cm)
+            model, step = build(variant, backend, a.preset, a.seq, dev, compile=True)  # the blocks, as ddl train
+            ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=g).to(dev)
+            tgt = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=g).to(dev)
+            fn = step_fn(step, ids, tgt)
             fn()
             torch.cuda.synchronize()
             ct = time.perf_counter() - t0
@@ -128,7 +127,7 @@ def main():
                   f"{r['kernel_sum_s']*1e3:7.1f} ms  launches {r['launches']}", flush=True)
         except Exception as err:
             print(f"compiled {variant} {backend}: {type(err).__name__}: {str(err)[:600]}", flush=True)
-        del model, opt
+        model = step = None
         torch.cuda.empty_cache()
     (out / "profile.json").write_text(json.dumps(results, indent=1))
 

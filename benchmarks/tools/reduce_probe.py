@@ -160,7 +160,7 @@ def probe_case(leaves, forward, device, poison_mib: int, reps: int, big_per_sm: 
     pairs = [(g, w) for g, w in zip(got, want) if g is not None]
     if device.type == "cuda":
         torch.cuda.synchronize()
-    counters_zero = all(int(t.abs().sum()) == 0 for t in partials._COUNTERS.values())
+    counters_zero = all(int(t.abs().sum()) == 0 for t in partials.cached_counters().values())
     diff = max(rel(g, w) for g, w in pairs)
     return dict(
         rel_diff=diff,
@@ -187,7 +187,7 @@ def graph_case(s: dict, device: torch.device) -> dict:
     g, gin = rnd(n, d, dv), rnd(n, d)
     with switches.override(INKERNEL_REDUCE=True):
         eager = delta_triton.triton_backward(g, gin, x, k, v, beta, c, 1e-5)
-        cached = {key: t.clone() for key, t in partials._COUNTERS.items()}
+        cached = {key: t.clone() for key, t in partials.cached_counters().items()}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up on the capture stream (its own cached counters)
@@ -201,9 +201,9 @@ def graph_case(s: dict, device: torch.device) -> dict:
             graph.replay()
             torch.cuda.synchronize()
             same.append(all(torch.equal(a, b) for a, b in zip(captured, eager)))
-    untouched = all(torch.equal(partials._COUNTERS[key], t) for key, t in cached.items())
+    untouched = all(torch.equal(partials.cached_counters()[key], t) for key, t in cached.items())
     return dict(replays_equal_eager=same, cached_counters_untouched=untouched,
-                counters_zero=all(int(t.abs().sum()) == 0 for t in partials._COUNTERS.values()))
+                counters_zero=all(int(t.abs().sum()) == 0 for t in partials.cached_counters().values()))
 
 
 def main(argv: list[str] | None = None) -> int:

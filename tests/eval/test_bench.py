@@ -242,7 +242,7 @@ def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(m
     """`ddl bench --compile`: the blocks are compiled as the trainer compiles them (parallelize), prefill runs
     them eagerly (no compilation: the forced-eager stance), giving the same logits as the eager model, and
     decode compiles one step over the fixed-shape cache (StaticDecoder)."""
-    from deep_delta.eval.bench import _Subject
+    from deep_delta.eval.bench import BenchSubject
     from deep_delta.hf import decode
     from deep_delta.hf.decode import StaticDecoder
     from deep_delta.train import distributed
@@ -254,7 +254,7 @@ def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(m
     monkeypatch.setattr(distributed, "parallelize", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     s = BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2, model=dict(DEBUG),
                       compile=True).resolved()
-    sub = _Subject("ddl-cc", s, torch.device("cpu"))
+    sub = BenchSubject("ddl-cc", s, torch.device("cpu"))
     assert calls == [{"compile": True, "bf16": False, "cuda_graphs": "off"}]  # as the trainer: train.step.build_step
     assert all(block._compiled_call_impl is not None for block in sub.model.model.layers)
     from torch._dynamo.utils import counters
@@ -267,7 +267,7 @@ def test_compiled_bench_compiles_the_blocks_for_training_and_the_decoding_step(m
     sub.decode()
     sub.decode()
     assert isinstance(sub.decoder, StaticDecoder) and counters["stats"]["unique_graphs"] == 1
-    plain = _Subject("ddl-cc", BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2,
+    plain = BenchSubject("ddl-cc", BenchSettings(variants=["ddl-cc"], device="cpu", batch_size=1, seq_len=8, decode_tokens=2,
                                              model=dict(DEBUG)).resolved(), torch.device("cpu"))
     with torch.no_grad():
         a = sub.model(input_ids=sub.x).logits

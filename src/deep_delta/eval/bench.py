@@ -57,7 +57,7 @@ class BenchRow:
     decode_samples: list[float] = field(default_factory=list)
 
 
-class _Subject(StepSubject):
+class BenchSubject(StepSubject):
     """One variant: the training step of :class:`StepSubject`, plus prefill and decode."""
 
     def __init__(self, variant: str, s: BenchSettings, device: torch.device):
@@ -141,7 +141,7 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] | None = 
     subjects = {}
     for v in s.variants:
         say(f"building {v}")
-        subjects[v] = _Subject(v, s, device)
+        subjects[v] = BenchSubject(v, s, device)
     # Every variant's blocks run through the same code objects (the block's forward), and each variant's structure
     # is one more compilation of them: torch's limit of 8 per code object is per variant here, and a variant
     # past it must fail loudly, not fall back to eager and be timed as compiled.

@@ -186,6 +186,12 @@ def counters(device: torch.device) -> torch.Tensor:
     return found
 
 
+def cached_counters() -> dict[tuple, torch.Tensor]:
+    """The counters cached per CUDA device and stream (a copy of the mapping): for probes that check they are back
+    at zero after the launches, or untouched by a CUDA graph's."""
+    return dict(_COUNTERS)
+
+
 def check(count: torch.Tensor, kernel: str) -> None:
     """Raise :class:`ReductionError` naming ``kernel`` if its launch set the failed counter. Read on the host only
     where that costs no synchronisation (CPU tensors: the interpreter); on a GPU the kernel traps instead, and
