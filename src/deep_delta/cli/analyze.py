@@ -23,7 +23,9 @@ def add_parser(sub) -> None:
         "per stream (mean and spread over tokens), the mean mixing matrix, its distance from the identity and "
         "its row / column sum error, and how far the streams drift apart (pairwise cosine, relative spread); "
         "figures stream_weights.png, stream_mixing.png, stream_drift.png. Writes OUT/analysis.json, "
-        "OUT/analysis.md and the figures. A model with neither (the baseline) is refused.",
+        "OUT/analysis.md and the figures. Every model with a DeltaResidual (the baseline too): the state's norm "
+        "entering and leaving each sublayer and the update's (state_norms.png); DDL: also the share of the state "
+        "each update erases along k (0 for the write-only control, beside what the delta rule would erase).",
     )
     options.add_model(p)
     p.add_argument("--data", default=None, metavar="DIR", help="prepared data directory (default: the embedded text)")
