@@ -8,19 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.experiments.test_compare_lr_grid import micro  # the same micro comparison
 
 from deep_delta.cli.main import main
 from helpers import with_options
-
-MODEL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=1", "--set",
-         "model.num_attention_heads=2", "--set", "model.max_position_embeddings=64"]
-
-
-def micro(out, data_dir, *extra):
-    return ["compare", "--variants", "baseline", "ddl-dv1", "--out", str(out), "--data", str(data_dir),
-            "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--eval-every", "3", "--eval-batches", "1",
-            "--warmup-steps", "0", "--device", "cpu", "--threads", "1", "--no-progress", "--time-repeats", "0",
-            *MODEL, *extra]
 
 
 def diverge_when(monkeypatch, failing, at):
