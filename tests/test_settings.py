@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
-from deep_delta.experiments.settings import CoordCheckSettings
+from deep_delta.experiments.settings import TRAIN_FIELDS, CoordCheckSettings, TaskSettings
 from deep_delta.settings import check_fields
-from deep_delta.tasks.settings import TaskSettings
+from deep_delta.tasks import get_task
 from deep_delta.train.config import TrainConfig
 
-SETTINGS = [TrainConfig, TaskSettings, BenchSettings, KernelBenchSettings, CoordCheckSettings]
+SETTINGS = [TrainConfig, BenchSettings, KernelBenchSettings, CoordCheckSettings]  # TaskSettings: its own tests
 
 
 def fields_of(cls, kind) -> list[str]:
@@ -43,7 +43,7 @@ def test_every_settings_class_checks_its_annotated_types(cls):
 def test_values_take_their_canonical_form():
     cfg = TrainConfig(lr=1, betas=[0.8, 0.9], data=Path("d"), peak_flops=2)
     assert (cfg.lr, cfg.betas, cfg.data, cfg.peak_flops) == (1.0, (0.8, 0.9), "d", 2.0)
-    assert isinstance(cfg.lr, float) and TaskSettings(betas=(0.9, 0.99)).betas == [0.9, 0.99]
+    assert isinstance(cfg.lr, float) and TaskSettings(train={"betas": (0.9, 0.99)}).train["betas"] == [0.9, 0.99]
     for bad, said in (([0.9], "a list of 2 numbers"), ("x", "a list of 2 numbers"), ([0.9, "a"], "a list of 2")):
         with pytest.raises(ValueError, match=f"`betas` got .*; allowed: {said}"):
             TrainConfig(betas=bad)
@@ -113,12 +113,18 @@ def test_set_fills_one_entry_of_a_group_and_refuses_mixing_a_group_with_a_value(
 
 
 @pytest.mark.parametrize(("item", "said"), [
-    ("lr=0", "`lr` got 0.0; allowed: a number > 0"),
-    ("grad_clip=-1", "`grad_clip` got -1.0; allowed: a number >= 0"),
-    ("min_lr_ratio=2", "`min_lr_ratio` got 2.0; allowed: a number in [0, 1]"),
-    ("betas=[0.9]", "`betas` got [0.9]; allowed: two numbers in [0, 1)"),
+    ("lr=0", "TrainConfig: `lr` got 0.0; allowed: a float > 0"),  # the training fields: TrainConfig's checks
+    ("grad_clip=-1", "`grad_clip` got -1.0; allowed: a float >= 0"),
+    ("min_lr_ratio=2", "`min_lr_ratio` got 2.0; allowed: a float in [0, 1]"),
+    ("betas=[0.9]", "`betas` got [0.9]; allowed: a list of 2 numbers"),
+    ("steps=ten", "`steps` got 'ten'; allowed: an integer"),
+    ("test_size=0", "TaskSettings: `test_size` got 0; allowed: an integer >= 1"),
+    ("eval_size=ten", "TaskSettings: `eval_size` got 'ten'; allowed: an integer"),
     ("model=5", "got 'model=5': no setting 'model'"),
     ("model={bogus: 1}", "got 'model={bogus: 1}': DDLConfig has no field 'bogus'"),
+    ("stepz=3", "got 'stepz=3': no setting 'stepz'; allowed: batch_size, betas, eval_every, eval_size"),
+    ("seed=3", "no setting 'seed'"),  # a TrainConfig field a task run sets itself (--seeds: the paired seeds)
+    ("compile=true", "no setting 'compile'"),
 ])
 def test_task_settings_name_the_field_in_every_error(item, said):
     with pytest.raises(ValueError) as error:
@@ -128,5 +134,31 @@ def test_task_settings_name_the_field_in_every_error(item, said):
 
 def test_task_settings_take_model_and_task_entries():
     s = TaskSettings().with_assignments(["model.hidden_size=32", "task.num_cups=3", "betas=[0.8, 0.9]"])
-    assert s.model == {**TaskSettings().model, "hidden_size": 32} and s.task == {"num_cups": 3}
-    assert s.betas == [0.8, 0.9]
+    assert s.train["model"] == {**TaskSettings().train["model"], "hidden_size": 32} and s.task == {"num_cups": 3}
+    assert s.train["betas"] == [0.8, 0.9]
+
+
+def test_task_settings_take_the_training_fields_from_the_recipe_tasks_and_train_config():
+    from deep_delta.train.recipes import tasks
+
+    s = TaskSettings()
+    assert list(s.train) == list(TRAIN_FIELDS)
+    for name in TRAIN_FIELDS:  # the recipe's value, else TrainConfig's default
+        expected = tasks().get(name, TrainConfig.defaults()[name])
+        assert s.train[name] == (list(expected) if isinstance(expected, tuple) else expected), name
+    # what a stored result's identity holds: every setting by name, as before TaskSettings took TrainConfig's fields
+    assert s.to_dict() == {
+        "preset": "tiny", "steps": 1000, "batch_size": 32, "lr": 0.002, "warmup_steps": 50, "min_lr_ratio": 0.1,
+        "weight_decay": 0.1, "betas": [0.9, 0.98], "grad_clip": 1.0, "log_every": 25, "eval_every": 200,
+        "eval_size": 500, "test_size": 2000, "test_seed": 1234,
+        "model": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "initializer_range": 0.3},
+        "task": {}}
+    run = s.with_values(lr=1e-3).train_config(get_task("recall"), "ddl-cc", 3, "cpu")
+    assert (run.variant, run.seed, run.lr, run.seq_len, run.dtype, run.save_every, run.on_divergence) == (
+        "ddl-cc", 3, 1e-3, get_task("recall").seq_len, "float32", 0, "stop")
+    with pytest.raises(ValueError, match=r"^TaskSettings: `train` got 'compile'; allowed: preset, steps"):
+        TaskSettings(train={"compile": True})  # nothing a task run would ignore
+    with pytest.raises(ValueError, match=r"^TaskSettings: `model` got 5; allowed: a mapping"):
+        TaskSettings(train={"model": 5})
+    with pytest.raises(ValueError, match=r"^TaskSettings: no setting 'seed'; allowed: batch_size, betas"):
+        s.with_values(seed=3)

@@ -16,10 +16,10 @@ import dataclasses
 
 import torch
 
+from deep_delta.experiments.settings import TaskSettings
 from deep_delta.experiments.task_runs import train_one
 from deep_delta.tasks.base import SEP
 from deep_delta.tasks.recall import AssociativeRecall
-from deep_delta.tasks.settings import TaskSettings
 
 
 @dataclasses.dataclass(frozen=True)

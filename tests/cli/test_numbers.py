@@ -72,10 +72,10 @@ def test_set_reads_scientific_notation_and_refuses_nan():
 
 
 def test_tasks_run_set_takes_scientific_notation():
-    from deep_delta.tasks.settings import TaskSettings
+    from deep_delta.experiments.settings import TaskSettings
 
     settings = TaskSettings().with_assignments(["lr=1e-3", "model.beta_init=5e-1"])
-    assert settings.lr == 1e-3 and settings.model["beta_init"] == 0.5
+    assert settings.train["lr"] == 1e-3 and settings.train["model"]["beta_init"] == 0.5
 
 
 def test_train_config_refuses_non_finite_numbers():

@@ -15,12 +15,12 @@ import pytest
 
 from deep_delta.cli import compare as compare_cli
 from deep_delta.cli import options
+from deep_delta.cli import tasks as tasks_cli
 from deep_delta.cli.main import build_parser, command_parser, main
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
-from deep_delta.experiments.settings import CoordCheckSettings
-from deep_delta.tasks.settings import TaskSettings
+from deep_delta.experiments.settings import CoordCheckSettings, TaskSettings
 from deep_delta.train.config import TrainConfig
-from deep_delta.train.recipes import compare
+from deep_delta.train.recipes import compare, tasks
 
 PARSER = build_parser()
 # (command, its settings class, the fields it sets itself: no flag)
@@ -30,6 +30,7 @@ COMMANDS = [
     (("bench",), BenchSettings, ()),
     (("bench-kernels",), KernelBenchSettings, ()),
     (("tasks", "run"), TaskSettings, ()),
+    (("tasks", "run"), TrainConfig, tasks_cli._not_taken(TrainConfig)),  # the training fields a task run takes
     (("coord-check",), CoordCheckSettings, ()),
 ]
 IDS = [" ".join(path) for path, _, _ in COMMANDS]
@@ -60,7 +61,8 @@ def test_every_field_states_its_help(cls):
         if f.name not in options.SHARED_SETTINGS:  # a shared option's text is the option's own; the field's a note
             assert f.metadata["help"], f"{cls.__name__}.{f.name}: empty help"
         if is_mapping(cls, f.name):
-            assert f"--set {f.name}." in f.metadata["help"], (cls.__name__, f.name)
+            # --set GROUP.NAME=VALUE, or --set NAME=VALUE for a mapping of settings by name (TaskSettings.train)
+            assert f"--set {f.name}." in f.metadata["help"] or "--set NAME=VALUE" in f.metadata["help"], f.name
 
 
 @pytest.mark.parametrize(("path", "cls", "skip"), COMMANDS, ids=IDS)
@@ -146,9 +148,25 @@ def test_bench_kernels_flags_round_trip():
 
 
 def test_tasks_run_flags_round_trip():
-    values = given(["tasks", "run", "recall", "--lr", "1e-3", "--betas", "0.8", "0.95", "--test-seed", "7",
-                    "--batch-size", "4"], TaskSettings)
-    assert TaskSettings(**values) == TaskSettings(lr=1e-3, betas=[0.8, 0.95], test_seed=7, batch_size=4)
+    args = PARSER.parse_args(["tasks", "run", "recall", "--lr", "1e-3", "--betas", "0.8", "0.95", "--test-seed", "7",
+                              "--batch-size", "4"])
+    values = options.given_settings(args, tasks_cli.setting_names())
+    assert values == {"lr": 1e-3, "betas": [0.8, 0.95], "test_seed": 7, "batch_size": 4}
+    settings = TaskSettings().with_values(**values)
+    assert settings == TaskSettings(test_seed=7, train={"lr": 1e-3, "betas": [0.8, 0.95], "batch_size": 4})
+    assert settings.train["steps"] == 1000 and settings.train["model"]["hidden_size"] == 64  # the recipe tasks'
+
+
+def test_tasks_run_shows_the_defaults_of_its_recipe():
+    parser = command_parser(PARSER, ["tasks", "run"])
+    actions = flag_actions(parser)
+    for name, value in tasks().items():
+        if name != "model":
+            shown = " ".join(map(str, value)) if isinstance(value, tuple) else value
+            assert expanded_help(parser, actions["--" + name.replace("_", "-")]).endswith(f"(default {shown})")
+    for name in ("seed", "seq_len", "dtype", "save_every", "compile", "on_divergence"):  # what a task run sets
+        assert options.setting_names(TrainConfig, tasks_cli._not_taken(TrainConfig)).count(name) == 0
+        assert "--" + name.replace("_", "-") not in actions
 
 
 def test_coord_check_flags_round_trip():

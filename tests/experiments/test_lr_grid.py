@@ -8,9 +8,9 @@ import math
 import pytest
 
 from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, divergence, grid_table, sensitivity_figure
+from deep_delta.experiments.settings import TaskSettings
 from deep_delta.experiments.tasks import grid_points, summarize_grid
 from deep_delta.tasks import get_task
-from deep_delta.tasks.settings import TaskSettings
 
 
 def point(variant, lr, seed, value, diverged=None):
@@ -160,7 +160,7 @@ def test_a_report_without_a_grid_says_one_shared_lr():
     from deep_delta.experiments.task_report import summarize_tasks, task_report
 
     task = get_task("shell-game")
-    settings = TaskSettings(test_size=16, lr=3e-3)
+    settings = TaskSettings(test_size=16).with_values(lr=3e-3)
     record = fake_record("baseline", 3e-3, 0, 0.5, 0.5, len(task.levels))
     report = task_report(summarize_tasks(task, ["baseline"], [0], {("baseline", 0): record}, settings))
     assert "Learning rate: one shared lr (0.003) for every variant, not tuned per variant" in report

@@ -7,9 +7,9 @@ scale"), not rerun here: it doubled this test's time (50 s) and the suite must s
 import pytest
 import torch
 
+from deep_delta.experiments.settings import TaskSettings
 from deep_delta.experiments.task_runs import train_one
 from deep_delta.tasks import get_task
-from deep_delta.tasks.settings import TaskSettings
 
 
 def _recall_accuracy(*assignments: str) -> tuple[float, float]:

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from test_task_generators import SOLVERS
 
+from deep_delta.experiments.settings import TaskSettings, model_config
 from deep_delta.models import DDLForCausalLM
 from deep_delta.tasks import IGNORE, TASKS, accuracy_by_difficulty, get_task
 from deep_delta.tasks.evaluation import evaluate
-from deep_delta.tasks.settings import TaskSettings, model_config
 
 
 class Oracle(torch.nn.Module):
@@ -65,7 +65,7 @@ def test_an_oracle_of_the_easy_levels_is_placed_at_those_levels(name):
 @pytest.mark.parametrize("name", list(TASKS))
 def test_an_untrained_model_is_not_better_than_chance(name):
     task = get_task(name)
-    settings = TaskSettings(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
+    settings = TaskSettings().with_values(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
     torch.manual_seed(0)
     model = DDLForCausalLM(model_config(task, "baseline", settings))
     result = evaluate(model, task, task.test_set(0, 300), torch.device("cpu"))

@@ -10,9 +10,9 @@ import torch
 import deep_delta.experiments.task_runs as task_runs
 import deep_delta.experiments.tasks as task_study
 from deep_delta.cli.main import main
+from deep_delta.experiments.settings import TaskSettings, model_config
 from deep_delta.tasks import data_rng, get_task
 from deep_delta.tasks.evaluation import evaluate
-from deep_delta.tasks.settings import TaskSettings, model_config
 from helpers import with_options
 
 MICRO = ["--steps", "4", "--threads", "1", "--no-progress", "--set", "test_size=48", "--set", "eval_size=16",
@@ -98,7 +98,7 @@ def test_seed_pairs_data_and_initialisation_across_variants():
     a = task.generate(data_rng(2, f"{task.name}/train"), 32)
     b = task.generate(data_rng(2, f"{task.name}/train"), 32)
     assert np.array_equal(a.inputs, b.inputs)
-    settings = TaskSettings(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
+    settings = TaskSettings().with_values(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
     m1 = task_runs.build_model(task, "baseline", 2, settings)
     m2 = task_runs.build_model(task, "baseline", 2, settings)
     m3 = task_runs.build_model(task, "baseline", 3, settings)
@@ -109,7 +109,7 @@ def test_seed_pairs_data_and_initialisation_across_variants():
 
 def test_untrained_model_is_near_chance():
     task = get_task("pointer-chase")
-    settings = TaskSettings(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
+    settings = TaskSettings().with_values(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
     torch.manual_seed(0)
     from deep_delta.models import DDLForCausalLM
 
@@ -158,7 +158,7 @@ def test_the_validation_set_is_held_out_training_distribution_never_test():
     from deep_delta.tasks.evaluation import validation_set
 
     task, settings = get_task("shell-game"), TaskSettings(eval_size=64, test_size=64)
-    validation = validation_set(task, settings)
+    validation = validation_set(task, settings.test_seed, settings.eval_size)
     assert len(validation) == 64 and all(split_of(row) == "train" for row in validation.inputs)
     test = {row.tobytes() for row in task.test_set(settings.test_seed, settings.test_size).inputs}
     assert not any(row.tobytes() in test for row in validation.inputs)

@@ -27,6 +27,10 @@ PINNED = {
     "medium": {**PAPER, "preset": "medium", "batch_size": 10},
     "compare": {"steps": 600, "batch_size": 16, "seq_len": 64, "lr": 0.002, "warmup_steps": 60, "eval_every": 100,
                 "eval_batches": 16, "save_every": 100, "keep": 1, "log_every": 5},
+    # TaskSettings' own fields before ddl tasks run took TrainConfig's flags (width 64, embeddings at std 0.3)
+    "tasks": {"model": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "initializer_range": 0.3},
+              "batch_size": 32, "lr": 0.002, "warmup_steps": 50, "betas": [0.9, 0.98], "log_every": 25,
+              "eval_every": 200},
     "debug": {"model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                         "max_position_embeddings": 64},
               "steps": 6, "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "eval_every": 3, "eval_batches": 2,
@@ -89,17 +93,17 @@ def test_every_shipped_config_loads_and_names_resolve():
     names = available_configs()
     from deep_delta.variants import VARIANTS
 
-    for recipe in ("debug", "tiny", "compare", "small", "medium"):
+    for recipe in ("debug", "tiny", "compare", "tasks", "small", "medium"):
         for v in VARIANTS:
             assert f"{recipe}/{v}" in names
     for n in names:
         c = load_config(n)
         assert c.variant == n.split("/")[1] and c.out == f"runs/{n}"
-    assert len(names) == 5 * len(VARIANTS)
+    assert len(names) == 6 * len(VARIANTS)
     assert load_config("small").variant == "baseline"  # a recipe alone: the variant is the default or a flag
     for bad in ("large/ddl-cc", "small/ddl-xx", "small/ddl-cc.yaml", "configs/small.yaml"):
         with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
-                           "with RECIPE one of compare, debug, medium, small, tiny and VARIANT one of baseline"):
+                           "with RECIPE one of compare, debug, medium, small, tasks, tiny and VARIANT one of baseline"):
             load_config(bad)
 
 

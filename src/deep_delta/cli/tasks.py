@@ -11,8 +11,10 @@ DEFAULT_TASK_VARIANTS = ("baseline", "ddl-dv1", "ddl-cc")
 
 
 def add_parser(sub) -> None:
+    from deep_delta.experiments.settings import TaskSettings
     from deep_delta.tasks import TASKS
-    from deep_delta.tasks.settings import TaskSettings
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.recipes import tasks
 
     p = sub.add_parser("tasks", help="mechanism tasks: swap tracking, pointer chasing, recall, flip-flop",
                        description="Synthetic tasks built so that the delta rewrite should matter (shell game: "
@@ -37,16 +39,35 @@ def add_parser(sub) -> None:
     options.add_device(rp)
     options.add_threads(rp)
     options.add_set(rp, help="override a setting: KEY=VALUE, the value parsed as YAML. Settings: "
-                    f"{', '.join(options.setting_names(TaskSettings))} (their flags below); model.FIELD sets a "
+                    f"{', '.join(setting_names())} (their flags below); model.FIELD sets a "
                     "DDLConfig field (e.g. model.beta_max=1), task.PARAM a task parameter (ddl tasks list). "
                     "Repeatable")
     rp.add_argument("--overwrite", action="store_true", help="retrain results already in OUT")
     options.add_wandb(rp, "the result tables (one W&B run per study)")
     options.add_progress(rp)
-    settings = rp.add_argument_group("settings of every run (model.FIELD and task.PARAM: see --set)")
-    options.add_settings(settings, TaskSettings)
+    train = rp.add_argument_group("training settings of every run (TrainConfig's, the defaults the recipe tasks'; "
+                               "--eval-every: the accuracy curve, --log-every: the loss curve's window; "
+                               "model.FIELD: see --set)")
+    options.add_settings(train, TrainConfig, skip=_not_taken(TrainConfig), defaults={**TrainConfig.defaults(),
+                                                                                      **tasks()})
+    measure = rp.add_argument_group("the task's test and validation sets (task.PARAM: see --set)")
+    options.add_settings(measure, TaskSettings)
     rp.set_defaults(func=run)
     p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def _not_taken(config: type) -> list[str]:
+    """The TrainConfig fields a task run sets itself (no flag)."""
+    from deep_delta.experiments.settings import TRAIN_FIELDS
+
+    return [name for name in config.field_names() if name not in TRAIN_FIELDS]
+
+
+def setting_names() -> list[str]:
+    """Every setting of ``ddl tasks run`` that has a flag: the training fields it takes, then its own."""
+    from deep_delta.experiments.settings import TRAIN_FIELDS, TaskSettings
+
+    return [*(n for n in TRAIN_FIELDS if n != "model"), *options.setting_names(TaskSettings)]
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -59,14 +80,14 @@ def run_list(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from deep_delta.experiments.settings import TaskSettings, model_config, resolve_task
     from deep_delta.experiments.task_report import log_tasks, task_table
     from deep_delta.experiments.tasks import run_task_lr_grid, run_task_study
-    from deep_delta.tasks.settings import TaskSettings, model_config, resolve_task
 
     project = options.wandb_project(args)
-    given = options.given_settings(args, options.setting_names(TaskSettings))
+    given = options.given_settings(args, setting_names())
     lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
-    settings = TaskSettings(**given).with_assignments(args.assignments)
+    settings = TaskSettings().with_values(**given).with_assignments(args.assignments)
     task = resolve_task(args.task, settings)  # a bad name or parameter is refused before anything is printed
     variants = options.variant_list(args.variants)
     seeds = options.seed_list(args.seeds, 0)
@@ -76,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or f"runs/tasks/{args.task}"
     grid = f", every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
     print(f"ddl tasks run {args.task}: {', '.join(variants)}{grid}, paired seeds {', '.join(map(str, seeds))}, "
-          f"{settings.steps} steps x {settings.batch_size} sequences; {torch.get_num_threads()} CPU thread(s); "
+          f"{settings.train['steps']} steps x {settings.train['batch_size']} sequences; {torch.get_num_threads()} CPU thread(s); "
           f"results in {out}", flush=True)
     if lrs is None:
         summary = run_task_study(args.task, variants, seeds, settings, out, device=args.device,

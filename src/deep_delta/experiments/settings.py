@@ -1,13 +1,24 @@
-"""What ``ddl coord-check`` runs, with no import of PyTorch (the command line reads the defaults from here to
-build its parser; the check itself is :mod:`deep_delta.experiments.coord_check`)."""
+"""What ``ddl coord-check`` and ``ddl tasks run`` run, with no import of PyTorch (the command line reads the
+defaults from here to build its parser): :class:`CoordCheckSettings` (the check itself is
+:mod:`deep_delta.experiments.coord_check`) and :class:`TaskSettings`, with the task and model config they give
+(the runs: :mod:`deep_delta.experiments.task_runs`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deep_delta.settings import MAX_SEEDS, check_count, check_fields, setting
+from deep_delta.settings import (
+    MAX_SEEDS,
+    check_count,
+    check_fields,
+    parse_assignment,
+    parse_assignments,
+    setting,
+)
+from deep_delta.tasks import Task, get_task
 from deep_delta.variants import VARIANTS
 
 PARAMETRIZATIONS = ("sp", "mup")
@@ -57,3 +68,149 @@ class CoordCheckSettings:
             raise ValueError(f"`lr` got {self.lr!r}; allowed: a float > 0")
         if not self.seeds or len(self.seeds) > MAX_SEEDS:
             raise ValueError(f"`seeds` got {len(self.seeds)} seeds; allowed: 1 to {MAX_SEEDS}")
+
+
+# ------------------------------------------------------------------------------------------------ ddl tasks run
+# The TrainConfig fields a mechanism-task run takes from its settings (``ddl tasks run``'s flags, defaults from
+# the recipe ``tasks``); the run sets every other one itself (:meth:`TaskSettings.train_config`: the variant and
+# seed, the task's sequence length, float32, no checkpoints, a divergence ends the run as a result).
+TRAIN_FIELDS = ("preset", "steps", "batch_size", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "betas",
+                "grad_clip", "log_every", "eval_every", "model")
+GROUPS = ("model", "task")  # the settings that ``--set GROUP.NAME=VALUE`` fills one entry of
+
+
+def task_training_defaults() -> dict[str, Any]:
+    """The :data:`TRAIN_FIELDS` of the recipe ``tasks`` over TrainConfig's defaults."""
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.recipes import tasks
+
+    values = {**TrainConfig.defaults(), **tasks()}
+    return {name: values[name] for name in TRAIN_FIELDS}
+
+
+@dataclass
+class TaskSettings:
+    """Everything a (task, variant, seed) run depends on besides those three. ``train``: the TrainConfig fields of
+    :data:`TRAIN_FIELDS` (the recipe ``tasks``' values unless given; checked by TrainConfig), the others the
+    task's measure and its parameters. ``--set KEY=VALUE`` sets any of them by name (:meth:`with_assignments`:
+    ``lr=1e-3``, ``test_size=500``), ``model.FIELD`` a DDLConfig field, ``task.PARAM`` a task parameter (``ddl
+    tasks list`` shows them). Each field's metadata holds the help of its ``ddl tasks run`` flag (``--field-name``;
+    the training fields' flags are TrainConfig's).
+
+        settings = TaskSettings().with_values(steps=200, test_size=300)
+        settings = TaskSettings().with_assignments(["steps=200", "model.num_hidden_layers=2"])
+    """
+
+    train: dict[str, Any] = setting(help="the training settings, TrainConfig fields by name (their flags, or --set "
+                                    "NAME=VALUE; model.FIELD=VALUE)",
+                                    factory=task_training_defaults)
+    eval_size: int = setting(500, "sequences of the accuracy curve (the run's validation every --eval-every steps: "
+                             "the first N test sequences), and of the validation set an lr grid chooses on")
+    test_size: int = setting(2000, "sequences of the fixed test set (flip-flop: at most this many)")
+    test_seed: int = setting(1234, "seed of the test and validation sequences (the same for every run)")
+    task: dict[str, Any] = setting(help="the task's parameters (--set task.PARAM=VALUE; `ddl tasks list` shows "
+                                   "them)", factory=dict)
+
+    def __post_init__(self):
+        check_fields(self)  # the types, from the annotations
+        for name in ("test_size", "eval_size"):
+            check_count(name, getattr(self, name), 1, owner="TaskSettings")
+        unknown = sorted(set(self.train) - set(TRAIN_FIELDS))
+        if unknown:
+            raise ValueError(f"TaskSettings: `train` got {unknown[0]!r}; allowed: {', '.join(TRAIN_FIELDS)} (a task "
+                             "run sets the other TrainConfig fields itself)")
+        model = self.train.get("model", {})
+        if not isinstance(model, dict):
+            raise ValueError(f"TaskSettings: `model` got {model!r}; allowed: a mapping of DDLConfig fields")
+        from deep_delta.train.config import TrainConfig
+
+        base = task_training_defaults()
+        values = {**base, **self.train, "model": {**base["model"], **model}}
+        checked = TrainConfig.from_dict(values).to_dict()  # a bad value: TrainConfig's error naming the field
+        self.train = {name: checked[name] for name in TRAIN_FIELDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting by name, the training fields among them (what a stored result's identity holds)."""
+        values = dataclasses.asdict(self)
+        train = values.pop("train")
+        model, task = train.pop("model"), values.pop("task")
+        return {**train, **values, "model": model, "task": task}
+
+    def with_values(self, **values: Any) -> TaskSettings:
+        """These settings with fields set by name (a training field goes into ``train``; ``model`` and ``task``
+        add their entries to those mappings)."""
+        own = [f.name for f in dataclasses.fields(self) if f.name != "train"]
+        unknown = sorted(set(values) - set(own) - set(TRAIN_FIELDS))
+        if unknown:
+            raise ValueError(f"TaskSettings: {self._unknown(unknown[0])}")
+        for group in GROUPS:
+            if group in values and not isinstance(values[group], dict):
+                raise ValueError(f"TaskSettings: `{group}` got {values[group]!r}; allowed: a mapping "
+                                 f"(--set {group}.NAME=VALUE)")
+        train = {**self.train, **{k: v for k, v in values.items() if k in TRAIN_FIELDS}}
+        train["model"] = {**self.train["model"], **values.get("model", {})}
+        own_values = {k: v for k, v in values.items() if k in own}
+        own_values["task"] = {**self.task, **values.get("task", {})}
+        return dataclasses.replace(self, train=train, **own_values)
+
+    def with_assignments(self, assignments: list[str]) -> TaskSettings:
+        """These settings with ``KEY=VALUE`` strings applied (:func:`deep_delta.settings.parse_assignments`, as
+        ``ddl train --set``); ``model.FIELD`` and ``task.PARAM`` set one entry of ``model`` / ``task``."""
+        given = parse_assignments(assignments, groups=GROUPS)
+        for key, value in given.items():
+            if key in GROUPS and not isinstance(value, dict):
+                raise ValueError(f"`assignments` got {_item(assignments, key)!r}: no setting {key!r}; set one entry: "
+                                 f"{key}.NAME=VALUE")
+        unknown = sorted(given.keys() - {*TRAIN_FIELDS, *(f.name for f in dataclasses.fields(self))} - {"train"})
+        if unknown:
+            raise ValueError(f"`assignments` got {_item(assignments, unknown[0])!r}: {self._unknown(unknown[0])}")
+        unknown = sorted(given.get("model", {}).keys() - model_fields())
+        if unknown:
+            raise ValueError(f"`assignments` got {_item(assignments, f'model.{unknown[0]}', 'model')!r}: DDLConfig "
+                             f"has no field {unknown[0]!r}; allowed model fields: {', '.join(sorted(model_fields()))}")
+        return self.with_values(**given)
+
+    def _unknown(self, key: str) -> str:
+        names = sorted({*TRAIN_FIELDS, *(f.name for f in dataclasses.fields(self))} - {"train", *GROUPS})
+        return f"no setting {key!r}; allowed: {', '.join(names)}, model.FIELD (a DDLConfig field) or task.PARAM (a " \
+               "task parameter, see `ddl tasks list`)"
+
+    def train_config(self, task: Task, variant: str, seed: int, device: str):
+        """The TrainConfig of one task run: ``train``'s fields, ``task.seq_len`` tokens per sequence, float32, no
+        checkpoints (the run is kept in memory), and a divergence that ends the run as a result."""
+        from deep_delta.train.config import TrainConfig
+
+        return TrainConfig(**self.train, variant=variant, out=f"tasks/{task.name}", seq_len=task.seq_len,
+                           save_every=0, seed=seed, device=device, dtype="float32", on_divergence="stop")
+
+
+def _item(assignments: list[str], *keys: str) -> str:
+    """The last of ``assignments`` that set one of ``keys`` (what an error about the first key quotes)."""
+    return next((item for item in reversed(assignments) if parse_assignment(item)[0] in keys), keys[0])
+
+
+def model_fields() -> set[str]:
+    """The DDLConfig fields ``model.FIELD`` may set (variant and preset are chosen by name, not set)."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    return DDLConfig.field_names() - {"variant", "preset"}
+
+
+def resolve_task(name: str, settings: TaskSettings) -> Task:
+    """The task ``name`` with the parameters of ``settings.task``."""
+    return get_task(name, **settings.task)
+
+
+def model_config(task: Task, variant: str, settings: TaskSettings):
+    """The variant's DDLConfig at the settings' preset, narrowed by their ``model``, with the task's vocabulary and
+    sequence length (unless ``model`` sets them)."""
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    model = settings.train["model"]
+    overrides = {"vocab_size": task.vocab_size, "max_position_embeddings": task.seq_len, **model}
+    cfg = DDLConfig.from_variant(variant, settings.train["preset"], **overrides)  # a bad type is named here
+    if cfg.vocab_size < task.vocab_size or cfg.max_position_embeddings < task.seq_len:
+        raise ValueError(f"`model.vocab_size` {cfg.vocab_size} / `model.max_position_embeddings` "
+                         f"{cfg.max_position_embeddings}; allowed: at least the task's vocabulary "
+                         f"{task.vocab_size} and sequence length {task.seq_len}")
+    return cfg

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deep_delta.experiments.settings import TaskSettings, model_config
 from deep_delta.tasks import Batch, Task
 from deep_delta.tasks.evaluation import evaluate, validation_set
-from deep_delta.tasks.settings import TaskSettings, model_config
 
 
 def run_identity(task: Task, variant: str, seed: int, settings: TaskSettings) -> dict[str, Any]:
@@ -40,20 +40,6 @@ def build_model(task: Task, variant: str, seed: int, settings: TaskSettings):
     return DDLForCausalLM(model_config(task, variant, settings))
 
 
-def train_config(task: Task, variant: str, seed: int, settings: TaskSettings, device: str):
-    """The trainer's settings of one task run: ``settings``' optimizer, schedule and cadences, ``task.seq_len``
-    tokens per sequence, float32, and a divergence that ends the run as a result."""
-    from deep_delta.train.config import TrainConfig
-
-    return TrainConfig(
-        variant=variant, preset=settings.preset, model=dict(settings.model), out=f"tasks/{task.name}",
-        steps=settings.steps, batch_size=settings.batch_size, seq_len=task.seq_len, lr=settings.lr,
-        warmup_steps=settings.warmup_steps, min_lr_ratio=settings.min_lr_ratio, weight_decay=settings.weight_decay,
-        betas=tuple(settings.betas), grad_clip=settings.grad_clip, log_every=settings.log_every,
-        eval_every=settings.eval_every, save_every=0, seed=seed, device=device, dtype="float32",
-        on_divergence="stop")
-
-
 def loss_curve(records: list[dict], every: int, steps: int) -> list[list]:
     """The mean training loss of each ``every`` steps (and of the last, shorter, window at ``steps``)."""
     curve, window = [], []
@@ -70,7 +56,7 @@ def loss_curve(records: list[dict], every: int, steps: int) -> list[list]:
 def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, device: str = "auto",
               progress: bool = True, desc: str | None = None, test: Batch | None = None,
               validation: Batch | None = None) -> dict[str, Any]:
-    """Train ``variant`` on ``task`` with ``seed`` for ``settings.steps`` steps through the trainer (a run kept in
+    """Train ``variant`` on ``task`` with ``seed`` for ``settings.train["steps"]`` steps through the trainer (a run kept in
     memory, on fresh batches of the task, evaluated by its accuracy on the first ``eval_size`` test sequences),
     then measure it on the validation set (:func:`validation_set`) and the fixed test set; the result record
     (accuracy by difficulty, validation accuracy and loss, loss and accuracy curves, time) as
@@ -84,11 +70,11 @@ def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, de
 
     dev = resolve_device(device)
     test = task.test_set(settings.test_seed, settings.test_size) if test is None else test
-    validation = validation_set(task, settings) if validation is None else validation
+    validation = validation_set(task, settings.test_seed, settings.eval_size) if validation is None else validation
     curve_set = test.take(slice(0, settings.eval_size))
     model = build_model(task, variant, seed, settings)
-    trainer = Trainer(train_config(task, variant, seed, settings, str(dev)), model=model, persist=False,
-                      batches=task.batches(seed, settings.batch_size), progress=progress, quiet=True,
+    trainer = Trainer(settings.train_config(task, variant, seed, str(dev)), model=model, persist=False,
+                      batches=task.batches(seed, settings.train["batch_size"]), progress=progress, quiet=True,
                       desc=desc or f"{task.name} {variant} seed {seed}",
                       evaluate=lambda m: {"accuracy": evaluate(m, task, curve_set, dev)["overall"]})
     t0 = time.perf_counter()
@@ -103,7 +89,7 @@ def train_one(task: Task, variant: str, seed: int, settings: TaskSettings, *, de
         "test_loss": final["loss"], "validation": {"overall": held_out["overall"], "loss": held_out["loss"]},
         "chance": task.chance, "levels": list(task.levels),
         "level_names": list(task.level_names), "difficulty_name": task.difficulty_name,
-        "loss_curve": loss_curve(trainer.records, settings.log_every, settings.steps),
+        "loss_curve": loss_curve(trainer.records, settings.train["log_every"], settings.train["steps"]),
         "accuracy_curve": [[r["step"], r["accuracy"]] for r in trainer.records if "accuracy" in r],
         "steps_done": result.step, "diverged": result.diverged,
         "parameters": count_parameters(model), "model_config": model.config.to_diff_dict(),

@@ -10,13 +10,13 @@ lr of a grid with each variant at its own best lr (:func:`run_task_lr_grid`), th
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from deep_delta.experiments.settings import TaskSettings, model_config, resolve_task
 from deep_delta.experiments.task_runs import (
     CHECKSUM,
     finished_results,
@@ -27,7 +27,6 @@ from deep_delta.experiments.task_runs import (
 )
 from deep_delta.tasks import Task
 from deep_delta.tasks.evaluation import validation_set
-from deep_delta.tasks.settings import TaskSettings, model_config, resolve_task
 
 OUTPUTS = ("tasks.md", "tasks.json", "tasks.png")
 
@@ -49,7 +48,7 @@ def run_task_study(task_name: str, variants: list[str], seeds: list[int], settin
     out = Path(out)
     todo, done = finished_results(task, variants, seeds, settings, out, overwrite=overwrite)
     test = task.test_set(settings.test_seed, settings.test_size)  # a task space too small is refused here
-    validation = validation_set(task, settings)
+    validation = validation_set(task, settings.test_seed, settings.eval_size)
     shortcuts = score_shortcuts(task, test)
     if done:
         say(f"reusing {len(done)} finished result(s) in {out}")
@@ -121,7 +120,7 @@ def run_task_lr_grid(task_name: str, variants: list[str], seeds: list[int], sett
     records: dict[tuple[str, float, int], dict] = {}
 
     def run_at(lr: float, where: Path) -> None:
-        run_task_study(task_name, variants, seeds, dataclasses.replace(settings, lr=lr), where, device=device,
+        run_task_study(task_name, variants, seeds, settings.with_values(lr=lr), where, device=device,
                        overwrite=overwrite, progress=progress, say=say)
         for seed in seeds:
             for variant in variants:
@@ -134,7 +133,7 @@ def run_task_lr_grid(task_name: str, variants: list[str], seeds: list[int], sett
 
     return run_lr_study(
         out, lrs, variants, run_at=run_at, higher_is_better=True, finish=finish, say=say,
-        check=lambda lr, where: finished_results(task, variants, seeds, dataclasses.replace(settings, lr=lr), where,
+        check=lambda lr, where: finished_results(task, variants, seeds, settings.with_values(lr=lr), where,
                                                  overwrite=overwrite),
         points_at=lambda lr, _: grid_points(task, variants, seeds, [lr], records),
         lock=f"ddl tasks run {task_name} --lrs")

@@ -6,10 +6,11 @@ residual cannot (reflection, erase), with controls that attention alone solves. 
     batch = task.generate(rng, 64, "train")        # inputs, labels (-100 where unscored), difficulty
     test = task.test_set(seed=1234, size=2000)
 
-A run's settings: :mod:`deep_delta.tasks.settings`; its data, ``Task.batches(seed, batch_size)``, a stream the
+A run's data: ``Task.batches(seed, batch_size)``, a stream the
 trainer draws from; its measure: :mod:`deep_delta.tasks.evaluation`. Nothing here trains or reports: one run is
 :mod:`deep_delta.experiments.task_runs` (through the trainer), a study of variants x seeds (and lr grids)
-:mod:`deep_delta.experiments.tasks`, its table and plot :mod:`deep_delta.experiments.task_report`.
+:mod:`deep_delta.experiments.tasks`, its table and plot :mod:`deep_delta.experiments.task_report`, its settings
+:class:`deep_delta.experiments.settings.TaskSettings`.
 """
 
 from __future__ import annotations

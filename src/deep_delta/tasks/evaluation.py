@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from deep_delta.tasks import IGNORE, Batch, Task, accuracy_by_difficulty, data_rng
-from deep_delta.tasks.settings import TaskSettings
 
 
 def evaluate(model, task: Task, test: Batch, device, batch_size: int = 500) -> dict[str, Any]:
@@ -34,7 +33,7 @@ def evaluate(model, task: Task, test: Batch, device, batch_size: int = 500) -> d
     return result
 
 
-def validation_set(task: Task, settings: TaskSettings) -> Batch:
-    """``settings.eval_size`` held-out sequences of the train split (never a test sequence), from a stream of
-    their own (``test_seed``, "validation"), not the training stream: what an lr grid chooses on."""
-    return task.generate(data_rng(settings.test_seed, f"{task.name}/validation"), settings.eval_size, "train")
+def validation_set(task: Task, test_seed: int, size: int) -> Batch:
+    """``size`` held-out sequences of the train split (never a test sequence), from a stream of their own
+    (``test_seed``, "validation"), not the training stream: what an lr grid chooses on."""
+    return task.generate(data_rng(test_seed, f"{task.name}/validation"), size, "train")
