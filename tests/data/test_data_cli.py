@@ -80,7 +80,7 @@ def test_bad_arguments(tmp_path, capsys, args, message):
 
 
 def test_counts():
-    from deep_delta.cli.data import count
+    from deep_delta.cli.options import count
 
     assert [count(s) for s in ["1000", "1_000", "1e6", "500k", "10M", "2B", "1.5k"]] == [
         1000, 1000, 10**6, 500_000, 10**7, 2 * 10**9, 1500]

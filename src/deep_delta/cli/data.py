@@ -4,38 +4,8 @@ read every shard to check it (``verify``)."""
 from __future__ import annotations
 
 import argparse
-import re
 
-_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMbBgG]?)")
-_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
-
-
-def count(text: str) -> int:
-    """A positive token count: ``1000000``, ``1_000_000``, ``1e6``, ``500k``, ``10M``, ``2B``."""
-    from deep_delta.settings import MAX_INT, parse_number
-
-    t = text.replace("_", "").strip()
-    m = _COUNT.fullmatch(t)
-    try:
-        value = parse_number(m.group(1)) * _SCALE[m.group(2).lower()] if m else parse_number(t)
-    except ValueError:
-        value = 0.0
-    if not 1 <= value <= MAX_INT or value != int(value):
-        raise argparse.ArgumentTypeError(f"expected a positive whole number of at most 64 bits such as 1000000, 1e6, "
-                                         f"500k or 10M, got {text!r}")
-    return int(value)
-
-
-def fraction(text: str) -> float:
-    from deep_delta.settings import parse_number
-
-    try:
-        value = parse_number(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
+from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
@@ -73,11 +43,11 @@ def add_parser(sub) -> None:
     pp.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
                     help="byte: UTF-8 bytes + EOT (vocab 257); gpt2: tiktoken GPT-2 BPE (vocab 50257) (default: byte)")
     pp.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
-    pp.add_argument("--val-fraction", type=fraction, default=None, metavar="F",
+    pp.add_argument("--val-fraction", type=options.fraction, default=None, metavar="F",
                     help="share of tokens in the validation split, in [0, 1) (default: 0.01)")
-    pp.add_argument("--shard-tokens", type=count, default=None, metavar="N",
+    pp.add_argument("--shard-tokens", type=options.count, default=None, metavar="N",
                     help="tokens per shard file (default: 100M)")
-    pp.add_argument("--max-tokens", type=count, default=None, metavar="N",
+    pp.add_argument("--max-tokens", type=options.count, default=None, metavar="N",
                     help="stop after N tokens in all (train + val); the last document is cut (default: no cap)")
     pp.add_argument("--bpe-file", default=None, metavar="PATH",
                     help="local GPT-2 BPE for --tokenizer gpt2: vocab.bpe (+ encoder.json beside it), a directory "
@@ -85,7 +55,7 @@ def add_parser(sub) -> None:
                     "(default: $DDL_GPT2_BPE, else tiktoken's download cache)")
     pp.add_argument("--overwrite", action="store_true",
                     help="replace OUT if it is not empty (only if it holds nothing but shards and meta.json)")
-    pp.add_argument("--num-proc", type=count, default=None, metavar="N",
+    pp.add_argument("--num-proc", type=options.count, default=None, metavar="N",
                     help="tokenizing processes; the shards are the same for any N (default: the CPUs available)")
     pp.add_argument("--no-progress", action="store_true", help="no progress bar")
     pp.set_defaults(func=run_prepare)
