@@ -16,6 +16,7 @@ import pytest
 from deep_delta.cli import compare as compare_cli
 from deep_delta.cli import options
 from deep_delta.cli.main import build_parser, command_parser, main
+from deep_delta.data.settings import PrepareSettings
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
 from deep_delta.experiments.settings import CoordCheckSettings
 from deep_delta.tasks.settings import TaskSettings
@@ -31,6 +32,7 @@ COMMANDS = [
     (("bench-kernels",), KernelBenchSettings, ()),
     (("tasks", "run"), TaskSettings, ()),
     (("coord-check",), CoordCheckSettings, ()),
+    (("data", "prepare"), PrepareSettings, ()),
 ]
 IDS = [" ".join(path) for path, _, _ in COMMANDS]
 # what each shared option says whatever the field (cli/options.py), before the field's note
@@ -105,10 +107,14 @@ def given(argv: list[str], cls, skip=()) -> dict:
     return options.given_settings(PARSER.parse_args(argv), options.setting_names(cls, skip))
 
 
+# what a command needs besides its optional flags, and the settings that gives
+REQUIRED = {("tasks", "run"): (["recall"], {}), ("data", "prepare"): (["--out", "d"], {"out": "d"})}
+
+
 @pytest.mark.parametrize(("path", "cls", "skip"), COMMANDS, ids=IDS)
 def test_no_flag_given_leaves_every_setting_to_its_source(path, cls, skip):
-    argv = [*path, "recall"] if path == ("tasks", "run") else list(path)
-    assert given(argv, cls, skip) == {}
+    argv, needed = REQUIRED.get(path, ([], {}))
+    assert given([*path, *argv], cls, skip) == needed
 
 
 def test_train_flags_round_trip():
@@ -149,6 +155,15 @@ def test_tasks_run_flags_round_trip():
     values = given(["tasks", "run", "recall", "--lr", "1e-3", "--betas", "0.8", "0.95", "--test-seed", "7",
                     "--batch-size", "4"], TaskSettings)
     assert TaskSettings(**values) == TaskSettings(lr=1e-3, betas=[0.8, 0.95], test_seed=7, batch_size=4)
+
+
+def test_data_prepare_flags_round_trip():
+    values = given(["data", "prepare", "--out", "d", "--shard-tokens", "10k", "--max-tokens", "1B", "--num-proc", "4",
+                    "--val-fraction", "0.05", "--text-suffixes", ".py", ".md", "--no-progress", "--overwrite",
+                    "--tokenizer", "gpt2", "--bpe-file", "v.bpe"], PrepareSettings)
+    assert PrepareSettings(**values) == PrepareSettings(
+        out="d", shard_tokens=10_000, max_tokens=10**9, num_proc=4, val_fraction=0.05, text_suffixes=(".py", ".md"),
+        progress=False, overwrite=True, tokenizer="gpt2", bpe_file="v.bpe")
 
 
 def test_coord_check_flags_round_trip():

@@ -53,7 +53,8 @@ def test_user_errors_exit_2(tmp_path, corpus, capsys):
     assert main(["data", "prepare", "--source", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x")]) == 2
     assert "missing.txt' is neither" in capsys.readouterr().err
     assert main(["data", "prepare", "--bpe-file", "x", "--out", str(tmp_path / "x")]) == 2
-    assert "--bpe-file is only used with --tokenizer gpt2" in capsys.readouterr().err
+    assert "--bpe-file got 'x' with --tokenizer 'byte'; allowed: a BPE file only with --tokenizer gpt2" in (
+        capsys.readouterr().err)
     assert main(["data", "info", str(tmp_path / "nowhere")]) == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main(["data", "prepare", "--source", str(corpus), "--out", str(out), "--overwrite",
