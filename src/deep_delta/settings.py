@@ -114,13 +114,16 @@ def parse_assignments(assignments: list[str], groups: Sequence[str] = ("model",)
 
 # ---------------------------------------------------------------------------------------- typed fields
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **flag: Any) -> Any:
-    """A settings dataclass field: its ``default`` (or ``factory``, for a mutable one) and, in its metadata, the
-    ``help`` of its command-line flag ``--field-name`` with any ``metavar`` or ``choices`` (``flag``).
+    """A settings dataclass field: its ``default`` (or ``factory``, for a mutable one; neither: a required field and
+    flag) and, in its metadata, the ``help`` of its command-line flag ``--field-name`` with any ``metavar``,
+    ``choices`` or ``parse`` (``flag``).
 
-    The flag's type comes from the annotation; a ``dict`` field has no flag of its own (``--set
-    GROUP.NAME=VALUE`` fills it) and its help says so. A field named as a shared option (``device``, ``dtype``,
-    ``variants``, ``seeds``) gets that option of ``deep_delta.cli.options``: its text, ``help`` a note after it
-    (``seeds``: ``help`` is the text, the option's grammar the shared one)."""
+    The flag's type comes from the annotation, or from ``parse``: the name of another grammar of
+    ``deep_delta.cli.options`` (``"count"``: ``500k``, ``10M``, ``2B``; ``"fraction"``: a number in [0, 1)). A
+    ``dict`` field has no flag of its own (``--set GROUP.NAME=VALUE`` fills it) and its help says so. A field named
+    as a shared option (``device``, ``dtype``, ``variants``, ``seeds``) gets that option of
+    ``deep_delta.cli.options``: its text, ``help`` a note after it (``seeds``: ``help`` is the text, the option's
+    grammar the shared one)."""
     metadata = {"help": help, **flag}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)

@@ -8,13 +8,12 @@ import math
 
 import pytest
 
-from deep_delta.cli import data as data_cli
 from deep_delta.cli import options
 from deep_delta.cli.main import build_parser, main
 from deep_delta.settings import parse_assignments, parse_number
 
 PARSER = build_parser()
-NUMBER_TYPES = {options.integer, options.real, data_cli.count, data_cli.fraction}
+NUMBER_TYPES = {options.integer, options.real, options.count, options.fraction}
 
 
 def numeric_options():
@@ -97,7 +96,7 @@ def test_tasks_run_bad_set_is_one_line_not_a_traceback(item, said, capsys):
 
 
 def test_every_integer_option_refuses_numbers_beyond_64_bits():
-    integers = [a for _, _, a in OPTIONS if a.type in (options.integer, data_cli.count)]
+    integers = [a for _, _, a in OPTIONS if a.type in (options.integer, options.count)]
     assert len(integers) > 20
     for action in integers:
         with pytest.raises(argparse.ArgumentTypeError, match="at most 64 bits"):

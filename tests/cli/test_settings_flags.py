@@ -17,6 +17,7 @@ from deep_delta.cli import compare as compare_cli
 from deep_delta.cli import options
 from deep_delta.cli import tasks as tasks_cli
 from deep_delta.cli.main import build_parser, command_parser, main
+from deep_delta.data.settings import PrepareSettings
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
 from deep_delta.experiments.settings import CoordCheckSettings, TaskSettings
 from deep_delta.train.config import TrainConfig
@@ -32,6 +33,7 @@ COMMANDS = [
     (("tasks", "run"), TaskSettings, ()),
     (("tasks", "run"), TrainConfig, tasks_cli._not_taken(TrainConfig)),  # the training fields a task run takes
     (("coord-check",), CoordCheckSettings, ()),
+    (("data", "prepare"), PrepareSettings, ()),
 ]
 IDS = [" ".join(path) for path, _, _ in COMMANDS]
 # what each shared option says whatever the field (cli/options.py), before the field's note
@@ -107,10 +109,14 @@ def given(argv: list[str], cls, skip=()) -> dict:
     return options.given_settings(PARSER.parse_args(argv), options.setting_names(cls, skip))
 
 
+# what a command needs besides its optional flags, and the settings that gives
+REQUIRED = {("tasks", "run"): (["recall"], {}), ("data", "prepare"): (["--out", "d"], {"out": "d"})}
+
+
 @pytest.mark.parametrize(("path", "cls", "skip"), COMMANDS, ids=IDS)
 def test_no_flag_given_leaves_every_setting_to_its_source(path, cls, skip):
-    argv = [*path, "recall"] if path == ("tasks", "run") else list(path)
-    assert given(argv, cls, skip) == {}
+    argv, needed = REQUIRED.get(path, ([], {}))
+    assert given([*path, *argv], cls, skip) == needed
 
 
 def test_train_flags_round_trip():
@@ -167,6 +173,15 @@ def test_tasks_run_shows_the_defaults_of_its_recipe():
     for name in ("seed", "seq_len", "dtype", "save_every", "compile", "on_divergence"):  # what a task run sets
         assert options.setting_names(TrainConfig, tasks_cli._not_taken(TrainConfig)).count(name) == 0
         assert "--" + name.replace("_", "-") not in actions
+
+
+def test_data_prepare_flags_round_trip():
+    values = given(["data", "prepare", "--out", "d", "--shard-tokens", "10k", "--max-tokens", "1B", "--num-proc", "4",
+                    "--val-fraction", "0.05", "--text-suffixes", ".py", ".md", "--no-progress", "--overwrite",
+                    "--tokenizer", "gpt2", "--bpe-file", "v.bpe"], PrepareSettings)
+    assert PrepareSettings(**values) == PrepareSettings(
+        out="d", shard_tokens=10_000, max_tokens=10**9, num_proc=4, val_fraction=0.05, text_suffixes=(".py", ".md"),
+        progress=False, overwrite=True, tokenizer="gpt2", bpe_file="v.bpe")
 
 
 def test_coord_check_flags_round_trip():

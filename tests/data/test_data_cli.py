@@ -53,7 +53,8 @@ def test_user_errors_exit_2(tmp_path, corpus, capsys):
     assert main(["data", "prepare", "--source", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x")]) == 2
     assert "missing.txt' is neither" in capsys.readouterr().err
     assert main(["data", "prepare", "--bpe-file", "x", "--out", str(tmp_path / "x")]) == 2
-    assert "--bpe-file is only used with --tokenizer gpt2" in capsys.readouterr().err
+    assert "--bpe-file got 'x' with --tokenizer 'byte'; allowed: a BPE file only with --tokenizer gpt2" in (
+        capsys.readouterr().err)
     assert main(["data", "info", str(tmp_path / "nowhere")]) == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main(["data", "prepare", "--source", str(corpus), "--out", str(out), "--overwrite",
@@ -80,7 +81,7 @@ def test_bad_arguments(tmp_path, capsys, args, message):
 
 
 def test_counts():
-    from deep_delta.cli.data import count
+    from deep_delta.cli.options import count
 
     assert [count(s) for s in ["1000", "1_000", "1e6", "500k", "10M", "2B", "1.5k"]] == [
         1000, 1000, 10**6, 500_000, 10**7, 2 * 10**9, 1500]

@@ -185,10 +185,10 @@ def test_bad_sources(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"val_fraction": 1.0}, r"`val_fraction` must be a number in \[0, 1\), got 1.0"),
-        ({"shard_tokens": 0}, "`shard_tokens` must be an integer in"),
-        ({"max_tokens": -5}, "`max_tokens` must be a positive integer or None, got -5"),
-        ({"num_proc": 0}, "`num_proc` must be an integer >= 1, got 0"),
+        ({"val_fraction": 1.0}, r"`val_fraction` got 1.0; allowed: a number in \[0, 1\)"),
+        ({"shard_tokens": 0}, "`shard_tokens` got 0; allowed: an integer >= 1 and <= 2,147,483,647"),
+        ({"max_tokens": -5}, r"`max_tokens` got -5; allowed: an integer >= 1, or None \(no cap\)"),
+        ({"num_proc": 0}, r"`num_proc` got 0; allowed: an integer >= 1, or None \(the CPUs available\)"),
     ],
 )
 def test_bad_options(tmp_path, kwargs, message):

@@ -4,41 +4,13 @@ read every shard to check it (``verify``)."""
 from __future__ import annotations
 
 import argparse
-import re
 
-_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMbBgG]?)")
-_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
-
-
-def count(text: str) -> int:
-    """A positive token count: ``1000000``, ``1_000_000``, ``1e6``, ``500k``, ``10M``, ``2B``."""
-    from deep_delta.settings import MAX_INT, parse_number
-
-    t = text.replace("_", "").strip()
-    m = _COUNT.fullmatch(t)
-    try:
-        value = parse_number(m.group(1)) * _SCALE[m.group(2).lower()] if m else parse_number(t)
-    except ValueError:
-        value = 0.0
-    if not 1 <= value <= MAX_INT or value != int(value):
-        raise argparse.ArgumentTypeError(f"expected a positive whole number of at most 64 bits such as 1000000, 1e6, "
-                                         f"500k or 10M, got {text!r}")
-    return int(value)
-
-
-def fraction(text: str) -> float:
-    from deep_delta.settings import parse_number
-
-    try:
-        value = parse_number(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
+from deep_delta.cli import options
 
 
 def add_parser(sub) -> None:
+    from deep_delta.data.settings import PrepareSettings
+
     p = sub.add_parser(
         "data",
         help="prepare token shards and inspect data directories",
@@ -62,32 +34,7 @@ def add_parser(sub) -> None:
         "  ddl data prepare --source /usr/lib/python3/dist-packages --text-suffixes .py .md --out data/code",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    pp.add_argument("--source", default="default",
-                    help="'default' (CPython's pydoc_data.topics text, embedded), 'fineweb-edu[:CONFIG]' "
-                    "(Hugging Face Hub, CONFIG e.g. sample-10BT (default) or sample-100BT), or a local .txt / "
-                    ".jsonl / .parquet file, directory or glob (default: default)")
-    pp.add_argument("--text-suffixes", nargs="+", default=[], metavar="SUFFIX",
-                    help="with a local directory or glob: also read files ending in these suffixes as plain text, "
-                    "one document per file (e.g. --text-suffixes .py .md .rst; every such file must be UTF-8) "
-                    "(default: only .txt / .jsonl / .parquet)")
-    pp.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
-                    help="byte: UTF-8 bytes + EOT (vocab 257); gpt2: tiktoken GPT-2 BPE (vocab 50257) (default: byte)")
-    pp.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
-    pp.add_argument("--val-fraction", type=fraction, default=None, metavar="F",
-                    help="share of tokens in the validation split, in [0, 1) (default: 0.01)")
-    pp.add_argument("--shard-tokens", type=count, default=None, metavar="N",
-                    help="tokens per shard file (default: 100M)")
-    pp.add_argument("--max-tokens", type=count, default=None, metavar="N",
-                    help="stop after N tokens in all (train + val); the last document is cut (default: no cap)")
-    pp.add_argument("--bpe-file", default=None, metavar="PATH",
-                    help="local GPT-2 BPE for --tokenizer gpt2: vocab.bpe (+ encoder.json beside it), a directory "
-                    "with vocab.bpe + encoder.json or merges.txt + vocab.json, or a .tiktoken file "
-                    "(default: $DDL_GPT2_BPE, else tiktoken's download cache)")
-    pp.add_argument("--overwrite", action="store_true",
-                    help="replace OUT if it is not empty (only if it holds nothing but shards and meta.json)")
-    pp.add_argument("--num-proc", type=count, default=None, metavar="N",
-                    help="tokenizing processes; the shards are the same for any N (default: the CPUs available)")
-    pp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    options.add_settings(pp, PrepareSettings)
     pp.set_defaults(func=run_prepare)
 
     pi = data_sub.add_parser(
@@ -119,26 +66,12 @@ def run_prepare(args: argparse.Namespace) -> int:
     import time
 
     from deep_delta.cli.main import UsageError
-    from deep_delta.data import DataUnavailableError, prepare
-    from deep_delta.data.prepare import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION
+    from deep_delta.data import DataUnavailableError, PrepareSettings, prepare_from
 
-    if args.bpe_file is not None and args.tokenizer != "gpt2":
-        raise UsageError(f"--bpe-file is only used with --tokenizer gpt2, got --tokenizer {args.tokenizer}")
+    settings = PrepareSettings(**options.given_settings(args, options.setting_names(PrepareSettings)))
     start = time.perf_counter()
     try:
-        meta = prepare(
-            args.source,
-            args.tokenizer,
-            args.out,
-            val_fraction=DEFAULT_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
-            shard_tokens=DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens,
-            max_tokens=args.max_tokens,
-            overwrite=args.overwrite,
-            bpe_file=args.bpe_file,
-            progress=not args.no_progress,
-            num_proc=args.num_proc,
-            text_suffixes=tuple(args.text_suffixes),
-        )
+        meta = prepare_from(settings)
     except (DataUnavailableError, FileExistsError, ImportError) as e:
         raise UsageError(str(e)) from e
     seconds = time.perf_counter() - start
@@ -158,7 +91,7 @@ def run_prepare(args: argparse.Namespace) -> int:
               "ones are the validation split (one document is cut in two)")
     elif val == 0:
         print("  no validation split (--val-fraction 0): train with validation off (--eval-every 0)")
-    print(f"  written to {args.out} in {seconds:.1f} s ({meta['num_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
+    print(f"  written to {settings.out} in {seconds:.1f} s ({meta['num_tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
     return 0
 
 

@@ -4,15 +4,16 @@ Each ``add_*`` helper adds one option to a parser with the same spelling, metava
 every command that has it; :func:`add_settings` adds a flag for every field of a settings dataclass, from the
 field's annotation and metadata (:func:`deep_delta.settings.setting`), and :func:`given_settings` reads the
 given ones back; :func:`integer` and :func:`real` are the types of every numeric option (finite, scientific
-notation read); ``apply_threads`` and ``variant_list`` turn parsed values into what the library takes. Library
-functions name their Python parameters in errors; :func:`deep_delta.cli.main.as_flags` turns those into these
-flags.
+notation read), :func:`count` (``10M``) and :func:`fraction` those of token counts and shares; ``apply_threads``
+and ``variant_list`` turn parsed values into what the library takes. Library functions name their Python
+parameters in errors; :func:`deep_delta.cli.main.as_flags` turns those into these flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -47,6 +48,44 @@ def real(text: str) -> float:
         return parse_number(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMbBgG]?)")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+
+
+def count(text: str) -> int:
+    """The type of a count of tokens (or processes): ``1000000``, ``1_000_000``, ``1e6``, ``500k``, ``10M``,
+    ``2B``; positive, at most 64 bits."""
+    from deep_delta.settings import MAX_INT, parse_number
+
+    t = text.replace("_", "").strip()
+    m = _COUNT.fullmatch(t)
+    try:
+        value = parse_number(m.group(1)) * _SCALE[m.group(2).lower()] if m else parse_number(t)
+    except ValueError:
+        value = 0.0
+    if not 1 <= value <= MAX_INT or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of at most 64 bits such as 1000000, 1e6, "
+                                         f"500k or 10M, got {text!r}")
+    return int(value)
+
+
+def fraction(text: str) -> float:
+    """The type of a fraction: a number in [0, 1)."""
+    from deep_delta.settings import parse_number
+
+    try:
+        value = parse_number(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+# The grammars a settings field may name for its flag instead of its annotation's (setting(..., parse="count")).
+PARSERS = {"count": count, "fraction": fraction}
 
 
 def add_device(p, default: str = "auto", note: str = "") -> argparse.Action:
@@ -228,11 +267,13 @@ def add_settings(p, cls: type, *, skip: Sequence[str] = (), defaults: dict[str, 
     :func:`setting_names`; returns their names, what :func:`given_settings` reads back.
 
     Each flag's type comes from the annotation (int: :func:`integer`, float: :func:`real`, bool: ``--x`` /
-    ``--no-x``, a tuple, list or sequence: several values, ``X | None``: X), its help, metavar and choices from
-    the field's metadata (:func:`deep_delta.settings.setting`), the default its help shows from the class or
-    ``defaults`` (a command's own, e.g. a recipe's); a field named as a shared option (:data:`SHARED_SETTINGS`)
-    gets that option. A flag not given leaves nothing in the namespace (``argparse.SUPPRESS``), so only the
-    flags given override the settings' own defaults."""
+    ``--no-x``, a tuple, list or sequence: several values, ``X | None``: X) or the metadata's ``parse`` (a name of
+    :data:`PARSERS`), its help, metavar and choices from the field's metadata
+    (:func:`deep_delta.settings.setting`), the default its help shows from the class or ``defaults`` (a command's
+    own, e.g. a recipe's; None or an empty list: the help says what nothing means); a field without a default is
+    a required flag; a field named as a shared option (:data:`SHARED_SETTINGS`) gets that option. A flag not given
+    leaves nothing in the namespace (``argparse.SUPPRESS``), so only the flags given override the settings' own
+    defaults."""
     hints = typing.get_type_hints(cls)
     names = setting_names(cls, skip)
     for f in dataclasses.fields(cls):
@@ -256,7 +297,8 @@ def given_settings(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
 
 
 def _field_default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    """The default of ``f``: its value, its factory's, or ``MISSING`` for a required field."""
+    return f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
 
 
 def _add_setting(p, f: dataclasses.Field, kind: Any, default: Any) -> argparse.Action:
@@ -270,9 +312,12 @@ def _add_setting(p, f: dataclasses.Field, kind: Any, default: Any) -> argparse.A
     if f.name == "variants":
         return add_variants(p, default, note=note)
     if f.name == "seeds":  # shown as --seeds reads it: seeds 0..N-1 as the count N
-        count = list(default) == list(range(len(default)))
-        return add_seeds(p, f"{note} (default {len(default) if count else ' '.join(map(str, default))})")
-    text = note if default is None else f"{note} (default {_listed(default)})"
+        counted = list(default) == list(range(len(default)))
+        return add_seeds(p, f"{note} (default {len(default) if counted else ' '.join(map(str, default))})")
+    required = default is dataclasses.MISSING
+    parse = PARSERS[f.metadata["parse"]] if "parse" in f.metadata else None
+    nothing = required or default is None or (isinstance(default, (list, tuple)) and not default)
+    text = note if nothing else f"{note} (default {_listed(default, parse)})"
     flag = "--" + f.name.replace("_", "-")
     if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: X (None is its default)
         (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
@@ -284,9 +329,13 @@ def _add_setting(p, f: dataclasses.Field, kind: Any, default: Any) -> argparse.A
         fixed = typing.get_origin(kind) is tuple and items[-1] is not Ellipsis
         nargs = len(items) if fixed else len(metavar) if isinstance(metavar, tuple) else "+"
         kind = items[0]
-    return p.add_argument(flag, type={int: integer, float: real}.get(kind), nargs=nargs, metavar=metavar,
-                          choices=list(choices) if choices else None, help=text)
+    return p.add_argument(flag, type=parse or {int: integer, float: real}.get(kind), nargs=nargs, metavar=metavar,
+                          required=required, choices=list(choices) if choices else None, help=text)
 
 
-def _listed(value: Any) -> str:
+def _listed(value: Any, parse: Any = None) -> str:
+    """A default as its flag reads it: a list space-separated, a :func:`count` with its suffix (``100M``)."""
+    if parse is count:
+        return next((f"{value // scale}{suffix}" for suffix, scale in (("B", 10**9), ("M", 10**6), ("k", 10**3))
+                     if value % scale == 0), str(value))
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)

@@ -8,12 +8,15 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from deep_delta.data.meta import META_FILE, SPLIT_NAME, has_shard_records, read_meta, require_data_dir
 from deep_delta.data.shards import ShardError, max_token_id, open_shard, read_header
+
+if TYPE_CHECKING:  # imported where a batch is made, so that `import deep_delta.data` needs no PyTorch
+    import torch
 
 
 def split_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
@@ -275,6 +278,8 @@ class TokenLoader:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def _batch(self, windows) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         buf = np.stack([self._window(int(i)) for i in windows]).astype(np.int64)
         t = torch.from_numpy(buf)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()

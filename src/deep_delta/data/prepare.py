@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +39,15 @@ import numpy as np
 from deep_delta.data.errors import DataError
 from deep_delta.data.loader import available_splits, split_shards, token_id_error
 from deep_delta.data.meta import META_FILE, read_meta, require_data_dir, validate_meta
+from deep_delta.data.settings import (
+    DEFAULT_SHARD_TOKENS,
+    DEFAULT_VAL_FRACTION,
+    PrepareSettings,
+    check_sharding,
+)
 from deep_delta.data.shards import (
     CHECKSUM,
     MAX_TOKEN_ID,
-    MAX_TOKENS,
     ShardError,
     max_token_id,
     open_shard,
@@ -54,11 +59,10 @@ from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
 from deep_delta.fsutil import atomic_write, dir_lock, lock_held, refuse_replaced_dir, remove_stale, swap_in
 
-__all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "read_meta", "write_dataset"]
+__all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "prepare_from", "read_meta",
+           "write_dataset"]
 
 META_FORMAT = "deep_delta.tokens/3"  # /2: closest-share validation rule; /3: per-shard bytes, max id, sha256
-DEFAULT_VAL_FRACTION = 0.01
-DEFAULT_SHARD_TOKENS = 100_000_000  # as modded-nanogpt's FineWeb shards
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
 # how far (relative to val_fraction) the whole-document split's validation share may end from val_fraction
 # before the split is by tokens instead
@@ -149,12 +153,7 @@ def _to_val(val_tokens: int, total: int, n: int, val_fraction: float) -> bool:
 
 
 def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int, max_tokens: int | None) -> None:
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
-        raise ValueError(f"`val_fraction` must be a number in [0, 1), got {val_fraction!r}")
-    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or not 1 <= shard_tokens <= MAX_TOKENS:
-        raise ValueError(f"`shard_tokens` must be an integer in [1, {MAX_TOKENS}], got {shard_tokens!r}")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ValueError(f"`max_tokens` must be a positive integer or None, got {max_tokens!r}")
+    check_sharding(val_fraction, shard_tokens, max_tokens)
     if tokenizer.name not in TOKENIZERS:
         raise ValueError(f"tokenizer name {tokenizer.name!r}: allowed: one of {', '.join(TOKENIZERS)} (meta.json "
                          f"records the name, and readers of the data build the tokenizer from it)")
@@ -537,6 +536,8 @@ def prepare(
     text_suffixes: tuple[str, ...] = (),
 ) -> dict:
     """Tokenize ``source`` with ``tokenizer`` into ``out_dir`` and return the metadata written to ``meta.json``.
+    The options are those of :class:`~deep_delta.data.settings.PrepareSettings` (which checks them; ``ddl data
+    prepare``'s flags), ``out_dir`` its ``out``; :func:`prepare_from` takes them as one object.
 
     Args:
         source: "default" (the embedded ``pydoc_data.topics`` text), "fineweb-edu" / "fineweb-edu:CONFIG"
@@ -559,23 +560,28 @@ def prepare(
     removes it; an interrupted run (Ctrl-C, a kill) leaves it, and a rerun with the same settings keeps its
     finished shards and redoes the rest.
     """
-    tok = get_tokenizer(tokenizer, bpe_file=bpe_file) if isinstance(tokenizer, str) else tokenizer
-    _check_options(tok, val_fraction, shard_tokens, max_tokens)
-    num_proc = default_num_proc() if num_proc is None else check_num_proc(num_proc)
-    out = Path(out_dir).expanduser()
+    s = PrepareSettings(source=source, tokenizer=tokenizer if isinstance(tokenizer, str) else tokenizer.name,
+                        out=out_dir, val_fraction=val_fraction, shard_tokens=shard_tokens, max_tokens=max_tokens,
+                        overwrite=overwrite, bpe_file=bpe_file, progress=progress, num_proc=num_proc,
+                        text_suffixes=text_suffixes)
+    tok = get_tokenizer(s.tokenizer, bpe_file=s.bpe_file) if isinstance(tokenizer, str) else tokenizer
+    _check_options(tok, s.val_fraction, s.shard_tokens, s.max_tokens)
+    num_proc = default_num_proc() if s.num_proc is None else s.num_proc
+    out = Path(s.out).expanduser()
     refuse_replaced_dir(out, "out_dir", itself=False)  # data inside a run's checkpoints or a model is lost with it
-    _check_output(out, overwrite)
+    _check_output(out, s.overwrite)
     staging = partial_dir(out)
-    src = resolve_source(source, text_suffixes, exclude=(out, staging))
+    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging))
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)
         with dir_lock(staging, "ddl data prepare", name=_LOCK_FILE,
                       busy=f"another `ddl data prepare` is writing {out}; wait for it or choose another --out"):
-            meta = write_dataset(src.documents, tok, staging, val_fraction=val_fraction, shard_tokens=shard_tokens,
-                                 max_tokens=max_tokens, source_info=src.info, progress=progress,
-                                 num_proc=num_proc, resume=True, source_stamp=_source_stamp(src.info))
-            _check_output(out, overwrite)  # the directory may have been filled while we worked
+            meta = write_dataset(src.documents, tok, staging, val_fraction=s.val_fraction,
+                                 shard_tokens=s.shard_tokens, max_tokens=s.max_tokens, source_info=src.info,
+                                 progress=s.progress, num_proc=num_proc, resume=True,
+                                 source_stamp=_source_stamp(src.info))
+            _check_output(out, s.overwrite)  # the directory may have been filled while we worked
             (staging / _LOCK_FILE).unlink()
             swap_in(staging, out)
     except OSError as e:
@@ -588,6 +594,12 @@ def prepare(
         _discard(staging)
         raise
     return meta  # KeyboardInterrupt, SystemExit: the partial directory stays for a rerun to resume
+
+
+def prepare_from(settings: PrepareSettings) -> dict:
+    """:func:`prepare` with the options of ``settings`` (``ddl data prepare``'s); returns the metadata written."""
+    options = asdict(settings)
+    return prepare(options.pop("source"), options.pop("tokenizer"), options.pop("out"), **options)
 
 
 def _discard(staging: Path) -> None:
