@@ -37,6 +37,32 @@ def _tap_range(s: int, t: int, p: int) -> tuple[int, int]:
     return max(0, s - p), t
 
 
+def _taps(src: torch.Tensor, wf: torch.Tensor, t: int, p: int) -> torch.Tensor:
+    """A causal tap conv: ``y[:, t'] = sum_s wf[s] * src[:, t' + p - s]``.
+
+    src: (B, P+T, C) (P history rows first), wf: (K, C) -> (B, T, C) in src's dtype."""
+    y = src[:, p:] * wf[0]
+    for s in range(1, wf.shape[0]):
+        lo, hi = _tap_range(s, t, p)
+        if lo < hi:
+            y[:, lo:hi].addcmul_(src[:, lo + p - s : hi + p - s], wf[s])
+    return y
+
+
+def _taps_transposed(g: torch.Tensor, wf: torch.Tensor, t: int, p: int) -> torch.Tensor:
+    """The gradient of :func:`_taps` with respect to its input: g (B, T, C) -> (B, P+T, C), the history rows'
+    included (zero where no output reads them)."""
+    b, _, c = g.shape
+    h = torch.empty(b, p + t, c, dtype=g.dtype, device=g.device)
+    h[:, :p].zero_()
+    torch.mul(g, wf[0], out=h[:, p:])
+    for s in range(1, wf.shape[0]):
+        lo, hi = _tap_range(s, t, p)
+        if lo < hi:
+            h[:, lo + p - s : hi + p - s].addcmul_(g[:, lo:hi], wf[s])
+    return h
+
+
 def _tap_weight_grad(g: torch.Tensor, src: torch.Tensor, kk: int, t: int, p: int) -> torch.Tensor:
     """Weight gradient of a causal tap conv: row s = sum over (b, t') of g[:, t'] * src[:, t' + p - s].
 
@@ -100,13 +126,7 @@ class TokenCompressFunction(torch.autograd.Function):
     def forward(ctx, xp, w, t: int):
         b, length, d, dv = xp.shape
         p, kk = length - t, w.shape[0]
-        xf = xp.view(b, length, d * dv)
-        wf = w.to(xp.dtype).reshape(kk, d * dv)
-        y = xf[:, p:] * wf[0]
-        for s in range(1, kk):
-            lo, hi = _tap_range(s, t, p)
-            if lo < hi:
-                y[:, lo:hi].addcmul_(xf[:, lo + p - s : hi + p - s], wf[s])
+        y = _taps(xp.view(b, length, d * dv), w.to(xp.dtype).reshape(kk, d * dv), t, p)
         ctx.save_for_backward(xp, w)
         ctx.t = t
         return _sum_value_channels(y, dv)
@@ -122,15 +142,7 @@ class TokenCompressFunction(torch.autograd.Function):
         ge = _broadcast_channels(g.to(xp.dtype), dv)  # (B, T, d*d_v)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            gxp = torch.empty_like(xf)
-            if p:
-                gxp[:, :p].zero_()
-            torch.mul(ge, wf[0], out=gxp[:, p:])
-            for s in range(1, kk):
-                lo, hi = _tap_range(s, t, p)
-                if lo < hi:
-                    gxp[:, lo + p - s : hi + p - s].addcmul_(ge[:, lo:hi], wf[s])
-            grad_x = gxp.view(xp.shape)
+            grad_x = _taps_transposed(ge, wf, t, p).view(xp.shape)
         if ctx.needs_input_grad[1]:
             grad_w = _tap_weight_grad(ge, xf, kk, t, p).view(kk, d, dv).to(w.dtype)
         return grad_x, grad_w, None
@@ -144,13 +156,7 @@ class EmbedConvFunction(torch.autograd.Function):
         b, length, d = ep.shape
         kk, _, dv = w.shape
         p = length - t
-        ef = _broadcast_channels(ep, dv)  # (B, P+T, d*d_v)
-        wf = w.to(ep.dtype).reshape(kk, d * dv)
-        y = ef[:, p:] * wf[0]
-        for s in range(1, kk):
-            lo, hi = _tap_range(s, t, p)
-            if lo < hi:
-                y[:, lo:hi].addcmul_(ef[:, lo + p - s : hi + p - s], wf[s])
+        y = _taps(_broadcast_channels(ep, dv), w.to(ep.dtype).reshape(kk, d * dv), t, p)  # (B, T, d*d_v)
         ctx.save_for_backward(ep, w)
         ctx.t = t
         return y.view(b, t, d, dv)
@@ -166,15 +172,7 @@ class EmbedConvFunction(torch.autograd.Function):
         gf = g.to(ep.dtype).reshape(b, t, d * dv)
         grad_e = grad_w = None
         if ctx.needs_input_grad[0]:
-            h = torch.empty(b, length, d * dv, dtype=ep.dtype, device=ep.device)
-            if p:
-                h[:, :p].zero_()
-            torch.mul(gf, wf[0], out=h[:, p:])
-            for s in range(1, kk):
-                lo, hi = _tap_range(s, t, p)
-                if lo < hi:
-                    h[:, lo + p - s : hi + p - s].addcmul_(gf[:, lo:hi], wf[s])
-            grad_e = _sum_value_channels(h, dv)
+            grad_e = _sum_value_channels(_taps_transposed(gf, wf, t, p), dv)
         if ctx.needs_input_grad[1]:
             ef = _broadcast_channels(ep, dv)
             grad_w = _tap_weight_grad(gf, ef, kk, t, p).view(kk, d, dv).to(w.dtype)

@@ -23,7 +23,6 @@ from deep_delta.ops.delta.naive import (
     delta_update_reference,
     unit_direction,
     update_and_norm_reference,
-    write_update_reference,
 )
 
 
@@ -322,5 +321,4 @@ __all__ = [
     "update_and_channel_read",
     "update_and_token_read",
     "write_update",
-    "write_update_reference",
 ]

@@ -34,36 +34,24 @@ def delta_update_reference(
     v: torch.Tensor,
     beta: torch.Tensor,
     k_eps: float = 1e-5,
+    *,
+    erase: bool = True,
 ) -> torch.Tensor:
-    """Reference ``x + beta k (v^T - k^T x)`` with k normalised inside; shapes already validated.
+    """Reference ``x + beta k (v^T - k^T x)`` with k normalised inside; shapes already validated. ``erase=False``:
+    the write-only control ``x + beta k v^T`` (the update without its read ``k^T x``: nothing of the state is
+    erased; :func:`deep_delta.ops.delta.write_update`).
 
     x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1). Returns (..., d, d_v) in x.dtype.
     The gate and value math and the projection ``u^T x`` run in fp32 (fp64 if any input is fp64).
     """
     ct = compute_dtype(x, k, v, beta)
     u, _ = unit_direction(k, k_eps, ct)  # (..., d)
-    # project: p = u^T x, a reduction over d in the compute dtype
-    p = torch.matmul(u.unsqueeze(-2), x.to(ct)).squeeze(-2)  # (..., d_v)
+    # project: p = u^T x, a reduction over d in the compute dtype (the write-only control reads nothing)
+    p = torch.matmul(u.unsqueeze(-2), x.to(ct)).squeeze(-2) if erase else 0.0  # (..., d_v)
     # compare: beta * (v - u^T x); small, (..., d_v)
     delta = beta.to(ct) * (v.to(ct) - p)
     # write: rank-1 update of the state
     update = u.unsqueeze(-1) * delta.unsqueeze(-2)
-    return x + update.to(x.dtype)
-
-
-def write_update_reference(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    k_eps: float = 1e-5,
-) -> torch.Tensor:
-    """Reference of the write-only control ``x + beta k v^T`` (k normalised as in the delta update): the delta
-    update without its read ``k^T x``, so nothing of the state is erased. Shapes and dtypes as
-    :func:`delta_update_reference`."""
-    ct = compute_dtype(x, k, v, beta)
-    u, _ = unit_direction(k, k_eps, ct)
-    update = u.unsqueeze(-1) * (beta.to(ct) * v.to(ct)).unsqueeze(-2)
     return x + update.to(x.dtype)
 
 
