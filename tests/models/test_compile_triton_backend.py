@@ -126,8 +126,9 @@ def test_channel_block_compiles_on_the_triton_backend():
 def test_tc_and_whole_cc_models_compile_on_cuda_not_under_the_interpreter(variant):
     """ddl-tc and a whole ddl-cc model: their CC / TC reads and EC are autograd Functions over Triton kernels,
     which Dynamo traces into. On CUDA it traces the kernels as user-defined Triton kernels, and the compiled model
-    must give eager's values and gradients. Under the interpreter a launch calls Triton's C extension
-    (``getenv_bool``), which Dynamo cannot trace: why these models are not compared on CPU (docs/kernels.md,
+    must give eager's values and gradients. Under the interpreter a launch calls what Dynamo cannot trace
+    (Triton's C extension, ``getenv_bool``; inspect reading the kernel's source): why these models are not compared
+    on CPU (docs/kernels.md,
     "Dispatch rules"; when this stops failing, compare them here)."""
     torch.manual_seed(0)
     config = DDLConfig.from_variant(variant, "tiny", delta_backend="triton", **{**DEBUG, "num_hidden_layers": 2})
@@ -136,8 +137,11 @@ def test_tc_and_whole_cc_models_compile_on_cuda_not_under_the_interpreter(varian
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
     if DEVICE == "cpu":
-        with pytest.raises(torch._dynamo.exc.Unsupported, match="getenv_bool"):
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="marked as skipped") as refused:
             compiled(ids, labels=ids)
+        # refused in a kernel's launch: what Dynamo meets first there varies (Triton's C extension's getenv_bool,
+        # or, in a fresh process, inspect's getfile reading the kernel's source for the interpreter's rewrite)
+        assert "libtriton" in str(refused.value) or "getfile" in str(refused.value), str(refused.value)[:600]
         return
 
     def run(fn):
