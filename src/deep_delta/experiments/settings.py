@@ -139,17 +139,16 @@ class TaskSettings:
     def with_values(self, **values: Any) -> TaskSettings:
         """These settings with fields set by name (a training field goes into ``train``; ``model`` and ``task``
         add their entries to those mappings)."""
-        own = [f.name for f in dataclasses.fields(self) if f.name != "train"]
-        unknown = sorted(set(values) - set(own) - set(TRAIN_FIELDS))
+        unknown = self._unknown(values)
         if unknown:
-            raise ValueError(f"TaskSettings: {self._unknown(unknown[0])}")
+            raise ValueError(f"TaskSettings: {self._no_setting(unknown)}")
         for group in GROUPS:
             if group in values and not isinstance(values[group], dict):
                 raise ValueError(f"TaskSettings: `{group}` got {values[group]!r}; allowed: a mapping "
                                  f"(--set {group}.NAME=VALUE)")
         train = {**self.train, **{k: v for k, v in values.items() if k in TRAIN_FIELDS}}
         train["model"] = {**self.train["model"], **values.get("model", {})}
-        own_values = {k: v for k, v in values.items() if k in own}
+        own_values = {k: v for k, v in values.items() if k not in TRAIN_FIELDS}
         own_values["task"] = {**self.task, **values.get("task", {})}
         return dataclasses.replace(self, train=train, **own_values)
 
@@ -161,19 +160,26 @@ class TaskSettings:
             if key in GROUPS and not isinstance(value, dict):
                 raise ValueError(f"`assignments` got {_item(assignments, key)!r}: no setting {key!r}; set one entry: "
                                  f"{key}.NAME=VALUE")
-        unknown = sorted(given.keys() - {*TRAIN_FIELDS, *(f.name for f in dataclasses.fields(self))} - {"train"})
-        if unknown:
-            raise ValueError(f"`assignments` got {_item(assignments, unknown[0])!r}: {self._unknown(unknown[0])}")
+        unknown = self._unknown(given)
+        if unknown:  # checked here too, to quote the item
+            raise ValueError(f"`assignments` got {_item(assignments, unknown)!r}: {self._no_setting(unknown)}")
         unknown = sorted(given.get("model", {}).keys() - model_fields())
         if unknown:
             raise ValueError(f"`assignments` got {_item(assignments, f'model.{unknown[0]}', 'model')!r}: DDLConfig "
                              f"has no field {unknown[0]!r}; allowed model fields: {', '.join(sorted(model_fields()))}")
         return self.with_values(**given)
 
-    def _unknown(self, key: str) -> str:
-        names = sorted({*TRAIN_FIELDS, *(f.name for f in dataclasses.fields(self))} - {"train", *GROUPS})
-        return f"no setting {key!r}; allowed: {', '.join(names)}, model.FIELD (a DDLConfig field) or task.PARAM (a " \
-               "task parameter, see `ddl tasks list`)"
+    def _names(self) -> set[str]:
+        """Every setting by name (``train`` is set by its fields' names)."""
+        return {*TRAIN_FIELDS, *(f.name for f in dataclasses.fields(self))} - {"train"}
+
+    def _unknown(self, values: dict[str, Any]) -> str | None:
+        """The first of ``values``' keys that is no setting, or None."""
+        return min(set(values) - self._names(), default=None)
+
+    def _no_setting(self, key: str) -> str:
+        return (f"no setting {key!r}; allowed: {', '.join(sorted(self._names() - set(GROUPS)))}, model.FIELD (a "
+                "DDLConfig field) or task.PARAM (a task parameter, see `ddl tasks list`)")
 
     def train_config(self, task: Task, variant: str, seed: int, device: str):
         """The TrainConfig of one task run: ``train``'s fields, ``task.seq_len`` tokens per sequence, float32, no
