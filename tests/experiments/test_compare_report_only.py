@@ -250,3 +250,23 @@ def test_report_only_keeps_the_step_times_the_comparison_measured(tmp_path, data
     last = json.loads((out / "compare.json").read_text())
     assert last["timing"] is None and "were measured for other settings" in printed
     assert "batch_size: it was timed with 5, now 2" in (out / "compare.md").read_text()
+
+
+def test_a_finished_run_kept_without_checkpoints_is_reused_not_retrained(tmp_path, data_dir, capsys):
+    """A study whose finished runs came back as records only (run.json, metrics.jsonl: a lost run directory
+    restored from the committed evidence) resumes with the runs it lacks and trains none of those again."""
+    out = tmp_path / "cmp"
+    assert main(micro(out, data_dir, "--seeds", "2")) == 0
+    first = json.loads((out / "compare.json").read_text())
+    for d in out.glob("seed_*/*/checkpoints"):
+        shutil.rmtree(d)
+    shutil.rmtree(out / "seed_1" / "ddl-dv1")  # the one run still to train
+    kept = {p: p.read_bytes() for p in out.glob("seed_*/*/metrics.jsonl")}
+    capsys.readouterr()
+    assert main(micro(out, data_dir, "--seeds", "2")) == 0
+    said = capsys.readouterr().out
+    assert said.count("(its record, no checkpoints); kept") == 3
+    assert {p: p.read_bytes() for p in kept} == kept  # the three records as they were
+    assert not (out / "seed_0" / "baseline" / "checkpoints").exists()
+    assert (out / "seed_1" / "ddl-dv1" / "checkpoints").is_dir()  # the missing run trained
+    assert _numbers(json.loads((out / "compare.json").read_text())) == _numbers(first)

@@ -151,6 +151,7 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     ``data``: the data resolved by the caller (default ``base.data``). Returns the summary (also compare.json).
     """
     from deep_delta.experiments.study import run_keys, run_study
+    from deep_delta.train import checkpoint as ckpt
 
     out = Path(out)
     variants, seeds = check_study(variants, seeds, base)
@@ -171,9 +172,13 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
         say(tag)
         if base.wandb:  # OUT is checked and locked by now
             _remember_group(out, base.wandb_group)
-        ended = None if overwrite else stored_divergence(cfgs[key].out)
-        if ended is not None:  # a divergence is a result: kept, not trained again (it would diverge again)
-            say(f"{tag}: diverged ({ended}); kept as a result")
+        end = None if overwrite else stored_end(cfgs[key].out)
+        if end is not None and end["diverged"] is not None:  # a result: kept, not trained again (it would diverge)
+            say(f"{tag}: diverged ({end['diverged']}); kept as a result")
+            return
+        if end is not None and end["step"] >= cfgs[key].steps and ckpt.latest_checkpoint(cfgs[key].out) is None:
+            # a finished run kept as its record (run.json, metrics.jsonl) without checkpoints: reused, not retrained
+            say(f"{tag}: finished at step {end['step']} (its record, no checkpoints); kept")
             return
         try:
             train(cfgs[key], resume=True, overwrite=overwrite, progress=progress, desc=tag, quiet=quiet, data=data)
@@ -434,15 +439,16 @@ def run_divergence(run_dir: str | os.PathLike) -> str | None:
     return run_end(run_dir, read_run_file(run_dir))["diverged"]
 
 
-def stored_divergence(run_dir: str | os.PathLike) -> str | None:
-    """Why the run stored in ``run_dir`` diverged, when its run.json records that it ended so; None when there is no
-    run, it has not ended, or it did not diverge (its settings are checked by :func:`check_reusable`)."""
+def stored_end(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The end of the run stored in ``run_dir`` as its run.json records it (its ``step``, ``diverged``, ...:
+    :func:`~deep_delta.train.run_dir.run_end`); None when there is no run or it has not ended (its settings are
+    checked by :func:`check_reusable`)."""
     from deep_delta.train.run_dir import RUN_FILE, RunNotFinished, read_run_file, run_end
 
     if not (Path(run_dir) / RUN_FILE).is_file():
         return None
     try:
-        return run_end(run_dir, read_run_file(run_dir))["diverged"]
+        return run_end(run_dir, read_run_file(run_dir))
     except RunNotFinished:
         return None
 
