@@ -13,21 +13,10 @@ from deep_delta._lazy import import_after, lazy_names
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
-_PUBLIC = {
-    "ChannelCompressor": "deep_delta.layers",
-    "DeltaResidual": "deep_delta.layers",
-    "StateExpander": "deep_delta.layers",
-    "TokenConvCompressor": "deep_delta.layers",
-    "DDLCache": "deep_delta.models",
-    "DDLConfig": "deep_delta.models",
-    "DDLForCausalLM": "deep_delta.models",
-    "DDLModel": "deep_delta.models",
-    "DDLStaticCache": "deep_delta.models",
-    "delta_operator": "deep_delta.ops",
-    "delta_update": "deep_delta.ops",
-}
-
-__all__ = sorted(_PUBLIC)
-__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
+# the module -> the public names it defines
+__getattr__, __dir__, __all__ = lazy_names(__name__, {
+    "deep_delta.layers": ("ChannelCompressor", "DeltaResidual", "StateExpander", "TokenConvCompressor"),
+    "deep_delta.models": ("DDLCache", "DDLConfig", "DDLForCausalLM", "DDLModel", "DDLStaticCache"),
+    "deep_delta.ops": ("delta_operator", "delta_update"),
+})
 import_after("transformers", "deep_delta.models")

@@ -1,8 +1,8 @@
 """Packages whose public names load on first use (PEP 562), so that importing the package is cheap.
 
 The ``ddl`` parser imports the light modules under :mod:`deep_delta`; each package on the way runs its
-``__init__``, which must not import PyTorch or transformers. A package lists its public names and the module
-that defines each; :func:`lazy_names` returns the ``__getattr__`` and ``__dir__`` that import them when used.
+``__init__``, which must not import PyTorch or transformers. A package lists, for each module, the public names it
+defines; :func:`lazy_names` returns the ``__getattr__`` and ``__dir__`` that import them when used.
 """
 
 from __future__ import annotations
@@ -14,11 +14,19 @@ import sys
 from collections.abc import Callable
 
 
-def lazy_names(package: str, public: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: ``public[name]`` is the module that defines ``name``.
+def lazy_names(package: str, modules: dict[str, tuple[str, ...]]
+               ) -> tuple[Callable[[str], object], Callable[[], list[str]], list[str]]:
+    """``__getattr__``, ``__dir__`` and ``__all__`` for ``package``: ``modules[m]`` names what module ``m``
+    defines for the package.
 
     A name is imported from its module the first time it is looked up, then kept in the package's namespace.
     """
+    public: dict[str, str] = {}
+    for module, names in modules.items():
+        for name in names:
+            if name in public:
+                raise ValueError(f"{package}: {name!r} is listed under {public[name]!r} and {module!r}")
+            public[name] = module
     namespace = importlib.import_module(package).__dict__
 
     def __getattr__(name: str):
@@ -31,7 +39,7 @@ def lazy_names(package: str, public: dict[str, str]) -> tuple[Callable[[str], ob
     def __dir__() -> list[str]:
         return sorted({*namespace, *public})
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(public)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -423,12 +423,6 @@ class DDLModel(DDLPreTrainedModel):
         self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -553,18 +547,6 @@ class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
         self.model = DDLModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
 
     def forward(
         self,
