@@ -19,6 +19,7 @@ test pins the error that says why.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 
 import torch
@@ -127,7 +128,8 @@ def test_tc_and_whole_cc_models_compile_on_cuda_not_under_the_interpreter(varian
     """ddl-tc and a whole ddl-cc model: their CC / TC reads and EC are autograd Functions over Triton kernels,
     which Dynamo traces into. On CUDA it traces the kernels as user-defined Triton kernels, and the compiled model
     must give eager's values and gradients. Under the interpreter a launch calls what Dynamo cannot trace
-    (Triton's C extension, ``getenv_bool``; inspect reading the kernel's source): why these models are not compared
+    (Triton's C extension, inspect reading the kernel's source, the interpreter's copies to the host, depending on
+    what ran before): why these models are not compared
     on CPU (docs/kernels.md,
     "Dispatch rules"; when this stops failing, compare them here)."""
     torch.manual_seed(0)
@@ -137,11 +139,15 @@ def test_tc_and_whole_cc_models_compile_on_cuda_not_under_the_interpreter(varian
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
     if DEVICE == "cpu":
-        with pytest.raises(torch._dynamo.exc.Unsupported, match="marked as skipped") as refused:
+        with pytest.raises(torch._dynamo.exc.Unsupported) as refused:
             compiled(ids, labels=ids)
-        # refused in a kernel's launch: what Dynamo meets first there varies (Triton's C extension's getenv_bool,
-        # or, in a fresh process, inspect's getfile reading the kernel's source for the interpreter's rewrite)
-        assert "libtriton" in str(refused.value) or "getfile" in str(refused.value), str(refused.value)[:600]
+        # refused inside Triton (its package, not ours): what Dynamo meets first there depends on what the process
+        # ran before (Triton's C extension's getenv_bool when a kernel module is first imported while tracing;
+        # inspect's getfile for the interpreter's source rewrite; the interpreter's UntypedStorage.data_ptr once
+        # the kernels have run eagerly), so the test pins where, not which (docs/kernels.md, "Dispatch rules")
+        frames = re.findall(r'File "([^"]+)"', str(refused.value))
+        inside = [f for f in frames if f"{os.sep}triton{os.sep}" in f and "deep_delta" not in f]
+        assert inside, str(refused.value)[:1500]
         return
 
     def run(fn):
