@@ -38,6 +38,8 @@ from typing import Any
 import torch
 
 from deep_delta.fsutil import save_figure
+from deep_delta.layers.delta_residual import DeltaResidual
+from deep_delta.layers.hyper_connections import HyperResidual
 
 REGIMES = {"identity": (0.0, 0.1), "projection": (0.9, 1.1), "reflection": (1.9, 2.0)}
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -71,16 +73,22 @@ def _pyplot():
 
 
 class Probe:
-    """What one kind of residual module reports. A subclass sets ``name`` (its key in ``report["probes"]``)
-    and implements ``find`` (its modules in a model), ``__init__`` (attach hooks), ``close`` (detach them and
-    undo any change), ``sections`` (the report's entries it owns), and the static ``format`` / ``plot`` of a
-    finished report."""
+    """What one kind of residual module reports. A subclass sets ``name`` (its key in ``report["probes"]``) and
+    ``watched`` (the class of the modules it reports on, narrowed by ``reports_on``: :meth:`find`), and
+    implements ``__init__`` (attach hooks), ``close`` (detach them and undo any change), ``sections`` (the report's
+    entries it owns), and the static ``format`` / ``plot`` of a finished report."""
 
     name = ""
+    watched: type[torch.nn.Module] = torch.nn.Module  # the kind of module the probe reports on
+
+    @classmethod
+    def find(cls, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+        """The probe's modules in ``model`` (named): every ``watched`` one the probe ``reports_on``."""
+        return [(n, m) for n, m in model.named_modules() if isinstance(m, cls.watched) and cls.reports_on(m)]
 
     @staticmethod
-    def find(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-        raise NotImplementedError
+    def reports_on(module: torch.nn.Module) -> bool:
+        return True
 
     def __init__(self, model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]):
         self.model, self.modules = model, modules
@@ -146,13 +154,11 @@ class DeltaProbe(Probe):
     """DDL's delta sublayers: beta, the direction k, v and the state before / after each update; the
     compressors' drift from the plain mean read."""
 
-    name = "delta"
+    name, watched = "delta", DeltaResidual
 
     @staticmethod
-    def find(model):
-        from deep_delta.layers.delta_residual import DeltaResidual
-
-        return [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual) and not m.additive]
+    def reports_on(module: DeltaResidual) -> bool:
+        return not module.additive  # the baseline's sublayers have no delta rule to report
 
     def __init__(self, model, modules):
         super().__init__(model, modules)
@@ -320,13 +326,7 @@ class HyperProbe(Probe):
     """Hyper-connections (HC / mHC): each sublayer's read, mixing and write coefficients per token (from the
     module's own ``coefficients`` of the state entering it) and the streams' drift after it."""
 
-    name = "hyper"
-
-    @staticmethod
-    def find(model):
-        from deep_delta.layers.hyper_connections import HyperResidual
-
-        return [(n, m) for n, m in model.named_modules() if isinstance(m, HyperResidual)]
+    name, watched = "hyper", HyperResidual
 
     def __init__(self, model, modules):
         super().__init__(model, modules)
@@ -451,13 +451,7 @@ class StateProbe(Probe):
     DDL, the write-only control): per sublayer the state's mean norm per token entering and leaving it and the
     update's (``|X' - X|``, and relative to ``|X|``), so that the variants' states can be set side by side."""
 
-    name = "state"
-
-    @staticmethod
-    def find(model):
-        from deep_delta.layers.delta_residual import DeltaResidual
-
-        return [(n, m) for n, m in model.named_modules() if isinstance(m, DeltaResidual)]
+    name, watched = "state", DeltaResidual
 
     def __init__(self, model, modules):
         super().__init__(model, modules)

@@ -96,26 +96,11 @@ class DeltaResidual(nn.Module):
             fp32. The gate reads the unrounded c either way. The library's models use "autocast".
     """
 
-    def __init__(
-        self,
-        dim: int,
-        branch: nn.Module,
-        *,
-        value_channels: int = 1,
-        residual_map: str = "k",
-        gate: str = "linear",
-        gate_hidden_size: int | None = None,
-        beta_init: float = 1.0,
-        beta_max: float = 2.0,
-        value_scale: float = 4.0,
-        k_eps: float = 1e-5,
-        norm_eps: float = 1e-5,
-        vmap_rank: int | None = None,
-        additive: bool = False,
-        backend: str = "auto",
-        norm_output: str = "module",
-        update_rule: str = "delta",
-    ):
+    def __init__(self, dim: int, branch: nn.Module, *, value_channels: int = 1, residual_map: str = "k",
+                 gate: str = "linear", gate_hidden_size: int | None = None, beta_init: float = 1.0,
+                 beta_max: float = 2.0, value_scale: float = 4.0, k_eps: float = 1e-5, norm_eps: float = 1e-5,
+                 vmap_rank: int | None = None, additive: bool = False, backend: str = "auto",
+                 norm_output: str = "module", update_rule: str = "delta"):
         super().__init__()
         if update_rule not in UPDATE_RULES:
             raise ValueError(f"DeltaResidual: `update_rule` must be one of {UPDATE_RULES}, got {update_rule!r}")

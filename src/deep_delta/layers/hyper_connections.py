@@ -68,20 +68,9 @@ class HyperResidual(nn.Module):
             (:func:`deep_delta.ops.resolve_backend`).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        branch: nn.Module,
-        *,
-        streams: int = 4,
-        kind: str = "hc",
-        dynamic: bool = True,
-        sublayer: int = 0,
-        norm_eps: float = 1e-5,
-        sinkhorn_iters: int = 20,
-        sinkhorn_eps: float = 1e-6,
-        backend: str = "auto",
-    ):
+    def __init__(self, dim: int, branch: nn.Module, *, streams: int = 4, kind: str = "hc", dynamic: bool = True,
+                 sublayer: int = 0, norm_eps: float = 1e-5, sinkhorn_iters: int = 20, sinkhorn_eps: float = 1e-6,
+                 backend: str = "auto"):
         super().__init__()
         if kind not in HYPER_KINDS:
             raise ValueError(f"HyperResidual: `kind` must be one of {HYPER_KINDS}, got {kind!r}")

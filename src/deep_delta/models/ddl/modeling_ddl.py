@@ -423,18 +423,11 @@ class DDLModel(DDLPreTrainedModel):
         self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: DDLCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        return_dict: bool | None = None,
-        past_key_values: DDLCache | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPast | tuple:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: DDLCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                return_dict: bool | None = None, past_key_values: DDLCache | None = None,
+                **kwargs) -> BaseModelOutputWithPast | tuple:
         """input_ids (B, T) or inputs_embeds (B, T, d) -> last_hidden_state (B, T, d) (and the cache).
 
         attention_mask (B, past + T): 1 at tokens, 0 at pads; when given it is always applied (no host read to
@@ -548,35 +541,19 @@ class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: DDLCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        shift_labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int = 0,
-        return_dict: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: DDLCache | None = None,
-        **kwargs,
-    ) -> CausalLMOutputWithPast | tuple:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: DDLCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                shift_labels: torch.LongTensor | None = None, use_cache: bool | None = None, logits_to_keep: int = 0,
+                return_dict: bool | None = None, num_items_in_batch: int | torch.Tensor | None = None,
+                past_key_values: DDLCache | None = None, **kwargs) -> CausalLMOutputWithPast | tuple:
         """Logits (B, T, V) (the last ``logits_to_keep`` positions when > 0), the loss when labels are given, and
         the cache. ``num_items_in_batch`` (from transformers' Trainer under gradient accumulation) divides the
         summed token losses instead of their count. Any keyword not named here is an error."""
         cache = one_cache("DDLForCausalLM.forward", cache, past_key_values, kwargs.pop("cache_params", None))
         refuse_unknown_kwargs("DDLForCausalLM.forward", kwargs)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-        )
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache)
         h = out.last_hidden_state
         if logits_to_keep:
             h = h[:, -logits_to_keep:]

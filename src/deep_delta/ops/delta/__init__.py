@@ -51,15 +51,8 @@ def _check_inputs(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     return beta
 
 
-def delta_update(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    k_eps: float = 1e-5,
-    backend: str = "auto",
-) -> torch.Tensor:
+def delta_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
+                 backend: str = "auto") -> torch.Tensor:
     """Deep Delta update ``x + beta k (v^T - k^T x)`` (eq. 2.5) with k normalised inside.
 
     Args:
@@ -92,15 +85,8 @@ def delta_update(
 UPDATE_RULES = ("delta", "write")
 
 
-def write_update(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    k_eps: float = 1e-5,
-    backend: str = "auto",
-) -> torch.Tensor:
+def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
+                 backend: str = "auto") -> torch.Tensor:
     """The write-only control ``x + beta k v^T`` (issue 48): the delta update with its read ``k^T x`` removed, so
     it writes along k without erasing what the state holds there. The authors' named missing control: the same
     model, state, compressor, EC, gate and init, only the update differs (``DDLConfig.update_rule = "write"``).
@@ -141,16 +127,8 @@ def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) 
     return delta_operator_reference(k, beta, k_eps=k_eps)
 
 
-def update_and_channel_read(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    k_eps: float = 1e-5,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
+def update_and_channel_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
+                            *, k_eps: float = 1e-5, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The delta update of one sublayer fused with the CC read of the next: returns (x', x_in).
 
     x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1), weight: (d, d_v) the next sublayer's
@@ -173,16 +151,8 @@ def update_and_channel_read(
     return out, channel_compress_lean(out, weight)
 
 
-def update_and_token_read(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    k_eps: float = 1e-5,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
+def update_and_token_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
+                          *, k_eps: float = 1e-5, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The delta update of one sublayer fused with the TC read of the next (no token history): (x', x_in).
 
     x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T, 1), weight: (K, d, d_v) the next sublayer's
@@ -220,25 +190,11 @@ def _unflatten(outs: tuple[torch.Tensor, ...], x: torch.Tensor, dv_next: int) ->
     return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, dv_next)
 
 
-def update_and_norm(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    norm_weight: torch.Tensor,
-    gate_weight: torch.Tensor,
-    gate_bias: torch.Tensor,
-    value_weight: torch.Tensor,
-    value_bias: torch.Tensor,
-    *,
-    read: torch.Tensor | None = None,
-    k_eps: float,
-    eps: float,
-    beta_max: float,
-    value_scale: float,
-    c_dtype: torch.dtype | None = None,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, norm_weight: torch.Tensor,
+                    gate_weight: torch.Tensor, gate_bias: torch.Tensor, value_weight: torch.Tensor,
+                    value_bias: torch.Tensor, *, read: torch.Tensor | None = None, k_eps: float, eps: float,
+                    beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
+                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A delta update fused with the next sublayer's input stage: ``(x', c, beta', v')``.
 
     Without ``read`` (a d_v = 1 state): ``x' = delta_update(x[..., None], k, v, beta)[..., 0]`` followed by

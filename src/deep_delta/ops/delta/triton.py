@@ -397,15 +397,8 @@ def delta_update_triton(
     return DeltaUpdateTriton.apply(xf, kf, vf, bf, None, float(k_eps)).view(x.shape)
 
 
-def delta_update_read_triton(
-    x: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    k_eps: float = 1e-5,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_update_read_triton(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                             weight: torch.Tensor, *, k_eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused update and CC read of the new state: returns (x', x_in) with ``x_in_i = sum_j c_ij x'_ij``.
 
     weight: (d, d_v), the channel compressor of the next sublayer. Saves the separate read pass over x'

@@ -51,20 +51,9 @@ def check_norm_inputs(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gat
             raise ValueError(f"norm_gate_value: `{name}` got {value}; allowed: {allowed}")
 
 
-def norm_gate_value(
-    src: Tensor,
-    norm_weight: Tensor,
-    gate_weight: Tensor,
-    gate_bias: Tensor,
-    value_weight: Tensor,
-    value_bias: Tensor,
-    *,
-    eps: float,
-    beta_max: float,
-    value_scale: float,
-    c_dtype: torch.dtype | None = None,
-    backend: str = "auto",
-) -> tuple[Tensor, Tensor, Tensor]:
+def norm_gate_value(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
+                    value_bias: Tensor, *, eps: float, beta_max: float, value_scale: float,
+                    c_dtype: torch.dtype | None = None, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     """The RMSNorm, the linear gate and the k-Map value of one source row, read once.
 
     Args:
