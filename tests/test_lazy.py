@@ -21,7 +21,7 @@ def test_every_public_name_of_the_lazy_packages_loads_from_its_module():
             value = getattr(package, name)
             assert value.__name__ == name and name in dir(package)
         with pytest.raises(AttributeError, match=f"module '{package.__name__}' has no attribute 'nothing_here'"):
-            package.nothing_here
+            _ = package.nothing_here
 
 
 def test_a_name_listed_under_two_modules_is_an_error():

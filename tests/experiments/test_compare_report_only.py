@@ -270,3 +270,20 @@ def test_a_finished_run_kept_without_checkpoints_is_reused_not_retrained(tmp_pat
     assert not (out / "seed_0" / "baseline" / "checkpoints").exists()
     assert (out / "seed_1" / "ddl-dv1" / "checkpoints").is_dir()  # the missing run trained
     assert _numbers(json.loads((out / "compare.json").read_text())) == _numbers(first)
+
+
+def test_a_finished_run_without_checkpoints_is_not_retrained_to_go_further(tmp_path, data_dir, capsys):
+    """More steps than a checkpoint-less finished run has: refused before anything trains (the step count is a
+    result-changing setting), the record kept."""
+    out = tmp_path / "cmp"
+    assert main(micro(out, data_dir)) == 0
+    for d in out.glob("*/checkpoints"):
+        shutil.rmtree(d)
+    kept = {p: p.read_bytes() for p in out.glob("*/*.json*")}
+    capsys.readouterr()
+    longer = micro(out, data_dir)
+    longer[longer.index("--steps") + 1] = "3"
+    assert main(longer) == 2
+    err = capsys.readouterr().err
+    assert "was made with other settings (steps: run has 2, now 3)" in err and "--overwrite" in err
+    assert {p: p.read_bytes() for p in kept} == kept
