@@ -93,3 +93,68 @@ def test_the_triton_path_calls_the_function_in_eager_and_the_op_when_compiling(m
     want = delta_ops.delta_update(x, k, v, beta, backend="torch")
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out_read, want, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- compress and hyper: one dispatcher (ops.backend.pick)
+COMPRESS_AND_HYPER = [
+    # (package, op, its arguments for a small case)
+    ("compress", "channel_compress", lambda: (torch.randn(2, 3, 8, 4), torch.randn(8, 4))),
+    ("compress", "token_compress", lambda: (torch.randn(2, 3, 8, 4), torch.randn(3, 8, 4), None)),
+    ("compress", "embed_conv", lambda: (torch.randn(2, 3, 8), torch.randn(3, 8, 4), None)),
+    ("hyper", "stream_read", lambda: (torch.randn(2, 3, 8, 4), torch.softmax(torch.randn(4), 0))),
+    ("hyper", "stream_write", lambda: (torch.randn(2, 3, 8, 4), torch.randn(4, 4), torch.randn(4),
+                                       torch.randn(2, 3, 8))),
+    ("hyper", "sinkhorn_knopp", lambda: (torch.randn(5, 4, 4), 20, 1e-6)),
+]
+
+
+def test_pick_loads_the_kernels_only_when_the_backend_resolves_to_triton():
+    from deep_delta.ops.backend import pick
+
+    loaded = []
+
+    def load():
+        loaded.append(1)
+        return "kernels"
+
+    cpu = torch.device("cpu")
+    assert pick("auto", cpu, "lean", load) == "lean" and pick("torch", cpu, "lean", load) == "lean"
+    assert not loaded
+    assert pick("triton", cpu, "lean", load) == "kernels" and loaded == [1]
+    with pytest.raises(ValueError, match=r"`backend` must be one of .* got 'cuda'"):
+        pick("cuda", cpu, "lean", load)
+
+
+@pytest.mark.parametrize("package, op, make", COMPRESS_AND_HYPER, ids=[c[1] for c in COMPRESS_AND_HYPER])
+def test_compress_and_hyper_ops_dispatch_to_lean_or_kernels(monkeypatch, package, op, make):
+    """``"torch"`` and ``"auto"`` on CPU call the lean function, ``"triton"`` the kernels' entry point (run here
+    under the interpreter), each with the op's arguments, and return what it returns: the two agree."""
+    import importlib
+
+    pkg = importlib.import_module(f"deep_delta.ops.{package}")
+    kernels = importlib.import_module(f"deep_delta.ops.{package}.triton")
+    calls = []
+    spy(monkeypatch, pkg, f"{op}_lean", calls)
+    spy(monkeypatch, kernels, f"{op}_triton", calls)
+    torch.manual_seed(0)
+    args = make()
+    lean = [getattr(pkg, op)(*args, backend=b) for b in ("torch", "auto")]
+    assert [c[0] for c in calls] == [f"{op}_lean"] * 2
+    fused = getattr(pkg, op)(*args, backend="triton")
+    assert [c[0] for c in calls] == [f"{op}_lean"] * 2 + [f"{op}_triton"]
+    torch.testing.assert_close(lean[0], lean[1], rtol=0, atol=0)
+    torch.testing.assert_close(fused, lean[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("package, op, make", COMPRESS_AND_HYPER, ids=[c[1] for c in COMPRESS_AND_HYPER])
+def test_compress_and_hyper_dispatch_compiles_whole(package, op, make):
+    """The dispatch (``pick`` and its lambda) traces without a graph break: ``fullgraph=True`` on the lean path
+    (the CPU's ``"auto"``), equal to eager."""
+    import importlib
+
+    f = getattr(importlib.import_module(f"deep_delta.ops.{package}"), op)
+    torch.manual_seed(0)
+    args = make()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: f(*a, backend="auto"), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(*args), f(*args, backend="auto"), rtol=0, atol=0)

@@ -63,7 +63,13 @@ def through_registered_op(backend: str, impl: str, dtype: torch.dtype) -> bool:
     return backend == "auto" and (impl != "triton" or dtype == torch.float64)
 
 
-__all__ = ["BACKENDS", "resolve_backend", "through_registered_op"]
+def pick(backend: str, device: torch.device, lean: Callable, load_triton: Callable[[], Callable]) -> Callable:
+    """The implementation an op dispatches to for ``backend`` on ``device``: ``load_triton()`` (which imports the
+    kernels' module, so a machine without Triton never does) when it resolves to Triton, else ``lean``."""
+    return load_triton() if resolve_backend(backend, device) == "triton" else lean
+
+
+__all__ = ["BACKENDS", "pick", "resolve_backend", "through_registered_op"]
 
 
 def _use_triton_for(t: torch.Tensor) -> bool:

@@ -142,23 +142,14 @@ def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResid
             sublayer=sublayer, norm_eps=config.rms_norm_eps, sinkhorn_iters=config.hc_sinkhorn_iters,
             backend=config.delta_backend,
         )
+    # muP: v ~ sqrt(d) (docs/mup.md); norm_output "autocast": the branches' first ops on c are matmuls (q, k, v;
+    # gate, up)
     return DeltaResidual(
-        config.hidden_size,
-        branch,
-        value_channels=config.value_channels,
-        residual_map=config.residual_map,
-        gate=config.gate,
-        gate_hidden_size=config.gate_hidden_size,
-        beta_init=config.beta_init,
-        beta_max=config.beta_max,
-        value_scale=config.value_scale * math.sqrt(config.mup_width_mult),  # muP: v ~ sqrt(d) (docs/mup.md)
-        k_eps=config.k_eps,
-        norm_eps=config.rms_norm_eps,
-        vmap_rank=config.vmap_rank,
-        additive=not config.is_delta,
-        backend=config.delta_backend,
-        norm_output="autocast",  # the branches' first ops on c are matmuls (q, k, v; gate, up)
-        update_rule=config.update_rule,
+        config.hidden_size, branch, value_channels=config.value_channels, residual_map=config.residual_map,
+        gate=config.gate, gate_hidden_size=config.gate_hidden_size, beta_init=config.beta_init,
+        beta_max=config.beta_max, value_scale=config.value_scale * math.sqrt(config.mup_width_mult),
+        k_eps=config.k_eps, norm_eps=config.rms_norm_eps, vmap_rank=config.vmap_rank, additive=not config.is_delta,
+        backend=config.delta_backend, norm_output="autocast", update_rule=config.update_rule,
     )
 
 

@@ -11,45 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.backend import pick
 from deep_delta.ops.compress.lean import channel_compress_lean, embed_conv_lean, token_compress_lean
 from deep_delta.ops.compress.naive import (
     channel_compress_reference,
     embed_conv_reference,
     token_compress_reference,
 )
-
-
-def channel_compress(x: torch.Tensor, weight: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    """CC read ``x_in_i = sum_j c_ij x_ij``. x: (..., d, d_v), weight: (d, d_v) -> (..., d)."""
-    if resolve_backend(backend, x.device) == "triton":
-        from deep_delta.ops.compress.triton import channel_compress_triton
-
-        return channel_compress_triton(x, weight)
-    return channel_compress_lean(x, weight)
-
-
-def token_compress(
-    x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None, *, backend: str = "auto"
-) -> torch.Tensor:
-    """TC read with folded taps. x: (B, T, d, d_v), weight: (K, d, d_v), past: (B, K-1, d, d_v) -> (B, T, d)."""
-    if resolve_backend(backend, x.device) == "triton":
-        from deep_delta.ops.compress.triton import token_compress_triton
-
-        return token_compress_triton(x, weight, past)
-    return token_compress_lean(x, weight, past)
-
-
-def embed_conv(
-    e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None, *, backend: str = "auto"
-) -> torch.Tensor:
-    """EC expansion. e: (B, T, d), weight: (K, d, d_v), past: (B, K-1, d) or None -> (B, T, d, d_v)."""
-    if resolve_backend(backend, e.device) == "triton":
-        from deep_delta.ops.compress.triton import embed_conv_triton
-
-        return embed_conv_triton(e, weight, past)
-    return embed_conv_lean(e, weight, past)
-
 
 __all__ = [
     "channel_compress",
@@ -59,3 +27,28 @@ __all__ = [
     "token_compress",
     "token_compress_reference",
 ]
+
+
+def _kernels():
+    from deep_delta.ops.compress import triton
+
+    return triton
+
+
+def channel_compress(x: torch.Tensor, weight: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """CC read ``x_in_i = sum_j c_ij x_ij``. x: (..., d, d_v), weight: (d, d_v) -> (..., d)."""
+    return pick(backend, x.device, channel_compress_lean, lambda: _kernels().channel_compress_triton)(x, weight)
+
+
+def token_compress(
+    x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None, *, backend: str = "auto"
+) -> torch.Tensor:
+    """TC read with folded taps. x: (B, T, d, d_v), weight: (K, d, d_v), past: (B, K-1, d, d_v) -> (B, T, d)."""
+    return pick(backend, x.device, token_compress_lean, lambda: _kernels().token_compress_triton)(x, weight, past)
+
+
+def embed_conv(
+    e: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None, *, backend: str = "auto"
+) -> torch.Tensor:
+    """EC expansion. e: (B, T, d), weight: (K, d, d_v), past: (B, K-1, d) or None -> (B, T, d, d_v)."""
+    return pick(backend, e.device, embed_conv_lean, lambda: _kernels().embed_conv_triton)(e, weight, past)

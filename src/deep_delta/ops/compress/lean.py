@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from deep_delta.ops.compress.shortconv import keep_taps, kept_taps
+
 
 def _sum_value_channels(y: torch.Tensor, dv: int) -> torch.Tensor:
     """(..., d*d_v) -> (..., d): sum over the innermost d_v channels as one mat-vec."""
@@ -127,14 +129,12 @@ class TokenCompressFunction(torch.autograd.Function):
         b, length, d, dv = xp.shape
         p, kk = length - t, w.shape[0]
         y = _taps(xp.view(b, length, d * dv), w.to(xp.dtype).reshape(kk, d * dv), t, p)
-        ctx.save_for_backward(xp, w)
-        ctx.t = t
+        keep_taps(ctx, xp, w, t)
         return _sum_value_channels(y, dv)
 
     @staticmethod
     def backward(ctx, g):
-        xp, w = ctx.saved_tensors
-        t = ctx.t
+        xp, w, t = kept_taps(ctx)
         b, length, d, dv = xp.shape
         p, kk = length - t, w.shape[0]
         xf = xp.view(b, length, d * dv)
@@ -157,14 +157,12 @@ class EmbedConvFunction(torch.autograd.Function):
         kk, _, dv = w.shape
         p = length - t
         y = _taps(_broadcast_channels(ep, dv), w.to(ep.dtype).reshape(kk, d * dv), t, p)  # (B, T, d*d_v)
-        ctx.save_for_backward(ep, w)
-        ctx.t = t
+        keep_taps(ctx, ep, w, t)
         return y.view(b, t, d, dv)
 
     @staticmethod
     def backward(ctx, g):
-        ep, w = ctx.saved_tensors
-        t = ctx.t
+        ep, w, t = kept_taps(ctx)
         b, length, d = ep.shape
         kk, _, dv = w.shape
         p = length - t

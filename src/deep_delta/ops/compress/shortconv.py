@@ -47,3 +47,16 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None 
     for s in range(1, k):
         y = y + xp[:, k - 1 - s : k - 1 - s + t] * weight[s]
     return y
+
+
+def keep_taps(ctx, padded: torch.Tensor, w: torch.Tensor, t: int) -> None:
+    """What the backward of a taps Function (TC's read and EC, lean and Triton) needs: the padded input (its P
+    history rows first), the taps and T."""
+    ctx.save_for_backward(padded, w)
+    ctx.t = t
+
+
+def kept_taps(ctx) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(padded, w, t) as :func:`keep_taps` kept them."""
+    padded, w = ctx.saved_tensors
+    return padded, w, ctx.t

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops import partials
+from deep_delta.ops.compress.shortconv import keep_taps, kept_taps
 from deep_delta.ops.launch import (
     check_device,
     launch,
@@ -298,14 +299,12 @@ class TokenCompressTriton(torch.autograd.Function):
         grid, meta = _launch_args(n, d, dv)
         launch(_conv_fwd_kernel, grid, (xp, w, xin, n, t, length, d), writes=(2,), OUT_IS_STATE=False,
                KS=w.shape[0], **meta)
-        ctx.save_for_backward(xp, w)
-        ctx.t = t
+        keep_taps(ctx, xp, w, t)
         return xin
 
     @staticmethod
     def backward(ctx, g):
-        xp, w = ctx.saved_tensors
-        t = ctx.t
+        xp, w, t = kept_taps(ctx)
         b, length, d, dv = xp.shape
         g = g.contiguous()
         gx = gw = None
@@ -332,14 +331,12 @@ class EmbedConvTriton(torch.autograd.Function):
         x = torch.empty(b, t, d, dv, dtype=ep.dtype, device=ep.device)
         grid, meta = _launch_args(n, d, dv)
         launch(_conv_fwd_kernel, grid, (ep, w, x, n, t, length, d), writes=(2,), OUT_IS_STATE=True, KS=kk, **meta)
-        ctx.save_for_backward(ep, w)
-        ctx.t = t
+        keep_taps(ctx, ep, w, t)
         return x
 
     @staticmethod
     def backward(ctx, g):
-        ep, w = ctx.saved_tensors
-        t = ctx.t
+        ep, w, t = kept_taps(ctx)
         b, length, d = ep.shape
         kk, _, dv = w.shape
         g = g.contiguous()

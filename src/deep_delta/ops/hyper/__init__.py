@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.backend import pick
 from deep_delta.ops.hyper.lean import sinkhorn_knopp_lean, stream_read_lean, stream_write_lean
 from deep_delta.ops.hyper.naive import (
     hc_coefficients_reference,
@@ -30,6 +30,23 @@ from deep_delta.ops.hyper.naive import (
     stream_read_reference,
     stream_write_reference,
 )
+
+__all__ = [
+    "hc_coefficients_reference",
+    "mhc_coefficients_reference",
+    "sinkhorn_knopp",
+    "sinkhorn_knopp_reference",
+    "stream_read",
+    "stream_read_reference",
+    "stream_write",
+    "stream_write_reference",
+]
+
+
+def _kernels():
+    from deep_delta.ops.hyper import triton
+
+    return triton
 
 
 def _check_coef(op: str, name: str, c: torch.Tensor, lead: tuple[int, ...], tail: tuple[int, ...]) -> None:
@@ -57,11 +74,7 @@ def stream_read(h: torch.Tensor, a: torch.Tensor, *, backend: str = "auto") -> t
     """``h_in = h a``: h (..., d, n), a (n,) or (..., n) -> (..., d) in h's dtype (fp32 math)."""
     lead, _, n = _check_state("stream_read", h)
     _check_coef("stream_read", "a", a, lead, (n,))
-    if resolve_backend(backend, h.device) == "triton":
-        from deep_delta.ops.hyper.triton import stream_read_triton
-
-        return stream_read_triton(h, a)
-    return stream_read_lean(h, a)
+    return pick(backend, h.device, stream_read_lean, lambda: _kernels().stream_read_triton)(h, a)
 
 
 def stream_write(
@@ -74,31 +87,11 @@ def stream_write(
     _check_coef("stream_write", "b", b, lead, (n,))
     if tuple(f.shape) != lead + (d,):
         raise ValueError(f"stream_write: `f` must have shape {lead + (d,)}, got {tuple(f.shape)}")
-    if resolve_backend(backend, h.device) == "triton":
-        from deep_delta.ops.hyper.triton import stream_write_triton
-
-        return stream_write_triton(h, r, b, f)
-    return stream_write_lean(h, r, b, f)
+    return pick(backend, h.device, stream_write_lean, lambda: _kernels().stream_write_triton)(h, r, b, f)
 
 
 def sinkhorn_knopp(logits: torch.Tensor, iters: int = 20, eps: float = 1e-6, *, backend: str = "auto") -> torch.Tensor:
     """Sinkhorn-Knopp of (..., n, n) logits (:func:`.naive.sinkhorn_knopp_reference`), fp32 (fp64 stays)."""
     if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2]:
         raise ValueError(f"sinkhorn_knopp: `logits` must have shape (..., n, n), got {tuple(logits.shape)}")
-    if resolve_backend(backend, logits.device) == "triton":
-        from deep_delta.ops.hyper.triton import sinkhorn_knopp_triton
-
-        return sinkhorn_knopp_triton(logits, iters, eps)
-    return sinkhorn_knopp_lean(logits, iters, eps)
-
-
-__all__ = [
-    "hc_coefficients_reference",
-    "mhc_coefficients_reference",
-    "sinkhorn_knopp",
-    "sinkhorn_knopp_reference",
-    "stream_read",
-    "stream_read_reference",
-    "stream_write",
-    "stream_write_reference",
-]
+    return pick(backend, logits.device, sinkhorn_knopp_lean, lambda: _kernels().sinkhorn_knopp_triton)(logits, iters, eps)

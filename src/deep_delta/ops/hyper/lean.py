@@ -129,6 +129,19 @@ def _sinkhorn_iterates(z: torch.Tensor, iters: int, eps: float, keep: bool):
     return m0, m, steps
 
 
+def keep_sinkhorn(ctx, logits: torch.Tensor, iters: int, eps: float) -> None:
+    """What a Sinkhorn-Knopp Function's backward needs (lean and Triton): only the logits, and the rounds' settings
+    (both recompute the rounds)."""
+    ctx.save_for_backward(logits)
+    ctx.iters, ctx.eps = iters, eps
+
+
+def kept_sinkhorn(ctx) -> tuple[torch.Tensor, int, float]:
+    """(logits, iters, eps) as :func:`keep_sinkhorn` kept them."""
+    (logits,) = ctx.saved_tensors
+    return logits, ctx.iters, ctx.eps
+
+
 class SinkhornFunction(torch.autograd.Function):
     """Sinkhorn-Knopp of logits (N, n, n) in the compute dtype; saves only the logits."""
 
@@ -137,17 +150,16 @@ class SinkhornFunction(torch.autograd.Function):
         ct = compute_dtype(logits)
         with _no_autocast(logits):
             _, m, _ = _sinkhorn_iterates(logits.to(ct), iters, eps, keep=False)
-        ctx.save_for_backward(logits)
-        ctx.iters, ctx.eps = iters, eps
+        keep_sinkhorn(ctx, logits, iters, eps)
         return m
 
     @staticmethod
     def backward(ctx, g):
-        (logits,) = ctx.saved_tensors
+        logits, iters, eps = kept_sinkhorn(ctx)
         ct = compute_dtype(logits)
         with _no_autocast(logits):
             z = logits.to(ct)
-            m0, m, steps = _sinkhorn_iterates(z, ctx.iters, ctx.eps, keep=True)
+            m0, m, steps = _sinkhorn_iterates(z, iters, eps, keep=True)
             outputs = [x for x, _, _ in steps[1:]] + [m]  # a half-step's output is the next one's input
             gm = g.to(ct)
             for (_, s, axis), y in zip(reversed(steps), reversed(outputs)):

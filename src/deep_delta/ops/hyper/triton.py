@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from deep_delta.ops import partials
+from deep_delta.ops.hyper.lean import keep_sinkhorn, kept_sinkhorn
 from deep_delta.ops.launch import check_device, launch, reduction_grid
 
 MAX_STREAMS = 64  # an (n, n) tile per token in registers; HC and mHC use 4
@@ -392,17 +393,16 @@ class SinkhornTriton(torch.autograd.Function):
         out = torch.empty(nt, n, n, dtype=out_dtype, device=logits.device)
         launch(_sinkhorn_fwd_kernel, (triton.cdiv(nt, bt),), (logits, out, nt, iters, eps), writes=(1,),
                NS=n, BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
-        ctx.save_for_backward(logits)
-        ctx.iters, ctx.eps = iters, eps
+        keep_sinkhorn(ctx, logits, iters, eps)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        (logits,) = ctx.saved_tensors
+        logits, iters, eps = kept_sinkhorn(ctx)
         nt, n, _ = logits.shape
         bn, bt = _sinkhorn_grid(nt, n)
         gz = torch.empty_like(logits)
-        launch(_sinkhorn_bwd_kernel, (triton.cdiv(nt, bt),), (logits, g.contiguous(), gz, nt, ctx.iters, ctx.eps),
+        launch(_sinkhorn_bwd_kernel, (triton.cdiv(nt, bt),), (logits, g.contiguous(), gz, nt, iters, eps),
                writes=(2,), NS=n, BLOCK_T=bt, BLOCK_N=bn, num_warps=4)
         return gz, None, None, None
 
