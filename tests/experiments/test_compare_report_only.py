@@ -265,11 +265,24 @@ def test_a_finished_run_kept_without_checkpoints_is_reused_not_retrained(tmp_pat
     capsys.readouterr()
     assert main(micro(out, data_dir, "--seeds", "2")) == 0
     said = capsys.readouterr().out
-    assert said.count("(its record, no checkpoints); kept") == 3
+    assert said.count("(its record); kept") == 3
     assert {p: p.read_bytes() for p in kept} == kept  # the three records as they were
     assert not (out / "seed_0" / "baseline" / "checkpoints").exists()
     assert (out / "seed_1" / "ddl-dv1" / "checkpoints").is_dir()  # the missing run trained
     assert _numbers(json.loads((out / "compare.json").read_text())) == _numbers(first)
+
+
+def test_a_finished_run_with_checkpoints_is_reused_its_record_untouched(tmp_path, data_dir, capsys):
+    """Running a finished study again trains nothing and rewrites no run's record: run.json keeps the wall time
+    of the process that trained it (a resumed run would record the resume's fraction of a second)."""
+    out = tmp_path / "cmp"
+    assert main(micro(out, data_dir)) == 0
+    kept = {p: p.read_bytes() for p in out.glob("*/*.json*")}
+    assert len(kept) == 4 and all((p.parent / "checkpoints").is_dir() for p in kept)
+    capsys.readouterr()
+    assert main(micro(out, data_dir)) == 0
+    assert capsys.readouterr().out.count("(its record); kept") == 2
+    assert {p: p.read_bytes() for p in kept} == kept
 
 
 def test_a_finished_run_without_checkpoints_is_not_retrained_to_go_further(tmp_path, data_dir, capsys):

@@ -151,7 +151,6 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     ``data``: the data resolved by the caller (default ``base.data``). Returns the summary (also compare.json).
     """
     from deep_delta.experiments.study import run_keys, run_study
-    from deep_delta.train import checkpoint as ckpt
 
     out = Path(out)
     variants, seeds = check_study(variants, seeds, base)
@@ -176,9 +175,10 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
         if end is not None and end["diverged"] is not None:  # a result: kept, not trained again (it would diverge)
             say(f"{tag}: diverged ({end['diverged']}); kept as a result")
             return
-        if end is not None and end["step"] >= cfgs[key].steps and ckpt.latest_checkpoint(cfgs[key].out) is None:
-            # a finished run kept as its record (run.json, metrics.jsonl) without checkpoints: reused, not retrained
-            say(f"{tag}: finished at step {end['step']} (its record, no checkpoints); kept")
+        if end is not None and end["step"] >= cfgs[key].steps:
+            # a finished run is reused as its record (run.json, metrics.jsonl), with or without its checkpoints:
+            # not resumed, which would rewrite run.json (its wall time, the last process's only)
+            say(f"{tag}: finished at step {end['step']} (its record); kept")
             return
         try:
             train(cfgs[key], resume=True, overwrite=overwrite, progress=progress, desc=tag, quiet=quiet, data=data)
