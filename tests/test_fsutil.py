@@ -108,3 +108,29 @@ def test_atomic_writes_follow_the_umask(tmp_path, mask):
     assert len(files) >= 5
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_checkpoint_and_export_weights_follow_the_umask(tmp_path, mask):
+    """safetensors writes its files 0600 whatever the umask: a checkpoint's model.safetensors and
+    train_state.safetensors and an export's model.safetensors came out unreadable to the other users of a shared
+    machine while every file beside them was 0644. Every file of both follows the umask."""
+    import stat
+
+    from deep_delta.hf import export_model
+    from deep_delta.train.checkpoint import save_checkpoint
+    from helpers import tiny_model
+
+    model = tiny_model("ddl-cc")
+    old = os.umask(mask)
+    try:
+        ckpt = save_checkpoint(tmp_path / "run", 3, save_model=lambda d: model.save_pretrained(d),
+                               train_state={"step": 3, "w": model.lm_head.weight.detach()},
+                               meta={"variant": "ddl-cc", "preset": "tiny", "tokenizer": "byte"})
+        export = export_model(tmp_path / "run", tmp_path / "hf")
+    finally:
+        os.umask(old)
+    files = [*ckpt.iterdir(), *export.iterdir()]
+    assert {"model.safetensors", "train_state.safetensors"} <= {p.name for p in files}
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path

@@ -149,7 +149,8 @@ def swap_in(
     keep: Callable[[Path], bool] | None = None,
 ) -> bool:
     """Put the directory ``built`` (made beside ``target``, on the same filesystem) at ``target``: the one place
-    the library swaps a directory it built into place. A ``target`` already there (other than an empty directory,
+    the library swaps a directory it built into place, its files given the mode of a file written in place
+    (:func:`follow_umask`). A ``target`` already there (other than an empty directory,
     which the rename replaces) is renamed aside (to ``aside``, else a fresh :func:`beside` name of kind "old"),
     ``built`` is renamed onto ``target``, and only then is the old one removed; if that rename fails, the old one
     is renamed back and the error raised. Returns True.
@@ -159,6 +160,7 @@ def swap_in(
     result is False; otherwise that one is worth nothing, so it is removed at once, and a copy another process
     puts there meanwhile is offered to ``keep`` in turn."""
     built, target = Path(built), Path(target)
+    follow_umask(built)
     for _ in range(10):
         try:
             os.rename(built, target)  # nothing at target (or an empty directory): nothing to set aside
@@ -187,6 +189,16 @@ def swap_in(
         raise RuntimeError(f"could not put {built} at {target}: other processes keep replacing it")
     fsync_dir(target.parent)
     return True
+
+
+def follow_umask(directory: str | os.PathLike) -> None:
+    """Give every file under ``directory`` the mode a file written in place gets, 0666 less the umask: writers that
+    go through a temporary file (safetensors' weights, mkstemp) make theirs 0600, which would hide the weights of a
+    checkpoint or an export from the other users of a shared machine while the files beside them are readable."""
+    mode = 0o666 & ~current_umask()
+    for path in Path(directory).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
 
 
 def _remove(path: Path) -> None:
