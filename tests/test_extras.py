@@ -68,6 +68,10 @@ def without_extras(tmp_path_factory):
         "traffic": ["bench-kernels", "--traffic", "--device", "cpu", "--variants", "ddl-cc"],
         "tensorboard": [*train, "--tensorboard", "--out", str(root / "tb")],
         "wandb": [*train, "--wandb", "--out", str(root / "wb")],
+        "wandb compare": ["compare", "--config", "debug", "--variants", "baseline", "--steps", "1", "--time-repeats",
+                          "0", "--device", "cpu", "--no-progress", "--wandb", "--out", str(root / "wbc")],
+        "triton train": [*train, "--set", "model.delta_backend=triton", "--out", str(root / "tri")],
+        "triton train corrected": [*train, "--out", str(root / "tri")],
     }
     env = {**os.environ, "DDL_CACHE_DIR": str(root / "cache"), "PYTHONPATH": str(ROOT / "src"),
            "WANDB_MODE": "offline", "WANDB_DIR": str(root / "wandb-dir")}
@@ -110,17 +114,30 @@ def test_analyze_runs_without_any_extra(without_extras):
 
 
 @pytest.mark.parametrize("name, extra", [("gpt2 tokenizer", "data"), ("parquet", "data"), ("fineweb", "data"),
-                                         ("lm-eval", "eval"), ("traffic", "triton"), ("tensorboard", "tensorboard")])
+                                         ("lm-eval", "eval"), ("traffic", "triton"), ("tensorboard", "tensorboard"),
+                                         ("wandb", "wandb"), ("wandb compare", "wandb"), ("triton train", "triton")])
 def test_a_command_that_needs_an_extra_names_it_before_any_work(without_extras, name, extra):
     root, results = without_extras
     _one_line(results[name], "which is not installed", f"pip install '{PACKAGE}[{extra}]'")
-    assert not any((root / d).exists() for d in ("gpt2", "pq", "fw", "lm.md", "tb"))
+    assert not any((root / d).exists() for d in ("gpt2", "pq", "fw", "lm.md", "tb", "wb", "wbc"))
 
 
-def test_wandb_without_its_package_trains_and_says_so(without_extras):
-    _, results = without_extras
-    assert results["wandb"]["code"] == 0, results["wandb"]["err"][-2000:]
-    assert "the wandb package is not installed" in results["wandb"]["out"] + results["wandb"]["err"]
+def test_the_refusals_name_what_the_user_asked_for(without_extras):
+    """Issue 58: a class name was shown (`TrainConfig's --tensorboard`), `ddl train` named `ddl bench-kernels`, and
+    --wandb went on without wandb while --tensorboard refused. E4: `--set model.delta_backend=triton` wrote run.json
+    and an empty metrics.jsonl before refusing, and the corrected command was then refused as "already holds a
+    training run"."""
+    root, results = without_extras
+    assert results["tensorboard"]["err"].startswith("ddl train: error: --tensorboard (TensorBoard logging) needs")
+    assert results["wandb"]["err"].startswith("ddl train: error: --wandb (Weights & Biases logging) needs wandb")
+    assert results["traffic"]["err"].startswith("ddl bench-kernels: error: `ddl bench-kernels --traffic` (it counts "
+                                                "the Triton kernels' memory traffic) needs triton")
+    triton = results["triton train"]["err"]
+    assert triton.startswith("ddl train: error: `model.delta_backend` triton (the fused Triton kernels) needs triton")
+    assert "bench-kernels" not in triton
+    corrected = results["triton train corrected"]
+    assert corrected["code"] == 0, corrected["err"][-2000:]
+    assert json.loads((root / "tri" / "run.json").read_text())["finished"]["step"] == 1
 
 
 def test_the_extras_table_matches_pyproject_and_the_readme():

@@ -95,16 +95,17 @@ def test_a_run_that_ends_in_an_error_is_finished_in_wandb_with_its_exit_code(tmp
     assert run["exit_code"] == 1 and [row["step"] for row in run["history"] if "loss" in row] == [1]
 
 
-def test_a_missing_wandb_package_is_one_line_and_training_goes_on(tmp_path, make_config, wandb_offline,
-                                                                  monkeypatch, capsys):
+def test_a_missing_wandb_package_is_refused_before_any_work(tmp_path, make_config, wandb_offline, monkeypatch):
+    """As `tensorboard` without tensorboard is: a run that asks for W&B logging without the package is refused in
+    one line naming the extra, before anything is written (it went on without W&B, a warning scrolling past)."""
+    from deep_delta.extras import MissingExtra
+
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     cfg = make_config(tmp_path / "run", steps=2, eval_every=0, wandb=True)
-    result = train(cfg, progress=False, quiet=False)
-    assert result.step == 2 and len(read_metrics(tmp_path / "run")) == 3  # 2 steps + the final validation
-    lines = _wandb_lines(capsys.readouterr().out)
-    assert lines == ["W&B: the wandb package is not installed (pip install 'deep-delta-learning[wandb]'); going on "
-                     "without W&B"]
-    assert not (tmp_path / "run" / WANDB_FILE).exists() and not wandb_offline.files()
+    with pytest.raises(MissingExtra, match=r"^`wandb` \(Weights & Biases logging\) needs wandb, which is not "
+                                           r"installed: pip install 'deep-delta-learning\[wandb\]'$"):
+        train(cfg, progress=False, quiet=False)
+    assert not (tmp_path / "run").exists() and not wandb_offline.files()
 
 
 def test_a_refused_login_is_one_line_and_training_goes_on(tmp_path, make_config, wandb_offline, monkeypatch,

@@ -199,7 +199,7 @@ def add_wandb(p: argparse.ArgumentParser, what: str) -> None:
     reads them."""
     p.add_argument("--wandb", action="store_true",
                    help=f"also log {what} to Weights & Biases (offline when no API key is configured; needs the "
-                   "wandb package)")
+                   "wandb package: refused without it)")
     p.add_argument("--wandb-project", default=None, metavar="P",
                    help="W&B project, with --wandb (default deep-delta-learning)")
 
@@ -217,7 +217,12 @@ WANDB_NAMES = ("wandb_project", "wandb_run_name", "wandb_group")
 
 def check_wandb_names(given: Sequence[str], wandb: bool, *, config: bool = False) -> None:
     """Refuse W&B names (``given``: ``wandb_project``, ...) while W&B logging is off (``wandb``) rather than ignore
-    them; ``config``: the command also reads ``wandb: true`` from a config."""
+    them; ``config``: the command also reads ``wandb: true`` from a config. W&B logging without the wandb package is
+    refused too, before any work, as ``--tensorboard`` without tensorboard is (one line naming the extra)."""
+    if wandb:
+        from deep_delta.extras import EXTRAS, require
+
+        require("wandb", f"`wandb` ({EXTRAS['wandb'][1]})")
     if given and not wandb:
         from deep_delta.cli.main import UsageError
 

@@ -251,7 +251,8 @@ def check_counted_step(settings, flag: str) -> None:
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
     from deep_delta.ops.launch import MAX_ELEMENTS
 
-    require("triton", f"`ddl bench-kernels --{flag}` (it counts the Triton kernels' launches)")
+    counts = "memory traffic" if flag == "traffic" else "launches"
+    require("triton", f"`ddl bench-kernels --{flag}` (it counts the Triton kernels' {counts})")
     tokens = settings.batch_size * settings.seq_len
     widths = {}
     for variant in settings.variants:

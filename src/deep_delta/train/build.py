@@ -1,4 +1,5 @@
-"""What a run builds from its settings: the model's config (its vocabulary sized to the data) and the model."""
+"""What a run builds from its settings: the model's config (its vocabulary sized to the data), the optional
+packages it needs, and the model."""
 
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ def check_context(cfg: TrainConfig, model_config):
     return model_config
 
 
+def require_extras(cfg: TrainConfig, model_config, *, loggers: bool = True) -> None:
+    """Refuse, before anything is built or written, a run whose optional packages are not installed (one line
+    naming the extra, :func:`deep_delta.extras.require`): the Triton kernels its model's ``delta_backend`` names,
+    and with ``loggers`` (the process that logs) the TensorBoard and W&B logging it asks for."""
+    from deep_delta.extras import EXTRAS, require
+
+    if model_config.delta_backend == "triton":
+        require("triton", "`model.delta_backend` triton (the fused Triton kernels)")
+    for module, on in (("tensorboard", cfg.tensorboard), ("wandb", cfg.wandb)):
+        if loggers and on:
+            require(module, f"`{module}` ({EXTRAS[module][1]})")
+
+
 def build_model(model_config):
     """A freshly initialised ``DDLForCausalLM`` (seed the RNG before calling: every rank must agree)."""
     from deep_delta.models import DDLForCausalLM
@@ -46,4 +60,4 @@ def build_model(model_config):
     return DDLForCausalLM(model_config)
 
 
-__all__ = ["build_model", "build_model_config", "check_context", "model_vocab_size"]
+__all__ = ["build_model", "build_model_config", "check_context", "model_vocab_size", "require_extras"]

@@ -94,11 +94,12 @@ class TrainConfig:
                                              "activation memory)")
     distributed: str = setting("auto", "under torchrun: auto (DDP when several processes), none, ddp or fsdp "
                                "(FSDP2)", choices=DISTRIBUTED)
-    tensorboard: bool = setting(False, "also write TensorBoard scalars to OUT/tensorboard")
+    tensorboard: bool = setting(False, "also write TensorBoard scalars to OUT/tensorboard (needs the "
+                                "tensorboard package: refused without it)")
     peak_flops: float | None = setting(None, "peak FLOP/s of one device for MFU (none: looked up for known GPUs; "
                                        "none on CPU)")
     wandb: bool = setting(False, "also log to Weights & Biases (offline when no API key is configured; needs the "
-                          "wandb package)")
+                          "wandb package: refused without it)")
     wandb_project: str | None = setting(None, "W&B project (none: deep-delta-learning)", metavar="P")
     wandb_run_name: str | None = setting(None, "W&B run name (none: VARIANT-PRESET-sSEED)", metavar="N")
     wandb_group: str | None = setting(None, "W&B group of the run (none: no group)", metavar="G")
