@@ -4,6 +4,7 @@ an evaluation callback, callbacks around the steps, a run kept in memory, and a 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -107,3 +108,25 @@ def test_batches_evaluate_and_callbacks(tmp_path):
         Trainer(cfg, batches=BatchList(batches))
     with pytest.raises(ValueError, match="no validation data and no `evaluate` but `eval_every` is 2"):
         Trainer(cfg, model=model, batches=BatchList(batches), persist=False)
+
+
+@pytest.mark.parametrize("save_every", [3, 1])
+def test_on_divergence_stop_never_passes_off_ruined_weights_as_good(tmp_path, data_dir, capsys, save_every):
+    """lr 1e10: the first update ruins the weights while its own loss was finite, and the second step's loss is
+    NaN. "stop" used to checkpoint step 1 as the last good step, a checkpoint that validates to NaN. Now the
+    step-1 weights are not checkpointed (save every 3) or, where the step's own checkpoint already holds them
+    (save every step), the lines say so; a checkpoint kept as good validates to a finite loss."""
+    out = tmp_path / "run"
+    assert main(["train", "--config", "debug", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out),
+                 "--device", "cpu", "--no-progress", "--on-divergence", "stop", "--lr", "1e10", "--grad-clip", "0",
+                 "--warmup-steps", "1", "--steps", "6", "--save-every", str(save_every)]) == 0
+    captured = capsys.readouterr()
+    err = captured.err
+    assert "stopped at step 1" in err and "the weights of step 1 are not good" in err, err
+    kept = latest_checkpoint(out)
+    if save_every == 1:
+        assert kept.name == "step_0000001" and f"its checkpoint {kept} holds them; do not resume or use it" in err
+    else:
+        assert kept is None and "not checkpointed; the last checkpoint is none" in err
+    vals = [r["val_loss"] for r in read_metrics(out) if "val_loss" in r]
+    assert vals and not math.isfinite(vals[-1])  # what the step-1 weights validate to

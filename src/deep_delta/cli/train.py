@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
                    progress=not args.no_progress)
     if result.diverged:
+        kept = result.bad_weights or f"its checkpoint: {result.checkpoint}"
         print(f"ddl train: the run diverged ({result.diverged}) and stopped at step {result.step} "
-              f"(--on-divergence stop); its checkpoint: {result.checkpoint}", file=sys.stderr)
+              f"(--on-divergence stop); {kept}", file=sys.stderr)
     return 0

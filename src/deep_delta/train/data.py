@@ -72,7 +72,25 @@ class TrainData:
         return TokenLoader(self.dir, split, batch_size, seq_len, **kwargs)
 
 
-__all__ = ["BatchList", "Batches", "TrainData"]
+def run_loaders(cfg, info, data: TrainData | None, batches: Batches | None, vocab_size: int, *, evaluates: bool):
+    """A run's training stream (``batches``, else a loader over ``data``'s train split) and its validation loader
+    (None when the run evaluates otherwise, ``evaluates``, or not at all); ``cfg`` a TrainConfig, ``info`` the
+    process's place (rank, world size). A run that validates needs a validation split: refused without one."""
+    kw = dict(seed=cfg.seed, rank=info.rank, world_size=info.world_size, vocab_size=vocab_size)
+    train = batches if batches is not None else data.loader("train", cfg.batch_size, cfg.seq_len, **kw)
+    if evaluates:
+        return train, None
+    if data is not None and data.has_validation:
+        return train, data.loader("val", cfg.batch_size, cfg.seq_len, **kw)
+    if cfg.eval_every:
+        where = f"{data.dir} has no validation split (no val_*.bin shards)" if data is not None else \
+            "the run trains on batches of its own, with no validation data and no `evaluate`"
+        raise ValueError(f"{where} but `eval_every` is {cfg.eval_every}; allowed: `eval_every` 0 to train "
+                         "without validation, or data prepared with a validation fraction > 0")
+    return train, None
+
+
+__all__ = ["BatchList", "Batches", "TrainData", "run_loaders"]
 
 
 class BatchList:

@@ -191,6 +191,16 @@ def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def agreed_signal(requested: int | None, info: DistInfo) -> int | None:
+    """The stop signal any rank received (``requested``: this rank's, or None), so that every rank stops after the
+    same step; one process: its own."""
+    if not (info.distributed and info.world_size > 1):
+        return requested
+    flag = torch.tensor([0.0 if requested is None else float(requested)], device=info.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return requested if requested is not None or not flag.item() else int(flag.item())
+
+
 def barrier(info: DistInfo) -> None:
     if info.distributed and info.world_size > 1:
         dist.barrier()

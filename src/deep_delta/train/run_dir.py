@@ -251,6 +251,27 @@ def mark_finished(out: Path, result: dict[str, Any]) -> None:
     ckpt.write_text_atomic(path, json.dumps(run, indent=2, sort_keys=True))
 
 
+def restore_stream(loader, state, out: Path) -> None:
+    """Put the training stream ``loader`` at a checkpoint's data position ``state`` (refused for a checkpoint
+    without one, or a stream that cannot resume)."""
+    if state is None or not hasattr(loader, "load_state_dict"):
+        raise ckpt.CheckpointError(f"{out}: resuming needs the training stream's position, which "
+                                   f"{'the checkpoint' if state is None else 'the given `batches`'} does not "
+                                   "hold; start a new run (`overwrite`)")
+    loader.load_state_dict(state)
+
+
+def load_weights_of(path: Path, model_config):
+    """The checkpoint ``path``'s weights in a model built from ``model_config`` (:func:`check_checkpoint_matches`
+    made it the checkpoint's): safetensors only, checksums verified, names and shapes checked; no Auto class."""
+    from deep_delta.models.ddl.weights import load_weights
+    from deep_delta.train.build import build_model
+
+    model = build_model(model_config)
+    load_weights(model, path)
+    return model
+
+
 def save_checkpoint(trainer, at: int) -> None:
     """Checkpoint step ``at`` of ``trainer``'s run atomically into OUT/checkpoints (rank 0 writes; the optimizer
     state, and under FSDP the weights, are gathered on every rank first): the model, the optimizer, the data
@@ -277,6 +298,7 @@ def save_checkpoint(trainer, at: int) -> None:
             if t.data is not None else {"tokenizer": None, "data_dir": None})
     ckpt.save_checkpoint(t.out, at, save_model=save_model, keep=t.cfg.keep, train_state={
         "step": at, "optimizer": optim_state, "rng": ckpt.rng_state(), "world_size": t.info.world_size,
+        "wall_s": t.wall_s(),
         **({"data": t.train_loader.state_dict()} if hasattr(t.train_loader, "state_dict") else {}),
     }, meta={
         "variant": t.cfg.variant, "preset": t.cfg.preset, "vocab_size": t.model_config.vocab_size,
@@ -285,5 +307,6 @@ def save_checkpoint(trainer, at: int) -> None:
 
 
 __all__ = ["RESULT_NEUTRAL", "RESUMABLE_CHANGES", "RUN_FILE", "RunNotFinished", "check_checkpoint_matches",
-           "check_clearable", "check_out_dir", "clear_run", "holds_run", "own_run_dir", "read_run_file",
-           "refuse_other_run", "run_end", "run_identity", "save_checkpoint", "write_run_file"]
+           "check_clearable", "check_out_dir", "clear_run", "holds_run", "load_weights_of", "own_run_dir",
+           "read_run_file", "refuse_other_run", "restore_stream", "run_end", "run_identity", "save_checkpoint",
+           "write_run_file"]

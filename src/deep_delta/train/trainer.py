@@ -34,9 +34,9 @@ from deep_delta.models.utils import count_parameters
 from deep_delta.train import checkpoint as ckpt
 from deep_delta.train import distributed as distr
 from deep_delta.train import run_dir
-from deep_delta.train.build import build_model, build_model_config, check_context
+from deep_delta.train.build import build_model, build_model_config, check_context, require_extras
 from deep_delta.train.config import TrainConfig
-from deep_delta.train.data import Batches, TrainData
+from deep_delta.train.data import Batches, TrainData, run_loaders
 from deep_delta.train.metrics import METRICS_FILE, MemoryLog, MetricsLog, flops_per_token
 from deep_delta.train.optim import WarmupCosine, set_learning_rate
 from deep_delta.train.progress import RunDisplay, peak_of
@@ -75,6 +75,7 @@ class TrainResult:
     wall_s: float
     evaluation: dict[str, Any] = field(default_factory=dict)  # the last evaluation's numbers
     diverged: str | None = None  # why a run with on_divergence="stop" ended early
+    bad_weights: str | None = None  # after such a divergence: the last step's weights are not good, and what was kept
 
 
 class _Diverged(Exception):
@@ -100,10 +101,6 @@ class Trainer:
         if not persist and resume:
             raise ValueError("`resume` got true with `persist` false; allowed: resume a run that keeps a run "
                              "directory (a run kept in memory has no checkpoint to continue from)")
-        if cfg.tensorboard and persist and (info is None or info.is_main):
-            from deep_delta.extras import require
-
-            require("tensorboard", "TrainConfig's `tensorboard`")  # before anything is built, not at the first step
         self.cfg, self.info = cfg, info or distr.DistInfo()
         self.resume, self.overwrite, self.progress, self.persist = resume, overwrite, progress, persist
         self.desc, self.out = desc or cfg.variant, Path(cfg.out)
@@ -119,28 +116,17 @@ class Trainer:
         else:
             raise ValueError("Trainer: `batches` without `model` or `data`; allowed: a model to train on them, or "
                              "the data whose vocabulary sizes the model")
+        # the optional packages the run needs, named before anything is built or written
+        require_extras(cfg, self.model_config, loggers=persist and self.info.is_main)
         self.accum = cfg.accumulation(self.info.world_size)
-        self.train_loader, self.val_loader = self._loaders(batches)
+        self.train_loader, self.val_loader = run_loaders(cfg, self.info, self.data, batches, self.model_config.vocab_size,
+                                                         evaluates=evaluate is not None)
         self.tokens_per_step = cfg.batch_size * self.accum * self.info.world_size * cfg.seq_len
         self.step, self.last_saved = 0, None
         self.last_eval: dict[str, Any] = {}
         self.diverged: str | None = None
-
-    def _loaders(self, batches: Batches | None):
-        """The training stream and the validation loader (None when the run evaluates otherwise, or not)."""
-        cfg, info = self.cfg, self.info
-        kw = dict(seed=cfg.seed, rank=info.rank, world_size=info.world_size, vocab_size=self.model_config.vocab_size)
-        train = batches if batches is not None else self.data.loader("train", cfg.batch_size, cfg.seq_len, **kw)
-        if self.evaluator is not None:
-            return train, None
-        if self.data is not None and self.data.has_validation:
-            return train, self.data.loader("val", cfg.batch_size, cfg.seq_len, **kw)
-        if cfg.eval_every:
-            where = f"{self.data.dir} has no validation split (no val_*.bin shards)" if self.data is not None else \
-                "the run trains on batches of its own, with no validation data and no `evaluate`"
-            raise ValueError(f"{where} but `eval_every` is {cfg.eval_every}; allowed: `eval_every` 0 to train "
-                             "without validation, or data prepared with a validation fraction > 0")
-        return train, None
+        self.bad_weights: str | None = None  # why a divergence left the last step's weights unfit, and what was kept
+        self.wall_before, self.t_start = 0.0, time.perf_counter()
 
     @property
     def data_dir(self) -> Path | str:
@@ -154,7 +140,7 @@ class Trainer:
     # ------------------------------------------------------------------ the whole run
     def run(self) -> TrainResult:
         """Train to ``cfg.steps`` (or ``stop_at``, or a divergence under ``on_divergence="stop"``)."""
-        t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             stack.callback(self._release)
             if self.persist:
@@ -173,7 +159,8 @@ class Trainer:
                     record = self.train_step()
                     if record is not None:
                         self._after_step(record, bar)
-                    if self._agree_to_stop(stop):
+                    stop.requested = distr.agreed_signal(stop.requested, self.info)
+                    if stop.requested is not None:
                         self.save(self.step)
                         latest = ckpt.latest_checkpoint(self.out) if self.persist else None
                         raise TrainingInterrupted(stop.requested, self.step, latest)
@@ -182,13 +169,13 @@ class Trainer:
                 # way, so every report of the run (ddl compare and its --report-only) says "diverged"
                 if self.persist and self.info.is_main:
                     run_dir.mark_finished(self.out, {"step": self.step, "evaluation": {}, "diverged": e.reason,
-                                                     "wall_s": time.perf_counter() - t_start})
+                                                     "wall_s": self.wall_s()})
                 raise
             if self.diverged is not None:
                 self._end_diverged(bar)
             for loader in loaders:
                 loader.wait_for_token_check()
-            result = self._result(time.perf_counter() - t_start)
+            result = self._result(self.wall_s())
             if self.persist and self.info.is_main and (result.step == self.cfg.steps or result.diverged):
                 run_dir.mark_finished(self.out, {"step": result.step, "evaluation": result.evaluation,
                                                  "diverged": result.diverged, "wall_s": result.wall_s})
@@ -231,10 +218,11 @@ class Trainer:
         if restored is not None:
             run_dir.check_checkpoint_matches(latest, restored["meta"], cfg, self.data_dir, self.model_config,
                                              self.data.fingerprint if self.data is not None else None)
-            self._restore_stream(restored["state"].get("data"))
+            run_dir.restore_stream(self.train_loader, restored["state"].get("data"), self.out)
         torch.manual_seed(cfg.seed)
         self.model = (self.given_model if self.given_model is not None else
-                      self._load_weights(latest) if restored is not None else build_model(self.model_config))
+                      run_dir.load_weights_of(latest, self.model_config) if restored is not None else
+                      build_model(self.model_config))
         self.n_params = count_parameters(self.model)
         self.model.to(info.device).train()
         built = build_step(self.model, cfg, info)
@@ -245,32 +233,16 @@ class Trainer:
             self.restore(restored)
         self._start_run_dir()
 
-    def _restore_stream(self, state) -> None:
-        """The data position of a checkpoint (refused for a changed data set, or a stream that cannot resume)."""
-        if state is None or not hasattr(self.train_loader, "load_state_dict"):
-            raise ckpt.CheckpointError(f"{self.out}: resuming needs the training stream's position, which "
-                                       f"{'the checkpoint' if state is None else 'the given `batches`'} does not "
-                                       "hold; start a new run (`overwrite`)")
-        self.train_loader.load_state_dict(state)
-
     @property
     def autocast(self):
         return self.step_fn.autocast
-
-    def _load_weights(self, path: Path):
-        """The checkpoint's weights in a model built from ``model_config`` (the checks above made it the
-        checkpoint's): safetensors only, checksums verified, names and shapes checked; no Auto class."""
-        from deep_delta.models.ddl.weights import load_weights
-
-        model = build_model(self.model_config)
-        load_weights(model, path)
-        return model
 
     def restore(self, restored: dict[str, Any]) -> None:
         """Optimizer, step, data position and RNG from a checkpoint (the weights are loaded by :meth:`setup`)."""
         state = restored["state"]
         distr.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.step = self.last_saved = int(state["step"])
+        self.wall_before = float(state.get("wall_s", 0.0))  # the earlier sessions' time, up to this checkpoint
         ckpt.set_rng_state(state["rng"])
         self.restored_from = restored["path"]
 
@@ -342,16 +314,6 @@ class Trainer:
             "up to its last good step as a result",
             reason=found, step=self.step)
 
-    def _agree_to_stop(self, stop: StopSignals) -> bool:
-        """Whether a signal asked this run to stop (on any rank: every rank stops after the same step)."""
-        if not (self.info.distributed and self.info.world_size > 1):
-            return stop.requested is not None
-        flag = torch.tensor([0.0 if stop.requested is None else float(stop.requested)], device=self.info.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item() and stop.requested is None:
-            stop.requested = int(flag.item())
-        return stop.requested is not None
-
     def _after_step(self, record: dict[str, Any], bar) -> None:
         cfg, step = self.cfg, self.step
         self.log(record, bar)
@@ -362,11 +324,24 @@ class Trainer:
         self._notify("on_step_end", record)
 
     def _end_diverged(self, bar) -> None:
-        """A run stopped by a divergence: evaluated and checkpointed at its last good step, and said so."""
-        self.say(f"{self.desc}: {self.diverged}; stopped at step {self.step} (`on_divergence` stop)")
+        """A run stopped by a divergence: evaluated at its last step, and checkpointed there when those weights are
+        good (finite, with a finite validation loss); weights that are not (an update can ruin them while its own
+        loss was finite) are not kept, and what was is said (:attr:`bad_weights`)."""
+        where = f"{self.desc}: {self.diverged}; stopped at step {self.step} (`on_divergence` stop)"
         self._evaluate_and_log(bar, None)
-        if self.step:
-            self.save(self.step)
+        val = self.last_eval.get("val_loss")
+        if (not isinstance(val, float) or math.isfinite(val)) and all(
+                bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            self.say(where)
+            if self.step:
+                self.save(self.step)
+            return
+        kept = ckpt.latest_checkpoint(self.out) if self.persist else None
+        held = kept is not None and ckpt.step_dir_name(self.step) == kept.name
+        self.bad_weights = (f"the weights of step {self.step} are not good (non-finite weights or validation loss): "
+                            + (f"its checkpoint {kept} holds them; do not resume or use it" if held else
+                               "not checkpointed; the last checkpoint is " + (f"{kept}" if kept else "none")))
+        self.say(f"{where}; {self.bad_weights}")
 
     def _evaluate_and_log(self, bar, record: dict[str, Any] | None) -> None:
         numbers = self.evaluate()
@@ -387,14 +362,10 @@ class Trainer:
             return dict(self.evaluator(self.model))
         if self.val_loader is None:
             return None
-        from deep_delta.train.validation import perplexity, summed_loss
+        from deep_delta.train.validation import validation_numbers
 
-        total = summed_loss(self.train_model, self.val_loader.eval_batches(self.cfg.eval_batches),
-                            device=self.info.device, autocast=self.autocast)
-        distr.all_reduce_sum(total, self.info)
-        distr.reshard(self.train_model, self.info)
-        val = float(total[0] / total[1])
-        return {"val_loss": val, "val_ppl": perplexity(val)}
+        return validation_numbers(self.train_model, self.val_loader.eval_batches(self.cfg.eval_batches), self.info,
+                                  autocast=self.autocast)
 
     def save(self, at: int) -> None:
         """Checkpoint step ``at`` atomically (a collective under FSDP: every rank calls it); nothing for a run
@@ -411,6 +382,11 @@ class Trainer:
         self.display.step(record, bar)
 
     # ------------------------------------------------------------------ around the loop
+    def wall_s(self) -> float:
+        """The run's time so far, every session of it: the earlier ones' up to the checkpoint this one resumed
+        from (what a resumed run repeats is counted once), and this one's. run.json's ``finished.wall_s``."""
+        return self.wall_before + time.perf_counter() - self.t_start
+
     @property
     def flops_per_token(self) -> float:
         m = self.model_config
@@ -430,7 +406,7 @@ class Trainer:
             self.say(f"{self.desc}: step {self.step}, {shown}; checkpoint {final}; {wall:.1f} s")
         return TrainResult(out=self.out, step=self.step, parameters=self.n_params, val_loss=val_loss,
                            val_ppl=val_ppl, checkpoint=final, wall_s=wall, evaluation=dict(self.last_eval),
-                           diverged=self.diverged)
+                           diverged=self.diverged, bad_weights=self.bad_weights)
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,

@@ -36,3 +36,15 @@ def summed_loss(model, batches, *, device: torch.device, autocast=None) -> torch
     finally:
         model.train(was_training)
     return total
+
+
+def validation_numbers(model, batches, info, *, autocast=None) -> dict[str, float]:
+    """The trainer's evaluation: ``val_loss`` and ``val_ppl`` of ``model`` over ``batches``, summed over every rank
+    (``info``, a :class:`~deep_delta.train.distributed.DistInfo`; FSDP's parameters resharded after the pass)."""
+    from deep_delta.train import distributed as distr
+
+    total = summed_loss(model, batches, device=info.device, autocast=autocast)
+    distr.all_reduce_sum(total, info)
+    distr.reshard(model, info)
+    val = float(total[0] / total[1])
+    return {"val_loss": val, "val_ppl": perplexity(val)}
