@@ -82,7 +82,7 @@ def test_compare_end_to_end(tmp_path, data_dir, capsys):
             *MODEL]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    for name in ("Baseline", "DDL (d_v=1)", "DDL-TC", "DDL-CC", "val loss", "d ppl", "train tok/s"):
+    for name in ("Baseline", "DDL (d_v=1)", "DDL-TC", "DDL-CC", "val loss", "d ppl", "step ms (interleaved)"):
         assert name in printed
     summary = json.loads((out / "compare.json").read_text())
     rows = {r["variant"]: r for r in summary["rows"]}

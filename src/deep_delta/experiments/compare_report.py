@@ -69,6 +69,7 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
         "val_ppl": None if bad or not vals else vals[-1]["val_ppl"],
         "val_curve": [] if bad else [[r["step"], r["val_loss"]] for r in vals],
         "tokens_per_s": _median_tokens_per_s(records),
+        "train_wall_s": (run.get("finished") or {}).get("wall_s"),  # every session of the run (its run.json)
         "diverged": diverged,
     }
 
@@ -144,12 +145,17 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 def comparison_table(summary: dict[str, Any]) -> str:
     """The comparison as a markdown table: the columns of the paper's Table 3, the seeds' spread and paired
-    interval, the cost, and the loss at equal wall-clock time."""
+    interval, one measure of the cost, and the loss at equal wall-clock time. The cost is the step time measured
+    interleaved in one process after training where it was (every variant under the same load); else each run's
+    median throughput while it trained, labelled as that run-average (sequential runs: a busy machine distorts it,
+    so the two measures can disagree on which variant is faster, and only one is shown)."""
     ref = summary["reference"]
     n = len(summary.get("seeds") or [None])
-    head = ("| model | variant | params | val loss | ppl | d loss | 95% CI of d | lower in | d ppl | train tok/s | speed "
-            "| step ms | val loss at ref. time | d at ref. time |\n"
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    timed = any(r.get("step_time_s") for r in summary["rows"])
+    cost = ("| step ms (interleaved) | step vs ref. | val loss at ref. time | d at ref. time |" if timed else
+            "| run-avg train tok/s | run-avg speed vs ref. |")
+    head = ("| model | variant | params | val loss | ppl | d loss | 95% CI of d | lower in | d ppl " + cost + "\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (cost.count("|") - 1))
     lines = [head]
     for r in summary["rows"]:
         params = f"{r['parameters']:,}" if r["parameters"] else "-"
@@ -160,21 +166,26 @@ def comparison_table(summary: dict[str, Any]) -> str:
         if r.get("diverged") and r["val_loss"] is None:
             val = "diverged"
         step_ms = fmt(1000 * r["step_time_s"], ".1f") if r.get("step_time_s") else "-"
+        costs = (f"| {step_ms} | {_times(r.get('time_ratio'))} | {fmt(r.get('equal_time_val_loss'), '.4f')} "
+                 f"| {'-' if is_ref else fmt(r.get('equal_time_d_val_loss'), '.4f', True)} |" if timed else
+                 f"| {fmt(r['tokens_per_s'], ',.0f')} | {_times(r['speed_ratio'])} |")
         lines.append(
             f"| {r['name']} | {r['variant']} | {params} | {val} | {fmt(r['val_ppl'], '.3f')} "
             f"| {'-' if is_ref else fmt(r['d_val_loss'], '.4f', True)} "
             f"| {'-' if is_ref else ci_text(r.get('d_val_loss_ci95'))} "
             f"| {'-' if is_ref else str(r.get('wins', 0)) + '/' + str(r.get('n_paired', n))} "
-            f"| {'-' if is_ref else fmt(r['d_val_ppl'], '.3f', True)} "
-            f"| {fmt(r['tokens_per_s'], ',.0f')} | {fmt(r['speed_ratio'], '.2f')}x | {step_ms} "
-            f"| {fmt(r.get('equal_time_val_loss'), '.4f')} "
-            f"| {'-' if is_ref else fmt(r.get('equal_time_d_val_loss'), '.4f', True)} |"
+            f"| {'-' if is_ref else fmt(r['d_val_ppl'], '.3f', True)} " + costs
         )
     return "\n".join(lines)
 
 
-def verdicts(summary: dict[str, Any]) -> list[str]:
-    """One plain sentence per variant: better, worse, or not distinguishable from the reference."""
+def _times(ratio: float | None) -> str:
+    return "-" if fmt(ratio, ".2f") == "-" else f"{ratio:.2f}x"
+
+
+def verdicts(summary: dict[str, Any], *, conclude: bool = True) -> list[str]:
+    """One plain sentence per variant: better, worse, or not distinguishable from the reference; with
+    ``conclude``, then the one sentence of what the comparison found (:func:`conclusion`)."""
     ref, lines = summary["reference"], []
     for r in summary["rows"]:
         if r["variant"] == ref or r["d_val_loss"] is None:
@@ -191,7 +202,36 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
                     f"contains 0; lower in {r['wins']}/{n} seeds)")
         at = f" at lr {r['lr']:g}" if r.get("lr") is not None else ""
         lines.append(f"- {r['variant']}{at}: {what}.")
-    return lines
+    return lines + [conclusion(summary)] if conclude else lines
+
+
+def conclusion(summary: dict[str, Any]) -> str:
+    """What the comparison found, in one sentence: each variant against the reference at equal steps (lower,
+    higher, or not distinguishable where the seeds give an interval) and, where it was measured, what its step
+    costs next to the reference's (interleaved, on the machine of the report)."""
+    rows, ref = summary["rows"], summary["reference"]
+    ref_name = next(r["name"] for r in rows if r["variant"] == ref)
+    n = len(summary.get("seeds") or [None])
+    parts = []
+    for r in rows:
+        if r["variant"] == ref:
+            continue
+        d, ci = r.get("d_val_loss"), r.get("d_val_loss_ci95")
+        if d is None:
+            parts.append(f"{r['name']} {'diverged' if r.get('diverged') else 'has no validation loss'}")
+            continue
+        if ci is None:
+            found = "the same" if d == 0 else f"{'lower' if d < 0 else 'higher'} by {abs(d):.4f} nats"
+        elif ci[1] < 0 or ci[0] > 0:
+            found = f"{'lower' if d < 0 else 'higher'} by {abs(d):.4f} nats (95% CI {ci_text(ci)})"
+        else:
+            found = f"not distinguishable (d = {d:+.4f}, 95% CI {ci_text(ci)})"
+        cost = f", its step {r['time_ratio']:.2f}x the {ref_name}'s" if r.get("time_ratio") else ""
+        parts.append(f"{r['name']} {found}{cost}")
+    seeds = "one seed, so no interval: an anecdote" if n == 1 else f"{n} paired seeds"
+    timed = " (step times measured interleaved on this machine)" if any(r.get("time_ratio") for r in rows) else ""
+    return (f"Found ({seeds}): at equal steps, against the {ref_name}'s validation loss, " + "; ".join(parts)
+            + f"{timed}.")
 
 
 def comparison_report(summary: dict[str, Any]) -> str:
@@ -216,14 +256,18 @@ def comparison_report(summary: dict[str, Any]) -> str:
         "",
         comparison_table(summary),
         "",
-        *verdicts(summary),
+        *verdicts(summary, conclude=False),
         *notes,
         "",
         f"val loss: mean over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), +- the sample sd. d loss / d ppl: "
         f"difference to `{summary['reference']}` (negative is better), paired by seed; 95% CI: t-interval of the "
-        "mean paired difference; lower in: seeds in which the variant's loss was lower. train tok/s: median over "
-        "the optimizer steps after the first (sequential runs; a busy machine distorts it); speed: ratio to the "
-        "reference.",
+        "mean paired difference; lower in: seeds in which the variant's loss was lower. "
+        + ("The run-average throughput (each run's median tokens/s while it trained, sequential runs under whatever "
+           "load the machine had then) is in compare.json (`tokens_per_s`), not in the table: the interleaved step "
+           "time is the one measure of cost here." if timing else
+           "run-avg train tok/s: each run's median over its optimizer steps after the first, while it trained "
+           "(sequential runs: a busy machine distorts it; `--time-repeats` measures the steps interleaved instead); "
+           "run-avg speed: its ratio to the reference's."),
     ]
     lines += _settings_lines(summary, s, m, tokens, lr_text, timing)
     if grid is not None:
@@ -240,7 +284,7 @@ def comparison_report(summary: dict[str, Any]) -> str:
             "![final validation loss against lr](lr_sensitivity.png)",
             "",
         ]
-    return "\n".join(lines)
+    return "\n".join([*lines, conclusion(summary), ""])
 
 
 def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_text: str, timing) -> list[str]:
@@ -263,13 +307,22 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
         f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
-        f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). Wall time "
-        f"{summary.get('wall_s', 0):.0f} s.{_devices_sentence(summary)}",
+        f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). {_wall_sentence(summary)}"
+        f"{_devices_sentence(summary)}",
         "",
         "![training and validation loss](curves.png)",
         "",
     ]
     return lines
+
+
+def _wall_sentence(summary: dict[str, Any]) -> str:
+    """How long it took: the runs' training, every session of an interrupted and resumed run counted (each run's
+    run.json), and the call that wrote the report, which may have trained only a part of it (or nothing)."""
+    runs = [x.get("train_wall_s") for r in summary["rows"] for x in r["per_seed"]]
+    trained = (f"Training time of the runs: {sum(runs):.0f} s in all (every session of a resumed run counted). "
+               if runs and all(isinstance(x, (int, float)) for x in runs) else "")
+    return f"{trained}Wall time of the call that wrote this report: {summary.get('wall_s', 0):.0f} s."
 
 
 def _devices_sentence(summary: dict[str, Any]) -> str:

@@ -53,6 +53,7 @@ def run_study(out: str | os.PathLike, keys: Sequence[Key], *, check: Callable[[K
     ``reused``: the finished ones the caller took from ``out`` without training, kept too."""
     from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.train.checkpoint import run_lock
+    from deep_delta.train.progress import runs_after
     from deep_delta.train.signals import StopSignals
     from deep_delta.train.trainer import TrainingInterrupted
 
@@ -71,7 +72,8 @@ def run_study(out: str | os.PathLike, keys: Sequence[Key], *, check: Callable[[K
         for i, key in enumerate(keys, 1):
             name = f"{key[0]} seed {key[1]}"
             try:
-                results[key] = train(key, f"[{i}/{len(keys)}]")
+                with runs_after(len(keys) - i):  # what the run's estimate of its length adds
+                    results[key] = train(key, f"[{i}/{len(keys)}]")
             except TrainingInterrupted as e:
                 lost = (f"the run in progress ({name}) is lost; " if e.checkpoint is None else
                         f"the run in progress ({name}) keeps its checkpoint of step {e.step} and continues from it; ")

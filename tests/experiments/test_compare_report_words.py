@@ -1,0 +1,84 @@
+"""What `ddl compare` tells a newcomer (issue 58): one measure of a variant's cost in the table, so that the
+terminal and compare.md cannot contradict themselves on which variant is faster; one closing sentence saying what
+the comparison found; an estimate of the job's length after its first steps; the MFU note once; and the time of
+the whole run, every session of an interrupted and resumed one counted."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from deep_delta.cli.main import main
+from deep_delta.experiments.compare_report import (
+    compare_rows,
+    comparison_report,
+    comparison_table,
+    variant_row,
+)
+from deep_delta.train.checkpoint import load_checkpoint
+from deep_delta.train.trainer import Trainer
+
+
+def _seed(val_loss: float, tokens_per_s: float) -> dict:
+    return {"seed": 0, "parameters": 1000, "steps": 600, "tokens": 614400, "final_train_loss": val_loss,
+            "val_loss": val_loss, "val_ppl": 2.0 ** val_loss, "val_curve": [[300, val_loss + 0.2], [600, val_loss]],
+            "tokens_per_s": tokens_per_s, "train_wall_s": 100.0, "diverged": None}
+
+
+def _summary(step_times: dict | None) -> dict:
+    """The main job's contradiction: DDL-CC's run-average throughput (measured while the machine was busier for
+    the baseline) says 1.29x faster, its interleaved step time 1.41x slower."""
+    rows = [variant_row("baseline", [_seed(1.30, 648.0)]), variant_row("ddl-cc", [_seed(1.29, 835.0)])]
+    timing = {"step_time_s": step_times, "repeats": 5, "device": "cpu", "dtype": "float32"} if step_times else None
+    for r in rows:
+        compare_rows(r, rows[0], timing)
+    return {"rows": rows, "reference": "baseline", "seeds": [0], "settings": {"lr": 2e-3, "preset": "tiny"},
+            "timing": timing, "wall_s": 40.0,
+            "machine": {"device": "cpu", "cpu_count": 2, "processor": "x86_64", "torch": "2.13.0", "torch_threads": 1}}
+
+
+def test_the_table_shows_one_measure_of_cost():
+    timed = _summary({"baseline": 0.9061, "ddl-cc": 1.2776})
+    table = comparison_table(timed)
+    assert "step ms (interleaved)" in table and "| 1277.6 | 1.41x |" in table
+    assert "tok/s" not in table and "1.29x" not in table  # the run-average, which said the opposite, is not shown
+    untimed = comparison_table(_summary(None))
+    assert "| run-avg train tok/s | run-avg speed vs ref. |" in untimed and "| 835 | 1.29x |" in untimed
+    assert "step ms" not in untimed
+    report = comparison_report(timed)
+    assert "tok/s" not in report.split("\n\n")[2] and "in compare.json (`tokens_per_s`)" in report
+
+
+def test_the_report_ends_with_one_sentence_of_what_it_found():
+    report = comparison_report(_summary({"baseline": 0.9061, "ddl-cc": 1.2776}))
+    last = report.rstrip("\n").split("\n")[-1]
+    assert last == ("Found (one seed, so no interval: an anecdote): at equal steps, against the Baseline's validation "
+                    "loss, DDL-CC lower by 0.0100 nats, its step 1.41x the Baseline's (step times measured interleaved "
+                    "on this machine).")
+    assert last.count(". ") == 0 and "Training time of the runs: 200 s in all" in report
+
+
+def test_the_main_job_estimates_its_length_and_says_the_mfu_note_once(tmp_path, data_dir, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--config", "debug", "--variants", "baseline", "ddl-cc", "--data", str(data_dir),
+                 "--out", str(out), "--steps", "25", "--time-repeats", "0", "--threads", "1", "--device", "cpu",
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("MFU not reported") <= 1, printed  # once per process at most, not once per run
+    first = [line for line in printed.splitlines() if line.startswith("[1/2] baseline: about ")]
+    assert len(first) == 1 and re.fullmatch(
+        r"\[1/2\] baseline: about \d+ (s|min) left for this run \(\d+ ms a step so far\); with the 1 run\(s\) of the "
+        r"study after it, about \d+ (s|min), if each costs as much \(.*\)", first[0]), first
+    assert printed.index(first[0]) < printed.index("[2/2] ddl-cc")
+    assert printed.rstrip().split("\n")[-3].startswith("Found (one seed")
+
+
+def test_the_run_time_counts_every_session(tmp_path, make_config):
+    """A run stopped at step 3 and resumed: run.json's wall time is the whole run's (the first session's time up to
+    its checkpoint, carried in the checkpoint, plus the second's), not the last session's alone."""
+    cfg = make_config(tmp_path / "run", steps=6, save_every=3, eval_every=3)
+    Trainer(cfg, progress=False, quiet=True, stop_at=3).run()
+    first = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000003")["state"]["wall_s"]
+    result = Trainer(cfg, progress=False, quiet=True, resume=True).run()
+    finished = json.loads((tmp_path / "run" / "run.json").read_text())["finished"]
+    assert first > 0 and finished["wall_s"] == result.wall_s > first
