@@ -98,3 +98,19 @@ def test_bad_arguments_exit_2(capsys, argv, message):
         main(["info", *argv])
     assert exc.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("variant", ["ddl-cc", "ddl-tc-write", "ddl-dv1-vmap", "hc", "mhc-static"])
+def test_every_field_a_variant_sets_is_listed(capsys, variant):
+    """T8: `ddl info --variant ddl-cc-write` and `--variant ddl-cc` differed only in their header line: the update
+    rule was not listed. Every field of the variant's row in the table, and any field in which it differs from the
+    baseline, is listed with its value."""
+    from deep_delta.models import DDLConfig
+    from deep_delta.variants import VARIANTS
+
+    out = info(capsys, "--variant", variant)
+    cfg, base = DDLConfig.from_variant(variant, "tiny").to_dict(), DDLConfig.from_variant("baseline", "tiny").to_dict()
+    for name in {*VARIANTS[variant], *(k for k in cfg if k != "variant" and cfg[k] != base.get(k))}:
+        assert field(out, name) == str(cfg[name]), name
+    if "write" in variant:
+        assert field(out, "update_rule") == "write"

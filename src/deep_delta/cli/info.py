@@ -41,11 +41,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"variant   {args.variant} ({paper_name(args.variant)})")
     print(f"preset    {args.preset}")
     keys = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-            "intermediate_size", "max_position_embeddings", "residual", "value_channels", "residual_map",
-            "compressor", "compressor_kernel_size", "state_init", "embed_conv_kernel_size", "gate",
+            "intermediate_size", "max_position_embeddings", "residual", "update_rule", "value_channels",
+            "residual_map", "compressor", "compressor_kernel_size", "state_init", "embed_conv_kernel_size", "gate",
             "beta_init", "beta_max", "value_scale", "k_eps", "delta_backend"]
     if cfg.residual == "hyper":  # hyper-connections: their fields instead of DDL's (docs/rivals.md)
-        keys = keys[: keys.index("value_channels")] + ["hc_kind", "hc_dynamic", "hc_streams", "hc_sinkhorn_iters"]
+        keys = keys[: keys.index("update_rule")] + ["hc_kind", "hc_dynamic", "hc_streams", "hc_sinkhorn_iters"]
+    mine, base_fields = cfg.to_dict(), base_cfg.to_dict()
+    # every field in which the variant differs from the baseline is shown, those of the table above included
+    keys += sorted(k for k in mine if k not in keys and k != "variant" and mine[k] != base_fields.get(k))
     for k in keys:
         print(f"  {k:<24} {getattr(cfg, k)}")
     extra = n - base
