@@ -142,3 +142,21 @@ def test_paper_configs_follow_section_5_1(preset):
         assert c.dtype == "auto"  # bf16 autocast on CUDA
         # 100,000 x 480 x 1,024 = 49.15B tokens
         assert c.steps * c.global_batch_size * c.seq_len == 49_152_000_000
+
+
+def test_a_named_variants_update_rule_is_not_overridden(tmp_path, capsys):
+    """T11: `--set model.update_rule=write` trained write-only twins under the DDL variants' names (the run's
+    banner, the comparison's rows, the export's title said DDL-CC). Refused before anything is written, naming the
+    variant with that rule; a variant's own rule is accepted."""
+    from deep_delta.cli.main import main
+
+    assert TrainConfig(variant="ddl-cc-write", model={"update_rule": "write"}).model == {"update_rule": "write"}
+    with pytest.raises(ValueError, match=r"`model.update_rule` got 'delta', but the variant 'ddl-cc-write' "
+                                         r"\(DDL-CC write-only\) has the rule 'write'.*\('ddl-cc', which is"):
+        TrainConfig(variant="ddl-cc-write", model={"update_rule": "delta"})
+    for argv in (["train", "--config", "debug/ddl-dv1", "--out", str(tmp_path / "t")],
+                 ["compare", "--config", "debug", "--variants", "ddl-cc", "ddl-cc-write", "--out", str(tmp_path / "c")]):
+        assert main([*argv, "--set", "model.update_rule=write"]) == 2
+        err = capsys.readouterr().err
+        assert "`model.update_rule` got 'write'" in err and "-write" in err and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())
