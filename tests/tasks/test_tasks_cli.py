@@ -28,6 +28,8 @@ def run_micro(tmp_path, *extra):
 
 def test_run_writes_table_and_json_then_resumes_without_training(tmp_path, capsys, monkeypatch):
     assert run_micro(tmp_path) == 0
+    # G9: the figure is named with its folder, as the other files are
+    assert f"wrote {tmp_path}/tasks.md, {tmp_path}/tasks.json, {tmp_path}/tasks.png\n" in capsys.readouterr().out
     summary = json.loads((tmp_path / "tasks.json").read_text())
     assert [r["variant"] for r in summary["rows"]] == ["baseline", "ddl-dv1"]
     for row in summary["rows"]:
@@ -139,7 +141,9 @@ def test_an_lr_grid_keeps_every_run_with_its_lr_and_chooses_on_validation(tmp_pa
     before = {p: p.read_bytes() for p in tmp_path.glob("lr_*/*-seed0.json")}
     assert run_micro(tmp_path, "--lrs", *map(str, lrs)) == 0  # a rerun trains nothing
     assert {p: p.read_bytes() for p in tmp_path.glob("lr_*/*-seed0.json")} == before
-    assert "validation accuracy (%) at every lr" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "validation accuracy (%) at every lr" in printed
+    assert f"{tmp_path}/tasks.png, {tmp_path}/lr_sensitivity.png\n" in printed
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -115,13 +115,15 @@ def run(args: argparse.Namespace) -> int:
     print(task_table(summary))
     for note in summary.get("notes", []):  # e.g. the figures not drawn: which extra draws them
         print(f"note: {note}")
-    print(f"\nwrote {out}/tasks.md, {out}/tasks.json" + (", tasks.png" if _has_plot(out) else ""))
+    print(f"\nwrote {', '.join(_written(out, summary))}")
     if args.wandb:
         log_tasks(summary, out, project)
     return 1 if any(r["diverged"] for r in summary["rows"]) else 0
 
 
-def _has_plot(out: str) -> bool:
+def _written(out: str, summary: dict) -> list[str]:
+    """The report's files that are there now, each with its folder (an lr grid's adds its sensitivity figure)."""
     from pathlib import Path
 
-    return (Path(out) / "tasks.png").is_file()
+    names = ("tasks.md", "tasks.json", "tasks.png") + (("lr_sensitivity.png",) if summary.get("lr_selection") else ())
+    return [f"{out}/{name}" for name in names if (Path(out) / name).is_file()]
