@@ -211,3 +211,28 @@ def test_data_that_is_a_file_is_named_as_a_file(tmp_path, capsys):
     assert main(["analyze", "--model", str(step), "--data", str(text), "--out", str(tmp_path / "an"), *ARGS]) == 2
     err = capsys.readouterr().err
     assert "is a file" in err and "prepared data directory" in err and "does not exist" not in err
+
+
+def test_the_twins_table_says_which_figures_are_the_delta_rules(tmp_path):
+    """T3: the write-only twin's table showed beta's identity / projection / reflection shares and k^T X
+    after/before, figures of the delta rule's action, which its update (nothing read, nothing erased) does not
+    have. They are "n/a" for the twin (None in the JSON), with a line saying why; the DDL variant keeps them."""
+    from deep_delta.experiments.analyze import format_analysis as format_report
+
+    twin = analyze_model(_model("ddl-cc-write", 50.0), _batches(1))
+    ddl = analyze_model(_model("ddl-cc", 50.0), _batches(1))
+    for r in twin["sublayers"].values():
+        assert r["beta"]["mean"] == 2.0 and r["beta"]["share_reflection"] is None
+        assert r["k_component"]["ratio_after_before"] is None and r["k_component"]["share_sign_flipped"] is None
+    def delta_rows(report):  # the delta probe's table: 12 columns
+        return [line.split(" | ") for line in format_report(report).splitlines()
+                if line.startswith("| layers.") and line.count(" | ") == 11]
+
+    assert len(delta_rows(twin)) == 4 and all(cells[3:8] == ["n/a"] * 5 for cells in delta_rows(twin))
+    assert "do not apply to it" in format_report(twin)
+    assert len(delta_rows(ddl)) == 4 and all(cells[5] == "1.00" for cells in delta_rows(ddl))
+    assert "n/a" not in format_report(ddl)
+    from deep_delta.experiments.analyze import plot_analysis
+
+    drawn = {p.name for p in plot_analysis(twin, tmp_path)}  # no regime heat map for the twin
+    assert "beta_quantiles.png" in drawn and "beta_regimes.png" not in drawn

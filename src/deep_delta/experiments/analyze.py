@@ -119,7 +119,9 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
     """The figures of one delta sublayer from its recorded tensors; also returns its unit directions (N, d).
     ``erased``: the mean share of the state an update removes along k, ``beta |k^T X| / |X|`` per token (the
     delta rule's erase term ``beta k k^T X``); the write-only control (``rule="write"``) erases nothing, and
-    ``delta_would_erase`` says what the delta rule would have on its states."""
+    ``delta_would_erase`` says what the delta rule would have on its states. For the write-only control the
+    figures of the delta rule's regimes (the shares of beta in identity / projection / reflection) and of its
+    action on the k-component (after / before, sign flipped) are None: its update projects and reflects nothing."""
     beta = torch.cat([b.flatten() for b in raw["beta"]]).double()
     k_raw = torch.cat([k.reshape(-1, k.shape[-1]) for k in raw["k_raw"]]).double()
     k = k_raw / torch.sqrt((k_raw * k_raw).sum(-1, keepdim=True) + k_eps ** 2)
@@ -134,6 +136,7 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
     flipped = ((before * after).sum(-1) < 0).double()
     size = x.double().flatten(1).norm(dim=-1).clamp_min(1e-30)
     would = float((beta * nb / size).mean())
+    delta = rule == "delta"  # the regimes and the k-component's change are the delta rule's figures
     report = {
         "tokens": int(beta.numel()),
         "rule": rule,
@@ -141,10 +144,11 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
         "delta_would_erase": would,
         "beta": {**_stats(beta), "quantiles": {str(q): float(torch.quantile(beta, q)) for q in QUANTILES},
                  **{f"share_{name}": float(((beta >= lo) & (beta <= hi) if name != "identity" else beta < hi)
-                                            .double().mean()) for name, (lo, hi) in REGIMES.items()}},
+                                            .double().mean()) if delta else None
+                    for name, (lo, hi) in REGIMES.items()}},
         "k_component": {"before": float(nb.mean()), "after": float(na.mean()),
-                        "ratio_after_before": float((na[ok] / nb[ok]).mean()) if ok.any() else None,
-                        "share_sign_flipped": float(flipped[ok].mean()) if ok.any() else None},
+                        "ratio_after_before": float((na[ok] / nb[ok]).mean()) if ok.any() and delta else None,
+                        "share_sign_flipped": float(flipped[ok].mean()) if ok.any() and delta else None},
         "v": _stats(torch.cat([v.flatten() for v in raw["v"]])),
     }
     return report, k
@@ -225,17 +229,25 @@ class DeltaProbe(Probe):
         lines = ["| sublayer | beta mean | beta median | identity | projection | reflection | k^T X after/before "
                  "| sign flipped | cos(k, previous k) | v mean | erased | the delta rule would erase |",
                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        twins = False
         for name, r in report["sublayers"].items():
             b, kc = r["beta"], r["k_component"]
             cos = r.get("cos_previous_k", {}).get("mean")
+            write = r.get("rule") == "write"  # the delta rule's regimes and k-component figures: not its update's
+            twins |= write
+            rule = (lambda x, spec=".3f": "n/a") if write else _fmt
             lines.append(f"| {_short(name)} | {_fmt(b['mean'])} | {_fmt(b['quantiles']['0.5'])} "
-                         f"| {_fmt(b['share_identity'], '.2f')} | {_fmt(b['share_projection'], '.2f')} "
-                         f"| {_fmt(b['share_reflection'], '.2f')} | {_fmt(kc['ratio_after_before'])} "
-                         f"| {_fmt(kc['share_sign_flipped'], '.2f')} | {_fmt(cos)} | {_fmt(r['v']['mean'])} "
+                         f"| {rule(b['share_identity'], '.2f')} | {rule(b['share_projection'], '.2f')} "
+                         f"| {rule(b['share_reflection'], '.2f')} | {rule(kc['ratio_after_before'])} "
+                         f"| {rule(kc['share_sign_flipped'], '.2f')} | {_fmt(cos)} | {_fmt(r['v']['mean'])} "
                          f"| {_fmt(r.get('erased'))} | {_fmt(r.get('delta_would_erase'))} |")
         lines += ["", "erased: the mean share of the state an update removes along k, beta |k^T X| / |X| per token "
                   "(0 for the write-only control, which removes nothing; the last column is what the delta rule "
                   "would remove from the same states)"]
+        if twins:
+            lines += ["", "n/a: the write-only update x + beta k v^T reads nothing and erases nothing, so beta's "
+                      "identity / projection / reflection regimes and the change of k^T X, which are the delta "
+                      "rule's, do not apply to it"]
         drift = report.get("compressor_drift") or {}
         if drift:
             lines += ["", "compressor read vs plain mean (relative difference): "
@@ -248,6 +260,8 @@ class DeltaProbe(Probe):
         plt = _pyplot()
         names = list(report["sublayers"])
         shares = [[report["sublayers"][n]["beta"][f"share_{r}"] for r in REGIMES] for n in names]
+        if any(None in row for row in shares):  # the write-only control: the delta rule's regimes do not apply
+            return [_quantile_plot(plt, report, names, out)]
         fig, ax = plt.subplots(figsize=(5.5, 0.35 * len(names) + 1.5))
         im = ax.imshow(shares, aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
         ax.set_xticks(range(len(REGIMES)), list(REGIMES))
@@ -259,19 +273,23 @@ class DeltaProbe(Probe):
         ax.set_title(f"beta regimes ({report.get('variant') or 'model'})")
         fig.tight_layout()
         heat = save_figure(fig, out / "beta_regimes.png", dpi=120)
-        fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.8))
-        for i, n in enumerate(names):
-            q = report["sublayers"][n]["beta"]["quantiles"]
-            ax.plot([i, i], [q["0.05"], q["0.95"]], color="C0", linewidth=1)
-            ax.plot([i, i], [q["0.25"], q["0.75"]], color="C0", linewidth=5)
-            ax.plot(i, q["0.5"], "o", color="C1", markersize=4)
-        ax.set_xticks(range(len(names)), [n.removeprefix("model.layers.") for n in names], rotation=60, fontsize=7)
-        ax.set_ylim(0, 2)
-        ax.set_ylabel("beta (5-25-50-75-95% quantiles)")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        quant = save_figure(fig, out / "beta_quantiles.png", dpi=120)
-        return [heat, quant]
+        return [heat, _quantile_plot(plt, report, names, out)]
+
+
+def _quantile_plot(plt, report: dict[str, Any], names: list[str], out: Path) -> Path:
+    """beta's 5-25-50-75-95% quantiles per delta sublayer: ``beta_quantiles.png``."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * len(names) + 2), 3.8))
+    for i, n in enumerate(names):
+        q = report["sublayers"][n]["beta"]["quantiles"]
+        ax.plot([i, i], [q["0.05"], q["0.95"]], color="C0", linewidth=1)
+        ax.plot([i, i], [q["0.25"], q["0.75"]], color="C0", linewidth=5)
+        ax.plot(i, q["0.5"], "o", color="C1", markersize=4)
+    ax.set_xticks(range(len(names)), [n.removeprefix("model.layers.") for n in names], rotation=60, fontsize=7)
+    ax.set_ylim(0, 2)
+    ax.set_ylabel("beta (5-25-50-75-95% quantiles)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, out / "beta_quantiles.png", dpi=120)
 
 
 # ---------------------------------------------------------------------------------------- hyper-connections
