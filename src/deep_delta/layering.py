@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("layers", ("layers/",), ("math", "utilities")),
     ("model", ("models/",), ("layers", "math", "utilities")),
     ("data", ("data/",), ("utilities",)),
-    ("training", ("train/",), ("model", "data", "utilities")),
+    ("training", ("train/",), ("model", "math", "data", "utilities")),
     ("tasks", ("tasks/",), ("model", "utilities")),
     ("Hugging Face", ("hf/",), ("training", "model", "data", "utilities")),
     ("evaluation", ("eval/",), ("Hugging Face", "training", "model", "math", "data", "utilities")),

@@ -216,7 +216,10 @@ def write_bench(path: str | os.PathLike, rows: Sequence[BenchRow], settings: Ben
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, "# ddl bench\n\n" + bench_table(rows, settings) + "\n")
+    from deep_delta.ops import switches
+
     payload = {"settings": asdict(settings) | {"device_name": _device_name(settings.device)},
+               "kernel_switches": switches.current(),  # the kernel paths the figures were measured with
                "rows": [asdict(r) for r in rows]}
     atomic_write(path.with_suffix(".json"), json.dumps(payload, indent=2, default=list) + "\n")
     return path

@@ -18,10 +18,15 @@ from typing import Any
 
 
 def machine() -> dict[str, Any]:
-    """What a result file records of the machine: platform, processor, cores, torch, threads, device."""
+    """What a result file records of the machine: platform, processor, cores, torch, threads, device, and the
+    kernel switches of the process that wrote it (:func:`deep_delta.ops.switches.current`: the paths its own
+    measurements, such as a comparison's step times, ran; each run's are in its run.json)."""
     import torch
 
+    from deep_delta.ops import switches
+
     return {
+        "kernel_switches": switches.current(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),

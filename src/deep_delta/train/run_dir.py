@@ -178,6 +178,10 @@ def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir:
         saved = run_identity(meta["train_config"], meta.get("data_dir", meta["train_config"].get("data")))
         refuse_other_run(Path(cfg.out), _differences(saved, run_identity(cfg, data_dir)),
                          f"a checkpoint of another run ({path})")
+    if "kernel_switches" in meta:  # the kernel paths the run trained on (older checkpoints do not say)
+        switched = _differences(meta["kernel_switches"], kernel_switches())
+        refuse_other_run(Path(cfg.out), [f"kernel switch {d} (deep_delta.ops.switches)" for d in switched],
+                         f"a checkpoint of a run made with other kernel paths ({path})")
     if data_fingerprint is not None and not provenance.check_same_data(
             meta.get("data_fingerprint"), data_fingerprint, what=f"checkpoint {path}", data_dir=data_dir,
             remedy="resume on the data it was trained on, or start a new run (`overwrite`, or another `out`)"):
@@ -230,7 +234,17 @@ def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: 
         "world_size": world_size,
         "parameters": parameters,
         "device": device_record(device),
+        "kernel_switches": kernel_switches(),
     }, indent=2, sort_keys=True))
+
+
+def kernel_switches() -> dict[str, bool]:
+    """The switches of the kernel paths not yet run on a GPU (:mod:`deep_delta.ops.switches`), as a run records them
+    in run.json and its checkpoints: a run made with a path on is told from one made with it off, and is not
+    resumed with another choice (:func:`check_checkpoint_matches`)."""
+    from deep_delta.ops import switches
+
+    return switches.current()
 
 
 def device_record(device) -> dict[str, Any]:
@@ -302,11 +316,12 @@ def save_checkpoint(trainer, at: int) -> None:
         **({"data": t.train_loader.state_dict()} if hasattr(t.train_loader, "state_dict") else {}),
     }, meta={
         "variant": t.cfg.variant, "preset": t.cfg.preset, "vocab_size": t.model_config.vocab_size,
-        "tokens": at * t.tokens_per_step, "train_config": t.cfg.to_dict(), **data,
+        "tokens": at * t.tokens_per_step, "train_config": t.cfg.to_dict(), "kernel_switches": kernel_switches(),
+        **data,
     })
 
 
 __all__ = ["RESULT_NEUTRAL", "RESUMABLE_CHANGES", "RUN_FILE", "RunNotFinished", "check_checkpoint_matches",
-           "check_clearable", "check_out_dir", "clear_run", "holds_run", "load_weights_of", "own_run_dir",
+           "check_clearable", "check_out_dir", "clear_run", "holds_run", "kernel_switches", "load_weights_of", "own_run_dir",
            "read_run_file", "refuse_other_run", "restore_stream", "run_end", "run_identity", "save_checkpoint",
            "write_run_file"]
