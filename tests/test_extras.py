@@ -59,6 +59,13 @@ def without_extras(tmp_path_factory):
         "report-only": ["compare", "--out", str(cmp), "--report-only"],
         "analyze": ["analyze", "--model", str(cmp / "ddl-dv1"), "--batches", "1", "--batch-size", "2", "--seq-len",
                     "16", "--device", "cpu", "--no-progress", "--out", str(root / "analysis")],
+        "coord-check": ["coord-check", "--variants", "baseline", "--widths", "16", "32", "--parametrizations", "mup",
+                        "--steps", "1", "--layers", "1", "--head-dim", "8", "--batch-size", "2", "--seq-len", "8",
+                        "--seeds", "1", "--device", "cpu", "--threads", "1", "--out", str(root / "coord")],
+        "tasks": ["tasks", "run", "flip-flop", "--variants", "baseline", "--seeds", "1", "--steps", "2", "--threads", "1",
+                  "--no-progress", "--device", "cpu", "--set", "test_size=8", "--set", "eval_size=8", "--set",
+                  "batch_size=4", "--set", "model.hidden_size=16", "--set", "model.num_hidden_layers=1", "--set",
+                  "model.num_attention_heads=2", "--out", str(root / "tk")],
         "gpt2 tokenizer": ["data", "prepare", "--source", str(root / "doc.txt"), "--tokenizer", "gpt2", "--out",
                            str(root / "gpt2"), "--no-progress"],
         "parquet": ["data", "prepare", "--source", str(root / "rows.parquet"), "--out", str(root / "pq"),
@@ -103,6 +110,19 @@ def test_the_main_job_runs_without_any_extra(without_extras):
     assert "| DDL (d_v=1) | ddl-dv1 |" in report and f"pip install '{PACKAGE}[plot]'" in report
     assert "curves.png" not in report.replace("The figures (curves.png)", "") and not (cmp / "curves.png").exists()
     assert json.loads((cmp / "compare.json").read_text())["notes"]
+
+
+@pytest.mark.parametrize("name, command", [("compare", "compare"), ("report-only", "compare"), ("analyze", "analyze"),
+                                           ("coord-check", "coord-check"), ("tasks", "tasks run")])
+def test_the_missing_plot_extra_is_named_before_any_work(without_extras, name, command):
+    """README: "A command that needs an extra that is not installed says which, in one line, before it starts."
+    `ddl compare`, `ddl analyze`, `ddl coord-check` and `ddl tasks run` named the plot extra only after the work;
+    now their first line says it (and the report is still written, without its figures)."""
+    _, results = without_extras
+    assert results[name]["out"].startswith(
+        f"note: matplotlib is not installed: `ddl {command}` writes its report without the figures; `pip install "
+        f"'{PACKAGE}[plot]'` draws them\n"), results[name]["out"][:300]
+    assert results[name]["code"] in (0, 1), results[name]["err"][-2000:]  # coord-check: 1 for slopes at 1 step
 
 
 def test_analyze_runs_without_any_extra(without_extras):

@@ -204,6 +204,21 @@ def _quiet_stdout() -> None:
         pass
 
 
+# The commands whose reports draw figures (matplotlib, the `plot` extra). Without it they still write every report,
+# without its figures, and say so twice: in one line before any work (here) and where the report is written.
+DRAWS_FIGURES = (("compare",), ("analyze",), ("coord-check",), ("tasks", "run"))
+
+
+def note_missing_figures(path: list[str]) -> None:
+    """Before a command of :data:`DRAWS_FIGURES` starts any work: one line, when matplotlib is missing, naming the
+    extra that draws its figures (the README promises that a missing extra is named before a command starts)."""
+    from deep_delta.extras import install_hint, installed
+
+    if tuple(path) in DRAWS_FIGURES and not installed("matplotlib"):
+        print(f"note: matplotlib is not installed: `ddl {' '.join(path)}` writes its report without the figures; "
+              f"`{install_hint('matplotlib')}` draws them", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -216,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = args.debug or os.environ.get("DDL_DEBUG", "") not in ("", "0")
     try:
+        note_missing_figures(command_path(parser, args))
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if debug:
