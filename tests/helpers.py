@@ -63,3 +63,18 @@ def with_options(argv: list[str], *extra: str) -> list[str]:
         if not skip:
             kept.append(x)
     return [*kept, *extra]
+
+
+def readme_python_blocks() -> list[tuple[int, str]]:
+    """Every fenced ```python block of README.md: (its first line's number, its code), in order."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    blocks, start = [], None
+    for i, line in enumerate(lines, 1):
+        if start is None and line.strip() == "```python":
+            start = i
+        elif start is not None and line.strip() == "```":
+            blocks.append((start + 1, "\n".join(lines[start:i - 1]) + "\n"))
+            start = None
+    return blocks

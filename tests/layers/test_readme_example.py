@@ -1,6 +1,7 @@
 """The README example for a researcher: DeltaResidual around their own sublayer, then a training step.
 
-``README_EXAMPLE`` is the exact code shown in the README; the test runs that text, then checks it.
+``README_EXAMPLE`` is the README's first Python block, read from README.md (no copy to drift from it); the test
+runs that text, then checks what it computes (tests/test_readme_code.py runs every block of the README).
 """
 
 from __future__ import annotations
@@ -8,44 +9,9 @@ from __future__ import annotations
 import torch
 
 from deep_delta.models import count_parameters
+from helpers import readme_python_blocks
 
-README_EXAMPLE = '''
-import torch
-from torch import nn
-from deep_delta import DeltaResidual
-
-class MyMLP(nn.Module):                       # your sublayer: (..., d) -> (..., d)
-    def __init__(self, d):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, c):
-        return self.net(c)
-
-class Net(nn.Module):
-    def __init__(self, d=64, depth=4, ddl=True):
-        super().__init__()
-        # x <- x + beta k (v - k^T x) with k = MyMLP(RMSNorm(x)); ddl=False: x <- x + MyMLP(RMSNorm(x))
-        self.blocks = nn.ModuleList(DeltaResidual(d, MyMLP(d), additive=not ddl) for _ in range(depth))
-        self.head = nn.Linear(d, 1)
-
-    def forward(self, x):                     # x: (batch, d)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-model = Net()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = torch.randn(32, 64), torch.randn(32, 1)
-loss = nn.functional.mse_loss(model(x), y)
-loss.backward()
-opt.step()
-opt.zero_grad()
-
-# expanded state (d_v = 4): the state is (batch, d, 4); x_in defaults to the mean over the 4 channels
-block = DeltaResidual(64, MyMLP(64), value_channels=4)
-X = block(x.unsqueeze(-1).repeat(1, 1, 4))    # (32, 64, 4)
-'''
+README_EXAMPLE = readme_python_blocks()[0][1]  # the README's first Python block, as it is there
 
 
 def run_example() -> dict:
