@@ -18,3 +18,15 @@ def test_the_readme_layout_names_every_package():
     for package in ("ops",):  # the op packages, named inside ops/'s line
         for sub in sorted(p.name for p in (src / package).iterdir() if (p / "__init__.py").exists()):
             assert f"{sub}/" in layout, f"README's Layout does not name {package}/{sub}/"
+
+
+def test_run_records_live_in_studies_not_in_docs():
+    """Issue 58 (item 7 of the issue): run records are data, read by the tools; docs/ holds documents. The run
+    records (run.json, metrics.jsonl) lived under docs/evidence/ (146 metrics files, 19 MB); they are in studies/,
+    which README's Layout names."""
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Status and limits")]
+    assert re.search(r"^\s+studies/", layout, re.M)
+    records = ("run.json", "metrics.jsonl", "compare.json", "tasks.json", "scaling.json")
+    assert not [p for name in records for p in (ROOT / "docs").rglob(name)]
+    assert len(list((ROOT / "studies").rglob("metrics.jsonl"))) >= 146
