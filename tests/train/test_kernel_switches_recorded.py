@@ -44,3 +44,12 @@ def test_a_comparison_and_a_bench_record_the_switches(tmp_path, data_dir):
     assert summary["machine"]["kernel_switches"]["INKERNEL_REDUCE"] is True
     assert json.loads((tmp_path / "cmp" / "baseline" / "run.json").read_text())["kernel_switches"]["INKERNEL_REDUCE"]
     assert json.loads(out.with_suffix(".json").read_text())["kernel_switches"]["INKERNEL_REDUCE"] is True
+
+
+def test_a_run_records_its_cpu_threads(tmp_path, make_config):
+    """What a reproduction of a run's numbers on a CPU matches: run.json says how many threads PyTorch had."""
+    import torch
+
+    Trainer(make_config(tmp_path / "run", steps=1, eval_every=0), progress=False, quiet=True).run()
+    device = json.loads((tmp_path / "run" / "run.json").read_text())["device"]
+    assert device == {"type": "cpu", "name": "cpu", "torch": torch.__version__, "threads": torch.get_num_threads()}

@@ -248,11 +248,12 @@ def kernel_switches() -> dict[str, bool]:
 
 
 def device_record(device) -> dict[str, Any]:
-    """The device a run trains on, as run.json records it: its name (the GPU's, or "cpu") and the torch."""
+    """The device a run trains on, as run.json records it: its name (the GPU's, or "cpu"), the torch, and the CPU
+    threads PyTorch had when the run started (what a reproduction of its numbers on a CPU should match)."""
     import torch
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"type": device.type, "name": name, "torch": torch.__version__}
+    return {"type": device.type, "name": name, "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def mark_finished(out: Path, result: dict[str, Any]) -> None:
