@@ -22,10 +22,11 @@ def add_parser(sub) -> None:
 
     pp = data_sub.add_parser(
         "prepare",
-        help="tokenize a source into train/val shards",
+        help="tokenize a source into train/val(/test) shards",
         description="Tokenize SOURCE into OUT/train_000000.bin, ..., OUT/val_000000.bin, ... and OUT/meta.json.\n"
-        "Every document ends with the end-of-text token; the validation split is whole documents\n"
-        "(about --val-fraction of the tokens, chosen deterministically along the stream).",
+        "Every document ends with the end-of-text token; the validation split (val, the selection split) is\n"
+        "whole documents (about --val-fraction of the tokens, chosen deterministically along the stream), and\n"
+        "so is the test split (test_*.bin, about --test-fraction of them, apart from train and val) when asked for.",
         epilog="examples:\n"
         "  ddl data prepare --out data/pydoc\n"
         "  ddl data prepare --source corpus.jsonl --tokenizer gpt2 --out data/corpus\n"
@@ -85,7 +86,13 @@ def run_prepare(args: argparse.Namespace) -> int:
         more = f"; and {len(skipped) - 5} more (meta.json lists them)" if len(skipped) > 5 else ""
         print(f"  skipped {len(skipped)} folder(s) our commands wrote, never read as text: {listed}{more}")
     val = meta["splits"]["val"]["num_tokens"]
-    if meta.get("split_by") == "tokens":
+    test = meta["splits"].get("test", {}).get("num_tokens", 0)
+    if meta.get("split_by") == "tokens" and test:
+        print(f"  split by tokens: whole documents ({meta['num_documents']:,}) cannot give --val-fraction "
+              f"{meta['val_fraction']} and --test-fraction {meta['test_fraction']}, so the stream of the train, "
+              f"validation and test documents is cut twice: its last {test:,} tokens are the test split and the "
+              f"{val:,} before them the validation split (a document at each cut is cut in two)")
+    elif meta.get("split_by") == "tokens":
         print(f"  split by tokens: whole documents ({meta['num_documents']:,}) cannot give --val-fraction "
               f"{meta['val_fraction']}, so the last {val:,} tokens of the train documents followed by the validation "
               "ones are the validation split (one document is cut in two)")
