@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
         "  ddl data prepare --source corpus.jsonl --tokenizer gpt2 --out data/corpus\n"
         "  ddl data prepare --source 'fineweb/sample/10BT/*.parquet' --tokenizer gpt2 --max-tokens 1B --out data/fw\n"
         "  ddl data prepare --source fineweb-edu:sample-10BT --tokenizer gpt2 --max-tokens 100M --out data/fw100m\n"
+        "  ddl data prepare --source prose-v1 --val-fraction 0.02 --test-fraction 0.02 --num-proc 1 \\\n"
+        "      --out ~/.cache/deep_delta/data/prose-v1-byte\n"
         "  ddl data prepare --source /usr/lib/python3/dist-packages --text-suffixes .py .md --out data/code",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,9 +69,15 @@ def run_prepare(args: argparse.Namespace) -> int:
     import time
 
     from deep_delta.cli.main import UsageError
-    from deep_delta.data import DataUnavailableError, PrepareSettings, prepare_from
+    from deep_delta.data import DataUnavailableError, PrepareSettings, find_prepared, prepare_from
 
     settings = PrepareSettings(**options.given_settings(args, options.setting_names(PrepareSettings)))
+    found = find_prepared(settings)
+    if found is not None:
+        print(f"{settings.out} already holds {found['source']} prepared with these settings ({found['num_tokens']:,} "
+              f"tokens; meta.json and the shard headers agree): nothing to do")
+        _print_splits(found)
+        return 0
     start = time.perf_counter()
     try:
         meta = prepare_from(settings)
@@ -80,6 +88,9 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
           f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
     _print_splits(meta)
+    for p in meta.get("packages") or []:  # a named corpus: what each package gave
+        print(f"  from {p['name']} {p['version']}: {p['documents']:,} documents, {p['bytes']:,} bytes; "
+              f"{p['duplicates']:,} duplicates removed")
     skipped = meta.get("skipped_outputs") or {}
     if skipped:
         listed = "; ".join(f"{d} ({what})" for d, what in list(skipped.items())[:5])

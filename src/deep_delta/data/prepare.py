@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deep_delta.data.corpora import named_corpus
 from deep_delta.data.errors import DataError
 from deep_delta.data.loader import available_splits, split_shards, token_id_error
 from deep_delta.data.meta import META_FILE, read_meta, require_data_dir, validate_meta
@@ -65,8 +66,8 @@ from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
 from deep_delta.fsutil import atomic_write, dir_lock, lock_held, refuse_replaced_dir, remove_stale, swap_in
 
-__all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "prepare_from", "read_meta",
-           "write_dataset"]
+__all__ = ["META_FILE", "check_data_dir", "find_prepared", "inspect_data_dir", "prepare", "prepare_from",
+           "read_meta", "write_dataset"]
 
 META_FORMAT = "deep_delta.tokens/3"  # /2: closest-share validation rule; /3: per-shard bytes, max id, sha256
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
@@ -561,15 +562,17 @@ def prepare(
     progress: bool = True,
     num_proc: int | None = None,
     text_suffixes: tuple[str, ...] = (),
+    source_dir: str | os.PathLike | None = None,
 ) -> dict:
     """Tokenize ``source`` with ``tokenizer`` into ``out_dir`` and return the metadata written to ``meta.json``.
     The options are those of :class:`~deep_delta.data.settings.PrepareSettings` (which checks them; ``ddl data
     prepare``'s flags), ``out_dir`` its ``out``; :func:`prepare_from` takes them as one object.
 
     Args:
-        source: "default" (the embedded ``pydoc_data.topics`` text), "fineweb-edu" / "fineweb-edu:CONFIG"
-            (e.g. sample-10BT, sample-100BT; streamed from the Hub), or a local ``.txt`` / ``.jsonl`` /
-            ``.parquet`` file, directory or glob (records' ``"text"``; a ``.txt`` file is one document).
+        source: "default" (the embedded ``pydoc_data.topics`` text), a named corpus ("prose-v1": pinned package
+            files, :mod:`deep_delta.data.corpora`), "fineweb-edu" / "fineweb-edu:CONFIG" (e.g. sample-10BT,
+            sample-100BT; streamed from the Hub), or a local ``.txt`` / ``.jsonl`` / ``.parquet`` file, directory
+            or glob (records' ``"text"``; a ``.txt`` file is one document).
         tokenizer: "byte", "gpt2", or a tokenizer object (see :mod:`deep_delta.data.tokenizers`).
         out_dir: output directory; an existing non-empty one is replaced only with ``overwrite=True`` (and only
             if it holds nothing but shards and meta.json).
@@ -585,8 +588,11 @@ def prepare(
         num_proc: tokenizing processes (None: the CPUs available to this process); the output is the same.
         text_suffixes: for a local directory or glob, more suffixes of files read as plain text, one document
             per file (e.g. ``(".py", ".md")``: a corpus from the source files on a disk).
+        source_dir: for a named corpus, a directory of its package files downloaded beforehand (default: fetched
+            once into ``<cache>/sources/NAME``).
 
-    The data is built in ``.OUT.partial`` beside ``out_dir`` and renamed into place when complete. An error
+    A named corpus's preparation is cached: when ``out_dir`` already holds it with these settings
+    (:func:`find_prepared`) its metadata is returned at once. The data is built in ``.OUT.partial`` beside ``out_dir`` and renamed into place when complete. An error
     removes it; an interrupted run (Ctrl-C, a kill) leaves it, and a rerun with the same settings keeps its
     finished shards and redoes the rest.
     """
@@ -594,7 +600,10 @@ def prepare(
                         out=out_dir, val_fraction=val_fraction, test_fraction=test_fraction,
                         shard_tokens=shard_tokens, max_tokens=max_tokens,
                         overwrite=overwrite, bpe_file=bpe_file, progress=progress, num_proc=num_proc,
-                        text_suffixes=text_suffixes)
+                        text_suffixes=text_suffixes, source_dir=source_dir)
+    found = find_prepared(s)
+    if found is not None:
+        return found
     tok = get_tokenizer(s.tokenizer, bpe_file=s.bpe_file) if isinstance(tokenizer, str) else tokenizer
     _check_options(tok, s.val_fraction, s.shard_tokens, s.max_tokens, s.test_fraction)
     num_proc = default_num_proc() if s.num_proc is None else s.num_proc
@@ -602,7 +611,7 @@ def prepare(
     refuse_replaced_dir(out, "out_dir", itself=False)  # data inside a run's checkpoints or a model is lost with it
     _check_output(out, s.overwrite)
     staging = partial_dir(out)
-    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging))
+    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging), source_dir=s.source_dir)
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)
@@ -626,6 +635,28 @@ def prepare(
         _discard(staging)
         raise
     return meta  # KeyboardInterrupt, SystemExit: the partial directory stays for a rerun to resume
+
+
+def find_prepared(settings: PrepareSettings) -> dict | None:
+    """The metadata of ``settings.out`` when it already holds what :func:`prepare` would write there: a complete
+    preparation of the same named corpus (its package files pinned by checksum, so the text cannot have changed)
+    with the byte tokenizer and the same split, shard and cap settings, whose shard headers agree with its
+    ``meta.json``. None otherwise: other sources (local files, the Hub) and the gpt2 tokenizer (its BPE file is not
+    recorded) are always prepared again."""
+    corpus = named_corpus(settings.source)
+    out = Path(settings.out).expanduser()
+    if corpus is None or settings.tokenizer != "byte" or not (out / META_FILE).is_file():
+        return None
+    report = inspect_data_dir(out, scan_ids=False)
+    meta = report.meta
+    wanted = {"format": META_FORMAT, "source": corpus.name, "tokenizer": settings.tokenizer,
+              "val_fraction": settings.val_fraction, "test_fraction": settings.test_fraction,
+              "shard_tokens": settings.shard_tokens, "max_tokens": settings.max_tokens}
+    if report.problems or meta is None or any(meta.get(k) != v for k, v in wanted.items()):
+        return None
+    pinned = [{k: p.get(k) for k in ("name", "version", "file", "sha256")} for p in meta.get("packages") or []
+              if isinstance(p, dict)]
+    return meta if pinned == corpus.pinned() else None
 
 
 def prepare_from(settings: PrepareSettings) -> dict:

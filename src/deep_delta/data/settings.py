@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from deep_delta.data.corpora import check_source_dir
 from deep_delta.data.shards import MAX_TOKENS
 from deep_delta.data.sources import check_text_suffixes
 from deep_delta.data.tokenizers import TOKENIZERS
@@ -25,9 +26,14 @@ class PrepareSettings:
     """How :func:`deep_delta.data.prepare` tokenizes a source into shards; each field's metadata holds the help
     of its ``ddl data prepare`` flag (``--field-name``). ``out`` has no default: it is required."""
 
-    source: str = setting("default", "'default' (CPython's pydoc_data.topics text, embedded), 'fineweb-edu[:CONFIG]' "
-                          "(Hugging Face Hub, CONFIG e.g. sample-10BT (default) or sample-100BT), or a local .txt / "
-                          ".jsonl / .parquet file, directory or glob")
+    source: str = setting("default", "'default' (CPython's pydoc_data.topics text, embedded), 'prose-v1' (English "
+                          "documentation prose from 13 pinned Debian packages, fetched once with apt-get; docs/data.md), "
+                          "'fineweb-edu[:CONFIG]' (Hugging Face Hub, CONFIG e.g. sample-10BT (default) or "
+                          "sample-100BT), or a local .txt / .jsonl / .parquet file, directory or glob")
+    source_dir: str | None = setting(None, "with a named corpus (prose-v1): a directory holding its package files, "
+                                     "downloaded beforehand, read instead of fetching them (default: fetched once "
+                                     "with apt-get into ~/.cache/deep_delta/sources/NAME, or $DDL_CACHE_DIR/sources)",
+                                     metavar="DIR")
     text_suffixes: tuple[str, ...] = setting((), "with a local directory or glob: also read files ending in these "
                                              "suffixes as plain text, one document per file (e.g. --text-suffixes "
                                              ".py .md .rst; every such file must be UTF-8) (default: only .txt / "
@@ -64,6 +70,7 @@ class PrepareSettings:
             raise ValueError(f"PrepareSettings: `bpe_file` got {self.bpe_file!r} with `tokenizer` {self.tokenizer!r}; "
                              "allowed: a BPE file only with `tokenizer` gpt2")
         check_text_suffixes(self.text_suffixes)
+        check_source_dir(self.source, self.source_dir, owner="PrepareSettings")
 
 
 def check_sharding(val_fraction: Any, shard_tokens: Any, max_tokens: Any, test_fraction: Any = 0.0, *,
