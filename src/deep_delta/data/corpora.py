@@ -60,75 +60,67 @@ class Corpus:
         return [part.package.record() for part in self.parts]
 
 
-def _deb(name: str, version: str, pool: str, sha256: str) -> DebPackage:
-    return DebPackage(name, version, pool, sha256)
+# The pinned packages of prose-v1, one a line: name, version, its folder in the pool, SHA-256 of the .deb. The file
+# is pool/main/<folder>/<name>_<version without its epoch>_all.deb on any Debian mirror.
+_PROSE_V1_PINS = """
+linux-doc-6.1 6.1.176-1 l/linux 0d843674607703b9ef8c1db5e715c38ed52ff23574feabfe0d961d552126859f
+python3.11-doc 3.11.2-6+deb12u8 p/python3.11 50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b
+perl-doc 5.36.0-7+deb12u3 p/perl e9e3564ff5ade27de0585835f2acad769bcc545c0a0045a9f55d5401f27f7591
+postgresql-doc-15 15.18-0+deb12u1 p/postgresql-15 3c598277a463c44d672daa2c335deb8d8252e1852fb025fd4578ea2d9a1b90f0
+python-django-doc 3:3.2.25-0+deb12u3 p/python-django 33319c8e45b95693603213442ccf9bcee933ef338488115203ad25a0e01c696f
+git-doc 1:2.39.5-0+deb12u3 g/git 3c89668a11053a6bafade3de1f611f4613db31e082af63f43d8c5b69ad8795ec
+debian-policy 4.6.2.0 d/debian-policy ef9d01b625c3b87c3a845c2cd1b66f1a16e9240b2b9e5bee53472a00e8457a39
+debian-handbook 11.20220922 d/debian-handbook 3d5dbeac1f1afc9c094eab9d0f701f6ecff99c4927d5a4794cf6c85678134faa
+debian-reference-en 2.100 d/debian-reference 9f31d3a17df505de09689ca255512ea58c1fc47c59bb1b0c7bf1c23362e9743f
+developers-reference 12.18 d/developers-reference 0dba82f6fa16e373f2a84ad07e7971aa9264ad2e7d2ae46b37edbc9c5fd57e2e
+maint-guide 1.2.53 m/maint-guide 762c8a400a36668d2eb814a3ba356b06488fd889dfce478eb11d5cfb189a47b5
+sphinx-doc 5.3.0-4 s/sphinx 1da3d08bb3a0bc82a4b8b8109410e223054bf5fb13904557ec8ea869046f65b4
+twisted-doc 22.4.0-4+deb12u1 t/twisted 3bc8d4e8965911289e4fb0efe017a56b48f07f1ae450b7071c432aeb41559142
+"""
+_PROSE_V1_PACKAGES = {line.split()[0]: line.split()[1:] for line in _PROSE_V1_PINS.strip().splitlines()}
+
+
+def _pinned(name: str) -> DebPackage:
+    version, folder, sha256 = _PROSE_V1_PACKAGES[name]
+    return DebPackage(name, version, f"pool/main/{folder}/{name}_{version.split(':')[-1]}_all.deb", sha256)
 
 
 _SPHINX_SOURCES = (("*/_sources/*.txt", "text"),)  # the reST a Sphinx HTML build ships beside its pages
+_LINUX = "usr/share/doc/linux-doc-6.1/"
 
+# Which files of each package are documents, and how they are read (Part: include, exclude, about).
 PROSE_V1 = Corpus(
     name="prose-v1",
     about="English documentation prose from 13 Debian bookworm packages (docs/data.md, 'The prose corpus')",
     val_fraction=0.02,
     test_fraction=0.02,
     parts=(
-        Part(_deb("linux-doc-6.1", "6.1.176-1", "pool/main/l/linux/linux-doc-6.1_6.1.176-1_all.deb",
-                  "0d843674607703b9ef8c1db5e715c38ed52ff23574feabfe0d961d552126859f"),
-             include=(("usr/share/doc/linux-doc-6.1/Documentation/*.rst.gz", "text"),
-                      ("usr/share/doc/linux-doc-6.1/Documentation/*.txt.gz", "text"),
-                      ("usr/share/doc/linux-doc-6.1/Documentation/ABI/*", "text"),
-                      ("usr/share/doc/linux-doc-6.1/html/_sources/*.txt", "text")),
-             exclude=("*/translations/*",),
+        Part(_pinned("linux-doc-6.1"), exclude=("*/translations/*",),
+             include=tuple((_LINUX + pattern, "text") for pattern in (
+                 "Documentation/*.rst.gz", "Documentation/*.txt.gz", "Documentation/ABI/*", "html/_sources/*.txt")),
              about="the Linux kernel's Documentation/ (reST and text, English; the HTML build's _sources/ are "
                    "copies of the same files, removed as duplicates)"),
-        Part(_deb("python3.11-doc", "3.11.2-6+deb12u8",
-                  "pool/main/p/python3.11/python3.11-doc_3.11.2-6+deb12u8_all.deb",
-                  "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b"),
-             include=_SPHINX_SOURCES, about="Python 3.11's documentation (reST)"),
-        Part(_deb("perl-doc", "5.36.0-7+deb12u3", "pool/main/p/perl/perl-doc_5.36.0-7+deb12u3_all.deb",
-                  "e9e3564ff5ade27de0585835f2acad769bcc545c0a0045a9f55d5401f27f7591"),
-             include=(("*.pod", "text"), ("*.pod.gz", "text")), about="Perl 5.36's manual pages (pod)"),
-        Part(_deb("postgresql-doc-15", "15.18-0+deb12u1",
-                  "pool/main/p/postgresql-15/postgresql-doc-15_15.18-0+deb12u1_all.deb",
-                  "3c598277a463c44d672daa2c335deb8d8252e1852fb025fd4578ea2d9a1b90f0"),
-             include=(("usr/share/doc/postgresql-doc-15/html/*.html", "html"),),
+        Part(_pinned("python3.11-doc"), _SPHINX_SOURCES, about="Python 3.11's documentation (reST)"),
+        Part(_pinned("perl-doc"), (("*.pod", "text"), ("*.pod.gz", "text")), about="Perl 5.36's manual (pod)"),
+        Part(_pinned("postgresql-doc-15"), (("usr/share/doc/postgresql-doc-15/html/*.html", "html"),),
              about="PostgreSQL 15's manual (HTML pages, tags stripped)"),
-        Part(_deb("python-django-doc", "3:3.2.25-0+deb12u3",
-                  "pool/main/p/python-django/python-django-doc_3.2.25-0+deb12u3_all.deb",
-                  "33319c8e45b95693603213442ccf9bcee933ef338488115203ad25a0e01c696f"),
-             include=(("usr/share/doc/python-django-doc/html/*.html", "html"),),
+        Part(_pinned("python-django-doc"), (("usr/share/doc/python-django-doc/html/*.html", "html"),),
              exclude=("*/_modules/*", "*/genindex*.html", "*/py-modindex.html", "*/search.html"),
              about="Django 3.2's documentation (HTML pages, tags stripped; its highlighted source code and "
                    "indexes left out)"),
-        Part(_deb("git-doc", "1:2.39.5-0+deb12u3", "pool/main/g/git/git-doc_2.39.5-0+deb12u3_all.deb",
-                  "3c89668a11053a6bafade3de1f611f4613db31e082af63f43d8c5b69ad8795ec"),
-             include=(("usr/share/doc/git-doc/*.txt", "text"),), about="Git's manual pages and guides (AsciiDoc)"),
-        Part(_deb("debian-policy", "4.6.2.0", "pool/main/d/debian-policy/debian-policy_4.6.2.0_all.deb",
-                  "ef9d01b625c3b87c3a845c2cd1b66f1a16e9240b2b9e5bee53472a00e8457a39"),
-             include=(("usr/share/doc/debian-policy/*.txt.gz", "text"),),
+        Part(_pinned("git-doc"), (("usr/share/doc/git-doc/*.txt", "text"),),
+             about="Git's manual pages and guides (AsciiDoc)"),
+        Part(_pinned("debian-policy"), (("usr/share/doc/debian-policy/*.txt.gz", "text"),),
              about="the Debian Policy Manual and its companions (plain text)"),
-        Part(_deb("debian-handbook", "11.20220922", "pool/main/d/debian-handbook/debian-handbook_11.20220922_all.deb",
-                  "3d5dbeac1f1afc9c094eab9d0f701f6ecff99c4927d5a4794cf6c85678134faa"),
-             include=(("usr/share/doc/debian-handbook/html/en-US/*.html", "html"),),
+        Part(_pinned("debian-handbook"), (("usr/share/doc/debian-handbook/html/en-US/*.html", "html"),),
              about="The Debian Administrator's Handbook, English (HTML pages, tags stripped)"),
-        Part(_deb("debian-reference-en", "2.100", "pool/main/d/debian-reference/debian-reference-en_2.100_all.deb",
-                  "9f31d3a17df505de09689ca255512ea58c1fc47c59bb1b0c7bf1c23362e9743f"),
-             include=(("usr/share/debian-reference/*.en.html", "html"),),
+        Part(_pinned("debian-reference-en"), (("usr/share/debian-reference/*.en.html", "html"),),
              about="the Debian Reference, English (HTML pages, tags stripped)"),
-        Part(_deb("developers-reference", "12.18",
-                  "pool/main/d/developers-reference/developers-reference_12.18_all.deb",
-                  "0dba82f6fa16e373f2a84ad07e7971aa9264ad2e7d2ae46b37edbc9c5fd57e2e"),
-             include=_SPHINX_SOURCES, about="the Debian Developer's Reference (reST)"),
-        Part(_deb("maint-guide", "1.2.53", "pool/main/m/maint-guide/maint-guide_1.2.53_all.deb",
-                  "762c8a400a36668d2eb814a3ba356b06488fd889dfce478eb11d5cfb189a47b5"),
-             include=(("usr/share/doc/maint-guide/html/*.en.html", "html"),),
+        Part(_pinned("developers-reference"), _SPHINX_SOURCES, about="the Debian Developer's Reference (reST)"),
+        Part(_pinned("maint-guide"), (("usr/share/doc/maint-guide/html/*.en.html", "html"),),
              about="the Debian New Maintainers' Guide, English (HTML pages, tags stripped)"),
-        Part(_deb("sphinx-doc", "5.3.0-4", "pool/main/s/sphinx/sphinx-doc_5.3.0-4_all.deb",
-                  "1da3d08bb3a0bc82a4b8b8109410e223054bf5fb13904557ec8ea869046f65b4"),
-             include=_SPHINX_SOURCES, about="Sphinx 5.3's documentation (reST)"),
-        Part(_deb("twisted-doc", "22.4.0-4+deb12u1", "pool/main/t/twisted/twisted-doc_22.4.0-4+deb12u1_all.deb",
-                  "3bc8d4e8965911289e4fb0efe017a56b48f07f1ae450b7071c432aeb41559142"),
-             include=_SPHINX_SOURCES, about="Twisted 22.4's documentation (reST)"),
+        Part(_pinned("sphinx-doc"), _SPHINX_SOURCES, about="Sphinx 5.3's documentation (reST)"),
+        Part(_pinned("twisted-doc"), _SPHINX_SOURCES, about="Twisted 22.4's documentation (reST)"),
     ),
 )
 
