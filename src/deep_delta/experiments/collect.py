@@ -89,17 +89,45 @@ def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | No
     ref = next(r for r in runs if r.cfg.variant == variants[0])
     base = replace(ref.cfg, out=str(where), seed=seeds[0])
     steps = {r.cfg.variant: r.cfg.steps for r in runs}
-    costs = {v: steps[variants[0]] / n for v, n in steps.items() if v != variants[0] and n != steps[variants[0]]}
+    costs, unequal = kept_costs(where / "compare.json", variants[0], steps)
     diverged = {(r.cfg.variant, r.cfg.seed): r.diverged for r in runs if r.diverged}
     step_times, note = timing or (None, None)
+    notes = [note] if note else []
+    if unequal:
+        notes.append("the variants trained different numbers of steps (" + ", ".join(
+            f"{v} {n}" for v, n in steps.items()) + ") and no step costs recorded with these runs account for them: "
+            "this is not reported as an equal-cost comparison (`ddl compare --step-costs` records the costs it was "
+            "given in its compare.json)")
     summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
     data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
     summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
                    devices={_name(r.cfg.variant, r.cfg.seed if len(seeds) > 1 else None):
                             (r.record.get("device") or {}).get("name", "not recorded") for r in runs},
                    wall_s=sum(r.end["wall_s"] for r in runs),
-                   **({"step_costs": costs} if costs else {}), **({"notes": [note]} if note else {}))
+                   **({"step_costs": costs} if costs else {}), **({"notes": notes} if notes else {}))
     return summary
+
+
+def kept_costs(path: Path, reference: str, steps: dict[str, int]) -> tuple[dict[str, float], bool]:
+    """The step costs an equal-cost ``ddl compare`` was given for these runs (``path``: its compare.json), kept
+    when they give exactly the step counts the runs trained (:func:`~deep_delta.experiments.compare_report.
+    cost_steps` of the reference's): (the costs, False); without such a record, (``{}``, whether the variants'
+    step counts differ): unequal lengths are said to be such, never read as costs nobody gave."""
+    from deep_delta.experiments.compare_report import cost_steps
+    from deep_delta.fsutil import read_json_file
+
+    differ = {v for v, n in steps.items() if n != steps[reference]}
+    if not differ:
+        return {}, False
+    try:
+        old = read_json_file(path, "a comparison's summary (compare.json)", limit=256 << 20) if path.is_file() else {}
+    except ValueError:
+        old = {}
+    costs = old.get("step_costs") if isinstance(old, dict) else None
+    ok = isinstance(costs, dict) and set(costs) == differ and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0
+        and cost_steps(steps[reference], c) == steps[v] for v, c in costs.items())
+    return (dict(costs), False) if ok else ({}, True)
 
 
 def _check_layout(runs: list[FinishedRun], where: Path) -> None:
@@ -163,4 +191,4 @@ def reference_order(variants: list[str]) -> list[str]:
     return [ref, *sorted(v for v in set(variants) if v != ref)]
 
 
-__all__ = ["collect_comparison", "kept_timing", "reference_order"]
+__all__ = ["collect_comparison", "kept_costs", "kept_timing", "reference_order"]

@@ -108,13 +108,19 @@ def wandb_group(base: TrainConfig, out: Path) -> str:
     return base.wandb_group or read_wandb_file(out).get("group") or f"{out.resolve().name}-{generate_id()}"
 
 
-def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) -> None:
+def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
+                   data_dir: Path | None = None) -> None:
     """A run that compare continues or reuses must have been made with every result-changing setting of ``cfg``
     (all but :data:`~deep_delta.train.run_dir.RESULT_NEUTRAL`: the budget, the validation batches, the dtype, ...)
-    and from the same data; else it is refused, naming the differences, before anything trains."""
+    and from the same data, and a finished one must pass the one check of a finished run
+    (:func:`~deep_delta.experiments.finished_runs.check_finished`: its metrics, its schedule, its checkpoint's own
+    record, its model); else it is refused, one line naming the file and the differences, before anything
+    trains. ``overwrite`` retrains it instead. ``data_dir``: where the data is now (for the message)."""
+    from deep_delta.experiments.finished_runs import read_run
     from deep_delta.train.provenance import check_belongs, check_same_data
-    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE, read_run_file
+    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE, RunNotFinished, read_run_file, run_end
 
+    _check_layout_of(Path(cfg.out))
     run_file = Path(cfg.out) / RUN_FILE
     if overwrite or not run_file.is_file():
         return
@@ -127,8 +133,38 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) 
     # the data is compared by its fingerprint, not by how its path was spelled
     check_belongs(run["train_config"], cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
                   skip=RESULT_NEUTRAL | {"data"}, has="run has")
-    check_same_data(data.get("fingerprint"), data_fingerprint, what=what,
-                    data_dir=cfg.data or "the default data", remedy=REUSE_REMEDY)
+    if not check_same_data(data.get("fingerprint"), data_fingerprint, what=what, data_dir=data_dir or cfg.data or
+                           "the default data", remedy=REUSE_REMEDY, stored_dir=data.get("dir")):
+        raise ValueError(f"{run_file} records no data fingerprint, so whether the run was made from "
+                         f"{cfg.data or 'the default data'} cannot be checked; retrain it with `overwrite`")
+    try:
+        run_end(cfg.out, run)
+    except RunNotFinished:
+        return  # continued from its checkpoint, which the trainer checks
+    try:
+        read_run(Path(cfg.out))
+    except (ValueError, FileNotFoundError) as e:
+        raise ValueError(f"{e}; `overwrite` retrains the run") from None
+
+
+def _check_layout_of(run: Path) -> None:
+    """A comparison keeps one layout: ``VARIANT/`` for one seed, ``seed_S/VARIANT/`` for several. A run of one
+    layout where the comparison's directory holds runs of the other is refused (a one-seed rerun of a several-seed
+    comparison would train its seed again beside the seed folders)."""
+    from deep_delta.variants import VARIANTS
+
+    several = run.parent.name.startswith("seed_")
+    where = run.parent.parent if several else run.parent
+    if not where.is_dir():
+        return
+    other = ([d for d in sorted(where.iterdir()) if d.name in VARIANTS and (d / "run.json").is_file()] if several
+             else [d for d in sorted(where.iterdir()) if d.name.startswith("seed_") and d.is_dir()])
+    if other:
+        holds = (f"runs of one seed ({other[0].name}/)" if several else
+                 f"the runs of several seeds ({', '.join(d.name + '/' for d in other[:3])})")
+        runs = "several seeds (seed_S/VARIANT/)" if several else "one seed (VARIANT/)"
+        raise ValueError(f"{where} holds {holds}, but this comparison runs {runs}; allowed: the `seeds` that "
+                         "comparison was run with (finished runs are reused), or another `out`")
 
 
 def study_configs(base: TrainConfig, variants: list[str], seeds: list[int], out: Path,
@@ -164,8 +200,12 @@ def train_runs(cfgs: dict[tuple[str, int], TrainConfig], out: Path, data: TrainD
         if after_run is not None and not run_divergence(cfgs[key].out):
             after_run(key, cfgs[key])
 
-    run_study(out, list(cfgs), check=lambda key: check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite),
+    run_study(out, list(cfgs), check=lambda key: check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite,
+                                                                data_dir=data.dir),
               train=train_one, outputs=outputs, lock=lock, after_each=after_each)
+    from deep_delta.experiments.finished_runs import check_models, read_run
+
+    check_models([read_run(Path(cfg.out)) for cfg in cfgs.values()])  # one model per variant
     diverged = {key: run_divergence(cfgs[key].out) for key in cfgs}
     return {k: v for k, v in diverged.items() if v}
 
@@ -259,7 +299,7 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     def check(lr: float, where: Path) -> None:
         for v, s in run_keys(variants, seeds):
             check_reusable(compare_config(replace(base, lr=lr), v, where, s, len(seeds) > 1, step_costs.get(v)),
-                           data.fingerprint, overwrite=overwrite)
+                           data.fingerprint, overwrite=overwrite, data_dir=data.dir)
 
     def run_at(lr: float, where: Path) -> dict:
         return run_compare(replace(base, lr=lr), variants, where, seeds=seeds, overwrite=overwrite,

@@ -62,17 +62,19 @@ def check_belongs(stored: dict, wanted: dict, *, what: str, remedy: str, skip: I
 
 
 def check_same_data(stored: str | None, current: str, *, what: str, data_dir: str | os.PathLike,
-                    remedy: str) -> bool:
-    """Refuse to continue or reuse ``what`` (made from data with fingerprint ``stored``) on ``data_dir`` (fingerprint
-    ``current``) when they differ. Returns False when ``what`` has no fingerprint (written before fingerprints were
-    recorded): the caller says that the data could not be checked."""
+                    remedy: str, stored_dir: str | os.PathLike | None = None) -> bool:
+    """Refuse to continue or reuse ``what`` (made from data with fingerprint ``stored``, in ``stored_dir`` when
+    known) on ``data_dir`` (fingerprint ``current``) when they differ. Returns False when ``what`` has no
+    fingerprint (written before fingerprints were recorded): the caller says that the data could not be checked."""
     if stored is None:
         return False
     if stored != current:
+        same_dir = stored_dir is None or Path(stored_dir).resolve() == Path(data_dir).resolve()
+        why = ("the shards' checksums in meta.json differ, so the directory was prepared again or changed" if same_dir
+               else f"it was made from {stored_dir}, another data directory")
         raise StoredResultMismatch(
             f"{what} was made from other data than {data_dir} holds now (data fingerprint {stored[:12]}, now "
-            f"{current[:12]}: the shards' checksums in meta.json differ, so the directory was prepared again or "
-            f"changed); {remedy}")
+            f"{current[:12]}: {why}); {remedy}")
     return True
 
 
