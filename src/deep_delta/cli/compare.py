@@ -103,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
     step_costs = parse_step_costs(args.step_costs)
+    if step_costs:  # refused before the banner announces them
+        from deep_delta.experiments.compare import check_step_costs
+
+        check_step_costs(step_costs, variants, args.lengths or [base.steps],
+                         "lengths" if args.lengths else "steps")
     checks = parse_step_costs(args.break_even_checks, "break_even_checks")
     _check_held_out(args, held, lrs, checks)
     print(_banner(args, base, variants, seeds, lrs, step_costs, held, torch.get_num_threads()), flush=True)
@@ -251,9 +256,8 @@ def _report_only(args: argparse.Namespace, given: dict, held) -> int:
     finished points (``d<W>_s<N>/``), or else one comparison's (with an lr grid: each lr's and the best-lr one;
     with evaluation seeds, the selection's and the evaluation's) from its finished run directories; ``given``: the
     settings given on the command line, each of them an option that trains (refused)."""
-    from pathlib import Path
 
-    from deep_delta.experiments.scaling import collect_scaling, format_scaling
+    from deep_delta.experiments.scaling import collect_scaling, format_scaling, has_points
     from deep_delta.variants import DEFAULT_VARIANTS
 
     trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
@@ -266,7 +270,7 @@ def _report_only(args: argparse.Namespace, given: dict, held) -> int:
     if refused:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "
                          "--widths and --lengths (which points to summarise), --threads, --no-progress")
-    if args.widths is None and args.lengths is None and not any(Path(args.out).glob("d*_s*")):
+    if args.widths is None and args.lengths is None and not has_points(args.out):
         from deep_delta.experiments.collect import collect_comparison
 
         return _print_report(args.out, collect_comparison(args.out))

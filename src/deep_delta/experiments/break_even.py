@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
+from deep_delta.experiments.report import ci_text, fmt
 from deep_delta.experiments.stats import mean_sd, t975
 
 METHOD = ("r* solves L_v(N / r*) = L_b(N) on the variant's validation curve, interpolated linearly in log(loss) "
@@ -159,4 +161,49 @@ def check_row(variant: str, ratio: float, steps: int, exact_loss: float | None, 
             "why": None if estimate is not None else "the step falls outside the variant's validation curve"}
 
 
-__all__ = ["METHOD", "break_even", "check_row", "crossing_step", "loglog_value", "seed_text", "summarize", "verdict"]
+def break_even_table(summary: dict[str, Any]) -> list[str]:
+    """The break-even step-cost ratio r* of every equal-steps row beside the step-cost ratio measured on this
+    machine, and the exact runs that check the approximation (``break_even_checks``); [] when there is none."""
+    rows = [r for r in summary["rows"] if r.get("break_even")]
+    if not rows:
+        return []
+    lines = ["| variant | r* per seed | r* (geometric mean) | 95% CI of r* | measured step ratio | here |",
+             "| --- | --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        b = r["break_even"]
+        seeds = ", ".join(f"{x['seed']}: {seed_text(x)}" for x in b["per_seed"])
+        mean = fmt(b["geo_mean"], ".3f") if b["geo_mean"] is not None else (
+            f"outside the curve in seed(s) {', '.join(map(str, b['outside_seeds']))}")
+        lines.append(f"| {r['variant']} | {seeds} | {mean} | {ci_text(b['ci95'], '.3f')} "
+                     f"| {fmt(r.get('time_ratio'), '.3f')} | {verdict(b, r.get('time_ratio'))} |")
+    for c in summary.get("break_even_checks") or []:
+        if c["error"] is None:
+            lines.append(f"\nCheck of {c['variant']} at r = {c['ratio']:g} ({c['steps']} steps, seed {c['seed']}): "
+                         f"{c['why'] or 'no final validation loss'}.")
+            continue
+        side = ("below" if c["tie"] == "ahead" else "above") if c["tie"] else None
+        lines.append(
+            f"\nCheck of {c['variant']} at r = {c['ratio']:g} (seed {c['seed']}): the exact run of {c['steps']} steps "
+            f"with its own schedule reached {c['exact_loss']:.4f}; its {summary['settings'].get('steps') or 'N'}-step "
+            f"curve says {c['estimate']:.4f} at step {c['steps']}: measured error (exact minus the curve's estimate) "
+            f"{c['error']:+.4f} nats."
+            + (f" The exact run is {'ahead of' if c['tie'] == 'ahead' else 'behind'} {summary['reference']} "
+               f"({c['reference_loss']:.4f}) at equal cost, so the true r* lies "
+               f"{'above' if side == 'below' else 'below'} {c['ratio']:g}." if side else ""))
+    return lines
+
+
+NOTE = (
+    "r*: the step-cost ratio at which the variant's loss would equal the reference's at equal cost: with the "
+    "reference at L_b(N) after N steps and the variant's validation curve L_v(s) (r* > 1: its step may be up to r* "
+    "times dearer and still tie; r* < 1: behind even at equal steps), {method}. "
+    "'> x': the variant is already at L_b(N) at its first validation point (r* above x); '< x': it is above L_b(N) "
+    "at its last (r* below x); neither is extrapolated. The curve is of an N-step run: at step N / r its cosine "
+    "schedule has not decayed as an N / r-step run's has, so the two losses differ, in either direction (the decay "
+    "anneals the loss down; a shorter schedule also spends fewer steps at a high lr); `--break-even-check "
+    "VARIANT=R` trains the exact run and states the error. "
+    "Measured step ratio: the variant's step time over the reference's, timed in this process (step ms); the "
+    "design pays on this machine when it is below r*.")
+
+
+__all__ = ["METHOD", "NOTE", "break_even", "break_even_table", "check_row", "crossing_step", "loglog_value", "seed_text", "summarize", "verdict"]

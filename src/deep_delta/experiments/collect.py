@@ -23,14 +23,15 @@ from deep_delta.experiments.finished_runs import FinishedRun
 from deep_delta.train.config import TrainConfig
 
 
-def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
+def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[str, Any]:
     """The comparison's report (compare.md, compare.json, curves.png; with an lr grid each lr's and the best-lr
     one) from the finished runs already in ``out``, training nothing: runs made in parts, on several machines,
     and brought together (their checkpoints are not needed, only run.json and metrics.jsonl). Each run is what its
     own run.json says (variant, seed, lr, steps, settings, its end and whether it diverged), checked against where
     it stands, its metrics and the other runs (:mod:`deep_delta.experiments.finished_runs`); any disagreement is
     refused, naming the run and the field. The step times an earlier ``ddl compare`` measured for these runs (its
-    compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary."""
+    compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary. ``write``
+    False: the summary only, no file written (the width study recomputing a point from its runs)."""
     from deep_delta.experiments.finished_runs import check_together, find_runs, lr_of_folder
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, choose_lrs
     from deep_delta.train.build import build_model_config
@@ -45,7 +46,8 @@ def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
         runs = find_runs(out)
         check_together(runs, out)
         summary = _collect_point(out, runs, kept_timing(out / "compare.json", runs))
-        write_comparison(out, summary)
+        if write:
+            write_comparison(out, summary)
         return summary
     from deep_delta.experiments.held_out import EVAL_DIR, collect_held_out
 
@@ -62,7 +64,8 @@ def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
     per_lr = {}
     for lr, (d, runs) in sorted(at_lr.items()):
         per_lr[lr] = _collect_point(d, runs, None)  # a grid's lr is run without timing; the grid times once
-        write_comparison(d, per_lr[lr])
+        if write:
+            write_comparison(d, per_lr[lr])
     first = next(iter(per_lr.values()))
     all_runs = [r for _, runs in at_lr.values() for r in runs]
     base = TrainConfig.from_dict(first["settings"])
@@ -76,7 +79,8 @@ def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
     summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
                    devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
                    **({"notes": [note]} if note else {}))
-    write_comparison(out, summary, "selection" if held else "compare")
+    if write:
+        write_comparison(out, summary, "selection" if held else "compare")
     return collect_held_out(out, base, summary) if held else summary
 
 

@@ -58,11 +58,12 @@ def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None 
 
 
 def check_step_costs(step_costs: dict[str, float] | None, variants: list[str],
-                     budgets: Sequence[int] = ()) -> dict[str, float]:
+                     budgets: Sequence[int] = (), budget: str = "steps") -> dict[str, float]:
     """``step_costs`` validated against the comparison's variants: each a variant of it other than the reference
     (``baseline`` when present, else the first), with a cost in [MIN_STEP_COST, MAX_STEP_COST]; and against each of
     the reference's step ``budgets``: a variant's whole steps (:func:`cost_steps`) must cost that budget within
-    ``STEP_BUDGET_TOLERANCE`` (6 reference steps at a cost of 100 would be one step costing 100: not equal cost)."""
+    ``STEP_BUDGET_TOLERANCE`` (6 reference steps at a cost of 100 would be one step costing 100: not equal cost);
+    ``budget``: the setting the budgets come from (``steps``, or the study's ``lengths``), which a refusal names."""
     step_costs = dict(step_costs or {})
     reference = reference_variant(variants)
     for variant, cost in step_costs.items():
@@ -78,13 +79,14 @@ def check_step_costs(step_costs: dict[str, float] | None, variants: list[str],
                              f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (the variant's step time over the reference's)")
         for steps in budgets:
             n = cost_steps(steps, cost)
-            if abs(n * cost - steps) > STEP_BUDGET_TOLERANCE * steps:
+            # "within 5%" includes 5% exactly: 6 x 1.05 is 6.300000000000001 in binary floating point
+            if abs(n * cost - steps) > STEP_BUDGET_TOLERANCE * steps * (1 + 1e-9):
                 enough = math.ceil(cost / (2 * STEP_BUDGET_TOLERANCE))
                 raise ValueError(
-                    f"compare: `step_costs` for {variant!r} ({cost:g}) with `steps` {steps}: {variant} would train "
+                    f"compare: `step_costs` for {variant!r} ({cost:g}) with `{budget}` {steps}: {variant} would train "
                     f"{n} step(s), which cost {n * cost:g} of the reference's steps, not {steps} (off by "
                     f"{abs(n * cost - steps) / steps:.0%}, more than {STEP_BUDGET_TOLERANCE:.0%}): not an equal cost; "
-                    f"allowed: `steps` of at least {enough} at this cost, so that whole steps come within "
+                    f"allowed: `{budget}` of at least {enough} at this cost, so that whole steps come within "
                     f"{STEP_BUDGET_TOLERANCE:.0%} of the budget")
     return step_costs
 

@@ -249,53 +249,6 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def break_even_table(summary: dict[str, Any]) -> list[str]:
-    """The break-even step-cost ratio r* of every equal-steps row beside the step-cost ratio measured on this
-    machine, and the exact runs that check the approximation (``break_even_checks``); [] when there is none."""
-    from deep_delta.experiments.break_even import seed_text, verdict
-
-    rows = [r for r in summary["rows"] if r.get("break_even")]
-    if not rows:
-        return []
-    lines = ["| variant | r* per seed | r* (geometric mean) | 95% CI of r* | measured step ratio | here |",
-             "| --- | --- | ---: | ---: | ---: | --- |"]
-    for r in rows:
-        b = r["break_even"]
-        seeds = ", ".join(f"{x['seed']}: {seed_text(x)}" for x in b["per_seed"])
-        mean = fmt(b["geo_mean"], ".3f") if b["geo_mean"] is not None else (
-            f"outside the curve in seed(s) {', '.join(map(str, b['outside_seeds']))}")
-        lines.append(f"| {r['variant']} | {seeds} | {mean} | {ci_text(b['ci95'], '.3f')} "
-                     f"| {fmt(r.get('time_ratio'), '.3f')} | {verdict(b, r.get('time_ratio'))} |")
-    for c in summary.get("break_even_checks") or []:
-        if c["error"] is None:
-            lines.append(f"\nCheck of {c['variant']} at r = {c['ratio']:g} ({c['steps']} steps, seed {c['seed']}): "
-                         f"{c['why'] or 'no final validation loss'}.")
-            continue
-        side = ("below" if c["tie"] == "ahead" else "above") if c["tie"] else None
-        lines.append(
-            f"\nCheck of {c['variant']} at r = {c['ratio']:g} (seed {c['seed']}): the exact run of {c['steps']} steps "
-            f"with its own schedule reached {c['exact_loss']:.4f}; its {summary['settings'].get('steps') or 'N'}-step "
-            f"curve says {c['estimate']:.4f} at step {c['steps']}: measured error (exact minus the curve's estimate) "
-            f"{c['error']:+.4f} nats."
-            + (f" The exact run is {'ahead of' if c['tie'] == 'ahead' else 'behind'} {summary['reference']} "
-               f"({c['reference_loss']:.4f}) at equal cost, so the true r* lies "
-               f"{'above' if side == 'below' else 'below'} {c['ratio']:g}." if side else ""))
-    return lines
-
-
-BREAK_EVEN_NOTE = (
-    "r*: the step-cost ratio at which the variant's loss would equal the reference's at equal cost: with the "
-    "reference at L_b(N) after N steps and the variant's validation curve L_v(s) (r* > 1: its step may be up to r* "
-    "times dearer and still tie; r* < 1: behind even at equal steps), {method}. "
-    "'> x': the variant is already at L_b(N) at its first validation point (r* above x); '< x': it is above L_b(N) "
-    "at its last (r* below x); neither is extrapolated. The curve is of an N-step run: at step N / r its cosine "
-    "schedule has not decayed as an N / r-step run's has, so the two losses differ, in either direction (the decay "
-    "anneals the loss down; a shorter schedule also spends fewer steps at a high lr); `--break-even-check "
-    "VARIANT=R` trains the exact run and states the error. "
-    "Measured step ratio: the variant's step time over the reference's, timed in this process (step ms); the "
-    "design pays on this machine when it is below r*.")
-
-
 def lr_sentence(summary: dict[str, Any]) -> str:
     """The report's line on the learning rate and where the numbers come from: one shared lr; a grid whose lr was
     chosen and reported on the same seeds and validation sample (labelled so); or a grid chosen on the selection
@@ -319,6 +272,8 @@ def lr_sentence(summary: dict[str, Any]) -> str:
 def terminal_report(summary: dict[str, Any]) -> str:
     """What ``ddl compare`` prints at the end, live or ``--report-only`` alike: where the lr and the numbers come
     from, the grid (with its gap warning), the table, the verdicts and the break-even ratios."""
+    from deep_delta.experiments.break_even import break_even_table
+
     grid = summary.get("lr_selection")
     parts = [lr_sentence(summary), ""]
     if grid is not None:
@@ -336,7 +291,7 @@ def terminal_report(summary: dict[str, Any]) -> str:
 def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> str:
     """``compare.md``: the table, a plain verdict per variant, the break-even ratios, the settings and the
     machine."""
-    from deep_delta.experiments.break_even import METHOD
+    from deep_delta.experiments.break_even import METHOD, NOTE, break_even_table
 
     s = summary.get("settings") or {}
     m = summary["machine"]
@@ -368,7 +323,7 @@ def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> st
     ]
     table = break_even_table(summary)
     if table:
-        lines += ["", "## Break-even step-cost ratio", "", *table, "", BREAK_EVEN_NOTE.format(method=METHOD)]
+        lines += ["", "## Break-even step-cost ratio", "", *table, "", NOTE.format(method=METHOD)]
     lines += _settings_lines(summary, s, m, tokens, lr_text, timing, curves)
     if grid is not None:
         held = summary.get("held_out")

@@ -45,10 +45,16 @@ def data_fingerprint(data_dir: str | os.PathLike, meta: dict) -> str:
 
 def differences(stored: dict, wanted: dict, *, skip: Iterable[str] = (), has: str = "stored") -> list[str]:
     """``key: <has> <stored value>, now <wanted value>`` for every key whose values differ (sorted; keys in
-    ``skip`` ignored; a key missing on one side counts as None)."""
-    skip = set(skip)
-    keys = sorted(k for k in set(stored) | set(wanted) if k not in skip and stored.get(k) != wanted.get(k))
-    return [f"{k}: {has} {stored.get(k)!r}, now {wanted.get(k)!r}" for k in keys]
+    ``skip`` ignored; a key missing on one side counts as None). Where both values are mappings, their entries
+    are compared one by one (``settings.steps: ... 3, now 4``, not the two whole mappings)."""
+    skip, found = set(skip), []
+    for k in sorted(k for k in set(stored) | set(wanted) if k not in skip and stored.get(k) != wanted.get(k)):
+        a, b = stored.get(k), wanted.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += [f"{k}.{d}" for d in differences(a, b, has=has)]
+        else:
+            found.append(f"{k}: {has} {a!r}, now {b!r}")
+    return found
 
 
 def check_belongs(stored: dict, wanted: dict, *, what: str, remedy: str, skip: Iterable[str] = (),
