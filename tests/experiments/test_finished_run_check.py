@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import pytest
 from tests.experiments.test_compare_lr_grid import MODEL
+from tests.experiments.test_compare_report_only import _copy
+from tests.experiments.test_compare_report_only import _edit_run as _edit
 
 from deep_delta.cli.main import main
 from deep_delta.train.metrics import read_metrics
@@ -29,19 +31,6 @@ def two_seeds(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("check") / "cmp"
     assert main(study(out, data_dir, "--seeds", "2")) == 0
     return out
-
-
-def _copy(src, tmp_path):
-    out = tmp_path / "cmp"
-    shutil.copytree(src, out)
-    return out
-
-
-def _edit(run_dir, change):
-    path = run_dir / "run.json"
-    run = json.loads(path.read_text())
-    change(run)
-    path.write_text(json.dumps(run))
 
 
 def _refused(argv, capsys, *expected):
@@ -200,3 +189,15 @@ def test_a_grid_run_without_its_metrics_is_refused_not_called_diverged(tmp_path,
     _refused(args, capsys, expected.replace("metrics.jsonl line", "metrics.jsonl, line"))
     _refused(["compare", "--out", str(out), "--report-only"], capsys, expected.replace("metrics.jsonl line",
                                                                                           "metrics.jsonl, line"))
+
+
+def test_a_run_copied_as_another_seed_is_refused_when_reused(tmp_path, data_dir, two_seeds, capsys):  # RN2
+    out = _copy(two_seeds, tmp_path)
+    target = out / "seed_1" / "ddl-dv1"
+    shutil.rmtree(target)
+    shutil.copytree(out / "seed_0" / "ddl-dv1", target)
+    shutil.rmtree(target / "checkpoints")
+    _edit(target, lambda r: r["train_config"].update(seed=1))
+    with (target / "metrics.jsonl").open("a") as f:
+        f.write("\n")
+    _rerun(out, data_dir, capsys, "hold the same metrics.jsonl: one run copied")

@@ -202,12 +202,18 @@ def train_runs(cfgs: dict[tuple[str, int], TrainConfig], out: Path, data: TrainD
         if after_run is not None and not run_divergence(cfgs[key].out):
             after_run(key, cfgs[key])
 
-    run_study(out, list(cfgs), check=lambda key: check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite,
-                                                                data_dir=data.dir),
-              train=train_one, outputs=outputs, lock=lock, after_each=after_each)
-    from deep_delta.experiments.finished_runs import check_models, read_run
+    from deep_delta.experiments.finished_runs import check_copies, check_models, read_run
 
-    check_models([read_run(Path(cfg.out)) for cfg in cfgs.values()])  # one model per variant
+    def check(key) -> None:
+        check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite, data_dir=data.dir)
+        if key == last and not overwrite:  # then the finished runs together: no copies, one model per variant
+            done = [read_run(Path(c.out)) for c in cfgs.values() if stored_end(c.out) is not None]
+            check_copies(done)
+            check_models(done)
+
+    last = list(cfgs)[-1]
+    run_study(out, list(cfgs), check=check, train=train_one, outputs=outputs, lock=lock, after_each=after_each)
+    check_models([read_run(Path(cfg.out)) for cfg in cfgs.values()])  # the runs trained now too
     diverged = {key: run_divergence(cfgs[key].out) for key in cfgs}
     return {k: v for k, v in diverged.items() if v}
 

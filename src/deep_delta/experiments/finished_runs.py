@@ -311,16 +311,7 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
         if other is not run:
             raise ValueError(f"the run of {run.name} stands twice, in {other.dir} and {run.dir} (copies or links of "
                              "one run); allowed: each variant, seed and lr once")
-    digests: dict[str, FinishedRun] = {}
-    for run in runs:
-        # the records, not the bytes: a blank line or a reformatting does not make a copy another run's
-        lines = (run.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
-        other = digests.setdefault(digest, run)
-        if other is not run:
-            raise ValueError(f"{run.dir} and {other.dir} hold the same metrics.jsonl: one run copied, its run.json "
-                             f"changed to {run.name}; allowed: each run trained once")
+    check_copies(runs)
     reference = runs[0]
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
     for run in runs:
@@ -352,6 +343,20 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
                                             "seed (and at every lr of a grid)")
 
 
+def check_copies(runs: list[FinishedRun]) -> None:
+    """No two runs with the same metrics (their records, not their bytes: a blank line or a reformatting does not
+    make a copy another run's): one run copied and its run.json changed is refused, naming both."""
+    digests: dict[str, FinishedRun] = {}
+    for run in runs:
+        lines = (run.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
+        other = digests.setdefault(digest, run)
+        if other is not run:
+            raise ValueError(f"{run.dir} and {other.dir} hold the same metrics.jsonl: one run copied, its run.json "
+                             f"changed to {run.name}; allowed: each run trained once")
+
+
 # model_config entries that describe the file, not the model (a transformers upgrade between two runs changes them)
 _BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
 
@@ -375,5 +380,5 @@ def check_models(runs: list[FinishedRun]) -> None:
                              "copied from another variant and relabelled is refused)")
 
 
-__all__ = ["FinishedRun", "check_models", "check_finished", "check_metrics", "check_together", "find_runs", "lr_of_folder",
+__all__ = ["FinishedRun", "check_copies", "check_models", "check_finished", "check_metrics", "check_together", "find_runs", "lr_of_folder",
            "read_run"]
