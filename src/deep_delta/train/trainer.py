@@ -123,6 +123,9 @@ class Trainer:
         self.train_loader, self.val_loader = self._loaders(batches)
         self.tokens_per_step = cfg.batch_size * self.accum * self.info.world_size * cfg.seq_len
         self.step, self.last_saved = 0, None
+        # the run's schedule segments before this process (one per process that trained it; run_dir.segment)
+        self.prior_segments: list[dict[str, Any]] = []
+        self.start_step, self.t_start = 0, time.perf_counter()
         self.last_eval: dict[str, Any] = {}
         self.diverged: str | None = None
 
@@ -154,7 +157,7 @@ class Trainer:
     # ------------------------------------------------------------------ the whole run
     def run(self) -> TrainResult:
         """Train to ``cfg.steps`` (or ``stop_at``, or a divergence under ``on_divergence="stop"``)."""
-        t_start = time.perf_counter()
+        t_start = self.t_start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             stack.callback(self._release)
             if self.persist:
@@ -181,8 +184,8 @@ class Trainer:
                 # a divergence ends the run as a result under either `on_divergence`: run.json records it the same
                 # way, so every report of the run (ddl compare and its --report-only) says "diverged"
                 if self.persist and self.info.is_main:
-                    run_dir.mark_finished(self.out, {"step": self.step, "evaluation": {}, "diverged": e.reason,
-                                                     "wall_s": time.perf_counter() - t_start})
+                    run_dir.mark_finished(self.out, {"step": self.step, "evaluation": {}, "diverged": e.reason},
+                                          self.segments(self.step))
                 raise
             if self.diverged is not None:
                 self._end_diverged(bar)
@@ -191,7 +194,7 @@ class Trainer:
             result = self._result(time.perf_counter() - t_start)
             if self.persist and self.info.is_main and (result.step == self.cfg.steps or result.diverged):
                 run_dir.mark_finished(self.out, {"step": result.step, "evaluation": result.evaluation,
-                                                 "diverged": result.diverged, "wall_s": result.wall_s})
+                                                 "diverged": result.diverged}, self.segments(result.step))
             self.metrics.summary({"step": result.step, "val_loss": result.val_loss, "val_ppl": result.val_ppl,
                                   "parameters": result.parameters, "tokens": result.step * self.tokens_per_step,
                                   "wall_s": result.wall_s, "checkpoint": str(result.checkpoint),
@@ -270,7 +273,8 @@ class Trainer:
         """Optimizer, step, data position and RNG from a checkpoint (the weights are loaded by :meth:`setup`)."""
         state = restored["state"]
         distr.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        self.step = self.last_saved = int(state["step"])
+        self.step = self.last_saved = self.start_step = int(state["step"])
+        self.prior_segments = run_dir.prior_segments(restored["meta"], self.step)
         ckpt.set_rng_state(state["rng"])
         self.restored_from = restored["path"]
 
@@ -378,6 +382,12 @@ class Trainer:
             extra["eval_batches"] = self.cfg.eval_batches
         self.metrics.log({"step": self.step, **numbers, **extra})
         self.display.evaluation(numbers, record, bar)
+
+    def segments(self, to: int) -> list[dict[str, Any]]:
+        """The run's schedule segments up to step ``to``: those of the processes before this one (from the
+        checkpoint it resumed) and this process's, from its first step to ``to`` on a schedule of ``cfg.steps``."""
+        return [*self.prior_segments, run_dir.segment(self.start_step, to, self.cfg.steps,
+                                                      time.perf_counter() - self.t_start)]
 
     # ------------------------------------------------------------------ evaluate, save, log
     def evaluate(self) -> dict[str, Any] | None:
