@@ -23,11 +23,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ddl-tc-write": dict(residual="delta", value_channels=4, compressor="token", state_init="conv", update_rule="write"),
     "ddl-cc-write": dict(residual="delta", value_channels=4, compressor="channel", state_init="conv",
                          update_rule="write"),
+    # the untied gates (issue 56): each DDL variant with X + k (beta_w v^T - beta_e k^T X), the erase and the write
+    # gates from projections of their own, starting equal (so each starts as its DDL variant at the same seed)
+    "ddl-dv1-untied": dict(residual="delta", value_channels=1, residual_map="k", compressor="none",
+                           state_init="repeat", update_rule="untied"),
+    "ddl-tc-untied": dict(residual="delta", value_channels=4, compressor="token", state_init="conv",
+                          update_rule="untied"),
+    "ddl-cc-untied": dict(residual="delta", value_channels=4, compressor="channel", state_init="conv",
+                          update_rule="untied"),
     # the rivals (docs/rivals.md): n = hc_streams residual streams instead of a d x d_v state
     "hc": dict(residual="hyper", hc_kind="hc", hc_dynamic=True),
     "hc-static": dict(residual="hyper", hc_kind="hc", hc_dynamic=False),
     "mhc": dict(residual="hyper", hc_kind="mhc", hc_dynamic=True),
     "mhc-static": dict(residual="hyper", hc_kind="mhc", hc_dynamic=False),
+    # the baseline with a bounded branch: a learned RMSNorm on each sublayer's output before the add (Peri-LN)
+    "peri-ln": dict(residual="additive", value_channels=1, compressor="none", state_init="repeat", output_norm=True),
+    # Attention Residuals: each sublayer reads a softmax over depth of the earlier outputs (Full) or of the block
+    # sums (Block: the sublayers in attnres_blocks blocks, the paper's 8)
+    "attnres": dict(residual="attnres", attnres_blocks=None),
+    "attnres-block": dict(residual="attnres", attnres_blocks=8),
 }
 
 # The variants a comparison or a benchmark runs when none are named: the baseline and the three main DDL
@@ -51,6 +65,12 @@ PAPER_NAMES = {
     "hc-static": "HC (static)",
     "mhc": "mHC",
     "mhc-static": "mHC (static)",
+    "ddl-dv1-untied": "DDL (d_v=1) untied gates",
+    "ddl-tc-untied": "DDL-TC untied gates",
+    "ddl-cc-untied": "DDL-CC untied gates",
+    "peri-ln": "Peri-LN",
+    "attnres": "Full AttnRes",
+    "attnres-block": "Block AttnRes",
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -72,3 +92,4 @@ def twin_of(variant: str) -> str | None:
     """The write-only control of a DDL variant ("ddl-cc" -> "ddl-cc-write"), or None where it has none."""
     twin = f"{variant}-write"
     return twin if twin in VARIANTS else None
+

@@ -19,7 +19,7 @@ from deep_delta.cli import tasks as tasks_cli
 from deep_delta.cli.main import build_parser, command_parser, main
 from deep_delta.data.settings import PrepareSettings
 from deep_delta.eval.settings import BenchSettings, KernelBenchSettings
-from deep_delta.experiments.settings import CoordCheckSettings, TaskSettings
+from deep_delta.experiments.settings import CoordCheckSettings, HeldOutSettings, TaskSettings
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.recipes import compare, tasks
 
@@ -28,6 +28,7 @@ PARSER = build_parser()
 COMMANDS = [
     (("train",), TrainConfig, ()),
     (("compare",), TrainConfig, compare_cli.PER_RUN),
+    (("compare",), HeldOutSettings, ()),
     (("bench",), BenchSettings, ()),
     (("bench-kernels",), KernelBenchSettings, ()),
     (("tasks", "run"), TaskSettings, ()),

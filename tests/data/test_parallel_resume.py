@@ -117,3 +117,24 @@ def test_resume_with_max_tokens_cut(corpus, tmp_path, monkeypatch):
     monkeypatch.undo()
     run(corpus, tmp_path / "o", num_proc=1, max_tokens=30_000)
     assert files(tmp_path / "o") == files(whole)
+
+
+def test_resume_with_a_test_split(corpus, tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    run(corpus, whole, num_proc=1, test_fraction=0.1, shard_tokens=3000)
+    assert len(read_meta(whole)["splits"]["test"]["shards"]) >= 2
+    saved, calls = prep._save_progress, []
+
+    def killed(directory, state):
+        saved(directory, state)
+        calls.append(state)
+        if state["splits"]["test"]["shards"]:
+            raise KeyboardInterrupt  # after the first finished test shard
+
+    monkeypatch.setattr(prep, "_save_progress", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(corpus, tmp_path / "o", num_proc=1, test_fraction=0.1, shard_tokens=3000)
+    assert calls[-1]["splits"]["test"]["shards"]
+    monkeypatch.undo()
+    run(corpus, tmp_path / "o", num_proc=1, test_fraction=0.1, shard_tokens=3000)
+    assert files(tmp_path / "o") == files(whole)

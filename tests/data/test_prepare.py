@@ -162,7 +162,7 @@ def test_failure_leaves_existing_output_untouched(tmp_path):
 
 def test_bad_sources(tmp_path):
     out = tmp_path / "o"
-    with pytest.raises(FileNotFoundError, match="neither 'default', 'fineweb-edu"):
+    with pytest.raises(FileNotFoundError, match=r"neither 'default', a named corpus \(prose-v1\), 'fineweb-edu"):
         prepare(tmp_path / "nope.txt", "byte", out, progress=False)
     (tmp_path / "x.csv").write_text("text\nhi\n")
     with pytest.raises(ValueError, match=r"unsupported suffix '\.csv'; allowed: \.txt, \.jsonl, \.parquet"):

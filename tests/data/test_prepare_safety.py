@@ -35,13 +35,13 @@ def test_ctrl_c_leaves_the_old_output_and_a_resumable_partial_dir(tmp_path, monk
     out = prepared(tmp_path, "o")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     gen = _interrupting(300, _keyboard_interrupt)  # > one encode batch: shards are on disk when it stops
-    monkeypatch.setattr(prep, "resolve_source", lambda spec, text_suffixes=(), exclude=(): Source(gen(), {"source": "test"}))
+    monkeypatch.setattr(prep, "resolve_source", lambda spec, text_suffixes=(), exclude=(), source_dir=None: Source(gen(), {"source": "test"}))
     with pytest.raises(KeyboardInterrupt):
         prepare("x", "byte", out, overwrite=True, shard_tokens=1000, progress=False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     # the finished shards stay beside --out for a rerun to resume; an error of the data removes them
     assert sorted(p.name for p in tmp_path.iterdir()) == [".o.partial", "o", "o.jsonl"]
-    monkeypatch.setattr(prep, "resolve_source", lambda spec, text_suffixes=(), exclude=(): Source(["x", 5], {"source": "test"}))
+    monkeypatch.setattr(prep, "resolve_source", lambda spec, text_suffixes=(), exclude=(), source_dir=None: Source(["x", 5], {"source": "test"}))
     with pytest.raises(TypeError):
         prepare("x", "byte", out, overwrite=True, shard_tokens=1000, progress=False, num_proc=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "o.jsonl"]
@@ -53,7 +53,7 @@ def _killed_prepare(out):
     prep = importlib.import_module("deep_delta.data.prepare")  # the package's `prepare` is the function
 
     gen = _interrupting(300, lambda: os.kill(os.getpid(), signal.SIGKILL))
-    prep.resolve_source = lambda spec, text_suffixes=(), exclude=(): Source(gen(), {"source": "test"})
+    prep.resolve_source = lambda spec, text_suffixes=(), exclude=(), source_dir=None: Source(gen(), {"source": "test"})
     prepare("x", "byte", out, shard_tokens=1000, progress=False)
 
 

@@ -26,12 +26,17 @@ def test_the_help_shows_the_defaults_as_the_flags_read_them():
     parser = command_parser(build_parser(), ["data", "prepare"])
     shown = " ".join(parser.format_help().split())
     assert "--shard-tokens N tokens per shard file (default 100M)" in shown
-    assert "--val-fraction F share of tokens in the validation split, in [0, 1) (default 0.01)" in shown
+    assert ("--val-fraction F share of tokens in the validation split (val, the selection split), in [0, 1) "
+            "(default 0.01)") in shown
+    assert "--test-fraction F share of tokens in the test split" in shown and "less than 1 (default 0.0)" in shown
     assert "--tokenizer {byte,gpt2} byte: UTF-8 bytes" in shown and "--out DIR output directory (created)" in shown
 
 
 @pytest.mark.parametrize("changes, said", [
     ({"val_fraction": 1.5}, r"`val_fraction` got 1.5; allowed: a number in \[0, 1\)"),
+    ({"test_fraction": -0.1}, r"`test_fraction` got -0.1; allowed: a number in \[0, 1\)"),
+    ({"val_fraction": 0.5, "test_fraction": 0.5}, r"`val_fraction` 0.5 and `test_fraction` 0.5 add up to 1; "
+                                                  r"allowed: a sum below 1"),
     ({"shard_tokens": 0}, "`shard_tokens` got 0; allowed: an integer >= 1 and <= 2,147,483,647"),
     ({"shard_tokens": "lots"}, "`shard_tokens` got 'lots'; allowed: an integer"),
     ({"max_tokens": 0}, r"`max_tokens` got 0; allowed: an integer >= 1, or None \(no cap\)"),
@@ -61,6 +66,8 @@ def test_each_bad_setting_is_named(tmp_path, changes, said):
      "PrepareSettings: --bpe-file got 'vocab.bpe' with --tokenizer 'byte'; allowed: a BPE file only with --tokenizer "
      "gpt2"),
     (["--source", "default"], "the following arguments are required: --out"),
+    (["--val-fraction", "0.6", "--test-fraction", "0.5"], "PrepareSettings: --val-fraction 0.6 and --test-fraction "
+                                                          "0.5 add up to 1.1; allowed: a sum below 1"),
 ])
 def test_each_bad_flag_is_a_usage_error_naming_it(tmp_path, capsys, args, said):
     out = [] if "required" in said else ["--out", str(tmp_path / "o")]

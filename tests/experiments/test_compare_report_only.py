@@ -154,7 +154,7 @@ SEED_CASES = {
     "seed copied and relabelled": (
         lambda o, data: (_replace_with(o / "seed_1" / "ddl-dv1", o / "seed_0" / "ddl-dv1"),
                    _edit_run(o / "seed_1" / "ddl-dv1", lambda r: r["train_config"].update(seed=1))),
-        ["hold the same metrics.jsonl: one run copied, its run.json changed to ddl-dv1 seed"]),
+        ["seed_1/ddl-dv1/run.json does not describe its own checkpoint", "(seed: the checkpoint has 0, run.json 1)"]),
     # what a run reports comes from complete files of its own
     "metrics missing": (lambda o, data: (o / "seed_1" / "baseline" / "metrics.jsonl").unlink(),
                         ["seed_1/baseline/metrics.jsonl is missing"]),

@@ -21,20 +21,23 @@ def block_inputs(model: DDLForCausalLM, b: int = 2, t: int = 8):
     cfg = model.config
     channels = cfg.hc_streams if cfg.is_hyper else cfg.value_channels if cfg.value_channels > 1 else None
     shape = (b, t, cfg.hidden_size) + ((channels,) if channels else ())
-    x = torch.randn(shape, requires_grad=True)
     pos = torch.arange(t).unsqueeze(0).expand(b, t)
+    if cfg.is_attnres:  # the state is the tuple of sources: the embedding and two earlier outputs
+        x = tuple(torch.randn(shape, requires_grad=True) for _ in range(3))
+        return x, model.model.rotary(pos, x[0].dtype)
+    x = torch.randn(shape, requires_grad=True)
     return x, model.model.rotary(pos, x.dtype)
 
 
 def run_block(block, x, rope, **kwargs):
     """Forward, then backward of a fixed random projection of every output; returns outputs and grads."""
     state, carry = block(x, Carry(), rope, **kwargs)  # (x_new, what its last update computed for the next sublayer)
-    outs = [state] + ([carry.read] if carry.read is not None else [])
+    outs = (list(state) if isinstance(state, tuple) else [state]) + ([carry.read] if carry.read is not None else [])
     g = torch.Generator().manual_seed(1)
     loss = sum((o * torch.randn(o.shape, generator=g)).sum() for o in outs)
     read = kwargs["emits"][1].read if "emits" in kwargs else None
     params = [p for p in block.parameters()] + [p for p in (read or torch.nn.Module()).parameters()]
-    grads = torch.autograd.grad(loss, [x] + params)
+    grads = torch.autograd.grad(loss, (list(x) if isinstance(x, tuple) else [x]) + params)
     return [o.detach() for o in outs], grads
 
 
@@ -70,7 +73,9 @@ VARIANT_GROUPS = [
     ("ddl-cc", "ddl-cc-noec", "ddl-tc"),
     ("ddl-tc-noec", "hc", "hc-static"),
     ("mhc", "mhc-static", "ddl-dv1-write"),
-    ("ddl-tc-write", "ddl-cc-write"),
+    ("ddl-tc-write", "ddl-cc-write", "peri-ln"),
+    ("ddl-dv1-untied", "ddl-tc-untied", "ddl-cc-untied"),
+    ("attnres", "attnres-block"),
 ]
 
 

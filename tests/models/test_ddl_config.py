@@ -20,15 +20,22 @@ TABLE = {
     "ddl-dv1-write": (1, "none", False),
     "ddl-tc-write": (4, "token", True),
     "ddl-cc-write": (4, "channel", True),
+    # the untied gates (issue 56): their DDL variant's shape, update_rule="untied"
+    "ddl-dv1-untied": (1, "none", False),
+    "ddl-tc-untied": (4, "token", True),
+    "ddl-cc-untied": (4, "channel", True),
 }
 
 
 # the rivals (issue 12, docs/rivals.md): name -> (hc_kind, hc_dynamic)
 HYPER = {"hc": ("hc", True), "hc-static": ("hc", False), "mhc": ("mhc", True), "mhc-static": ("mhc", False)}
+# the rivals of issue 56: Peri-LN (the baseline with an output norm) and Attention Residuals (name -> blocks)
+PERI = {"peri-ln"}
+ATTNRES = {"attnres": None, "attnres-block": 8}
 
 
 def test_variant_table_matches_the_spec():
-    assert set(VARIANTS) == set(TABLE) | set(HYPER) == set(PAPER_NAMES)
+    assert set(VARIANTS) == set(TABLE) | set(HYPER) | PERI | set(ATTNRES) == set(PAPER_NAMES)
     assert set(PRESETS) == {"tiny", "small", "medium"}
     for name, (dv, compressor, ec) in TABLE.items():
         cfg = DDLConfig.from_variant(name)
@@ -36,7 +43,8 @@ def test_variant_table_matches_the_spec():
         assert cfg.residual == ("additive" if name == "baseline" else "delta")
         assert cfg.residual_map == ("v" if name == "ddl-dv1-vmap" else "k")
         assert cfg.variant == name and cfg.preset == "tiny"
-        assert cfg.update_rule == ("write" if name.endswith("-write") else "delta")
+        assert cfg.update_rule == (name.rsplit("-", 1)[1] if name.endswith(("-write", "-untied")) else "delta")
+        assert not cfg.output_norm and cfg.attnres_blocks is None
         # authors' defaults
         assert (cfg.k_eps, cfg.value_scale, cfg.beta_init, cfg.gate) == (1e-5, 4.0, 1.0, "linear")
         if compressor == "token":
@@ -50,6 +58,11 @@ def test_variant_table_matches_the_spec():
         assert (cfg.residual, cfg.hc_kind, cfg.hc_dynamic, cfg.hc_streams, cfg.hc_sinkhorn_iters) == (
             "hyper", kind, dynamic, 4, 20)
         assert (cfg.value_channels, cfg.compressor, cfg.state_init) == (1, "none", "repeat")
+    peri, base = DDLConfig.from_variant("peri-ln").to_dict(), DDLConfig.from_variant("baseline").to_dict()
+    assert {k for k in peri if peri[k] != base[k]} == {"variant", "output_norm"}  # nothing else differs
+    for name, blocks in ATTNRES.items():
+        cfg = DDLConfig.from_variant(name)
+        assert (cfg.residual, cfg.attnres_blocks, cfg.value_channels, cfg.update_rule) == ("attnres", blocks, 1, "delta")
 
 
 def test_default_variants_are_the_main_four_in_table_order():

@@ -35,7 +35,9 @@ def _states(model) -> list[torch.dtype]:
     """Installs hooks that record the dtype of every block's output state; returns the list they fill."""
     seen: list[torch.dtype] = []
     for block in model.model.layers:
-        block.register_forward_hook(lambda mod, args, out: seen.append(out[0].dtype))
+        # an AttnRes state is its tuple of sources: every one is stored in the state's dtype
+        block.register_forward_hook(lambda mod, args, out: seen.extend(
+            t.dtype for t in (out[0] if isinstance(out[0], tuple) else (out[0],))))
     return seen
 
 

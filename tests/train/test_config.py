@@ -103,7 +103,8 @@ def test_every_shipped_config_loads_and_names_resolve():
     assert load_config("small").variant == "baseline"  # a recipe alone: the variant is the default or a flag
     for bad in ("large/ddl-cc", "small/ddl-xx", "small/ddl-cc.yaml", "configs/small.yaml"):
         with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
-                           "with RECIPE one of compare, debug, medium, small, tasks, tiny and VARIANT one of baseline"):
+                           "with RECIPE one of compare, debug, medium, small, tasks, tiny and VARIANT one of attnres, attnres-block, "
+                           "baseline"):
             load_config(bad)
 
 

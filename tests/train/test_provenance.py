@@ -48,6 +48,29 @@ def test_the_fingerprint_tells_data_with_the_same_token_count_apart(tmp_path):
     assert data_fingerprint(one, m1) == data_fingerprint(one, read_meta(one))
 
 
+def test_the_fingerprint_covers_the_test_split(tmp_path):
+    """Data that differs only in its test split (the same train and val shards) has another fingerprint, so run.json
+    tells apart runs whose test numbers came from different test text."""
+    from deep_delta.data import read_meta
+
+    docs = [f"document {i} " * (20 + i) for i in range(40)]
+    one, two = tmp_path / "one", tmp_path / "two"
+    write_dataset(docs, ByteTokenizer(), one, val_fraction=0.1, test_fraction=0.1)
+    write_dataset(docs, ByteTokenizer(), two, val_fraction=0.1, test_fraction=0.1)
+    test_shard = two / "test_000000.bin"
+    data = bytearray(test_shard.read_bytes())
+    data[-2] = ord("X")  # one byte of test text differs
+    test_shard.write_bytes(bytes(data))
+    meta = json.loads((two / "meta.json").read_text())
+    del meta["splits"]["test"]["shards"][0]["sha256"]  # no record: the fingerprint hashes the file itself
+    (two / "meta.json").write_text(json.dumps(meta))
+    m1, m2 = read_meta(one), read_meta(two)
+    assert m1["splits"]["train"] == m2["splits"]["train"] and m1["splits"]["val"] == m2["splits"]["val"]
+    assert data_fingerprint(one, m1) != data_fingerprint(two, m2)
+    m1["splits"]["test"]["shards"][0]["sha256"] = "0" * 64  # a recorded checksum that differs
+    assert data_fingerprint(one, m1) != data_fingerprint(one, read_meta(one))
+
+
 def test_resume_on_data_prepared_again_from_other_text_with_the_same_token_count_is_refused(tmp_path, capsys):
     """Before: only a different token count was refused; the same count trained on the new text without a word."""
     data, out = tmp_path / "data", tmp_path / "run"

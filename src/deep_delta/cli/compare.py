@@ -12,6 +12,7 @@ PER_RUN = ("variant", "out", "wandb_run_name")
 
 
 def add_parser(sub) -> None:
+    from deep_delta.experiments.settings import HeldOutSettings
     from deep_delta.train.config import TrainConfig
     from deep_delta.train.recipes import compare
     from deep_delta.variants import DEFAULT_VARIANTS
@@ -50,6 +51,13 @@ def add_parser(sub) -> None:
                    "the baseline's, e.g. from `ddl bench` on the machine the comparison stands for), so it trains "
                    "round(STEPS / RATIO) steps with its own warm-up and cosine schedule, where STEPS is the "
                    "baseline's (--steps, or each of --lengths); e.g. --step-costs ddl-cc=1.22 ddl-tc=1.45")
+    p.add_argument("--break-even-check", dest="break_even_checks", nargs="+", default=None,
+                   metavar="VARIANT=RATIO",
+                   help="with --eval-seeds: check the break-even ratio r* against an exact run: VARIANT at its "
+                   "chosen lr and the first evaluation seed, trained round(STEPS / RATIO) steps with its own schedule "
+                   "(as --step-costs trains it) in OUT/break_even/r_RATIO/VARIANT; the report prints its final "
+                   "validation loss minus the estimate of VARIANT's STEPS-step curve at that step (the truncated-"
+                   "curve approximation's error); choose RATIO near the r* an earlier report printed")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write OUT/scaling.md, scaling.json and scaling.png from the finished points "
                    "already in OUT (every d<W>_s<STEPS>/ of earlier --widths runs; with --widths / --lengths only "
@@ -70,6 +78,7 @@ def add_parser(sub) -> None:
     options.add_set(p)
     p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
     options.add_progress(p)
+    options.add_settings(p.add_argument_group("evaluation seeds and the test split (with --lrs)"), HeldOutSettings)
     options.add_settings(p.add_argument_group("settings of every run (override the recipe compare or --config)"),
                          TrainConfig, skip=PER_RUN, defaults={**TrainConfig.defaults(), **compare()})
     p.set_defaults(func=run)
@@ -80,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from deep_delta.experiments.compare import run_compare, run_lr_grid
-    from deep_delta.experiments.compare_report import comparison_table, verdicts
+    from deep_delta.experiments.settings import HeldOutSettings
     from deep_delta.train.config import TrainConfig, load_config
 
     given = options.given_settings(args, options.setting_names(TrainConfig, PER_RUN))
+    held = HeldOutSettings(**options.given_settings(args, options.setting_names(HeldOutSettings)))
     if args.report_only:
-        return _report_only(args, given)
+        return _report_only(args, given, held)
     lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
     base = load_config(args.config or "compare", given, args.assignments)  # the recipe `compare` by default
     options.check_wandb_names([n for n in options.WANDB_NAMES if n in given], base.wandb, config=True)
@@ -94,14 +103,14 @@ def run(args: argparse.Namespace) -> int:
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
     step_costs = parse_step_costs(args.step_costs)
-    grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
-    if step_costs:
-        grid += "; equal cost: " + ", ".join(f"{v}'s step {c:g}x the baseline's" for v, c in step_costs.items())
-    steps = "/".join(map(str, args.lengths)) if args.lengths else str(base.steps)
-    widths = f", widths {' '.join(map(str, args.widths))}" if args.widths else ""
-    print(f"ddl compare: {', '.join(variants)} at preset {base.preset}{widths}, {steps} steps x "
-          f"{base.batch_size} x {base.seq_len} tokens each{grid}, paired seeds {', '.join(map(str, seeds))}; "
-          f"{torch.get_num_threads()} CPU thread(s); runs in {args.out}", flush=True)
+    if step_costs:  # refused before the banner announces them
+        from deep_delta.experiments.compare import check_step_costs
+
+        check_step_costs(step_costs, variants, args.lengths or [base.steps],
+                         "lengths" if args.lengths else "steps")
+    checks = parse_step_costs(args.break_even_checks, "break_even_checks")
+    _check_held_out(args, held, lrs, checks)
+    print(_banner(args, base, variants, seeds, lrs, step_costs, held, torch.get_num_threads()), flush=True)
     if lrs is not None:
         from deep_delta.experiments.lr_grid import gap_warning
 
@@ -110,34 +119,82 @@ def run(args: argparse.Namespace) -> int:
             print(f"ddl compare: {warning}", file=sys.stderr, flush=True)
     if args.widths is not None or args.lengths is not None:
         return _run_scaling(args, given, base, variants, seeds, lrs, step_costs)
-    if lrs is None:
-        summary = run_compare(base, variants, args.out, seeds=seeds, overwrite=args.overwrite,
-                              progress=not args.no_progress, time_repeats=args.time_repeats, step_costs=step_costs)
+    kw = dict(seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress, time_repeats=args.time_repeats,
+              step_costs=step_costs)
+    if held.eval_seeds is not None:
+        from deep_delta.experiments.held_out import run_held_out
+
+        summary = run_held_out(base, variants, args.out, lrs, eval_seeds=held.eval_seeds,
+                               eval_seed_start=held.eval_seed_start, test_tokens=held.test_tokens,
+                               break_even_checks=checks, **kw)
+    elif lrs is None:
+        from deep_delta.experiments.compare import run_compare
+
+        summary = run_compare(base, variants, args.out, **kw)
     else:
-        summary = run_lr_grid(base, variants, args.out, lrs, seeds=seeds, overwrite=args.overwrite,
-                              progress=not args.no_progress, time_repeats=args.time_repeats, step_costs=step_costs)
+        from deep_delta.experiments.compare import run_lr_grid
+
+        summary = run_lr_grid(base, variants, args.out, lrs, **kw)
+    return _print_report(args.out, summary, step_costs)
+
+
+def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float]) -> None:
+    """The evaluation seeds go with an lr grid (they report its choice), not with the width / length study; the
+    break-even checks with the evaluation seeds."""
+    if held.eval_seeds is not None and lrs is None:
+        raise ValueError("`eval_seeds` reports fresh seeds at each variant's chosen lr, but no lr grid was given; "
+                         "allowed: with `lrs` (e.g. --lrs 1e-3 2e-3 4e-3)")
+    if held.eval_seeds is not None and (args.widths is not None or args.lengths is not None):
+        raise ValueError("`eval_seeds` with `widths` / `lengths`: the width / length study reports its selection "
+                         "runs; allowed: `eval_seeds` with one comparison (its `lrs`)")
+    if checks and held.eval_seeds is None:
+        raise ValueError("`break_even_checks` checks r* at the first evaluation seed; allowed: with `eval_seeds`")
+
+
+def _banner(args, base, variants: list[str], seeds: list[int], lrs, step_costs: dict[str, float], held,
+            threads: int) -> str:
+    """The line ``ddl compare`` starts with: what it trains, where, and how the lr is chosen and reported."""
+    grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
+    if step_costs:
+        grid += "; equal cost: " + ", ".join(f"{v}'s step {c:g}x the baseline's" for v, c in step_costs.items())
+    steps = "/".join(map(str, args.lengths)) if args.lengths else str(base.steps)
+    widths = f", widths {' '.join(map(str, args.widths))}" if args.widths else ""
+    seeds_text = f"paired seeds {', '.join(map(str, seeds))}"
+    if held.eval_seeds is not None:
+        last = held.eval_seed_start + held.eval_seeds - 1
+        seeds_text = (f"lr chosen on val at the selection seeds {', '.join(map(str, seeds))}, reported on test at the "
+                      f"evaluation seeds {held.eval_seed_start}..{last}")
+    elif lrs:
+        seeds_text += " (lr chosen and reported on the same seeds and validation sample)"
+    return (f"ddl compare: {', '.join(variants)} at preset {base.preset}{widths}, {steps} steps x "
+            f"{base.batch_size} x {base.seq_len} tokens each{grid}, {seeds_text}; {threads} CPU thread(s); runs in "
+            f"{args.out}")
+
+
+def _print_report(out: str, summary: dict, step_costs: dict[str, float] | None = None) -> int:
+    """The report on the terminal (as compare.md has it), the runs that diverged on stderr, the files written;
+    returns the exit code (1 when a run diverged)."""
+    import sys
+
+    from deep_delta.experiments.compare_report import terminal_report
+
     rows = summary["rows"]
     print()
     tokens = max(r["tokens"] for r in rows)
     each = (" per variant" if not step_costs else f" for {summary['reference']} (" + ", ".join(
         f"{r['variant']} {r['tokens']:,}" for r in rows if r["variant"] in step_costs) + ")")
-    print(f"{tokens:,} training tokens{each}; differences against {summary['reference']}; "
-          f"wall time {summary['wall_s']:.0f} s")
-    if lrs is not None:
-        from deep_delta.experiments.lr_grid import grid_table
-
-        print("final validation loss at every lr (bold: each variant's chosen lr, on validation loss)")
-        print(grid_table(summary["lr_selection"]["chosen"], lrs, lambda x: format(x, ".4f")) + "\n")
-    print(comparison_table(summary))
-    print("\n".join(verdicts(summary)))
+    wall = f"; wall time {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else ""
+    print(f"{tokens:,} training tokens{each}; differences against {summary['reference']}{wall}")
+    print(terminal_report(summary))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:
         print(f"ddl compare: {r['variant']} diverged: {r['diverged']}", file=sys.stderr)
-    _say_written(args.out, summary)
+    _say_written(out, summary)
     return 1 if failed else 0
 
 
-COMPARE_FILES = ("compare.md", "compare.json", "curves.png", "lr_sensitivity.png")
+COMPARE_FILES = ("compare.md", "compare.json", "curves.png", "lr_sensitivity.png", "selection.md", "selection.json",
+                 "selection_curves.png")
 SCALING_FILES = ("scaling.md", "scaling.json", "scaling.png")
 
 
@@ -147,14 +204,16 @@ def _say_written(out: str, summary: dict, names: tuple[str, ...] = COMPARE_FILES
     from pathlib import Path
 
     written = [f"{out}/{name}" for name in names if (Path(out) / name).is_file()
-               and (name != "lr_sensitivity.png" or summary.get("lr_selection"))]
+               and (name != "lr_sensitivity.png" or summary.get("lr_selection"))
+               and (not name.startswith("selection") or summary.get("held_out"))]
     for note in summary.get("notes", []):
         print(f"note: {note}")
     print(f"\nwrote {', '.join(written)}")
 
 
-def parse_step_costs(items: list[str] | None) -> dict[str, float]:
-    """``--step-costs VARIANT=RATIO ...`` as {variant: ratio}; a malformed item is an error naming it."""
+def parse_step_costs(items: list[str] | None, name: str = "step_costs") -> dict[str, float]:
+    """``--step-costs VARIANT=RATIO ...`` (or ``--break-even-check``: ``name``) as {variant: ratio}; a malformed
+    item is an error naming it."""
     costs = {}
     for item in items or []:
         variant, sep, ratio = item.partition("=")
@@ -163,9 +222,9 @@ def parse_step_costs(items: list[str] | None) -> dict[str, float]:
         except ValueError:
             value = None
         if value is None:
-            raise ValueError(f"`step_costs` got {item!r}; allowed: VARIANT=RATIO, e.g. ddl-cc=1.22")
+            raise ValueError(f"`{name}` got {item!r}; allowed: VARIANT=RATIO, e.g. ddl-cc=1.22")
         if variant in costs:
-            raise ValueError(f"`step_costs` names {variant!r} twice; allowed: each variant once")
+            raise ValueError(f"`{name}` names {variant!r} twice; allowed: each variant once")
         costs[variant] = value
     return costs
 
@@ -192,39 +251,30 @@ def _run_scaling(args: argparse.Namespace, given: dict, base, variants: list[str
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
 
 
-def _report_only(args: argparse.Namespace, given: dict) -> int:
+def _report_only(args: argparse.Namespace, given: dict, held) -> int:
     """``--report-only``: from what OUT holds, training nothing: the width / length study's summary from its
-    finished points (``d<W>_s<N>/``), or else one comparison's (with an lr grid: each lr's and the best-lr one)
-    from its finished run directories; ``given``: the settings given on the command line, each of them an option
-    that trains (refused)."""
-    from pathlib import Path
+    finished points (``d<W>_s<N>/``), or else one comparison's (with an lr grid: each lr's and the best-lr one;
+    with evaluation seeds, the selection's and the evaluation's) from its finished run directories; ``given``: the
+    settings given on the command line, each of them an option that trains (refused)."""
 
-    from deep_delta.experiments.scaling import collect_scaling, format_scaling
+    from deep_delta.experiments.scaling import collect_scaling, format_scaling, has_points
     from deep_delta.variants import DEFAULT_VARIANTS
 
     trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
               "--time-repeats": args.time_repeats != 5, "--step-costs": args.step_costs is not None,
               "--lrs": args.lrs is not None, "--seeds": args.seeds is not None, "--config": args.config is not None,
-              "--overwrite": args.overwrite}
+              "--overwrite": args.overwrite, "--eval-seeds": held.eval_seeds is not None,
+              "--eval-seed-start": held.eval_seed_start != 100, "--test-tokens": held.test_tokens is not None,
+              "--break-even-check": args.break_even_checks is not None}
     refused = [flag for flag, on in trains.items() if on] + ["--" + k.replace("_", "-") for k in given]
     if refused:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "
                          "--widths and --lengths (which points to summarise), --threads, --no-progress")
-    if args.widths is None and args.lengths is None and not any(Path(args.out).glob("d*_s*")):
-        return _report_comparison(args.out)
+    if args.widths is None and args.lengths is None and not has_points(args.out):
+        from deep_delta.experiments.collect import collect_comparison
+
+        return _print_report(args.out, collect_comparison(args.out))
     summary = collect_scaling(args.out, widths=args.widths, lengths=args.lengths)
     print(format_scaling(summary))
     _say_written(args.out, summary, SCALING_FILES)
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
-
-
-def _report_comparison(out: str) -> int:
-    """``--report-only`` on a comparison's OUT: its report from the finished runs there."""
-    from deep_delta.experiments.compare import collect_comparison
-    from deep_delta.experiments.compare_report import comparison_table, verdicts
-
-    summary = collect_comparison(out)
-    print(comparison_table(summary))
-    print("\n".join(verdicts(summary)))
-    _say_written(out, summary)
-    return 1 if any(r.get("diverged") for r in summary["rows"]) else 0

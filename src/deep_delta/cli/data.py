@@ -22,15 +22,18 @@ def add_parser(sub) -> None:
 
     pp = data_sub.add_parser(
         "prepare",
-        help="tokenize a source into train/val shards",
+        help="tokenize a source into train/val(/test) shards",
         description="Tokenize SOURCE into OUT/train_000000.bin, ..., OUT/val_000000.bin, ... and OUT/meta.json.\n"
-        "Every document ends with the end-of-text token; the validation split is whole documents\n"
-        "(about --val-fraction of the tokens, chosen deterministically along the stream).",
+        "Every document ends with the end-of-text token; the validation split (val, the selection split) is\n"
+        "whole documents (about --val-fraction of the tokens, chosen deterministically along the stream), and\n"
+        "so is the test split (test_*.bin, about --test-fraction of them, apart from train and val) when asked for.",
         epilog="examples:\n"
         "  ddl data prepare --out data/pydoc\n"
         "  ddl data prepare --source corpus.jsonl --tokenizer gpt2 --out data/corpus\n"
         "  ddl data prepare --source 'fineweb/sample/10BT/*.parquet' --tokenizer gpt2 --max-tokens 1B --out data/fw\n"
         "  ddl data prepare --source fineweb-edu:sample-10BT --tokenizer gpt2 --max-tokens 100M --out data/fw100m\n"
+        "  ddl data prepare --source prose-v1 --val-fraction 0.02 --test-fraction 0.02 --num-proc 1 \\\n"
+        "      --out ~/.cache/deep_delta/data/prose-v1-byte\n"
         "  ddl data prepare --source /usr/lib/python3/dist-packages --text-suffixes .py .md --out data/code",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -66,9 +69,15 @@ def run_prepare(args: argparse.Namespace) -> int:
     import time
 
     from deep_delta.cli.main import UsageError
-    from deep_delta.data import DataUnavailableError, PrepareSettings, prepare_from
+    from deep_delta.data import DataUnavailableError, PrepareSettings, find_prepared, prepare_from
 
     settings = PrepareSettings(**options.given_settings(args, options.setting_names(PrepareSettings)))
+    found = find_prepared(settings)
+    if found is not None:
+        print(f"{settings.out} already holds {found['source']} prepared with these settings ({found['num_tokens']:,} "
+              f"tokens; meta.json and the shard headers agree): nothing to do")
+        _print_splits(found)
+        return 0
     start = time.perf_counter()
     try:
         meta = prepare_from(settings)
@@ -79,13 +88,22 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
           f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
     _print_splits(meta)
+    for p in meta.get("packages") or []:  # a named corpus: what each package gave
+        print(f"  from {p['name']} {p['version']}: {p['documents']:,} documents, {p['bytes']:,} bytes; "
+              f"{p['duplicates']:,} duplicates removed")
     skipped = meta.get("skipped_outputs") or {}
     if skipped:
         listed = "; ".join(f"{d} ({what})" for d, what in list(skipped.items())[:5])
         more = f"; and {len(skipped) - 5} more (meta.json lists them)" if len(skipped) > 5 else ""
         print(f"  skipped {len(skipped)} folder(s) our commands wrote, never read as text: {listed}{more}")
     val = meta["splits"]["val"]["num_tokens"]
-    if meta.get("split_by") == "tokens":
+    test = meta["splits"].get("test", {}).get("num_tokens", 0)
+    if meta.get("split_by") == "tokens" and test:
+        print(f"  split by tokens: whole documents ({meta['num_documents']:,}) cannot give --val-fraction "
+              f"{meta['val_fraction']} and --test-fraction {meta['test_fraction']}, so the stream of the train, "
+              f"validation and test documents is cut twice: its last {test:,} tokens are the test split and the "
+              f"{val:,} before them the validation split (a document at each cut is cut in two)")
+    elif meta.get("split_by") == "tokens":
         print(f"  split by tokens: whole documents ({meta['num_documents']:,}) cannot give --val-fraction "
               f"{meta['val_fraction']}, so the last {val:,} tokens of the train documents followed by the validation "
               "ones are the validation split (one document is cut in two)")

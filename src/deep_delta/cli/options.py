@@ -231,8 +231,14 @@ def check_wandb_names(given: Sequence[str], wandb: bool, *, config: bool = False
                          + (" (or wandb: true in the config)" if config else ""))
 
 
+# What argparse reads as a negative number rather than an option (its own pattern misses 1e-3's exponent: `--lrs
+# -1e-3` was "expected at least one argument"); a value it lets through is then refused by the option's own check.
+NEGATIVE_NUMBER = re.compile(r"^-\d*\.?\d+(?:[eE][-+]?\d+)?$")
+
+
 def add_lrs(p: argparse.ArgumentParser, what: str) -> None:
-    """``--lrs LR ...``: a learning-rate grid; :func:`lr_grid` reads it."""
+    """``--lrs LR ...``: a learning-rate grid; :func:`lr_grid` reads it (a negative lr reaches its check)."""
+    p._negative_number_matcher = NEGATIVE_NUMBER
     p.add_argument("--lrs", type=real, nargs="+", default=None, metavar="LR",
                    help=f"a learning-rate grid (--lrs 5e-4 1e-3 2e-3 4e-3): {what} is trained at every lr and "
                    "every seed, and reported at its own best lr, chosen on validation data only; also writes "

@@ -38,8 +38,11 @@ def available_splits(data_dir: str | os.PathLike) -> list[str]:
 
 def missing_split_hint(split: str, meta: dict | None) -> str:
     """How to get a split that ``meta`` (None: no meta.json) does not have shards for."""
+    if split == "test":
+        return ("this data has no test split; prepare it again with `ddl data prepare --test-fraction F` (F > 0, "
+                "e.g. 0.02) to get one")
     if split != "val":
-        return "prepare the data with `ddl data prepare` (it writes the splits train and val)"
+        return "prepare the data with `ddl data prepare` (it writes the splits train and val, and test if asked)"
     why = " (it was prepared with --val-fraction 0)" if meta is not None and meta.get("val_fraction") == 0 else ""
     return (f"this data has no validation split{why}; prepare it again with `ddl data prepare --val-fraction F` "
             f"(F > 0, e.g. 0.01) to get one, or train without validation")

@@ -62,8 +62,12 @@ def validate_meta(meta: dict, path: str | os.PathLike) -> dict:
         raise bad("shard_tokens", meta["shard_tokens"], f"an integer in 1..{MAX_TOKENS}")
     if meta.get("max_tokens") is not None and not (_is_int(meta["max_tokens"]) and meta["max_tokens"] >= 1):
         raise bad("max_tokens", meta["max_tokens"], "null or an integer >= 1")
-    if "val_fraction" in meta and not (_is_number(meta["val_fraction"]) and 0 <= meta["val_fraction"] < 1):
-        raise bad("val_fraction", meta["val_fraction"], "a number in [0, 1)")
+    for key in ("val_fraction", "test_fraction"):
+        if key in meta and not (_is_number(meta[key]) and 0 <= meta[key] < 1):
+            raise bad(key, meta[key], "a number in [0, 1)")
+    if "test_fraction" in meta and meta["test_fraction"] + meta.get("val_fraction", 0) >= 1:
+        raise bad("test_fraction", meta["test_fraction"], f"a number below 1 - val_fraction "
+                  f"({meta.get('val_fraction', 0)!r})")
     if "truncated" in meta and not isinstance(meta["truncated"], bool):
         raise bad("truncated", meta["truncated"], "true or false")
     if "split_by" in meta and meta["split_by"] not in SPLIT_BY:

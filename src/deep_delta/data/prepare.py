@@ -1,9 +1,10 @@
-"""``prepare``: tokenize a source into train/val token shards plus ``meta.json``.
+"""``prepare``: tokenize a source into train/val(/test) token shards plus ``meta.json``.
 
 Output directory layout::
 
     train_000000.bin, train_000001.bin, ...   (llm.c / modded-nanogpt shards, see shards.py)
-    val_000000.bin, ...                       (absent when val_fraction == 0)
+    val_000000.bin, ...                       (the selection split; absent when val_fraction == 0)
+    test_000000.bin, ...                      (only when test_fraction > 0)
     meta.json                                 (tokenizer, vocab_size, eot_token, counts, source, split_by)
 
 Every document is followed by the end-of-text token. The validation split is a deterministic, streaming
@@ -20,6 +21,11 @@ cut so that the last ``round(val_fraction * N)`` tokens are the validation split
 The output is built in a temporary directory beside ``out_dir`` and renamed into place at the end, so a
 failure (an unreachable Hub, a bad record, Ctrl-C) leaves any existing ``out_dir`` untouched; temporary
 directories of a run that was killed are removed by the next one.
+
+A test split (``test_fraction`` > 0) is chosen by the same rule as the validation split and before it: each
+document goes to test if it brings the test share closer to ``test_fraction``, else to validation if it brings
+that share closer to ``val_fraction``, else to training; the three are disjoint sets of whole documents. A split
+by tokens cuts the stream of train, validation and test documents twice.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deep_delta.data.corpora import named_corpus
 from deep_delta.data.errors import DataError
 from deep_delta.data.loader import available_splits, split_shards, token_id_error
 from deep_delta.data.meta import META_FILE, read_meta, require_data_dir, validate_meta
@@ -59,14 +66,16 @@ from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
 from deep_delta.fsutil import atomic_write, dir_lock, lock_held, refuse_replaced_dir, remove_stale, swap_in
 
-__all__ = ["META_FILE", "check_data_dir", "inspect_data_dir", "prepare", "prepare_from", "read_meta",
-           "write_dataset"]
+__all__ = ["META_FILE", "check_data_dir", "find_prepared", "inspect_data_dir", "prepare", "prepare_from",
+           "read_meta", "write_dataset"]
 
 META_FORMAT = "deep_delta.tokens/3"  # /2: closest-share validation rule; /3: per-shard bytes, max id, sha256
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
-# how far (relative to val_fraction) the whole-document split's validation share may end from val_fraction
+# how far (relative to its fraction) a held-out split's share may end from the fraction, by whole documents,
 # before the split is by tokens instead
 SPLIT_TOLERANCE = 0.2
+SPLITS = ("train", "val", "test")  # in the order of the stream that a split by tokens cuts
+HELD_OUT = ("test", "val")  # the splits that take whole documents from the stream, in the order they choose
 
 
 _PROGRESS_FILE = ".prepare-progress.json"  # in a resumable build directory: finished shards and where to resume
@@ -141,19 +150,21 @@ class _SplitWriter:
         return {"num_tokens": self.num_tokens, "num_documents": self.num_documents, "shards": self.shards}
 
 
-def _to_val(val_tokens: int, total: int, n: int, val_fraction: float) -> bool:
-    """Whether the next document (``n`` tokens) goes to validation: always the first one (so the split is never
-    empty), then whenever adding it brings the validation share closer to ``val_fraction``."""
-    if val_fraction <= 0:
+def _joins(split_tokens: int, total: int, n: int, fraction: float) -> bool:
+    """Whether the next document (``n`` tokens) goes to a held-out split that holds ``split_tokens`` of the
+    ``total`` tokens so far: never when ``fraction`` is 0, else always the first one (so the split is never
+    empty), then whenever adding it brings the split's share closer to ``fraction``."""
+    if fraction <= 0:
         return False
-    if val_tokens == 0:
+    if split_tokens == 0:
         return True
-    target = val_fraction * (total + n)
-    return abs(val_tokens + n - target) <= abs(val_tokens - target)
+    target = fraction * (total + n)
+    return abs(split_tokens + n - target) <= abs(split_tokens - target)
 
 
-def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int, max_tokens: int | None) -> None:
-    check_sharding(val_fraction, shard_tokens, max_tokens)
+def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int, max_tokens: int | None,
+                   test_fraction: float = 0.0) -> None:
+    check_sharding(val_fraction, shard_tokens, max_tokens, test_fraction)
     if tokenizer.name not in TOKENIZERS:
         raise ValueError(f"tokenizer name {tokenizer.name!r}: allowed: one of {', '.join(TOKENIZERS)} (meta.json "
                          f"records the name, and readers of the data build the tokenizer from it)")
@@ -165,15 +176,16 @@ def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int,
 
 
 class _Assembler:
-    """The sequential part of preparation: each tokenized document goes to train or val in source order, the
-    ``max_tokens`` cut, and (with ``resume``) a progress record after every finished shard."""
+    """The sequential part of preparation: each tokenized document goes to test, val or train in source order
+    (:data:`HELD_OUT`, :func:`_joins`), the ``max_tokens`` cut, and (with ``resume``) a progress record after
+    every finished shard."""
 
-    def __init__(self, directory: Path, val_fraction: float, shard_tokens: int, max_tokens: int | None,
+    def __init__(self, directory: Path, fractions: dict[str, float], shard_tokens: int, max_tokens: int | None,
                  settings: dict | None) -> None:
-        self.directory, self.val_fraction, self.max_tokens = directory, val_fraction, max_tokens
+        self.directory, self.fractions, self.max_tokens = directory, fractions, max_tokens
         self.settings = settings  # None: no progress record (not resumable)
-        self.train = _SplitWriter(directory, "train", shard_tokens)
-        self.val = _SplitWriter(directory, "val", shard_tokens)
+        self.writers = {split: _SplitWriter(directory, split, shard_tokens) for split in SPLITS}
+        self.train = self.writers["train"]
         self.doc = self.total = 0
         self.truncated = False
 
@@ -190,7 +202,9 @@ class _Assembler:
             if self.max_tokens is not None and self.total + n >= self.max_tokens:
                 self.truncated = self.total + n > self.max_tokens
                 piece = piece[: self.max_tokens - self.total]
-            writer = self.val if _to_val(self.val.num_tokens, self.total, len(piece), self.val_fraction) else self.train
+            writer = next((self.writers[s] for s in HELD_OUT
+                           if _joins(self.writers[s].num_tokens, self.total, len(piece), self.fractions[s])),
+                          self.train)
             shards = len(writer.shards)
             writer.add(piece)
             self.doc += 1
@@ -203,7 +217,7 @@ class _Assembler:
 
     def checkpoint(self) -> None:
         """Record the finished shards, the buffered tokens of both splits and the next document's number."""
-        splits = {w.split: w.persist() for w in (self.train, self.val)}
+        splits = {w.split: w.persist() for w in self.writers.values()}
         state = {"settings": self.settings, "doc": self.doc, "total": self.total, "truncated": self.truncated,
                  "splits": splits}
         _save_progress(self.directory, state)
@@ -216,7 +230,7 @@ class _Assembler:
         """Continue from a progress record: finished shards and saved buffers are kept, the next document is
         the first one not yet added."""
         self.doc, self.total, self.truncated = state["doc"], state["total"], state["truncated"]
-        for w in (self.train, self.val):
+        for w in self.writers.values():
             w.restore(state["splits"][w.split])
 
 
@@ -280,6 +294,7 @@ def write_dataset(
     directory: str | os.PathLike,
     *,
     val_fraction: float = DEFAULT_VAL_FRACTION,
+    test_fraction: float = 0.0,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     max_tokens: int | None = None,
     source_info: dict | None = None,
@@ -291,12 +306,14 @@ def write_dataset(
     """Tokenize ``documents`` into shards and ``meta.json`` in ``directory`` (created if needed, written in
     place: use :func:`prepare` for the atomic, overwrite-safe version). Returns the metadata written.
 
-    ``max_tokens`` caps the total (train + val) token count; the document that reaches it is cut there.
+    ``val_fraction`` and ``test_fraction`` are the shares of the held-out splits ``val`` and ``test`` (whole
+    documents; a ``test`` split is written only when ``test_fraction`` > 0). ``max_tokens`` caps the total (all
+    splits) token count; the document that reaches it is cut there.
     ``num_proc`` processes tokenize (the shards are the same for any number). With ``resume``, a progress
     record is kept in ``directory`` after every finished shard, and a directory holding one from a run with
     the same settings (and ``source_stamp``, e.g. the source files' sizes and times) continues from it.
     """
-    _check_options(tokenizer, val_fraction, shard_tokens, max_tokens)
+    _check_options(tokenizer, val_fraction, shard_tokens, max_tokens, test_fraction)
     num_proc = check_num_proc(num_proc)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -305,8 +322,9 @@ def write_dataset(
     if resume:
         settings = {"format": META_FORMAT, "tokenizer": [tokenizer.name, int(tokenizer.vocab_size),
                     int(tokenizer.eot_token)], "source": source_info, "stamp": source_stamp,
-                    "val_fraction": val_fraction, "shard_tokens": shard_tokens, "max_tokens": max_tokens}
-    asm = _Assembler(directory, val_fraction, shard_tokens, max_tokens, settings)
+                    "val_fraction": val_fraction, "test_fraction": test_fraction, "shard_tokens": shard_tokens,
+                    "max_tokens": max_tokens}
+    asm = _Assembler(directory, {"val": val_fraction, "test": test_fraction}, shard_tokens, max_tokens, settings)
     if resume:
         state = _load_progress(directory, settings)
         if state is not None:
@@ -322,15 +340,16 @@ def write_dataset(
 
 
 def _finish(directory: Path, tokenizer: Tokenizer, asm: _Assembler, source_info: dict, shard_tokens: int) -> dict:
-    """Write the last shards and ``meta.json``."""
-    train, val = asm.train, asm.val
-    documents = train.num_documents + val.num_documents
-    split_by = "documents" if asm.val_fraction > 0 else "none"
-    if asm.val_fraction > 0 and not _share_holds(val.num_tokens, asm.total, asm.val_fraction):
-        # documents too large for the fraction (one .txt file is one document; a few large files)
-        train, val = _split_by_tokens(directory, train, val, asm.val_fraction, shard_tokens, tokenizer.eot_token)
+    """Write the last shards and ``meta.json`` (the ``test`` split only when ``test_fraction`` > 0)."""
+    writers, fractions = asm.writers, asm.fractions
+    documents = sum(w.num_documents for w in writers.values())
+    held_out = any(f > 0 for f in fractions.values())
+    split_by = "documents" if held_out else "none"
+    if held_out and not _shares_hold({s: w.num_tokens for s, w in writers.items()}, asm.total, fractions):
+        # documents too large for the fractions (one .txt file is one document; a few large files)
+        writers = _split_by_tokens(directory, writers, fractions, shard_tokens, tokenizer.eot_token)
         split_by = "tokens"
-    splits = {"train": train.close(), "val": val.close()}
+    splits = {s: w.close() for s, w in writers.items() if s != "test" or fractions["test"] > 0}
     meta = {
         "format": META_FORMAT,
         "shard_layout": "llm.c/modded-nanogpt .bin: 256 x int32 header (magic 20240520, version 1, count), uint16",
@@ -342,7 +361,8 @@ def _finish(directory: Path, tokenizer: Tokenizer, asm: _Assembler, source_info:
         "num_tokens": asm.total,
         "num_documents": documents,
         "truncated": asm.truncated,
-        "val_fraction": asm.val_fraction,
+        "val_fraction": fractions["val"],
+        "test_fraction": fractions["test"],
         "shard_tokens": shard_tokens,
         "max_tokens": asm.max_tokens,
         "split_by": split_by,
@@ -353,55 +373,62 @@ def _finish(directory: Path, tokenizer: Tokenizer, asm: _Assembler, source_info:
     return meta
 
 
-def _share_holds(val_tokens: int, total: int, val_fraction: float) -> bool:
-    """Whether a whole-document split with ``val_tokens`` of ``total`` in validation gives ``val_fraction``:
-    a validation share within :data:`SPLIT_TOLERANCE` (relative) of it, and some tokens left for training."""
-    return val_tokens < total and abs(val_tokens - val_fraction * total) <= SPLIT_TOLERANCE * val_fraction * total
+def _shares_hold(counts: dict[str, int], total: int, fractions: dict[str, float]) -> bool:
+    """Whether a whole-document split with ``counts`` tokens per split (of ``total``) gives the held-out
+    ``fractions``: each share within :data:`SPLIT_TOLERANCE` (relative) of its fraction, and some tokens left for
+    training."""
+    return counts["train"] > 0 and all(abs(counts[s] - f * total) <= SPLIT_TOLERANCE * f * total
+                                       for s, f in fractions.items())
 
 
-def _split_by_tokens(directory: Path, train_stream: _SplitWriter, val_stream: _SplitWriter, val_fraction: float,
-                     shard_tokens: int, eot: int) -> tuple[_SplitWriter, _SplitWriter]:
-    """Re-split by tokens what the whole-document split wrote: the train documents then the validation
-    documents as one stream, the last ``round(val_fraction * N)`` tokens (at least 1) of it to val, the rest to
-    train. Returns the new (train, val)."""
-    parts = [train_stream.close(), val_stream.close()]
+def _split_by_tokens(directory: Path, streams: dict[str, _SplitWriter], fractions: dict[str, float],
+                     shard_tokens: int, eot: int) -> dict[str, _SplitWriter]:
+    """Re-split by tokens what the whole-document split wrote: the train, val and test documents, in that order,
+    as one stream, whose last ``round(test_fraction * N)`` tokens go to test, the ``round(val_fraction * N)``
+    before them to val (each at least 1 when its fraction is > 0) and the rest to train. Returns the new
+    writers."""
+    parts = [streams[s].close() for s in SPLITS]
     total = sum(p["num_tokens"] for p in parts)
     documents = sum(p["num_documents"] for p in parts)
-    n_val = max(1, round(val_fraction * total))
-    n_train = total - n_val
-    if n_train < 1:
+    counts = {s: max(1, round(fractions[s] * total)) if fractions[s] > 0 else 0 for s in HELD_OUT}
+    counts["train"] = total - sum(counts.values())
+    if counts["train"] < 1:
+        names = ["train", *({"val": "validation", "test": "test"}[s] for s in ("val", "test") if counts[s])]
+        what = f"a {names[0]} and a {names[1]} split" if len(names) == 2 else "train, validation and test splits"
         raise DataError(
-            f"the source gave {total} token(s) in {documents} document(s): too few for a train and a "
-            f"validation split; allowed: at least 2 tokens (more data, a larger --max-tokens, or --val-fraction 0)"
+            f"the source gave {total} token(s) in {documents} document(s): too few for {what}; "
+            f"allowed: at least {total - counts['train'] + 1} tokens (more data, a larger --max-tokens, or smaller "
+            f"--val-fraction / --test-fraction)"
         )
     moved = []
     for s in (s for p in parts for s in p["shards"]):  # set the shards aside: the new shards take their names
         aside = directory / f".resplit-{s['file']}"
         os.replace(directory / s["file"], aside)
         moved.append(aside)
-    train = _SplitWriter(directory, "train", shard_tokens)
-    val = _SplitWriter(directory, "val", shard_tokens)
-    done = complete_in_train = 0
-    last_train = eot
+    writers = {s: _SplitWriter(directory, s, shard_tokens) for s in SPLITS}
+    ends = dict(zip(SPLITS, itertools.accumulate(counts[s] for s in SPLITS)))  # where each split's tokens end
+    eots, last = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, eot)
+    done = 0
     chunk = 1 << 24
     for path in moved:
         tokens = open_shard(path)
         for a in range(0, len(tokens), chunk):
             part = np.array(tokens[a : a + chunk])
-            cut = min(max(n_train - done, 0), len(part))
-            if cut:
-                train.add(part[:cut], documents=0)
-                complete_in_train += int(np.count_nonzero(part[:cut] == eot))
-                last_train = int(part[cut - 1])
-            if cut < len(part):
-                val.add(part[cut:], documents=0)
+            lo = 0
+            for s in SPLITS:
+                hi = min(max(ends[s] - done, 0), len(part))
+                if hi > lo:
+                    writers[s].add(part[lo:hi], documents=0)
+                    eots[s] += int(np.count_nonzero(part[lo:hi] == eot))
+                    last[s] = int(part[hi - 1])
+                    lo = hi
             done += len(part)
         del tokens
         path.unlink()
-    # a document belongs to each split it has tokens in: the one cut in two is counted in both
-    train.num_documents = complete_in_train + (last_train != eot)
-    val.num_documents = documents - complete_in_train
-    return train, val
+    # a document belongs to each split it has tokens in: one cut in two is counted in both
+    for s in SPLITS:
+        writers[s].num_documents = eots[s] + (last[s] != eot)
+    return writers
 
 
 @dataclass
@@ -527,6 +554,7 @@ def prepare(
     out_dir: str | os.PathLike,
     *,
     val_fraction: float = DEFAULT_VAL_FRACTION,
+    test_fraction: float = 0.0,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     max_tokens: int | None = None,
     overwrite: bool = False,
@@ -534,50 +562,63 @@ def prepare(
     progress: bool = True,
     num_proc: int | None = None,
     text_suffixes: tuple[str, ...] = (),
+    source_dir: str | os.PathLike | None = None,
 ) -> dict:
     """Tokenize ``source`` with ``tokenizer`` into ``out_dir`` and return the metadata written to ``meta.json``.
     The options are those of :class:`~deep_delta.data.settings.PrepareSettings` (which checks them; ``ddl data
     prepare``'s flags), ``out_dir`` its ``out``; :func:`prepare_from` takes them as one object.
 
     Args:
-        source: "default" (the embedded ``pydoc_data.topics`` text), "fineweb-edu" / "fineweb-edu:CONFIG"
-            (e.g. sample-10BT, sample-100BT; streamed from the Hub), or a local ``.txt`` / ``.jsonl`` /
-            ``.parquet`` file, directory or glob (records' ``"text"``; a ``.txt`` file is one document).
+        source: "default" (the embedded ``pydoc_data.topics`` text), a named corpus ("prose-v1": pinned package
+            files, :mod:`deep_delta.data.corpora`), "fineweb-edu" / "fineweb-edu:CONFIG" (e.g. sample-10BT,
+            sample-100BT; streamed from the Hub), or a local ``.txt`` / ``.jsonl`` / ``.parquet`` file, directory
+            or glob (records' ``"text"``; a ``.txt`` file is one document).
         tokenizer: "byte", "gpt2", or a tokenizer object (see :mod:`deep_delta.data.tokenizers`).
         out_dir: output directory; an existing non-empty one is replaced only with ``overwrite=True`` (and only
             if it holds nothing but shards and meta.json).
-        val_fraction: share of tokens in the validation split, in [0, 1): whole documents, or split by tokens
-            when whole documents cannot come within ``SPLIT_TOLERANCE`` of it (see the module docstring).
+        val_fraction: share of tokens in the validation split (``val``, the selection split), in [0, 1): whole
+            documents, or split by tokens when whole documents cannot come within ``SPLIT_TOLERANCE`` of it (see
+            the module docstring).
+        test_fraction: share of tokens in the test split (``test``), in [0, 1), chosen like ``val``'s and apart
+            from it; 0 writes no test split. ``val_fraction + test_fraction`` must be below 1.
         shard_tokens: tokens per shard (the last shard of a split holds the rest).
-        max_tokens: cap on the total number of tokens (train + val); None reads the whole source.
+        max_tokens: cap on the total number of tokens (all splits); None reads the whole source.
         bpe_file: local GPT-2 BPE for ``tokenizer="gpt2"`` (see :func:`get_tokenizer`).
         progress: show a progress bar (on a terminal).
         num_proc: tokenizing processes (None: the CPUs available to this process); the output is the same.
         text_suffixes: for a local directory or glob, more suffixes of files read as plain text, one document
             per file (e.g. ``(".py", ".md")``: a corpus from the source files on a disk).
+        source_dir: for a named corpus, a directory of its package files downloaded beforehand (default: fetched
+            once into ``<cache>/sources/NAME``).
 
-    The data is built in ``.OUT.partial`` beside ``out_dir`` and renamed into place when complete. An error
+    A named corpus's preparation is cached: when ``out_dir`` already holds it with these settings
+    (:func:`find_prepared`) its metadata is returned at once. The data is built in ``.OUT.partial`` beside ``out_dir`` and renamed into place when complete. An error
     removes it; an interrupted run (Ctrl-C, a kill) leaves it, and a rerun with the same settings keeps its
     finished shards and redoes the rest.
     """
     s = PrepareSettings(source=source, tokenizer=tokenizer if isinstance(tokenizer, str) else tokenizer.name,
-                        out=out_dir, val_fraction=val_fraction, shard_tokens=shard_tokens, max_tokens=max_tokens,
+                        out=out_dir, val_fraction=val_fraction, test_fraction=test_fraction,
+                        shard_tokens=shard_tokens, max_tokens=max_tokens,
                         overwrite=overwrite, bpe_file=bpe_file, progress=progress, num_proc=num_proc,
-                        text_suffixes=text_suffixes)
+                        text_suffixes=text_suffixes, source_dir=source_dir)
+    found = find_prepared(s)
+    if found is not None:
+        return found
     tok = get_tokenizer(s.tokenizer, bpe_file=s.bpe_file) if isinstance(tokenizer, str) else tokenizer
-    _check_options(tok, s.val_fraction, s.shard_tokens, s.max_tokens)
+    _check_options(tok, s.val_fraction, s.shard_tokens, s.max_tokens, s.test_fraction)
     num_proc = default_num_proc() if s.num_proc is None else s.num_proc
     out = Path(s.out).expanduser()
     refuse_replaced_dir(out, "out_dir", itself=False)  # data inside a run's checkpoints or a model is lost with it
     _check_output(out, s.overwrite)
     staging = partial_dir(out)
-    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging))
+    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging), source_dir=s.source_dir)
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)
         with dir_lock(staging, "ddl data prepare", name=_LOCK_FILE,
                       busy=f"another `ddl data prepare` is writing {out}; wait for it or choose another --out"):
             meta = write_dataset(src.documents, tok, staging, val_fraction=s.val_fraction,
+                                 test_fraction=s.test_fraction,
                                  shard_tokens=s.shard_tokens, max_tokens=s.max_tokens, source_info=src.info,
                                  progress=s.progress, num_proc=num_proc, resume=True,
                                  source_stamp=_source_stamp(src.info))
@@ -594,6 +635,28 @@ def prepare(
         _discard(staging)
         raise
     return meta  # KeyboardInterrupt, SystemExit: the partial directory stays for a rerun to resume
+
+
+def find_prepared(settings: PrepareSettings) -> dict | None:
+    """The metadata of ``settings.out`` when it already holds what :func:`prepare` would write there: a complete
+    preparation of the same named corpus (its package files pinned by checksum, so the text cannot have changed)
+    with the byte tokenizer and the same split, shard and cap settings, whose shard headers agree with its
+    ``meta.json``. None otherwise: other sources (local files, the Hub) and the gpt2 tokenizer (its BPE file is not
+    recorded) are always prepared again."""
+    corpus = named_corpus(settings.source)
+    out = Path(settings.out).expanduser()
+    if corpus is None or settings.tokenizer != "byte" or not (out / META_FILE).is_file():
+        return None
+    report = inspect_data_dir(out, scan_ids=False)
+    meta = report.meta
+    wanted = {"format": META_FORMAT, "source": corpus.name, "tokenizer": settings.tokenizer,
+              "val_fraction": settings.val_fraction, "test_fraction": settings.test_fraction,
+              "shard_tokens": settings.shard_tokens, "max_tokens": settings.max_tokens}
+    if report.problems or meta is None or any(meta.get(k) != v for k, v in wanted.items()):
+        return None
+    pinned = [{k: p.get(k) for k in ("name", "version", "file", "sha256")} for p in meta.get("packages") or []
+              if isinstance(p, dict)]
+    return meta if pinned == corpus.pinned() else None
 
 
 def prepare_from(settings: PrepareSettings) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from deep_delta.data.corpora import check_source_dir
 from deep_delta.data.shards import MAX_TOKENS
 from deep_delta.data.sources import check_text_suffixes
 from deep_delta.data.tokenizers import TOKENIZERS
@@ -25,9 +26,14 @@ class PrepareSettings:
     """How :func:`deep_delta.data.prepare` tokenizes a source into shards; each field's metadata holds the help
     of its ``ddl data prepare`` flag (``--field-name``). ``out`` has no default: it is required."""
 
-    source: str = setting("default", "'default' (CPython's pydoc_data.topics text, embedded), 'fineweb-edu[:CONFIG]' "
-                          "(Hugging Face Hub, CONFIG e.g. sample-10BT (default) or sample-100BT), or a local .txt / "
-                          ".jsonl / .parquet file, directory or glob")
+    source: str = setting("default", "'default' (CPython's pydoc_data.topics text, embedded), 'prose-v1' (English "
+                          "documentation prose from 13 pinned Debian packages, fetched once with apt-get; docs/data.md), "
+                          "'fineweb-edu[:CONFIG]' (Hugging Face Hub, CONFIG e.g. sample-10BT (default) or "
+                          "sample-100BT), or a local .txt / .jsonl / .parquet file, directory or glob")
+    source_dir: str | None = setting(None, "with a named corpus (prose-v1): a directory holding its package files, "
+                                     "downloaded beforehand, read instead of fetching them (default: fetched once "
+                                     "with apt-get into ~/.cache/deep_delta/sources/NAME, or $DDL_CACHE_DIR/sources)",
+                                     metavar="DIR")
     text_suffixes: tuple[str, ...] = setting((), "with a local directory or glob: also read files ending in these "
                                              "suffixes as plain text, one document per file (e.g. --text-suffixes "
                                              ".py .md .rst; every such file must be UTF-8) (default: only .txt / "
@@ -35,8 +41,11 @@ class PrepareSettings:
     tokenizer: str = setting("byte", "byte: UTF-8 bytes + EOT (vocab 257); gpt2: tiktoken GPT-2 BPE (vocab 50257)",
                              choices=TOKENIZERS)
     out: str = setting(help="output directory (created)", metavar="DIR")
-    val_fraction: float = setting(DEFAULT_VAL_FRACTION, "share of tokens in the validation split, in [0, 1)",
-                                  metavar="F", parse="fraction")
+    val_fraction: float = setting(DEFAULT_VAL_FRACTION, "share of tokens in the validation split (val, the "
+                                  "selection split), in [0, 1)", metavar="F", parse="fraction")
+    test_fraction: float = setting(0.0, "share of tokens in the test split (test_*.bin: whole documents apart from "
+                                   "train and val), in [0, 1), 0 for none; val and test fractions must add up to "
+                                   "less than 1", metavar="F", parse="fraction")
     shard_tokens: int = setting(DEFAULT_SHARD_TOKENS, "tokens per shard file", metavar="N", parse="count")
     max_tokens: int | None = setting(None, "stop after N tokens in all (train + val); the last document is cut "
                                      "(default: no cap)", metavar="N", parse="count")
@@ -52,7 +61,8 @@ class PrepareSettings:
 
     def __post_init__(self):
         check_fields(self)  # the types, from the annotations (a path becomes a string, a list a tuple)
-        check_sharding(self.val_fraction, self.shard_tokens, self.max_tokens, owner="PrepareSettings")
+        check_sharding(self.val_fraction, self.shard_tokens, self.max_tokens, self.test_fraction,
+                       owner="PrepareSettings")
         check_optional_count("num_proc", self.num_proc, "the CPUs available", owner="PrepareSettings")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"PrepareSettings: `tokenizer` got {self.tokenizer!r}; allowed: {' | '.join(TOKENIZERS)}")
@@ -60,15 +70,22 @@ class PrepareSettings:
             raise ValueError(f"PrepareSettings: `bpe_file` got {self.bpe_file!r} with `tokenizer` {self.tokenizer!r}; "
                              "allowed: a BPE file only with `tokenizer` gpt2")
         check_text_suffixes(self.text_suffixes)
+        check_source_dir(self.source, self.source_dir, owner="PrepareSettings")
 
 
-def check_sharding(val_fraction: Any, shard_tokens: Any, max_tokens: Any, *, owner: str = "") -> None:
+def check_sharding(val_fraction: Any, shard_tokens: Any, max_tokens: Any, test_fraction: Any = 0.0, *,
+                   owner: str = "") -> None:
     """The checks of what shapes the shards, :class:`PrepareSettings`' and ``write_dataset``'s: ``val_fraction``
-    in [0, 1), ``shard_tokens`` in [1, MAX_TOKENS] (a shard's header holds its count in an int32), ``max_tokens``
-    >= 1 or None. A ``ValueError`` names ``owner`` (a class, or nothing), the field, what it got, what is allowed."""
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
-        raise ValueError(f"{owner + ': ' if owner else ''}`val_fraction` got {val_fraction!r}; allowed: a number "
-                         "in [0, 1)")
+    and ``test_fraction`` in [0, 1) with a sum below 1, ``shard_tokens`` in [1, MAX_TOKENS] (a shard's header
+    holds its count in an int32), ``max_tokens`` >= 1 or None. A ``ValueError`` names ``owner`` (a class, or
+    nothing), the field, what it got, what is allowed."""
+    prefix = owner + ": " if owner else ""
+    for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"{prefix}`{name}` got {value!r}; allowed: a number in [0, 1)")
+    if val_fraction + test_fraction >= 1:
+        raise ValueError(f"{prefix}`val_fraction` {val_fraction!r} and `test_fraction` {test_fraction!r} add up to "
+                         f"{val_fraction + test_fraction:g}; allowed: a sum below 1 (the rest is the train split)")
     check_count("shard_tokens", shard_tokens, 1, MAX_TOKENS, owner=owner)
     check_optional_count("max_tokens", max_tokens, "no cap", owner=owner)
 

@@ -1,4 +1,5 @@
-"""Where documents come from: the embedded default text, local files, or FineWeb-Edu on the Hugging Face Hub.
+"""Where documents come from: the embedded default text, a named corpus of pinned package files
+(:mod:`deep_delta.data.corpora`), local files, or FineWeb-Edu on the Hugging Face Hub.
 
 Every source is turned into a :class:`Source`: an iterable of document strings plus a description for
 ``meta.json``. Records of any tabular source (jsonl lines, parquet rows, Hub rows) go through one function,
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deep_delta.data.corpora import CORPORA, check_source_dir, corpus_documents, named_corpus
 from deep_delta.data.errors import DataError, DataUnavailableError
 from deep_delta.extras import require
 
@@ -222,7 +224,8 @@ def local_files(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
             raise ValueError(f"source file {path}: unsupported suffix {path.suffix!r}; allowed: {', '.join(suffixes)}")
         return [path], {}
     raise FileNotFoundError(
-        f"source {text!r} is neither 'default', 'fineweb-edu[:CONFIG]', nor an existing file, directory or glob"
+        f"source {text!r} is neither 'default', a named corpus ({', '.join(CORPORA)}), 'fineweb-edu[:CONFIG]', nor "
+        "an existing file, directory or glob"
     )
 
 
@@ -375,16 +378,22 @@ def parse_fineweb(spec: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- dispatch
 def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
-                   exclude: Iterable[str | os.PathLike] = ()) -> Source:
-    """The :class:`Source` for ``spec``: "default", "fineweb-edu[:CONFIG]", or a local file / directory / glob
+                   exclude: Iterable[str | os.PathLike] = (), source_dir: str | os.PathLike | None = None) -> Source:
+    """The :class:`Source` for ``spec``: "default", a named corpus (``prose-v1``; ``source_dir``: a directory of
+    its pre-downloaded package files), "fineweb-edu[:CONFIG]", or a local file / directory / glob
     (``text_suffixes``: more suffixes of files to read as plain text, e.g. ``(".py", ".md")``; ``exclude``:
     directories never read, the output being written)."""
     text_suffixes = check_text_suffixes(text_suffixes)
     text = str(spec)
     if not text:
         raise ValueError("source must not be empty; use 'default', 'fineweb-edu[:CONFIG]' or a local path")
-    if text_suffixes and (text == "default" or parse_fineweb(text) is not None):
+    corpus = named_corpus(text)
+    if text_suffixes and (text == "default" or corpus is not None or parse_fineweb(text) is not None):
         raise ValueError(f"`text_suffixes` {list(text_suffixes)} apply to local files only, got source {text!r}")
+    check_source_dir(text, source_dir)
+    if corpus is not None:
+        documents, info = corpus_documents(corpus, source_dir)
+        return Source(documents, info)
     if text == "default":
         texts = default_texts()
         return Source(

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from deep_delta.fsutil import save_figure
+from deep_delta.layers.attention_residuals import AttnResidual, DepthReadout
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.hyper_connections import HyperResidual
 
@@ -79,7 +80,7 @@ class Probe:
     entries it owns), and the static ``format`` / ``plot`` of a finished report."""
 
     name = ""
-    watched: type[torch.nn.Module] = torch.nn.Module  # the kind of module the probe reports on
+    watched: type[torch.nn.Module] | tuple[type[torch.nn.Module], ...] = torch.nn.Module  # the kinds it reports on
 
     @classmethod
     def find(cls, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -119,10 +120,13 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
     """The figures of one delta sublayer from its recorded tensors; also returns its unit directions (N, d).
     ``erased``: the mean share of the state an update removes along k, ``beta |k^T X| / |X|`` per token (the
     delta rule's erase term ``beta k k^T X``); the write-only control (``rule="write"``) erases nothing, and
-    ``delta_would_erase`` says what the delta rule would have on its states. For the write-only control the
-    figures of the delta rule's regimes (the shares of beta in identity / projection / reflection) and of its
-    action on the k-component (after / before, sign flipped) are None: its update projects and reflects nothing."""
-    beta = torch.cat([b.flatten() for b in raw["beta"]]).double()
+    ``delta_would_erase`` says what the delta rule would have on its states. With the untied gates
+    (``rule="untied"``) ``beta`` is the erase gate (the one in the operator ``I - beta k k^T``, whose regimes the
+    shares read) and ``write_gate`` the write gate's figures. For the write-only control the figures of the delta
+    rule's regimes (the shares of beta in identity / projection / reflection) and of its action on the k-component
+    (after / before, sign flipped) are None: its update projects and reflects nothing."""
+    gates = torch.cat([b.reshape(-1, b.shape[-1]) for b in raw["beta"]]).double()  # (N, 1), untied (N, 2)
+    beta = gates[:, 0]
     k_raw = torch.cat([k.reshape(-1, k.shape[-1]) for k in raw["k_raw"]]).double()
     k = k_raw / torch.sqrt((k_raw * k_raw).sum(-1, keepdim=True) + k_eps ** 2)
     d = k.shape[-1]
@@ -136,11 +140,11 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
     flipped = ((before * after).sum(-1) < 0).double()
     size = x.double().flatten(1).norm(dim=-1).clamp_min(1e-30)
     would = float((beta * nb / size).mean())
-    delta = rule == "delta"  # the regimes and the k-component's change are the delta rule's figures
+    delta = rule != "write"  # the regimes and the k-component's change are the erasing rules' figures
     report = {
         "tokens": int(beta.numel()),
         "rule": rule,
-        "erased": would if rule == "delta" else 0.0,
+        "erased": 0.0 if rule == "write" else would,
         "delta_would_erase": would,
         "beta": {**_stats(beta), "quantiles": {str(q): float(torch.quantile(beta, q)) for q in QUANTILES},
                  **{f"share_{name}": float(((beta >= lo) & (beta <= hi) if name != "identity" else beta < hi)
@@ -151,6 +155,9 @@ def sublayer_report(raw: dict[str, list[torch.Tensor]], k_eps: float,
                         "share_sign_flipped": float(flipped[ok].mean()) if ok.any() and delta else None},
         "v": _stats(torch.cat([v.flatten() for v in raw["v"]])),
     }
+    if rule == "untied":
+        report["write_gate"] = {**_stats(gates[:, 1]),
+                                "quantiles": {str(q): float(torch.quantile(gates[:, 1], q)) for q in QUANTILES}}
     return report, k
 
 
@@ -248,6 +255,14 @@ class DeltaProbe(Probe):
             lines += ["", "n/a: the write-only update x + beta k v^T reads nothing and erases nothing, so beta's "
                       "identity / projection / reflection regimes and the change of k^T X, which are the delta "
                       "rule's, do not apply to it"]
+        untied = {n: r for n, r in report["sublayers"].items() if "write_gate" in r}
+        if untied:
+            lines += ["", "Untied gates: beta above is the erase gate; both gates started at the same value "
+                      "(beta_init). Per sublayer, the erase gate's and the write gate's means:", "",
+                      "| sublayer | erase gate mean | write gate mean | erase / write |", "| --- | ---: | ---: | ---: |"]
+            for name, r in untied.items():
+                e, w = r["beta"]["mean"], r["write_gate"]["mean"]
+                lines.append(f"| {_short(name)} | {_fmt(e)} | {_fmt(w)} | {_fmt(e / w if w else None)} |")
         drift = report.get("compressor_drift") or {}
         if drift:
             lines += ["", "compressor read vs plain mean (relative difference): "
@@ -462,6 +477,84 @@ class HyperProbe(Probe):
         return [weights, mixing, drift]
 
 
+# ---------------------------------------------------------------------------------------- attention residuals
+
+
+class DepthProbe(Probe):
+    """Attention Residuals: each sublayer's (and the readout's) weights over its sources per token (from the
+    module's own query and key norm over the sources entering it): their mean, the share on the embedding and on
+    the newest source, the weights' entropy (in nats; log n is uniform), and the norm of what the sublayer reads
+    and of its output."""
+
+    name, watched = "depth", (AttnResidual, DepthReadout)
+
+    def __init__(self, model, modules):
+        super().__init__(model, modules)
+        self.raw: dict[str, dict[str, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        for name, m in modules:
+            self.handles.append(m.register_forward_hook(self._hook(self.raw[name])))
+
+    @staticmethod
+    def _hook(rec):
+        def post(mod, args, out):
+            sources = args[0]
+            w = mod.weights(sources).double()
+            rec["weights"].append(w.reshape(-1, w.shape[-1]))
+            read = mod.attend(sources).double()
+            rec["read_norm"].append(read.reshape(-1, read.shape[-1]).norm(dim=-1))
+            if isinstance(mod, AttnResidual):  # its output: the new source, or what it added into the last one
+                delta = out[-1] if len(out) > len(sources) else out[-1] - sources[-1]
+                rec["out_norm"].append(delta.double().reshape(-1, delta.shape[-1]).norm(dim=-1))
+
+        return post
+
+    def sections(self):
+        layers = {}
+        for name, _ in self.modules:
+            rec = self.raw[name]
+            w = torch.cat(rec["weights"])
+            entropy = -(w * w.clamp_min(1e-300).log()).sum(-1)
+            layers[name] = {"sources": int(w.shape[-1]), "weights_mean": w.mean(0).tolist(),
+                            "embedding": float(w[:, 0].mean()), "newest": float(w[:, -1].mean()),
+                            "entropy": float(entropy.mean()), "uniform_entropy": math.log(w.shape[-1]),
+                            "read_norm": float(torch.cat(rec["read_norm"]).mean()),
+                            "output_norm": float(torch.cat(rec["out_norm"]).mean()) if rec["out_norm"] else None}
+        return {"depth": layers}
+
+    @staticmethod
+    def format(report):
+        lines = ["Attention Residuals: each sublayer's softmax weights over its sources (the embedding first, the "
+                 "newest last), mean over tokens", "",
+                 "| sublayer | sources | on the embedding | on the newest | entropy / log n | read norm | output norm |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for name, r in report["depth"].items():
+            uniform = r["uniform_entropy"]
+            lines.append(f"| {_short(name)} | {r['sources']} | {_fmt(r['embedding'])} | {_fmt(r['newest'])} "
+                         f"| {_fmt(r['entropy'] / uniform if uniform else None)} | {_fmt(r['read_norm'])} "
+                         f"| {_fmt(r['output_norm'])} |")
+        return "\n".join(lines)
+
+    @staticmethod
+    def plot(report, out):
+        """A sublayer x source heat map of the mean weights (sources the sublayer does not have left blank)."""
+        plt = _pyplot()
+        names = list(report["depth"])
+        width = max(r["sources"] for r in report["depth"].values())
+        grid = [[math.nan] * width for _ in names]
+        for i, n in enumerate(names):
+            for j, v in enumerate(report["depth"][n]["weights_mean"]):
+                grid[i][j] = v
+        fig, ax = plt.subplots(figsize=(1.5 + 0.45 * width, 0.35 * len(names) + 1.5))
+        im = ax.imshow(grid, aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
+        ax.set_xticks(range(width), ["emb"] + [str(j) for j in range(1, width)])
+        ax.set_xlabel("source (embedding, then outputs or block sums in order)")
+        ax.set_yticks(range(len(names)), [_short(n) for n in names])
+        fig.colorbar(im, ax=ax, label="mean weight")
+        ax.set_title(f"depth weights ({report.get('variant') or 'model'})")
+        fig.tight_layout()
+        return [save_figure(fig, out / "depth_weights.png", dpi=120)]
+
+
 # The probes ``analyze_model`` tries, by the name a report lists them under. A new residual kind adds its
 # probe here; the command and the report functions need no change.
 class StateProbe(Probe):
@@ -524,7 +617,7 @@ class StateProbe(Probe):
         return [save_figure(fig, out / "state_norms.png", dpi=120)]
 
 
-PROBES: dict[str, type[Probe]] = {p.name: p for p in (StateProbe, DeltaProbe, HyperProbe)}
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (StateProbe, DeltaProbe, HyperProbe, DepthProbe)}
 
 
 def _probes_of(report: dict[str, Any]) -> list[type[Probe]]:
@@ -539,7 +632,7 @@ def analyze_model(model: torch.nn.Module, batches, *, device: torch.device | str
     found = [(cls, mods) for cls in PROBES.values() if (mods := cls.find(model))]
     if not found:
         raise ValueError("analyze: the model has no residual this analysis knows (DeltaResidual, additive or "
-                         "delta, or HyperResidual)")
+                         "delta, HyperResidual or AttnResidual)")
     probes: list[Probe] = []
     windows = 0
     try:

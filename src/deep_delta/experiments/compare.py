@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deep_delta.experiments.compare_report import (
     REUSE_REMEDY,
@@ -35,9 +35,6 @@ from deep_delta.settings import MAX_SEEDS
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.data import TrainData
 from deep_delta.variants import DEFAULT_VARIANTS
-
-if TYPE_CHECKING:
-    from deep_delta.experiments.finished_runs import FinishedRun
 
 # the step costs an equal-cost comparison takes: a step between a hundredth and a hundred times the reference's
 MIN_STEP_COST, MAX_STEP_COST = 0.01, 100.0
@@ -61,11 +58,12 @@ def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None 
 
 
 def check_step_costs(step_costs: dict[str, float] | None, variants: list[str],
-                     budgets: Sequence[int] = ()) -> dict[str, float]:
+                     budgets: Sequence[int] = (), budget: str = "steps") -> dict[str, float]:
     """``step_costs`` validated against the comparison's variants: each a variant of it other than the reference
     (``baseline`` when present, else the first), with a cost in [MIN_STEP_COST, MAX_STEP_COST]; and against each of
     the reference's step ``budgets``: a variant's whole steps (:func:`cost_steps`) must cost that budget within
-    ``STEP_BUDGET_TOLERANCE`` (6 reference steps at a cost of 100 would be one step costing 100: not equal cost)."""
+    ``STEP_BUDGET_TOLERANCE`` (6 reference steps at a cost of 100 would be one step costing 100: not equal cost);
+    ``budget``: the setting the budgets come from (``steps``, or the study's ``lengths``), which a refusal names."""
     step_costs = dict(step_costs or {})
     reference = reference_variant(variants)
     for variant, cost in step_costs.items():
@@ -81,13 +79,14 @@ def check_step_costs(step_costs: dict[str, float] | None, variants: list[str],
                              f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (the variant's step time over the reference's)")
         for steps in budgets:
             n = cost_steps(steps, cost)
-            if abs(n * cost - steps) > STEP_BUDGET_TOLERANCE * steps:
+            # "within 5%" includes 5% exactly: 6 x 1.05 is 6.300000000000001 in binary floating point
+            if abs(n * cost - steps) > STEP_BUDGET_TOLERANCE * steps * (1 + 1e-9):
                 enough = math.ceil(cost / (2 * STEP_BUDGET_TOLERANCE))
                 raise ValueError(
-                    f"compare: `step_costs` for {variant!r} ({cost:g}) with `steps` {steps}: {variant} would train "
+                    f"compare: `step_costs` for {variant!r} ({cost:g}) with `{budget}` {steps}: {variant} would train "
                     f"{n} step(s), which cost {n * cost:g} of the reference's steps, not {steps} (off by "
                     f"{abs(n * cost - steps) / steps:.0%}, more than {STEP_BUDGET_TOLERANCE:.0%}): not an equal cost; "
-                    f"allowed: `steps` of at least {enough} at this cost, so that whole steps come within "
+                    f"allowed: `{budget}` of at least {enough} at this cost, so that whole steps come within "
                     f"{STEP_BUDGET_TOLERANCE:.0%} of the budget")
     return step_costs
 
@@ -111,13 +110,19 @@ def wandb_group(base: TrainConfig, out: Path) -> str:
     return base.wandb_group or read_wandb_file(out).get("group") or f"{out.resolve().name}-{generate_id()}"
 
 
-def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) -> None:
+def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
+                   data_dir: Path | None = None) -> None:
     """A run that compare continues or reuses must have been made with every result-changing setting of ``cfg``
     (all but :data:`~deep_delta.train.run_dir.RESULT_NEUTRAL`: the budget, the validation batches, the dtype, ...)
-    and from the same data; else it is refused, naming the differences, before anything trains."""
+    and from the same data, and a finished one must pass the one check of a finished run
+    (:func:`~deep_delta.experiments.finished_runs.check_finished`: its metrics, its schedule, its checkpoint's own
+    record, its model); else it is refused, one line naming the file and the differences, before anything
+    trains. ``overwrite`` retrains it instead. ``data_dir``: where the data is now (for the message)."""
+    from deep_delta.experiments.finished_runs import read_run
     from deep_delta.train.provenance import check_belongs, check_same_data
-    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE, read_run_file
+    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE, RunNotFinished, read_run_file, run_end
 
+    _check_layout_of(Path(cfg.out))
     run_file = Path(cfg.out) / RUN_FILE
     if overwrite or not run_file.is_file():
         return
@@ -130,8 +135,107 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool) 
     # the data is compared by its fingerprint, not by how its path was spelled
     check_belongs(run["train_config"], cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
                   skip=RESULT_NEUTRAL | {"data"}, has="run has")
-    check_same_data(data.get("fingerprint"), data_fingerprint, what=what,
-                    data_dir=cfg.data or "the default data", remedy=REUSE_REMEDY)
+    if not check_same_data(data.get("fingerprint"), data_fingerprint, what=what, data_dir=data_dir or cfg.data or
+                           "the default data", remedy=REUSE_REMEDY, stored_dir=data.get("dir")):
+        raise ValueError(f"{run_file} records no data fingerprint, so whether the run was made from "
+                         f"{cfg.data or 'the default data'} cannot be checked; retrain it with `overwrite`")
+    try:
+        run_end(cfg.out, run)
+    except RunNotFinished:
+        return  # continued from its checkpoint, which the trainer checks
+    try:
+        read_run(Path(cfg.out))
+    except (ValueError, FileNotFoundError) as e:
+        raise ValueError(f"{e}; `overwrite` retrains the run") from None
+
+
+def _check_layout_of(run: Path) -> None:
+    """A comparison keeps one layout: ``VARIANT/`` for one seed, ``seed_S/VARIANT/`` for several. A run of one
+    layout where the comparison's directory holds runs of the other is refused (a one-seed rerun of a several-seed
+    comparison would train its seed again beside the seed folders)."""
+    from deep_delta.variants import VARIANTS
+
+    several = run.parent.name.startswith("seed_")
+    where = run.parent.parent if several else run.parent
+    if not where.is_dir():
+        return
+    other = ([d for d in sorted(where.iterdir()) if d.name in VARIANTS and (d / "run.json").is_file()] if several
+             else [d for d in sorted(where.iterdir()) if d.name.startswith("seed_") and d.is_dir()])
+    if other:
+        holds = (f"runs of one seed ({other[0].name}/)" if several else
+                 f"the runs of several seeds ({', '.join(d.name + '/' for d in other[:3])})")
+        runs = "several seeds (seed_S/VARIANT/)" if several else "one seed (VARIANT/)"
+        raise ValueError(f"{where} holds {holds}, but this comparison runs {runs}; allowed: the `seeds` that "
+                         "comparison was run with (finished runs are reused), or another `out`")
+
+
+def study_configs(base: TrainConfig, variants: list[str], seeds: list[int], out: Path,
+                  step_costs: dict[str, float] | None = None,
+                  lrs: dict[str, float] | None = None) -> dict[tuple[str, int], TrainConfig]:
+    """Every run of a comparison, in training order (:func:`~deep_delta.experiments.study.run_keys`):
+    :func:`compare_config` of each (variant, seed), with the variant's step cost and, given ``lrs``, its own lr."""
+    from deep_delta.experiments.study import run_keys
+
+    return {(v, s): compare_config(replace(base, lr=lrs[v]) if lrs else base, v, out, s, len(seeds) > 1,
+                                   (step_costs or {}).get(v)) for v, s in run_keys(variants, seeds)}
+
+
+def train_runs(cfgs: dict[tuple[str, int], TrainConfig], out: Path, data: TrainData, *, overwrite: bool,
+               progress: bool, quiet: bool, outputs: Sequence[Path] = (), lock: str = "ddl compare",
+               wandb_group: str | None = None, after_run=None, after_each=None) -> dict[tuple[str, int], str]:
+    """Train, continue or reuse every run of ``cfgs`` in ``out`` through the study engine (every stored run checked
+    first, ``out`` locked); ``after_run(key, cfg)`` after each run that did not diverge (the test loss of an
+    evaluation run), and ``after_each(results)`` after each run but the last (a report rewritten as runs come in).
+    Returns why each diverged run diverged, read from its record (as ``--report-only`` reads it,
+    under either ``on_divergence``)."""
+    from deep_delta.experiments.study import run_study
+
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
+    several = len({s for _, s in cfgs}) > 1
+
+    def train_one(key, index: str) -> None:
+        tag = f"{index} {key[0]}" + (f" seed {key[1]}" if several else "")
+        say(tag)
+        if wandb_group:  # OUT is checked and locked by now
+            _remember_group(out, wandb_group)
+        train_or_reuse(cfgs[key], tag, data, overwrite=overwrite, progress=progress, quiet=quiet, say=say)
+        if after_run is not None and not run_divergence(cfgs[key].out):
+            after_run(key, cfgs[key])
+
+    from deep_delta.experiments.finished_runs import check_copies, check_models, read_run
+
+    def check(key) -> None:
+        check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite, data_dir=data.dir)
+        if key == last and not overwrite:  # then the finished runs together: no copies, one model per variant
+            done = [read_run(Path(c.out)) for c in cfgs.values() if stored_end(c.out) is not None]
+            check_copies(done)
+            check_models(done)
+
+    last = list(cfgs)[-1]
+    run_study(out, list(cfgs), check=check, train=train_one, outputs=outputs, lock=lock, after_each=after_each)
+    check_models([read_run(Path(cfg.out)) for cfg in cfgs.values()])  # the runs trained now too
+    diverged = {key: run_divergence(cfgs[key].out) for key in cfgs}
+    return {k: v for k, v in diverged.items() if v}
+
+
+def train_or_reuse(cfg: TrainConfig, tag: str, data: TrainData, *, overwrite: bool, progress: bool, quiet: bool,
+                   say) -> None:
+    """Train (or continue, or reuse) one run; a diverged run is a result too (its run.json says so). A finished
+    run is reused as its record (run.json, metrics.jsonl), with or without its checkpoints: not resumed, which
+    would rewrite run.json (its wall time, the last process's only)."""
+    from deep_delta.train.trainer import NonFiniteLossError, train
+
+    end = None if overwrite else stored_end(cfg.out)
+    if end is not None and end["diverged"] is not None:  # a result: kept, not trained again (it would diverge)
+        say(f"{tag}: diverged ({end['diverged']}); kept as a result")
+        return
+    if end is not None and end["step"] >= cfg.steps:
+        say(f"{tag}: finished at step {end['step']} (its record); kept")
+        return
+    try:
+        train(cfg, resume=True, overwrite=overwrite, progress=progress, desc=tag, quiet=quiet, data=data)
+    except NonFiniteLossError as e:
+        say(f"{tag}: {e.reason}")
 
 
 def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.PathLike = "runs/compare", *,
@@ -150,67 +254,41 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     ``steps`` at that cost (:func:`cost_steps`), each with its own full lr schedule: an equal-cost comparison.
     ``data``: the data resolved by the caller (default ``base.data``). Returns the summary (also compare.json).
     """
-    from deep_delta.experiments.study import run_keys, run_study
-
     out = Path(out)
     variants, seeds = check_study(variants, seeds, base)
     step_costs = check_step_costs(step_costs, variants, [base.steps])
     if base.wandb:
         base = replace(base, wandb_group=wandb_group(base, out))
     data = data if data is not None else TrainData.resolve(base.data)
-    cfgs = {key: compare_config(base, key[0], out, key[1], len(seeds) > 1, step_costs.get(key[0]))
-            for key in run_keys(variants, seeds)}
-    say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     t0 = time.perf_counter()
-
-    def train_one(key, index: str) -> None:
-        """Train (or continue, or reuse) one run; a diverged run is a result too (its run.json says so)."""
-        from deep_delta.train.trainer import NonFiniteLossError, train
-
-        tag = f"{index} {key[0]}" + (f" seed {key[1]}" if len(seeds) > 1 else "")
-        say(tag)
-        if base.wandb:  # OUT is checked and locked by now
-            _remember_group(out, base.wandb_group)
-        end = None if overwrite else stored_end(cfgs[key].out)
-        if end is not None and end["diverged"] is not None:  # a result: kept, not trained again (it would diverge)
-            say(f"{tag}: diverged ({end['diverged']}); kept as a result")
-            return
-        if end is not None and end["step"] >= cfgs[key].steps:
-            # a finished run is reused as its record (run.json, metrics.jsonl), with or without its checkpoints:
-            # not resumed, which would rewrite run.json (its wall time, the last process's only)
-            say(f"{tag}: finished at step {end['step']} (its record); kept")
-            return
-        try:
-            train(cfgs[key], resume=True, overwrite=overwrite, progress=progress, desc=tag, quiet=quiet, data=data)
-        except NonFiniteLossError as e:
-            say(f"{tag}: {e.reason}")
-
-    run_study(out, list(cfgs), check=lambda key: check_reusable(cfgs[key], data.fingerprint, overwrite=overwrite),
-              train=train_one, outputs=[out / name for name in OUTPUTS], lock="ddl compare")
-    # whether a run diverged is read from its record, as --report-only reads it: under either `on_divergence`
-    diverged = {key: run_divergence(cfgs[key].out) for key in cfgs}
+    diverged = train_runs(study_configs(base, variants, seeds, out, step_costs), out, data, overwrite=overwrite,
+                          progress=progress, quiet=quiet, outputs=[out / name for name in OUTPUTS],
+                          wandb_group=base.wandb_group if base.wandb else None)
     timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
-    summary = summarize_runs(out, variants, base, seeds=seeds, step_times=timing,
-                             diverged={k: v for k, v in diverged.items() if v})
+    summary = summarize_runs(out, variants, base, seeds=seeds, step_times=timing, diverged=diverged)
     summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
                    **({"step_costs": step_costs} if step_costs else {}))
     write_comparison(out, summary)
     if base.wandb:
-        log_comparison(out, summary, base, say=say)
+        log_comparison(out, summary, base, say=print if not quiet else (lambda msg: None))
     return summary
 
 
 def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.PathLike = "runs/compare",
                 lrs: list[float] | tuple[float, ...] = (), *, seeds: list[int] | None = None,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
-                step_costs: dict[str, float] | None = None, data: TrainData | None = None) -> dict[str, Any]:
+                step_costs: dict[str, float] | None = None, data: TrainData | None = None,
+                after_selection=None) -> dict[str, Any]:
     """:func:`run_compare` at every lr of ``lrs`` (``out/lr_<lr>``, a complete comparison each, resumable as
     one), then each variant at its own best lr, chosen on the final validation loss alone
     (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference at its own
     best lr. A run diverges when its loss is non-finite or its final validation loss is above
     ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked
     "diverged". Writes ``compare.md``, ``compare.json``, ``curves.png`` (each variant at its chosen lr) and
-    ``lr_sensitivity.png`` in ``out``; returns the summary."""
+    ``lr_sensitivity.png`` in ``out``; returns the summary. ``after_selection(summary)``, given, runs while
+    ``out`` is still locked once the grid is chosen (the evaluation seeds,
+    :mod:`deep_delta.experiments.held_out`): the grid's report is then ``selection.md`` / ``selection.json``, and
+    what it returns is returned."""
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR
     from deep_delta.experiments.study import run_keys, run_lr_study
     from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
@@ -229,7 +307,7 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     def check(lr: float, where: Path) -> None:
         for v, s in run_keys(variants, seeds):
             check_reusable(compare_config(replace(base, lr=lr), v, where, s, len(seeds) > 1, step_costs.get(v)),
-                           data.fingerprint, overwrite=overwrite)
+                           data.fingerprint, overwrite=overwrite, data_dir=data.dir)
 
     def run_at(lr: float, where: Path) -> dict:
         return run_compare(replace(base, lr=lr), variants, where, seeds=seeds, overwrite=overwrite,
@@ -240,8 +318,8 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
         summary = grid_summary(base, variants, seeds, list(per_lr), per_lr, points, chosen, timing, limit)
         summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
                        **({"step_costs": step_costs} if step_costs else {}))
-        write_comparison(out, summary)
-        return summary
+        write_comparison(out, summary, "compare" if after_selection is None else "selection")
+        return summary if after_selection is None else after_selection(summary)
 
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     return run_lr_study(out, lrs, variants, check=check, run_at=run_at,
@@ -295,142 +373,6 @@ def measure_step_times(base: TrainConfig, variants: list[str], data_vocab: int, 
     return {"step_time_s": medians, "repeats": repeats, "device": str(device), "dtype": dtype}
 
 
-__all__ = ["check_grid_data", "check_reusable", "check_step_costs", "collect_comparison", "compare_config",
-           "cost_steps", "kept_timing", "measure_step_times", "step_settings", "reference_variant", "run_compare", "run_divergence",
-           "run_lr_grid"]
-
-
-def collect_comparison(out: str | os.PathLike) -> dict[str, Any]:
-    """The comparison's report (compare.md, compare.json, curves.png; with an lr grid each lr's and the best-lr
-    one) from the finished runs already in ``out``, training nothing: runs made in parts, on several machines,
-    and brought together (their checkpoints are not needed, only run.json and metrics.jsonl). Each run is what its
-    own run.json says (variant, seed, lr, steps, settings, its end and whether it diverged), checked against where
-    it stands, its metrics and the other runs (:mod:`deep_delta.experiments.finished_runs`); any disagreement is
-    refused, naming the run and the field. The step times an earlier ``ddl compare`` measured for these runs (its
-    compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary."""
-    from deep_delta.experiments.finished_runs import check_together, find_runs, lr_of_folder
-    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, choose_lrs
-    from deep_delta.train.build import build_model_config
-    from deep_delta.variants import VARIANTS
-
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a comparison's or a "
-                                "study's directory (the `out` of `ddl compare`)")
-    lr_dirs = [d for d in sorted(out.iterdir()) if d.name.startswith("lr_") and d.is_dir()]
-    if not lr_dirs:
-        runs = find_runs(out)
-        check_together(runs, out)
-        summary = _collect_point(out, runs, kept_timing(out / "compare.json", runs))
-        write_comparison(out, summary)
-        return summary
-    beside = [d.name for d in out.iterdir() if d.name in VARIANTS or d.name.startswith("seed_")]
-    if beside:
-        raise ValueError(f"{out} holds an lr grid (lr_<lr>/ folders) and runs beside it ({beside[0]}/); allowed: "
-                         "one comparison per `out`")
-    at_lr = {}
-    for d in lr_dirs:
-        lr = lr_of_folder(d)
-        at_lr[lr] = (d, find_runs(d, lr))
-    check_together([r for _, runs in at_lr.values() for r in runs], out)
-    per_lr = {}
-    for lr, (d, runs) in sorted(at_lr.items()):
-        per_lr[lr] = _collect_point(d, runs, None)  # a grid's lr is run without timing; the grid times once
-        write_comparison(d, per_lr[lr])
-    first = next(iter(per_lr.values()))
-    all_runs = [r for _, runs in at_lr.values() for r in runs]
-    base = TrainConfig.from_dict(first["settings"])
-    variants, seeds, lrs = [r["variant"] for r in first["rows"]], first["seeds"], list(per_lr)
-    vocab = first["data_vocab"]
-    limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, vocab).vocab_size)
-    points = [p for lr, at in per_lr.items() for p in lm_grid_points(lr, at, limit)]
-    chosen = choose_lrs(points, variants, lrs, higher_is_better=False)
-    timing, note = kept_timing(out / "compare.json", all_runs)
-    summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit)
-    summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
-                   devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
-                   **({"notes": [note]} if note else {}))
-    write_comparison(out, summary)
-    return summary
-
-
-def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | None, str | None] | None) -> dict[str, Any]:
-    """One comparison's summary from its finished runs (checked by the caller, here checked to stand where the
-    comparison puts them); ``timing``: the step times kept for it and why none were, if so (:func:`kept_timing`)."""
-    _check_layout(runs, where)
-    variants = reference_order([r.cfg.variant for r in runs])
-    seeds = sorted({r.cfg.seed for r in runs})
-    ref = next(r for r in runs if r.cfg.variant == variants[0])
-    base = replace(ref.cfg, out=str(where), seed=seeds[0])
-    steps = {r.cfg.variant: r.cfg.steps for r in runs}
-    costs = {v: steps[variants[0]] / n for v, n in steps.items() if v != variants[0] and n != steps[variants[0]]}
-    diverged = {(r.cfg.variant, r.cfg.seed): r.diverged for r in runs if r.diverged}
-    step_times, note = timing or (None, None)
-    summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
-    data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
-    summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
-                   devices={_name(r.cfg.variant, r.cfg.seed if len(seeds) > 1 else None):
-                            (r.record.get("device") or {}).get("name", "not recorded") for r in runs},
-                   wall_s=sum(r.end["wall_s"] for r in runs),
-                   **({"step_costs": costs} if costs else {}), **({"notes": [note]} if note else {}))
-    return summary
-
-
-def _check_layout(runs: list[FinishedRun], where: Path) -> None:
-    """Each run of one comparison in ``where`` (an lr's folder, in a grid) must stand where ``ddl compare`` puts it
-    (:func:`compare_config`) for the comparison's seeds: ``VARIANT/`` with one seed, ``seed_S/VARIANT/`` with
-    several; within a comparison, one lr."""
-    seeds = sorted({r.cfg.seed for r in runs})
-    lrs = sorted({r.cfg.lr for r in runs})
-    if len(lrs) > 1:
-        a, b = (next(r for r in runs if r.cfg.lr == x) for x in lrs[:2])
-        raise ValueError(f"{b.dir / 'run.json'} records lr {b.cfg.lr:g} (train_config.lr), {a.dir / 'run.json'} "
-                         f"lr {a.cfg.lr:g}, in one comparison; allowed: one lr per comparison (an lr grid keeps each "
-                         "lr in its lr_<lr>/ folder)")
-    for run in runs:
-        expected = Path(compare_config(run.cfg, run.cfg.variant, where, run.cfg.seed, len(seeds) > 1).out)
-        if expected != run.dir:
-            layout = "seed_S/VARIANT/ (several seeds)" if len(seeds) > 1 else "VARIANT/ (one seed)"
-            raise ValueError(f"{run.dir} is the run of {run.name}, which `ddl compare` puts in {expected} (seeds "
-                             f"{', '.join(map(str, seeds))}: {layout}); allowed: each run where the comparison "
-                             "writes it")
-
-
-def kept_timing(path: Path, runs: list[FinishedRun]) -> tuple[dict | None, str | None]:
-    """The step times an earlier ``ddl compare`` measured for these runs (``path``: its compare.json), so that a
-    report brought together keeps its step-ms and equal-time columns: (the timing, None) when compare.json has one
-    for every variant, measured at these runs' settings; (None, why it was not kept) when it has one that does not
-    fit; (None, None) when there is none (the comparison measured none)."""
-    from deep_delta.fsutil import read_json_file
-    from deep_delta.train.provenance import differences
-    from deep_delta.train.run_dir import RESULT_NEUTRAL
-
-    if not path.is_file():
-        return None, None
-    try:
-        old = read_json_file(path, "a comparison's summary (compare.json)", limit=256 << 20)
-    except ValueError as e:
-        return None, f"the step times of an earlier report were not kept: {e}"
-    timing = old.get("timing") if isinstance(old, dict) else None
-    if not timing:
-        return None, None
-    times = timing.get("step_time_s") if isinstance(timing, dict) else None
-    variants = sorted({r.cfg.variant for r in runs})
-    if not isinstance(times, dict) or any(not isinstance(times.get(v), (int, float)) for v in variants):
-        return None, (f"the step times in {path} were not kept: they do not time every variant of these runs "
-                      f"({', '.join(variants)})")
-    free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
-    diff = differences(old.get("settings") or {}, runs[0].cfg.to_dict(), skip=free, has="it was timed with")
-    if diff:
-        return None, (f"the step times in {path} were not kept: they were measured for other settings than these "
-                      f"runs' ({'; '.join(diff)})")
-    return timing, None
-
-
-def _name(variant: str, seed: int | None) -> str:
-    return variant if seed is None else f"{variant} seed {seed}"
-
-
 def run_divergence(run_dir: str | os.PathLike) -> str | None:
     """Why a finished run diverged, as its run.json records it (None: it did not): the one reading of a divergence
     that ``ddl compare`` and its ``--report-only`` share."""
@@ -453,7 +395,6 @@ def stored_end(run_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-def reference_order(variants: list[str]) -> list[str]:
-    """The variants with the reference first (``baseline`` when there), the others in their order."""
-    ref = reference_variant(variants)
-    return [ref, *sorted(v for v in set(variants) if v != ref)]
+__all__ = ["check_grid_data", "check_reusable", "check_step_costs", "compare_config", "cost_steps",
+           "measure_step_times", "reference_variant", "run_compare", "run_divergence", "run_lr_grid", "step_settings",
+           "stored_end", "study_configs", "train_runs"]

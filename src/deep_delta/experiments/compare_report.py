@@ -19,6 +19,7 @@ from deep_delta.experiments.lr_grid import (
 )
 from deep_delta.experiments.report import ci_text, fmt, log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
+from deep_delta.experiments.test_split import TEST_FILE, read_test
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.metrics import read_metrics
@@ -46,7 +47,10 @@ def _median_tokens_per_s(records: list[dict]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: int | None = None) -> dict[str, Any]:
+def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: int | None = None,
+                split: str = "val") -> dict[str, Any]:
+    """One run's numbers from its directory: its final training and validation loss, validation curve and speed;
+    with ``split`` "test", its test loss too (``RUN/test.json``: :mod:`deep_delta.experiments.test_split`)."""
     records = read_metrics(run_dir)
     train_recs = [r for r in records if "loss" in r]
     vals = [r for r in records if "val_loss" in r]
@@ -59,7 +63,13 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
             f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
     run = read_run_file(run_dir) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None
-    return {
+    test = read_test(run_dir) if split == "test" and not bad else None
+    if split == "test" and not bad and test is None:
+        raise FileNotFoundError(f"{run_dir / TEST_FILE} is missing: the run's test loss was not measured; run the "
+                                "`ddl compare` that trained it again (it measures what is missing)")
+    extra = {} if split != "test" else {"test_loss": test and test["loss"], "test_ppl": test and test.get("ppl"),
+                                        "test_tokens": test and test["tokens"]}
+    return {**extra,
         "seed": seed,
         "parameters": run.get("parameters"),
         "steps": train_recs[-1]["step"] if train_recs else 0,
@@ -75,55 +85,76 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
 
 
 def summarize_runs(out: str | os.PathLike, variants: list[str], base: TrainConfig | None = None, *,
-              seeds: list[int] | None = None, diverged: dict | None = None,
-              step_times: dict | None = None) -> dict[str, Any]:
+                   seeds: list[int] | None = None, diverged: dict | None = None,
+                   step_times: dict | None = None, split: str = "val",
+                   per_seed_dirs: bool | None = None) -> dict[str, Any]:
     """Rows of the comparison from the run directories (their metrics.jsonl and run.json).
 
     Per variant: every seed's numbers (``per_seed``), the mean +- sd of the final validation loss, the paired
     difference to the reference (``baseline`` when present) with its 95% t-interval and the number of seeds in
     which the variant was lower, and, with ``step_times``, the equal-wall-clock view: the validation loss
-    each variant had reached when the reference finished (interpolated on its validation curve).
+    each variant had reached when the reference finished (interpolated on its validation curve). ``split``
+    "test": the final test losses (``RUN/test.json``) too, which the report then shows (``reported_split``).
+    ``per_seed_dirs``: whether the runs stand in ``seed_<s>/`` folders (default: with several ``seeds``; a report on
+    some of a study's seeds says).
     """
     out = Path(out)
     seeds = [base.seed if base is not None else 0] if seeds is None else seeds
     diverged = diverged or {}
-    per_seed_dirs = len(seeds) > 1
+    per_seed_dirs = len(seeds) > 1 if per_seed_dirs is None else per_seed_dirs
     rows = []
     for v in variants:
         results = [seed_result(out / f"seed_{s}" / v if per_seed_dirs else out / v, s, diverged.get((v, s)),
-                                base.eval_batches if base is not None else None) for s in seeds]
+                               base.eval_batches if base is not None else None, split) for s in seeds]
         rows.append(variant_row(v, results))
     ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
     for r in rows:
         compare_rows(r, ref, step_times)
     return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
             "settings": base.to_dict() if base is not None else None, "timing": step_times,
-            "machine": machine()}
+            "machine": machine(), "reported_split": split}
+
+
+def loss_keys(split: str) -> dict[str, str]:
+    """The keys of a row's numbers on ``split`` ("val" or "test"): its mean loss, sd, perplexity, the paired
+    difference to the reference, its interval and perplexity difference, and the seeds in which it was lower."""
+    if split == "val":
+        return {"loss": "val_loss", "sd": "val_loss_sd", "ppl": "val_ppl", "d": "d_val_loss",
+                "ci": "d_val_loss_ci95", "d_ppl": "d_val_ppl", "wins": "wins", "n": "n_paired"}
+    return {"loss": f"{split}_loss", "sd": f"{split}_loss_sd", "ppl": f"{split}_ppl", "d": f"d_{split}_loss",
+            "ci": f"d_{split}_loss_ci95", "d_ppl": f"d_{split}_ppl", "wins": f"{split}_wins", "n": f"{split}_n_paired"}
 
 
 def variant_row(variant: str, results: list[dict]) -> dict[str, Any]:
-    val_mean, val_sd = mean_sd([r["val_loss"] for r in results])
-    ppl_mean, _ = mean_sd([r["val_ppl"] for r in results])
     rates = [r["tokens_per_s"] for r in results if r["tokens_per_s"]]
     failed = [(f"seed {r['seed']}: " if len(results) > 1 else "") + r["diverged"] for r in results if r["diverged"]]
-    return {
+    row = {
         "variant": variant, "name": paper_name(variant), "parameters": results[0]["parameters"],
         "steps": results[0]["steps"], "tokens": results[0]["tokens"],
         "final_train_loss": mean_sd([r["final_train_loss"] for r in results])[0],
-        "val_loss": val_mean, "val_loss_sd": val_sd, "val_ppl": ppl_mean,
         "tokens_per_s": statistics.median(rates) if rates else None,
         "diverged": "; ".join(failed) if failed else None, "per_seed": results,
     }
+    for split in ("val", "test") if "test_loss" in results[0] else ("val",):
+        keys = loss_keys(split)
+        row[keys["loss"]], row[keys["sd"]] = mean_sd([r[keys["loss"]] for r in results])
+        row[keys["ppl"]] = mean_sd([r[keys["ppl"]] for r in results])[0]
+    return row
 
 
 def compare_rows(r: dict, ref: dict, step_times: dict | None) -> None:
-    """Fill the differences of row ``r`` to the reference row (paired by seed)."""
+    """Fill the differences of row ``r`` to the reference row (paired by seed), on validation and, where the runs
+    were measured on it, on test; the break-even step-cost ratio of an equal-steps row
+    (:mod:`deep_delta.experiments.break_even`); with ``step_times``, the equal-time view."""
     r["reference"] = ref["variant"]
     mine, theirs = r["per_seed"], ref["per_seed"]
-    paired = paired_difference([x["val_loss"] for x in mine], [y["val_loss"] for y in theirs])
-    r["d_val_loss"], r["d_val_loss_ci95"], r["wins"], r["n_paired"] = (
-        paired["mean"], paired["ci95"], paired["wins"], paired["n"])
-    r["d_val_ppl"] = _diff(r["val_ppl"], ref["val_ppl"])
+    for split in ("val", "test") if "test_loss" in r else ("val",):
+        keys = loss_keys(split)
+        paired = paired_difference([x[keys["loss"]] for x in mine], [y.get(keys["loss"]) for y in theirs])
+        r[keys["d"]], r[keys["ci"]], r[keys["wins"]], r[keys["n"]] = (
+            paired["mean"], paired["ci95"], paired["wins"], paired["n"])
+        r[keys["d_ppl"]] = _diff(r[keys["ppl"]], ref.get(keys["ppl"]))
+    r["break_even"] = _break_even(r, ref)
     r["d_parameters_pct"] = (100.0 * (r["parameters"] - ref["parameters"]) / ref["parameters"]
                              if r["parameters"] and ref["parameters"] else None)
     r["speed_ratio"] = r["tokens_per_s"] / ref["tokens_per_s"] if r["tokens_per_s"] and ref["tokens_per_s"] else None
@@ -143,38 +174,58 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
 
 
+def _break_even(r: dict, ref: dict) -> dict | None:
+    """Row ``r``'s break-even step-cost ratio against ``ref``, seed by seed (None for the reference itself, and for
+    a row whose runs trained another number of steps than the reference's: an equal-cost row)."""
+    from deep_delta.experiments.break_even import break_even, summarize
+
+    if r is ref or r["variant"] == ref["variant"]:
+        return None
+    theirs = {y["seed"]: y for y in ref["per_seed"]}
+    per_seed = []
+    for x in r["per_seed"]:
+        y = theirs.get(x["seed"])
+        if y is None or x["steps"] != y["steps"] or x["diverged"] or y["diverged"] or y["val_loss"] is None:
+            return None
+        per_seed.append({"seed": x["seed"], **break_even(x["val_curve"], y["steps"], y["val_loss"])})
+    return summarize(per_seed) if per_seed else None
+
+
 def comparison_table(summary: dict[str, Any]) -> str:
-    """The comparison as a markdown table: the columns of the paper's Table 3, the seeds' spread and paired
-    interval, one measure of the cost, and the loss at equal wall-clock time. The cost is the step time measured
-    interleaved in one process after training where it was (every variant under the same load); else each run's
-    median throughput while it trained, labelled as that run-average (sequential runs: a busy machine distorts it,
-    so the two measures can disagree on which variant is faster, and only one is shown)."""
+    """The comparison as a markdown table: the columns of the paper's Table 3 (on the split the report is on:
+    validation, or test for evaluation seeds), the seeds' spread and paired interval, one measure of the cost, and
+    the validation loss at equal wall-clock time. The cost is the step time measured interleaved in one process
+    after training where it was (every variant under the same load); else each run's median throughput while it
+    trained, labelled as that run-average (sequential runs: a busy machine distorts it, so the two measures can
+    disagree on which variant is faster, and only one is shown)."""
     ref = summary["reference"]
+    split = summary.get("reported_split", "val")
+    k = loss_keys(split)
     n = len(summary.get("seeds") or [None])
     timed = any(r.get("step_time_s") for r in summary["rows"])
     cost = ("| step ms (interleaved) | step vs ref. | val loss at ref. time | d at ref. time |" if timed else
             "| run-avg train tok/s | run-avg speed vs ref. |")
-    head = ("| model | variant | params | val loss | ppl | d loss | 95% CI of d | lower in | d ppl " + cost + "\n"
+    head = (f"| model | variant | params | {split} loss | ppl | d loss | 95% CI of d | lower in | d ppl " + cost + "\n"
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (cost.count("|") - 1))
     lines = [head]
     for r in summary["rows"]:
         params = f"{r['parameters']:,}" if r["parameters"] else "-"
-        if r["variant"] != ref and r["d_parameters_pct"] is not None:
+        if r["variant"] != ref and r.get("d_parameters_pct") is not None:
             params += f" ({r['d_parameters_pct']:+.2f}%)"
         is_ref = r["variant"] == ref
-        val = fmt(r["val_loss"], ".4f") + (f" +- {r['val_loss_sd']:.4f}" if r.get("val_loss_sd") else "")
-        if r.get("diverged") and r["val_loss"] is None:
+        val = fmt(r.get(k["loss"]), ".4f") + (f" +- {r[k['sd']]:.4f}" if r.get(k["sd"]) else "")
+        if r.get("diverged") and r.get(k["loss"]) is None:
             val = "diverged"
         step_ms = fmt(1000 * r["step_time_s"], ".1f") if r.get("step_time_s") else "-"
         costs = (f"| {step_ms} | {_times(r.get('time_ratio'))} | {fmt(r.get('equal_time_val_loss'), '.4f')} "
                  f"| {'-' if is_ref else fmt(r.get('equal_time_d_val_loss'), '.4f', True)} |" if timed else
-                 f"| {fmt(r['tokens_per_s'], ',.0f')} | {_times(r['speed_ratio'])} |")
+                 f"| {fmt(r.get('tokens_per_s'), ',.0f')} | {_times(r.get('speed_ratio'))} |")
         lines.append(
-            f"| {r['name']} | {r['variant']} | {params} | {val} | {fmt(r['val_ppl'], '.3f')} "
-            f"| {'-' if is_ref else fmt(r['d_val_loss'], '.4f', True)} "
-            f"| {'-' if is_ref else ci_text(r.get('d_val_loss_ci95'))} "
-            f"| {'-' if is_ref else str(r.get('wins', 0)) + '/' + str(r.get('n_paired', n))} "
-            f"| {'-' if is_ref else fmt(r['d_val_ppl'], '.3f', True)} " + costs
+            f"| {r['name']} | {r['variant']} | {params} | {val} | {fmt(r.get(k['ppl']), '.3f')} "
+            f"| {'-' if is_ref else fmt(r.get(k['d']), '.4f', True)} "
+            f"| {'-' if is_ref else ci_text(r.get(k['ci']))} "
+            f"| {'-' if is_ref else str(r.get(k['wins'], 0)) + '/' + str(r.get(k['n'], n))} "
+            f"| {'-' if is_ref else fmt(r.get(k['d_ppl']), '.3f', True)} " + costs
         )
     return "\n".join(lines)
 
@@ -184,22 +235,25 @@ def _times(ratio: float | None) -> str:
 
 
 def verdicts(summary: dict[str, Any], *, conclude: bool = True) -> list[str]:
-    """One plain sentence per variant: better, worse, or not distinguishable from the reference; with
-    ``conclude``, then the one sentence of what the comparison found (:func:`conclusion`)."""
+    """One plain sentence per variant: better, worse, or not distinguishable from the reference (on the split the
+    report is on); with ``conclude``, then the one sentence of what the comparison found (:func:`conclusion`)."""
     ref, lines = summary["reference"], []
+    split = summary.get("reported_split", "val")
+    k = loss_keys(split)
+    on = " on test" if split == "test" else ""
     for r in summary["rows"]:
-        if r["variant"] == ref or r["d_val_loss"] is None:
+        if r["variant"] == ref or r.get(k["d"]) is None:
             continue
-        ci, n = r.get("d_val_loss_ci95"), r.get("n_paired", 0)
+        d, ci, n, wins = r[k["d"]], r.get(k["ci"]), r.get(k["n"], 0), r.get(k["wins"], 0)
         if ci is None:
-            what = f"{r['d_val_loss']:+.4f} nats in one seed: an anecdote, not evidence (use --seeds 3 or more)"
+            what = f"{d:+.4f} nats{on} in one seed: an anecdote, not evidence (use --seeds 3 or more)"
         elif ci[1] < 0:
-            what = f"lower by {-r['d_val_loss']:.4f} nats (95% CI {ci_text(ci)}, lower in {r['wins']}/{n} seeds)"
+            what = f"lower{on} by {-d:.4f} nats (95% CI {ci_text(ci)}, lower in {wins}/{n} seeds)"
         elif ci[0] > 0:
-            what = f"HIGHER (worse) by {r['d_val_loss']:.4f} nats (95% CI {ci_text(ci)}, lower in {r['wins']}/{n} seeds)"
+            what = f"HIGHER (worse){on} by {d:.4f} nats (95% CI {ci_text(ci)}, lower in {wins}/{n} seeds)"
         else:
-            what = (f"not distinguishable from {ref} at this budget (d = {r['d_val_loss']:+.4f}, 95% CI {ci_text(ci)} "
-                    f"contains 0; lower in {r['wins']}/{n} seeds)")
+            what = (f"not distinguishable from {ref}{on} at this budget (d = {d:+.4f}, 95% CI {ci_text(ci)} "
+                    f"contains 0; lower in {wins}/{n} seeds)")
         at = f" at lr {r['lr']:g}" if r.get("lr") is not None else ""
         lines.append(f"- {r['variant']}{at}: {what}.")
     return lines + [conclusion(summary)] if conclude else lines
@@ -210,15 +264,17 @@ def conclusion(summary: dict[str, Any]) -> str:
     higher, or not distinguishable where the seeds give an interval) and, where it was measured, what its step
     costs next to the reference's (interleaved, on the machine of the report)."""
     rows, ref = summary["rows"], summary["reference"]
+    split = summary.get("reported_split", "val")
+    k, loss = loss_keys(split), "validation" if split == "val" else split
     ref_name = next(r["name"] for r in rows if r["variant"] == ref)
     n = len(summary.get("seeds") or [None])
     parts = []
     for r in rows:
         if r["variant"] == ref:
             continue
-        d, ci = r.get("d_val_loss"), r.get("d_val_loss_ci95")
+        d, ci = r.get(k["d"]), r.get(k["ci"])
         if d is None:
-            parts.append(f"{r['name']} {'diverged' if r.get('diverged') else 'has no validation loss'}")
+            parts.append(f"{r['name']} {'diverged' if r.get('diverged') else f'has no {loss} loss'}")
             continue
         if ci is None:
             found = "the same" if d == 0 else f"{'lower' if d < 0 else 'higher'} by {abs(d):.4f} nats"
@@ -230,16 +286,59 @@ def conclusion(summary: dict[str, Any]) -> str:
         parts.append(f"{r['name']} {found}{cost}")
     seeds = "one seed, so no interval: an anecdote" if n == 1 else f"{n} paired seeds"
     timed = " (step times measured interleaved on this machine)" if any(r.get("time_ratio") for r in rows) else ""
-    return (f"Found ({seeds}): at equal steps, against the {ref_name}'s validation loss, " + "; ".join(parts)
+    return (f"Found ({seeds}): at equal steps, against the {ref_name}'s {loss} loss, " + "; ".join(parts)
             + f"{timed}.")
 
 
-def comparison_report(summary: dict[str, Any]) -> str:
-    """``compare.md``: the table, a plain verdict per variant, the settings and the machine."""
+def lr_sentence(summary: dict[str, Any]) -> str:
+    """The report's line on the learning rate and where the numbers come from: one shared lr; a grid whose lr was
+    chosen and reported on the same seeds and validation sample (labelled so); or a grid chosen on the selection
+    split and seeds, reported on fresh evaluation seeds and the test split (``held_out``)."""
+    s, grid, held = summary.get("settings") or {}, summary.get("lr_selection"), summary.get("held_out")
+    if grid is None:
+        return shared_lr_sentence(s.get("lr"))
+    chosen = selection_sentence(grid["lrs"], "final validation loss")
+    if held is None:
+        return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
+                "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
+                "reports fresh seeds on the test split instead).")
+    return (f"Learning rate: each variant at its own best lr of the grid {', '.join(f'{x:g}' for x in grid['lrs'])}, "
+            f"chosen on the final validation loss of the `val` split (the selection split, {held['selection_tokens']:,} "
+            f"tokens) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
+            f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
+            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens, "
+            "the same windows for every run), paired by seed: no number below chose an lr.")
+
+
+def terminal_report(summary: dict[str, Any]) -> str:
+    """What ``ddl compare`` prints at the end, live or ``--report-only`` alike: where the lr and the numbers come
+    from, the grid (with its gap warning), the table, the verdicts and the break-even ratios."""
+    from deep_delta.experiments.break_even import break_even_table
+
+    grid = summary.get("lr_selection")
+    parts = [lr_sentence(summary), ""]
+    if grid is not None:
+        seeds = (summary.get("held_out") or {}).get("selection_seeds") or summary.get("seeds")
+        parts += [f"final validation loss at every lr, seeds {', '.join(map(str, seeds))} (bold: each variant's "
+                  "chosen lr)", grid_table(grid["chosen"], grid["lrs"], lambda x: format(x, ".4f")), ""]
+    parts += [comparison_table(summary), *verdicts(summary)]
+    table = break_even_table(summary)
+    if table:
+        parts += ["", "break-even step-cost ratio r* (log-log interpolation of the validation curve; see compare.md)",
+                  *table]
+    return "\n".join(parts)
+
+
+def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> str:
+    """``compare.md``: the table, a plain verdict per variant, the break-even ratios, the settings and the
+    machine."""
+    from deep_delta.experiments.break_even import METHOD, NOTE, break_even_table
+
     s = summary.get("settings") or {}
     m = summary["machine"]
     rows = summary["rows"]
     seeds = summary.get("seeds") or [s.get("seed")]
+    split = summary.get("reported_split", "val")
     tokens = rows[0]["tokens"] if rows else 0
     notes = [f"- {r['variant']} diverged: {r['diverged']}" for r in rows if r.get("diverged")]
     notes += [f"- {note}" for note in summary.get("notes", [])]
@@ -250,17 +349,15 @@ def comparison_report(summary: dict[str, Any]) -> str:
     lines = [
         "# Variant comparison",
         "",
-        (shared_lr_sentence(s.get("lr")) if grid is None else
-         selection_sentence(grid["lrs"], "final validation loss") + " The loss reported is the same validation "
-         "loss the lr was chosen on (slightly optimistic, for every variant alike)."),
+        lr_sentence(summary),
         "",
         comparison_table(summary),
         "",
         *verdicts(summary, conclude=False),
         *notes,
         "",
-        f"val loss: mean over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), +- the sample sd. d loss / d ppl: "
-        f"difference to `{summary['reference']}` (negative is better), paired by seed; 95% CI: t-interval of the "
+        f"{split} loss: mean over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), +- the sample sd. d loss / d "
+        f"ppl: difference to `{summary['reference']}` (negative is better), paired by seed; 95% CI: t-interval of the "
         "mean paired difference; lower in: seeds in which the variant's loss was lower. "
         + ("The run-average throughput (each run's median tokens/s while it trained, sequential runs under whatever "
            "load the machine had then) is in compare.json (`tokens_per_s`), not in the table: the interleaved step "
@@ -269,17 +366,23 @@ def comparison_report(summary: dict[str, Any]) -> str:
            "(sequential runs: a busy machine distorts it; `--time-repeats` measures the steps interleaved instead); "
            "run-avg speed: its ratio to the reference's."),
     ]
-    lines += _settings_lines(summary, s, m, tokens, lr_text, timing)
+    table = break_even_table(summary)
+    if table:
+        lines += ["", "## Break-even step-cost ratio", "", *table, "", NOTE.format(method=METHOD)]
+    lines += _settings_lines(summary, s, m, tokens, lr_text, timing, curves)
     if grid is not None:
+        held = summary.get("held_out")
+        where = (f" (selection seeds {', '.join(map(str, held['selection_seeds']))}, the `val` split)" if held else "")
         lines += [
-            "## Final validation loss at every lr",
+            f"## Final validation loss at every lr{where}",
             "",
             grid_table(grid["chosen"], grid["lrs"], lambda x: format(x, ".4f")),
             "",
             f"Mean +- sd over the seeds; bold: the chosen lr. A run counts as diverged when its loss was "
             f"non-finite or its final validation loss was above {grid['divergence_limit']:.4f} = "
-            f"{DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform guess's loss; an lr at which any seed diverged is not chosen. Each lr's own "
-            "comparison is in `lr_<lr>/compare.md`.",
+            f"{DIVERGENCE_FACTOR:g} x ln(vocabulary size), a uniform guess's loss; an lr at which any seed diverged "
+            "is not chosen. Each lr's own comparison is in `lr_<lr>/compare.md`"
+            + ("; the evaluation runs are in `evaluation/`." if held else "."),
             "",
             "![final validation loss against lr](lr_sensitivity.png)",
             "",
@@ -287,7 +390,8 @@ def comparison_report(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, conclusion(summary), ""])
 
 
-def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_text: str, timing) -> list[str]:
+def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_text: str, timing,
+                    curves: str = "curves.png") -> list[str]:
     """compare.md's paragraphs on the step timing, the settings, the data and the machine."""
     lines = []
     if timing:
@@ -310,7 +414,7 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). {_wall_sentence(summary)}"
         f"{_devices_sentence(summary)}",
         "",
-        "![training and validation loss](curves.png)",
+        f"![training and validation loss]({curves})",
         "",
     ]
     return lines
@@ -413,10 +517,11 @@ def cost_sentence(summary: dict[str, Any]) -> str:
             "its own warm-up and cosine schedule over its steps (the costs are given, not measured here).")
 
 
-def write_comparison(out: str | os.PathLike, summary: dict[str, Any]) -> list[Path]:
+def write_comparison(out: str | os.PathLike, summary: dict[str, Any], stem: str = "compare") -> list[Path]:
     """compare.md, compare.json (every per-seed number) and curves.png, each replaced atomically; for an lr grid
     also lr_sensitivity.png (the figures only with matplotlib: :func:`~deep_delta.experiments.report.
-    write_outputs`). Returns the paths written."""
+    write_outputs`). ``stem`` "selection": the same as selection.md, selection.json and selection_curves.png (an
+    lr grid whose report is on evaluation seeds: the grid's own best-lr comparison). Returns the paths written."""
     from deep_delta.experiments.lr_grid import lr_dir, plot_sensitivity
 
     out = Path(out)
@@ -424,12 +529,16 @@ def write_comparison(out: str | os.PathLike, summary: dict[str, Any]) -> list[Pa
     roots = None
     figures = {}
     if summary.get("lr_selection"):
-        roots = {r["variant"]: None if r["lr"] is None else lr_dir(out, r["lr"]) for r in summary["rows"]}
+        held = summary.get("held_out")
+        roots = {r["variant"]: None if r["lr"] is None else out / held["runs"] if held else lr_dir(out, r["lr"])
+                 for r in summary["rows"]}
+        grid_seeds = held["selection_seeds"] if held else summary["seeds"]
         figures["lr_sensitivity.png"] = lambda path: plot_sensitivity(
             summary["lr_grid"], variants, path, "final validation loss (nats / token)",
-            f"validation loss against lr, {len(summary['seeds'])} seed(s) per point")
-    figures["curves.png"] = lambda path: plot_curves(out, variants, path, summary.get("seeds"), roots)
-    return write_outputs(out, "compare", summary, comparison_report(summary), figures)
+            f"validation loss against lr, {len(grid_seeds)} seed(s) per point")
+    curves = "curves.png" if stem == "compare" else f"{stem}_curves.png"
+    figures[curves] = lambda path: plot_curves(out, variants, path, summary.get("seeds"), roots)
+    return write_outputs(out, stem, summary, comparison_report(summary, curves), figures)
 
 
 def log_comparison(out: Path, summary: dict[str, Any], base: TrainConfig, say=print) -> None:

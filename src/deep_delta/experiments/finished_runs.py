@@ -147,11 +147,86 @@ def read_run(run_dir: Path, folder_seed: int | None = None, folder_lr: float | N
             raise ValueError(f"{path} records {field} {recorded!r} (train_config.{field}), but the run stands in "
                              f"{folder}; allowed: each run in the folders of its own variant, seed and lr, as `ddl "
                              "compare` wrote it (a run copied or linked into another's place is refused)")
+    check_finished(run)
+    return run
+
+
+def check_finished(run: FinishedRun) -> list[dict[str, Any]]:
+    """The one check of a finished run, before any report uses it (``ddl compare`` reusing it, ``--report-only``,
+    the width / length study): its record and its metrics agree (the end at the claimed step, with its validation
+    loss, and every validation the report reads: :func:`check_metrics`); it trained one continuous schedule of its
+    claimed length (run.json's ``segments``: a run extended with ``ddl train --resume --steps N`` warm-restarted
+    its schedule and is not an N-step run); where checkpoints exist, the latest one's own record (train_meta.json)
+    holds the settings, variant, lr, seed and data run.json holds; and its model is its variant's. Any
+    disagreement is one ``ValueError`` naming the file. Returns the metrics records."""
+    from deep_delta.train.run_dir import RUN_FILE
+
+    path, cfg, end = run.dir / RUN_FILE, run.cfg, run.end
     if end["step"] > cfg.steps or (end["diverged"] is None and end["step"] != cfg.steps):
         raise ValueError(f"{path}: finished.step is {end['step']}, but the run's train_config.steps is "
                          f"{cfg.steps} and it did not diverge; allowed: the record of a run that trained all its steps")
-    check_metrics(run)
-    return run
+    _check_segments(run)
+    _check_checkpoint(run)
+    model = run.record.get("model_config")
+    if isinstance(model, dict) and model.get("variant", cfg.variant) != cfg.variant:
+        raise ValueError(f"{path}: model_config is a {model.get('variant')!r} model, but train_config.variant is "
+                         f"{cfg.variant!r}; allowed: a run's own record (a run copied and relabelled is refused)")
+    return check_metrics(run)
+
+
+def _check_segments(run: FinishedRun) -> None:
+    """One schedule: every segment of run.json's ``segments`` (when recorded) on the run's own length, the
+    segments contiguous from step 0 to the run's end."""
+    segments = run.record.get("segments")
+    if segments is None:
+        return  # a run recorded before segments were: nothing tells its schedule
+    path, steps = run.dir / "run.json", run.cfg.steps
+    ok = isinstance(segments, list) and segments and all(isinstance(s, dict) for s in segments)
+    if ok:
+        starts = [s.get("from") for s in segments]
+        ends = [s.get("to") for s in segments]
+        ok = starts[0] == 0 and ends[-1] == run.end["step"] and starts[1:] == ends[:-1]
+    if not ok:
+        raise ValueError(f"{path}: `segments` is not one run's record of its schedule (contiguous steps from 0 to "
+                         f"the end, step {run.end['step']}); allowed: the run's own run.json")
+    other = [s for s in segments if s.get("steps") != steps]
+    if other:
+        parts = ", ".join(f"steps {s['from']}-{s['to']} on a {s.get('steps')}-step schedule" for s in segments)
+        raise ValueError(f"{path}: the run trained {parts}: resumed with a changed `steps`, which restarts the "
+                         f"warm-up and cosine schedule, so it is not one {steps}-step run; allowed: a run trained on "
+                         f"one {steps}-step schedule (retrain it, `overwrite`)")
+
+
+def _check_checkpoint(run: FinishedRun) -> None:
+    """Where the run keeps checkpoints, the latest one's train_meta.json must record the settings (variant, lr,
+    seed and every other result-changing one) and data of run.json."""
+    from deep_delta.fsutil import read_json_file
+    from deep_delta.train.checkpoint import CheckpointError, latest_checkpoint
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.run_dir import run_identity
+
+    try:
+        latest = latest_checkpoint(run.dir)
+    except (CheckpointError, FileNotFoundError) as e:
+        raise ValueError(f"{run.dir}: {e}") from None
+    if latest is None:
+        return
+    meta = read_json_file(latest / "train_meta.json", "a checkpoint's record (train_meta.json)")
+    saved = meta.get("train_config") if isinstance(meta, dict) else None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{latest / 'train_meta.json'} records no train_config; allowed: a checkpoint `ddl train` wrote")
+    mine = run.cfg.to_dict()
+    # its identity (what a resumed run may not change) and its length, which a finished run's last checkpoint shares
+    diff = differences({**run_identity(saved, ""), "steps": saved.get("steps")},
+                       {**run_identity(mine, ""), "steps": mine["steps"]}, skip={"data"}, has="the checkpoint has")
+    diff = [d.replace(", now ", ", run.json ") for d in diff]
+    stored = meta.get("data_fingerprint")
+    if stored is not None and run.fingerprint is not None and stored != run.fingerprint:
+        diff.append("the data (its fingerprint)")
+    if diff:
+        raise ValueError(f"{run.dir / 'run.json'} does not describe its own checkpoint {latest} ({'; '.join(diff)}): "
+                         "the record was changed after training; allowed: a run's own record (retrain it, "
+                         "`overwrite`)")
 
 
 def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
@@ -187,6 +262,7 @@ def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
         what = "is empty" if not records else f"ends at step {last}"
         raise ValueError(f"{path} {what}, but {run.dir / RUN_FILE} records the run's end at step {end['step']}: the "
                          "file is truncated or of another run; allowed: the run's own metrics.jsonl, complete")
+    _check_validations(run, records, path)
     val = end["evaluation"].get("val_loss")
     if val is not None:
         vals = [r for r in records if "val_loss" in r]
@@ -196,6 +272,26 @@ def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: its last validation loss ({shown}) is not the one {run.dir / RUN_FILE} records "
                              f"at the run's end ({val!r} at step {end['step']}); allowed: the run's own metrics.jsonl")
     return records
+
+
+def _check_validations(run: FinishedRun, records: list[dict[str, Any]], path: Path) -> None:
+    """Every validation the report reads (the curve: every ``eval_every`` steps and the end) is in the metrics,
+    each measured on the run's ``eval_batches``."""
+    cfg, end = run.cfg, run.end
+    vals = {r["step"]: r for r in records if "val_loss" in r}
+    if not vals or end["diverged"] is not None:
+        return  # a run without validation data, or one whose divergence ended it: its end is checked alone
+    wanted = set(range(cfg.eval_every, end["step"] + 1, cfg.eval_every)) if cfg.eval_every else set()
+    missing = sorted((wanted | {end["step"]}) - set(vals))
+    if missing:
+        raise ValueError(f"{path} has no validation record at step {missing[0]}, where a run validating every "
+                         f"{cfg.eval_every} steps validated; allowed: the run's own metrics.jsonl, complete")
+    other = sorted({r["eval_batches"] for r in vals.values() if r.get("eval_batches", cfg.eval_batches)
+                    != cfg.eval_batches})
+    if other:
+        raise ValueError(f"{path} holds validation losses measured on {other[0]} batches, this comparison on "
+                         f"{cfg.eval_batches} (`eval_batches`) as its run.json records it; allowed: the run's own "
+                         "metrics.jsonl, every validation on the run's batches")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -215,13 +311,7 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
         if other is not run:
             raise ValueError(f"the run of {run.name} stands twice, in {other.dir} and {run.dir} (copies or links of "
                              "one run); allowed: each variant, seed and lr once")
-    digests: dict[str, FinishedRun] = {}
-    for run in runs:
-        digest = hashlib.sha256((run.dir / "metrics.jsonl").read_bytes()).hexdigest()
-        other = digests.setdefault(digest, run)
-        if other is not run:
-            raise ValueError(f"{run.dir} and {other.dir} hold the same metrics.jsonl: one run copied, its run.json "
-                             f"changed to {run.name}; allowed: each run trained once")
+    check_copies(runs)
     reference = runs[0]
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
     for run in runs:
@@ -240,6 +330,7 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
             raise ValueError(f"{run.dir / 'run.json'} records steps {run.cfg.steps} (train_config.steps), but "
                              f"{first.dir} of the same variant trained {first.cfg.steps}; allowed: one step count per "
                              "variant (seeds and lrs of other lengths are not averaged)")
+    check_models(runs)
     variants = sorted({r.cfg.variant for r in runs})
     seeds = sorted({r.cfg.seed for r in runs})
     lrs = sorted({r.cfg.lr for r in runs})
@@ -252,4 +343,42 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
                                             "seed (and at every lr of a grid)")
 
 
-__all__ = ["FinishedRun", "check_metrics", "check_together", "find_runs", "lr_of_folder", "read_run"]
+def check_copies(runs: list[FinishedRun]) -> None:
+    """No two runs with the same metrics (their records, not their bytes: a blank line or a reformatting does not
+    make a copy another run's): one run copied and its run.json changed is refused, naming both."""
+    digests: dict[str, FinishedRun] = {}
+    for run in runs:
+        lines = (run.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+        digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
+        other = digests.setdefault(digest, run)
+        if other is not run:
+            raise ValueError(f"{run.dir} and {other.dir} hold the same metrics.jsonl: one run copied, its run.json "
+                             f"changed to {run.name}; allowed: each run trained once")
+
+
+# model_config entries that describe the file, not the model (a transformers upgrade between two runs changes them)
+_BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
+
+
+def check_models(runs: list[FinishedRun]) -> None:
+    """Within a variant, one model: every run's ``model_config`` (but its bookkeeping) and ``parameters`` those of
+    the variant's first run; a run whose record says otherwise is refused, naming its run.json."""
+    first: dict[str, FinishedRun] = {}
+    for run in runs:
+        ref = first.setdefault(run.cfg.variant, run)
+        if ref is run:
+            continue
+        mine, theirs = run.record.get("model_config") or {}, ref.record.get("model_config") or {}
+        keys = sorted(k for k in set(mine) | set(theirs) if k not in _BOOKKEEPING and mine.get(k) != theirs.get(k))
+        if keys or run.record.get("parameters") != ref.record.get("parameters"):
+            what = (f"model_config.{keys[0]} {mine.get(keys[0])!r}" if keys else
+                    f"parameters {run.record.get('parameters')!r}")
+            theirs_text = (f"{theirs.get(keys[0])!r}" if keys else f"{ref.record.get('parameters')!r}")
+            raise ValueError(f"{run.dir / 'run.json'} records {what}, but {ref.dir / 'run.json'} of the same variant "
+                             f"({run.cfg.variant}) records {theirs_text}; allowed: one model per variant (a run "
+                             "copied from another variant and relabelled is refused)")
+
+
+__all__ = ["FinishedRun", "check_copies", "check_models", "check_finished", "check_metrics", "check_together", "find_runs", "lr_of_folder",
+           "read_run"]

@@ -115,12 +115,25 @@ def grid_gaps(lrs: Sequence[float]) -> list[tuple[float, float]]:
     return [(lo, hi) for lo, hi in zip(ordered, ordered[1:]) if hi / lo > MAX_GRID_STEP * (1 + 1e-9)]
 
 
+def _ratio_text(ratio: float) -> str:
+    """A ratio above ``MAX_GRID_STEP`` with the digits that show it is above (2.000001, not 2)."""
+    for digits in range(3, 13):
+        text = f"{ratio:.{digits}g}"
+        if float(text) > MAX_GRID_STEP:
+            return text
+    return repr(ratio)
+
+
 def gap_warning(lrs: Sequence[float]) -> str | None:
-    """A sentence naming the grid's gaps wider than 2x (an optimum inside one would be missed), or None."""
+    """A sentence naming the grid's gaps wider than 2x (an optimum inside one would be missed), or saying that a
+    grid of one lr chooses nothing; None for a grid without either."""
+    if len(set(lrs)) == 1:
+        return (f"warning: the lr grid has one point ({lrs[0]:g}): it chooses nothing, every variant is reported at "
+                "that lr (a grid of several lrs, in factors of 2, chooses each variant's own)")
     gaps = grid_gaps(lrs)
     if not gaps:
         return None
-    spans = ", ".join(f"{lo:g} to {hi:g} ({hi / lo:.3g}x)" for lo, hi in gaps)
+    spans = ", ".join(f"{lo:g} to {hi:g} ({_ratio_text(hi / lo)}x)" for lo, hi in gaps)
     return (f"warning: the lr grid has {'a gap' if len(gaps) == 1 else 'gaps'} wider than {MAX_GRID_STEP:g}x: "
             f"{spans}; a best lr inside {'it' if len(gaps) == 1 else 'them'} would be missed (docs/evidence.md: "
             "grids in factors of 2 without gaps)")
@@ -130,7 +143,9 @@ def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
     """Markdown: a row per variant, a column per lr, each cell the mean +- sd over seeds of the validation metric
     (``fmt`` formats one number), "diverged" where every seed did, the chosen lr in bold, and a chosen lr at
     the grid's edge said to be one (the variant's optimum may lie beyond it: its comparison is then not at its
-    best lr); below the table, a grid with a gap wider than 2x said to have one (:func:`gap_warning`)."""
+    best lr); below the table, a grid with a gap wider than 2x, or of one lr, said to be one (:func:`gap_warning`).
+    The columns go from the lowest lr to the highest, whatever order the grid was given in."""
+    lrs = sorted(lrs)
     head = "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen lr |"
     lines = [head, "|" + " --- |" * (len(lrs) + 2)]
     for variant, c in chosen.items():
@@ -144,6 +159,8 @@ def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
             cells.append(f"**{text}**" if lr == c["lr"] else text)
         if c["lr"] is None:
             cells.append(c["why"])
+        elif len(lrs) == 1:
+            cells.append(f"{c['lr']:g} (the grid's only lr: nothing was chosen)")
         else:
             edge = c.get("edge")
             beyond = "below" if edge == "lowest" else "above"

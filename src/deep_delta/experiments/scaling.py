@@ -49,6 +49,13 @@ _POINT_NAME = re.compile(r"d([0-9]+)_s([0-9]+)")
 _POINTS_MAY_DIFFER = frozenset({"steps", "lr", "seed", "eval_every", "data", "variant", "model"})
 
 
+def has_points(out: str | os.PathLike) -> bool:
+    """Whether ``out`` holds a point of a width / length study (a directory ``d<W>_s<STEPS>``, as :func:`point_dir`
+    names it; a user's ``drafts_sorted/`` or ``d1_s1.txt`` is not one)."""
+    out = Path(out)
+    return out.is_dir() and any(_POINT_NAME.fullmatch(d.name) and d.is_dir() for d in out.iterdir())
+
+
 def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, *, widths: list[int],
                 lengths: list[int], lrs: list[float] | None = None, seeds: list[int] | None = None,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False,
@@ -62,7 +69,7 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
     from deep_delta.train.data import TrainData
 
     widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
-    step_costs = check_step_costs(step_costs, variants, lengths)
+    step_costs = check_step_costs(step_costs, variants, lengths, "lengths" if len(lengths) > 1 else "steps")
     for w in widths:  # a width the heads cannot divide is refused before anything trains
         DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
     refuse_replaced_dir(out)
@@ -112,22 +119,16 @@ def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
             f"{out} holds no finished point for {', '.join(missing) or 'the study'} (points found: "
             f"{', '.join(d.name for d in found.values()) or 'none'}); allowed: the d<W>_s<STEPS> directories a "
             "finished `ddl compare --widths ...` leaves in its `out`")
+    from deep_delta.experiments.collect import collect_comparison
+
     studies, unchecked = {}, []
     for key, d in sorted(keep.items()):
         path = d / "compare.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: the point {d.name} has not finished; finish it with the "
-                                    "`ddl compare` that started it (runs are resumed)")
-        try:
-            studies[key] = json.loads(path.read_text())
-        except ValueError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); rerun that point's `ddl compare`") from None
-        settings = studies[key].get("settings") or {}
-        if (settings.get("model") or {}).get("hidden_size") != key[0] or settings.get("steps") != key[1]:
-            raise ValueError(f"{path} holds hidden_size {(settings.get('model') or {}).get('hidden_size')} and "
-                             f"{settings.get('steps')} steps, not what its directory's name says ({d.name}); "
-                             "allowed: a point directory as `ddl compare --widths` wrote it")
-        if not check_point_runs(d, studies[key]):
+        studies[key] = read_point(path, key)
+        if check_point_runs(d, studies[key]):
+            # a derived file is not trusted: the point's numbers are recomputed from its runs (checked on the way)
+            studies[key] = collect_comparison(d, write=False)
+        else:
             unchecked.append(d.name)
     _check_points_agree(studies)
     first = next(iter(studies.values()))
@@ -141,6 +142,62 @@ def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
         summary["runs_not_on_disk"] = unchecked
     write_scaling(out, summary)
     return summary
+
+
+def read_point(path: Path, key: tuple[int, int]) -> dict[str, Any]:
+    """A point's compare.json (``key``: its width and length, from its directory's name), checked to be a
+    comparison's summary of that point: an object with its settings, reference, seeds and rows, each row's numbers
+    numbers (a difference inside its own interval). Anything else is one error naming the file and the field."""
+    from deep_delta.fsutil import read_json_file
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the point {path.parent.name} has not finished; finish it with the "
+                                "`ddl compare` that started it (runs are resumed)")
+    summary = read_json_file(path, "a comparison's summary (the compare.json `ddl compare` writes)", limit=256 << 20)
+
+    def bad(field: str, got: Any, allowed: str) -> ValueError:
+        shown = json.dumps(got) if len(json.dumps(got)) <= 40 else f"a JSON {type(got).__name__}"
+        return ValueError(f"{path}: `{field}` got {shown}; allowed: {allowed} (rebuild it from the point's runs: "
+                          f"ddl compare --out {path.parent} --report-only)")
+
+    if not isinstance(summary, dict):
+        raise bad("(the file)", summary, "a comparison's summary, an object")
+    settings = summary.get("settings")
+    if not isinstance(settings, dict) or not isinstance(settings.get("model"), dict):
+        raise bad("settings", settings, "the comparison's settings, an object with its model")
+    if settings["model"].get("hidden_size") != key[0] or settings.get("steps") != key[1]:
+        raise ValueError(f"{path} holds hidden_size {settings['model'].get('hidden_size')} and "
+                         f"{settings.get('steps')} steps, not what its directory's name says ({path.parent.name}); "
+                         "allowed: a point directory as `ddl compare --widths` wrote it")
+    rows, seeds = summary.get("rows"), summary.get("seeds")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise bad("rows", rows, "a row per variant")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) for x in seeds):
+        raise bad("seeds", seeds, "the point's seeds, a list of integers")
+    if summary.get("reference") not in [r.get("variant") for r in rows]:
+        raise bad("reference", summary.get("reference"), "the variant of one of its rows")
+    for i, r in enumerate(rows):
+        _check_row(r, f"rows[{i}]", bad)
+    return summary
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _check_row(r: dict, where: str, bad) -> None:
+    for name in ("val_loss", "d_val_loss"):
+        if r.get(name) is not None and not _number(r[name]):
+            raise bad(f"{where}.{name}", r[name], "a number or null")
+    for name in ("parameters", "tokens", "wins", "n_paired"):
+        if r.get(name) is not None and (not isinstance(r[name], int) or isinstance(r[name], bool) or r[name] < 0):
+            raise bad(f"{where}.{name}", r[name], "an integer >= 0 or null")
+    ci, d = r.get("d_val_loss_ci95"), r.get("d_val_loss")
+    if ci is not None:
+        if not (isinstance(ci, list) and len(ci) == 2 and all(_number(x) for x in ci) and ci[0] <= ci[1]):
+            raise bad(f"{where}.d_val_loss_ci95", ci, "null or [low, high], two numbers")
+        if d is None or not ci[0] <= d <= ci[1]:
+            raise bad(f"{where}.d_val_loss", d, f"the mean of its interval's pairs, inside {ci}")
 
 
 def check_point_runs(point: Path, summary: dict) -> bool:
@@ -231,6 +288,8 @@ def _grid(lrs: list[float]) -> str:
 
 
 def format_scaling(summary: dict[str, Any]) -> str:
+    from deep_delta.experiments.lr_grid import gap_warning
+
     ref, seeds, points = summary["reference"], summary["seeds"], summary["points"]
     grids = {(p["width"], p["steps"]): p.get("lrs") for p in points}
     if summary["lrs"]:
@@ -265,6 +324,9 @@ def format_scaling(summary: dict[str, Any]) -> str:
         lines += ["", "| point | seeds | lr grid |", "| --- | --- | --- |"]
         lines += [f"| d{w}_s{n} | {', '.join(map(str, p['seeds']))} | {_grid(p['lrs']) if p.get('lrs') else '-'} |"
                   for (w, n), p in {(p["width"], p["steps"]): p for p in points}.items()]
+    gaps = sorted({w for p in points for w in [gap_warning(p.get("lrs") or [])] if w})
+    if gaps:  # where the result is read: each variant "at its own best lr" of a grid that may miss it
+        lines += ["", *(w[0].upper() + w[1:] for w in gaps)]
     if summary.get("step_costs"):
         costs = ", ".join(f"{v} {c:g}x" for v, c in summary["step_costs"].items())
         lines += ["", f"Equal cost: `steps` is `{ref}`'s; a variant whose step costs c x as much ({costs}; given, "
@@ -315,8 +377,8 @@ def _errorbar(ax, pts: list[dict], x: str, color: str, style: str, label: str) -
     if not pts:
         return
     ys = [p["d_val_loss"] for p in pts]
-    err = [[y - p["ci95"][0] if p["ci95"] else 0.0 for y, p in zip(ys, pts)],
-           [p["ci95"][1] - y if p["ci95"] else 0.0 for y, p in zip(ys, pts)]]
+    err = [[max(0.0, y - p["ci95"][0]) if p["ci95"] else 0.0 for y, p in zip(ys, pts)],
+           [max(0.0, p["ci95"][1] - y) if p["ci95"] else 0.0 for y, p in zip(ys, pts)]]
     ax.errorbar([p[x] for p in pts], ys, yerr=err, fmt=style, color=color, capsize=3, markersize=4, label=label)
 
 

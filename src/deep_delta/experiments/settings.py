@@ -70,6 +70,37 @@ class CoordCheckSettings:
             raise ValueError(f"`seeds` got {len(self.seeds)} seeds; allowed: 1 to {MAX_SEEDS}")
 
 
+# ------------------------------------------------------------------------------------------------ ddl compare
+@dataclass
+class HeldOutSettings:
+    """How ``ddl compare --lrs`` reports apart from where it chose (:mod:`deep_delta.experiments.held_out`): the
+    evaluation seeds and the test tokens. Without ``eval_seeds`` the lr is chosen and reported on the same seeds and
+    validation sample (the report says so). Each field's metadata holds the help of its ``ddl compare`` flag."""
+
+    eval_seeds: int | None = setting(None, "with --lrs: choose each variant's lr on the val split at the --seeds "
+                                     "(the selection seeds), then train N FRESH seeds (--eval-seed-start ...) at the "
+                                     "chosen lr and report those on the test split (test_*.bin), paired by seed; "
+                                     "runs in OUT/evaluation/ (default: report the selection runs themselves, "
+                                     "labelled so)", metavar="N")
+    eval_seed_start: int = setting(100, "the first evaluation seed (seeds START..START+N-1; apart from the "
+                                   "selection seeds)", metavar="START")
+    test_tokens: int | None = setting(None, "test tokens each evaluation run's final model is measured on, the "
+                                      "same windows for every run (default 250K, or the whole test split where it "
+                                      "is smaller; more than the split holds is refused)", metavar="N",
+                                      parse="count")
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.eval_seeds is not None:
+            check_count("eval_seeds", self.eval_seeds, 1, MAX_SEEDS)
+        check_count("eval_seed_start", self.eval_seed_start, 0)
+        if self.test_tokens is not None:
+            check_count("test_tokens", self.test_tokens, 1)
+        if self.eval_seeds is None and self.test_tokens is not None:
+            raise ValueError("`test_tokens` got a value without `eval_seeds`; allowed: with `eval_seeds` (the test "
+                             "split reports the evaluation seeds only)")
+
+
 # ------------------------------------------------------------------------------------------------ ddl tasks run
 # The TrainConfig fields a mechanism-task run takes from its settings (``ddl tasks run``'s flags, defaults from
 # the recipe ``tasks``); the run sets every other one itself (:meth:`TaskSettings.train_config`: the variant and

@@ -12,6 +12,10 @@ interface, so an A/B comparison needs no code change. ``update_rule="write"`` sw
 ``x + beta k v^T`` (no read ``k^T x``, nothing erased) with everything else identical: the same modules,
 parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_update`).
 
+``update_rule="untied"`` gives the erase and the write gates of their own, ``x + k (beta_w v^T - beta_e k^T x)``: the
+gate has two outputs (:class:`BetaGate` ``outputs=2``, erase then write) that start equal, so the module starts as
+its delta rule (:func:`deep_delta.ops.delta.untied_update`).
+
 ``forward(x, ..., emit=Emit(...))`` also computes what the next sublayer takes from the new state, from the same
 fused op, and returns ``(x_new, Carry)``: its compressed read (``emit.what == "read"``: a channel or token
 compressor; the Triton kernel reads the new state from the tile it has just written instead of making another
@@ -32,6 +36,7 @@ from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import resolve_backend, switches
 from deep_delta.ops.compress import channel_compress, token_compress
 from deep_delta.ops.delta import (
+    RULE_GATES,
     UPDATE_RULES,
     apply_update,
     update_and_channel_read,
@@ -84,9 +89,9 @@ class DeltaResidual(nn.Module):
         k_eps: eps guard of the direction normalisation.
         vmap_rank: rank of the low-rank phi_k branch of the v-Map.
         additive: use the plain additive residual ``x + branch(RMSNorm(x))`` instead (d_v = 1 only): the baseline.
-        update_rule: "delta" (the paper's update) or "write" (the write-only control ``x + beta k v^T``: the same
-            residual without the read, for the ablation the authors name; never fused with the next sublayer's
-            read or norm).
+        update_rule: "delta" (the paper's update), "write" (the write-only control ``x + beta k v^T``: the same
+            residual without the read, for the ablation the authors name) or "untied" (the erase and the write
+            each with its own gate); the last two never fused with the next sublayer's read or norm.
         backend: delta-update backend, "auto", "torch" or "triton".
         norm_output: the dtype the branch gets c in. "module": the norm weight's (``nn.RMSNorm``'s output);
             "autocast": under autocast, the autocast dtype (bf16, say), rounded once after the norm. Right for a
@@ -127,10 +132,10 @@ class DeltaResidual(nn.Module):
         self.branch = branch
         if additive:
             return
-        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max)
-        # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
+        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(RULE_GATES[update_rule]))
+        # k-Map with the linear gate of one output: on the Triton backend c, beta and v come from one op
         # (deep_delta.ops.norm.norm_gate_value); False runs the modules (``ddl analyze`` hooks them)
-        self.fuse_inputs = residual_map == "k" and gate == "linear"
+        self.fuse_inputs = residual_map == "k" and gate == "linear" and self.gate.outputs == 1
         if residual_map == "k":
             # v from the raw residual (d_v = 1) or the compressed read (d_v > 1)
             self.value_proj = nn.Linear(dim, value_channels, bias=True)

@@ -5,6 +5,7 @@
 - :mod:`deep_delta.ops.compress`: the state compressors (CC, TC) and the embedding convolution (EC), with the
   causal short convolution they share (:mod:`deep_delta.ops.compress.shortconv`);
 - :mod:`deep_delta.ops.hyper`: the Hyper-Connection (HC / mHC) stream read and write and Sinkhorn-Knopp;
+- :mod:`deep_delta.ops.depth`: Attention Residuals' depth attention (a softmax over the earlier outputs);
 - :mod:`deep_delta.ops.norm`: a k-Map sublayer's RMSNorm, linear gate and value from one read of its source row
   (the update fused with the next sublayer's, ``update_and_norm``, is :mod:`deep_delta.ops.delta`'s: every update
   fused with what follows lives there).
@@ -22,11 +23,13 @@ from deep_delta.ops.compress import channel_compress, embed_conv, token_compress
 from deep_delta.ops.delta import (
     delta_operator,
     delta_update,
+    untied_update,
     update_and_channel_read,
     update_and_norm,
     update_and_token_read,
     write_update,
 )
+from deep_delta.ops.depth import depth_attention
 from deep_delta.ops.hyper import sinkhorn_knopp, stream_read, stream_write
 from deep_delta.ops.norm import norm_gate_value
 
@@ -35,6 +38,7 @@ __all__ = [
     "channel_compress",
     "delta_operator",
     "delta_update",
+    "depth_attention",
     "embed_conv",
     "norm_gate_value",
     "resolve_backend",
@@ -45,5 +49,6 @@ __all__ = [
     "update_and_channel_read",
     "update_and_norm",
     "update_and_token_read",
+    "untied_update",
     "write_update",
 ]

@@ -45,10 +45,16 @@ def data_fingerprint(data_dir: str | os.PathLike, meta: dict) -> str:
 
 def differences(stored: dict, wanted: dict, *, skip: Iterable[str] = (), has: str = "stored") -> list[str]:
     """``key: <has> <stored value>, now <wanted value>`` for every key whose values differ (sorted; keys in
-    ``skip`` ignored; a key missing on one side counts as None)."""
-    skip = set(skip)
-    keys = sorted(k for k in set(stored) | set(wanted) if k not in skip and stored.get(k) != wanted.get(k))
-    return [f"{k}: {has} {stored.get(k)!r}, now {wanted.get(k)!r}" for k in keys]
+    ``skip`` ignored; a key missing on one side counts as None). Where both values are mappings, their entries
+    are compared one by one (``settings.steps: ... 3, now 4``, not the two whole mappings)."""
+    skip, found = set(skip), []
+    for k in sorted(k for k in set(stored) | set(wanted) if k not in skip and stored.get(k) != wanted.get(k)):
+        a, b = stored.get(k), wanted.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += [f"{k}.{d}" for d in differences(a, b, has=has)]
+        else:
+            found.append(f"{k}: {has} {a!r}, now {b!r}")
+    return found
 
 
 def check_belongs(stored: dict, wanted: dict, *, what: str, remedy: str, skip: Iterable[str] = (),
@@ -62,17 +68,19 @@ def check_belongs(stored: dict, wanted: dict, *, what: str, remedy: str, skip: I
 
 
 def check_same_data(stored: str | None, current: str, *, what: str, data_dir: str | os.PathLike,
-                    remedy: str) -> bool:
-    """Refuse to continue or reuse ``what`` (made from data with fingerprint ``stored``) on ``data_dir`` (fingerprint
-    ``current``) when they differ. Returns False when ``what`` has no fingerprint (written before fingerprints were
-    recorded): the caller says that the data could not be checked."""
+                    remedy: str, stored_dir: str | os.PathLike | None = None) -> bool:
+    """Refuse to continue or reuse ``what`` (made from data with fingerprint ``stored``, in ``stored_dir`` when
+    known) on ``data_dir`` (fingerprint ``current``) when they differ. Returns False when ``what`` has no
+    fingerprint (written before fingerprints were recorded): the caller says that the data could not be checked."""
     if stored is None:
         return False
     if stored != current:
+        same_dir = stored_dir is None or Path(stored_dir).resolve() == Path(data_dir).resolve()
+        why = ("the shards' checksums in meta.json differ, so the directory was prepared again or changed" if same_dir
+               else f"it was made from {stored_dir}, another data directory")
         raise StoredResultMismatch(
             f"{what} was made from other data than {data_dir} holds now (data fingerprint {stored[:12]}, now "
-            f"{current[:12]}: the shards' checksums in meta.json differ, so the directory was prepared again or "
-            f"changed); {remedy}")
+            f"{current[:12]}: {why}); {remedy}")
     return True
 
 

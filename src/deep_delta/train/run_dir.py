@@ -256,13 +256,16 @@ def device_record(device) -> dict[str, Any]:
     return {"type": device.type, "name": name, "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def mark_finished(out: Path, result: dict[str, Any]) -> None:
-    """Add the run's end (``result``: its step, last evaluation, why it diverged if it did, wall time) to
-    run.json: a run directory that says it finished can be reported without its checkpoints (``ddl compare
-    --report-only``)."""
+def mark_finished(out: Path, result: dict[str, Any], segments: list[dict[str, Any]]) -> None:
+    """Add the run's end (``result``: its step, last evaluation, why it diverged if it did) and its schedule
+    ``segments`` (:func:`segment`, one per process that trained it) to run.json, with ``wall_s`` the sum of the
+    segments' wall times: a run directory that says it finished can be reported without its checkpoints (``ddl
+    compare --report-only``), and a run extended on a longer schedule (``ddl train --resume --steps N``) can be
+    told from one trained on one schedule."""
     path = out / RUN_FILE
     run = read_run_file(out)
-    run["finished"] = result
+    run["finished"] = {**result, "wall_s": sum(s["wall_s"] for s in segments if s.get("wall_s") is not None)}
+    run["segments"] = segments
     ckpt.write_text_atomic(path, json.dumps(run, indent=2, sort_keys=True))
 
 
@@ -285,6 +288,22 @@ def load_weights_of(path: Path, model_config):
     model = build_model(model_config)
     load_weights(model, path)
     return model
+
+
+def segment(start: int, to: int, steps: int, wall_s: float | None) -> dict[str, Any]:
+    """One process's part of a run: steps ``start`` to ``to`` on a schedule of ``steps`` steps (warm-up and
+    cosine over ``steps``), in ``wall_s`` seconds (None: not recorded)."""
+    return {"from": start, "to": to, "steps": steps, "wall_s": wall_s}
+
+
+def prior_segments(meta: dict[str, Any], step: int) -> list[dict[str, Any]]:
+    """The schedule segments a checkpoint of ``step`` records (its ``train_meta.json``: ``meta``); a checkpoint
+    written before segments were recorded counts as one segment of its own settings' schedule."""
+    kept = meta.get("segments")
+    if isinstance(kept, list) and all(isinstance(s, dict) for s in kept) and kept:
+        return [s for s in kept if isinstance(s.get("to"), int) and s["to"] <= step]
+    steps = (meta.get("train_config") or {}).get("steps")
+    return [segment(0, step, steps, None)]
 
 
 def save_checkpoint(trainer, at: int) -> None:
@@ -313,16 +332,16 @@ def save_checkpoint(trainer, at: int) -> None:
             if t.data is not None else {"tokenizer": None, "data_dir": None})
     ckpt.save_checkpoint(t.out, at, save_model=save_model, keep=t.cfg.keep, train_state={
         "step": at, "optimizer": optim_state, "rng": ckpt.rng_state(), "world_size": t.info.world_size,
-        "wall_s": t.wall_s(),
         **({"data": t.train_loader.state_dict()} if hasattr(t.train_loader, "state_dict") else {}),
     }, meta={
         "variant": t.cfg.variant, "preset": t.cfg.preset, "vocab_size": t.model_config.vocab_size,
-        "tokens": at * t.tokens_per_step, "train_config": t.cfg.to_dict(), "kernel_switches": kernel_switches(),
-        **data,
+        "tokens": at * t.tokens_per_step, "train_config": t.cfg.to_dict(), "segments": t.segments(at),
+        "kernel_switches": kernel_switches(), **data,
     })
 
 
 __all__ = ["RESULT_NEUTRAL", "RESUMABLE_CHANGES", "RUN_FILE", "RunNotFinished", "check_checkpoint_matches",
-           "check_clearable", "check_out_dir", "clear_run", "holds_run", "kernel_switches", "load_weights_of", "own_run_dir",
-           "read_run_file", "refuse_other_run", "restore_stream", "run_end", "run_identity", "save_checkpoint",
+           "check_clearable", "check_out_dir", "clear_run", "holds_run", "kernel_switches", "load_weights_of",
+           "own_run_dir", "prior_segments", "read_run_file", "refuse_other_run", "restore_stream", "run_end",
+           "run_identity", "save_checkpoint", "segment",
            "write_run_file"]

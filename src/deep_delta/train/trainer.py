@@ -123,10 +123,12 @@ class Trainer:
                                                          evaluates=evaluate is not None)
         self.tokens_per_step = cfg.batch_size * self.accum * self.info.world_size * cfg.seq_len
         self.step, self.last_saved = 0, None
+        # the run's schedule segments before this process (one per process that trained it; run_dir.segment)
+        self.prior_segments: list[dict[str, Any]] = []
+        self.start_step, self.t_start = 0, time.perf_counter()
         self.last_eval: dict[str, Any] = {}
         self.diverged: str | None = None
         self.bad_weights: str | None = None  # why a divergence left the last step's weights unfit, and what was kept
-        self.wall_before, self.t_start = 0.0, time.perf_counter()
 
     @property
     def data_dir(self) -> Path | str:
@@ -140,7 +142,7 @@ class Trainer:
     # ------------------------------------------------------------------ the whole run
     def run(self) -> TrainResult:
         """Train to ``cfg.steps`` (or ``stop_at``, or a divergence under ``on_divergence="stop"``)."""
-        self.t_start = time.perf_counter()
+        t_start = self.t_start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             stack.callback(self._release)
             if self.persist:
@@ -168,17 +170,17 @@ class Trainer:
                 # a divergence ends the run as a result under either `on_divergence`: run.json records it the same
                 # way, so every report of the run (ddl compare and its --report-only) says "diverged"
                 if self.persist and self.info.is_main:
-                    run_dir.mark_finished(self.out, {"step": self.step, "evaluation": {}, "diverged": e.reason,
-                                                     "wall_s": self.wall_s()})
+                    run_dir.mark_finished(self.out, {"step": self.step, "evaluation": {}, "diverged": e.reason},
+                                          self.segments(self.step))
                 raise
             if self.diverged is not None:
                 self._end_diverged(bar)
             for loader in loaders:
                 loader.wait_for_token_check()
-            result = self._result(self.wall_s())
+            result = self._result(time.perf_counter() - t_start)
             if self.persist and self.info.is_main and (result.step == self.cfg.steps or result.diverged):
                 run_dir.mark_finished(self.out, {"step": result.step, "evaluation": result.evaluation,
-                                                 "diverged": result.diverged, "wall_s": result.wall_s})
+                                                 "diverged": result.diverged}, self.segments(result.step))
             self.metrics.summary({"step": result.step, "val_loss": result.val_loss, "val_ppl": result.val_ppl,
                                   "parameters": result.parameters, "tokens": result.step * self.tokens_per_step,
                                   "wall_s": result.wall_s, "checkpoint": str(result.checkpoint),
@@ -241,8 +243,8 @@ class Trainer:
         """Optimizer, step, data position and RNG from a checkpoint (the weights are loaded by :meth:`setup`)."""
         state = restored["state"]
         distr.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        self.step = self.last_saved = int(state["step"])
-        self.wall_before = float(state.get("wall_s", 0.0))  # the earlier sessions' time, up to this checkpoint
+        self.step = self.last_saved = self.start_step = int(state["step"])
+        self.prior_segments = run_dir.prior_segments(restored["meta"], self.step)
         ckpt.set_rng_state(state["rng"])
         self.restored_from = restored["path"]
 
@@ -354,6 +356,12 @@ class Trainer:
         self.metrics.log({"step": self.step, **numbers, **extra})
         self.display.evaluation(numbers, record, bar)
 
+    def segments(self, to: int) -> list[dict[str, Any]]:
+        """The run's schedule segments up to step ``to``: those of the processes before this one (from the
+        checkpoint it resumed) and this process's, from its first step to ``to`` on a schedule of ``cfg.steps``."""
+        return [*self.prior_segments, run_dir.segment(self.start_step, to, self.cfg.steps,
+                                                      time.perf_counter() - self.t_start)]
+
     # ------------------------------------------------------------------ evaluate, save, log
     def evaluate(self) -> dict[str, Any] | None:
         """The run's evaluation: ``evaluate(model)`` when given, else the validation loss and perplexity over
@@ -382,11 +390,6 @@ class Trainer:
         self.display.step(record, bar)
 
     # ------------------------------------------------------------------ around the loop
-    def wall_s(self) -> float:
-        """The run's time so far, every session of it: the earlier ones' up to the checkpoint this one resumed
-        from (what a resumed run repeats is counted once), and this one's. run.json's ``finished.wall_s``."""
-        return self.wall_before + time.perf_counter() - self.t_start
-
     @property
     def flops_per_token(self) -> float:
         m = self.model_config

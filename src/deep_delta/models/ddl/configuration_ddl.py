@@ -19,7 +19,7 @@ from deep_delta.ops.delta import UPDATE_RULES
 from deep_delta.settings import check_fields
 from deep_delta.variants import PRESETS, VARIANTS
 
-_RESIDUALS = ("additive", "delta", "hyper")
+_RESIDUALS = ("additive", "delta", "hyper", "attnres")
 PARAMETRIZATIONS = ("sp", "mup")
 STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _COMPRESSORS = ("none",) + COMPRESSORS
@@ -39,14 +39,29 @@ class DDLConfig(PreTrainedConfig):
     (default floor(8/3 d)), max_position_embeddings, rope_theta, rms_norm_eps, initializer_range
     (embedding std), hidden_init_scale (hidden weights ~ N(0, (scale / sqrt(d))^2)).
 
-    Residual fields (what a variant changes): residual ("additive" | "delta"), value_channels (d_v),
+    Residual fields (what a variant changes): residual ("additive" | "delta" | "hyper" | "attnres"), value_channels (d_v),
     residual_map ("k" | "v"), compressor ("none" | "token" | "channel"), compressor_kernel_size
     (TC: taps over tokens, default 4; CC: must equal d_v), state_init ("repeat" | "conv" = EC),
     embed_conv_kernel_size, gate ("linear" | "mlp"), gate_hidden_size, beta_init, beta_max (beta =
     beta_max * sigmoid(.): 2 is the paper's range, up to a reflection; 1 removes reflection), value_scale,
     k_eps, vmap_rank, delta_backend ("auto" | "torch" | "triton"), update_rule ("delta": the paper's
     update | "write": the write-only control ``x + beta k v^T``, no read and nothing erased, everything else the
-    same; the ``-write`` variants, issue 48).
+    same; the ``-write`` variants, issue 48 | "untied": the erase and write gates apart, below), output_norm,
+    attnres_blocks.
+
+    The untied gates (update_rule="untied", the ``-untied`` variants, issue 56): ``X + k (beta_w v^T - beta_e k^T X)``,
+    the erase and the write gates from projections of their own, starting equal (the model starts as its DDL
+    variant at the same seed).
+
+    Peri-LN (output_norm=True, residual="additive"): a learned RMSNorm on each sublayer's output before the add,
+    ``x + RMSNorm(F(RMSNorm(x)))``; nothing else of the baseline changes.
+
+    Attention Residuals (residual="attnres", docs/rivals.md): each sublayer reads a softmax over depth of the
+    embedding and the earlier sublayers' outputs (attnres_blocks=None: Full AttnRes) or of the embedding and the
+    sums of the finished blocks and of the current one (attnres_blocks=N: Block AttnRes, the 2 x
+    num_hidden_layers sublayers split into min(N, 2 x num_hidden_layers) contiguous blocks of near-equal size; the
+    paper's N is 8), weighted by the sublayer's learned pseudo-query against the RMSNorm'd sources; a last depth
+    attention reads the state out before the final norm.
 
     Hyper-connections (residual="hyper", docs/rivals.md): hc_streams (n, default 4), hc_kind ("hc":
     Hyper-Connections | "mhc": manifold-constrained, n >= 2), hc_dynamic (token-dependent coefficients, the
@@ -116,6 +131,8 @@ class DDLConfig(PreTrainedConfig):
     hc_kind: str = "hc"
     hc_dynamic: bool = True
     hc_sinkhorn_iters: int = 20
+    output_norm: bool = False
+    attnres_blocks: int | None = None
     validate_inputs: bool = False
     parametrization: str = "sp"
     mup_base_width: int = 256
@@ -164,17 +181,14 @@ class DDLConfig(PreTrainedConfig):
                 raise _bad(name, getattr(self, name), " | ".join(allowed))
         if self.state_dtype not in STATE_DTYPES:
             raise _bad("state_dtype", self.state_dtype, " | ".join(STATE_DTYPES))
-        if self.residual == "hyper" and self.state_dtype != "auto":
-            raise _bad("state_dtype", self.state_dtype, "'auto' with residual='hyper' (its streams are stored in "
-                       "the embeddings' dtype)")
         if self.value_channels < 1:
             raise _bad("value_channels", self.value_channels, "an integer >= 1 (d_v)")
         if self.update_rule != "delta" and self.residual != "delta":
             raise _bad("update_rule", self.update_rule, f"'delta' with residual={self.residual!r} (an update rule is "
                        "a delta residual's)")
-        if self.update_rule != "delta" and self.recompute_states:
-            raise _bad("recompute_states", self.recompute_states, "False with update_rule='write' (the state "
-                       "rebuild inverts the delta update)")
+        if self.update_rule == "write" and self.recompute_states:
+            raise _bad("recompute_states", self.recompute_states, "False with update_rule='write' (the state rebuild "
+                       "inverts the update of the delta rule's Function, which the write-only control does not run)")
         if self.hc_kind not in HYPER_KINDS:
             raise _bad("hc_kind", self.hc_kind, " | ".join(HYPER_KINDS))
         if self.hc_streams < (2 if self.hc_kind == "mhc" else 1):
@@ -182,6 +196,17 @@ class DDLConfig(PreTrainedConfig):
                        f"for hc_kind={self.hc_kind!r}")
         if self.hc_sinkhorn_iters < 1:
             raise _bad("hc_sinkhorn_iters", self.hc_sinkhorn_iters, "an integer >= 1")
+        if self.output_norm and self.residual != "additive":
+            raise _bad("output_norm", self.output_norm, f"False with residual={self.residual!r} (the output norm is "
+                       "the Peri-LN form of the additive baseline)")
+        if self.attnres_blocks is not None and self.attnres_blocks < 1:
+            raise _bad("attnres_blocks", self.attnres_blocks, "None (Full AttnRes) or an integer >= 1 (Block AttnRes)")
+        if self.residual == "hyper" and self.state_dtype != "auto":
+            raise _bad("state_dtype", self.state_dtype, "'auto' with residual='hyper' (its streams are stored in "
+                       "the embeddings' dtype)")
+        if self.residual == "attnres" and self.value_channels != 1:
+            raise _bad("value_channels", self.value_channels, "1 with residual='attnres' (its state is the "
+                       "sublayers' outputs)")
         if self.residual == "hyper" and self.value_channels != 1:
             raise _bad("value_channels", self.value_channels, "1 with residual='hyper' (its streams are hc_streams)")
         if self.residual == "additive" and self.value_channels != 1:
@@ -237,6 +262,11 @@ class DDLConfig(PreTrainedConfig):
     @property
     def is_delta(self) -> bool:
         return self.residual == "delta"
+
+    @property
+    def is_attnres(self) -> bool:
+        """Attention Residuals: the state is the tuple of sources (the embedding and the outputs or block sums)."""
+        return self.residual == "attnres"
 
     @property
     def is_hyper(self) -> bool:

@@ -32,6 +32,7 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from deep_delta.layers.attention_residuals import AttnResidual, DepthReadout, DepthSources, block_starts
 from deep_delta.layers.compressors import (
     ChannelCompressor,
     StateExpander,
@@ -41,6 +42,7 @@ from deep_delta.layers.compressors import (
 from deep_delta.layers.delta_residual import NOTHING, Carry, DeltaResidual, Emit
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
+from deep_delta.layers.output_norm import NormedBranch
 from deep_delta.models.ddl import fusion
 from deep_delta.models.ddl.cache import (
     CACHE_FIELD,
@@ -134,8 +136,14 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(c)) * self.up_proj(c))
 
 
-def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResidual | HyperResidual:
+def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResidual | HyperResidual | AttnResidual:
     """The residual around sublayer number ``sublayer`` (2 * block, + 1 for the MLP) that the config asks for."""
+    if config.is_attnres:
+        starts = block_starts(2 * config.num_hidden_layers, config.attnres_blocks)
+        return AttnResidual(config.hidden_size, branch, starts_block=starts[sublayer], norm_eps=config.rms_norm_eps,
+                            backend=config.delta_backend)
+    if config.output_norm:  # Peri-LN: the baseline's residual around the sublayer with a norm on its output
+        branch = NormedBranch(branch, config.hidden_size, eps=config.rms_norm_eps)
     if config.is_hyper:
         return HyperResidual(
             config.hidden_size, branch, streams=config.hc_streams, kind=config.hc_kind, dynamic=config.hc_dynamic,
@@ -175,12 +183,13 @@ def read_with_history(module: nn.Module, x: torch.Tensor, cache: DDLCache | None
 
 
 def _mask_pads(pad_mask: torch.Tensor | None, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Each (B, T, ...) tensor with its padded positions zeroed (None passes through), so that pads carry no
-    state into the token convolutions. pad_mask: (B, T), 1 at tokens and 0 at pads (so exact elsewhere); a
+    """Each (B, T, ...) tensor with its padded positions zeroed (None passes through; a tuple of them, an AttnRes
+    state, is masked one by one), so that pads carry no state into the token convolutions. pad_mask: (B, T), 1 at tokens and 0 at pads (so exact elsewhere); a
     state and its compressed read, masked together, stay each other's read."""
     if pad_mask is None:
         return tensors
-    return tuple(None if t is None else t * pad_mask.view(*pad_mask.shape, *(1,) * (t.dim() - 2)) for t in tensors)
+    return tuple(None if t is None else _mask_pads(pad_mask, *t) if isinstance(t, tuple)
+                 else t * pad_mask.view(*pad_mask.shape, *(1,) * (t.dim() - 2)) for t in tensors)
 
 
 class DDLBlock(GradientCheckpointingLayer):
@@ -263,7 +272,7 @@ class DDLPreTrainedModel(PreTrainedModel):
         Under muP (m = ``config.mup_width_mult``): 1/m for every ``nn.Linear`` weight except the LM head,
         i.e. the hidden matrices (q, k, v, o, the MLP, phi_k, the MLP gate's hidden layer) and the scalar
         readouts (value and gate projections), whose fan-in grows with the width, and for the same reason the
-        hyper-connections' dynamic projections (:func:`hyper_readouts`). Embeddings (tied readout: its 1/m is
+        hyper-connections' dynamic projections and AttnRes's pseudo-queries (:func:`residual_readouts`). Embeddings (tied readout: its 1/m is
         the logit multiplier), norms, biases, compressor and EC taps (per-feature) and the hyper-connections'
         static coefficients and scales (width-independent) keep 1. ``deep_delta.train.optim.param_groups``
         reads this, so ``ddl train`` and a user's loop get the same groups.
@@ -277,8 +286,8 @@ class DDLPreTrainedModel(PreTrainedModel):
             prefix = f"{name}." if name else ""
             if isinstance(module, nn.Linear) and module is not head:
                 out[f"{prefix}weight"] = 1.0 / cfg.mup_width_mult
-            elif isinstance(module, HyperResidual):
-                out.update({f"{prefix}{p}": 1.0 / cfg.mup_width_mult for p in hyper_readouts(module)})
+            else:
+                out.update({f"{prefix}{p}": 1.0 / cfg.mup_width_mult for p in residual_readouts(module)})
         return out
 
     def _initialize_weights(self, module: nn.Module, *args, **kwargs) -> None:
@@ -318,8 +327,10 @@ class DDLPreTrainedModel(PreTrainedModel):
                 _mup_readout_init_(module.value_proj.weight, cfg)
         elif isinstance(module, HyperResidual):  # HC draws nothing; mHC's phi over its fan-in n*d
             module.reset_parameters(cfg.hidden_init_scale / math.sqrt(module.streams * cfg.hidden_size))
-            for weight in hyper_readouts(module).values():
+            for weight in residual_readouts(module).values():
                 _mup_readout_init_(weight, cfg)
+        elif isinstance(module, (AttnResidual, DepthReadout)):  # the pseudo-query at zero: uniform weights
+            init.zeros_(module.query)
         elif isinstance(module, (ChannelCompressor, TokenConvCompressor, StateExpander, nn.RMSNorm)):
             module.reset_parameters()
         elif isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
@@ -330,12 +341,16 @@ class DDLPreTrainedModel(PreTrainedModel):
             init.copy_(module.inv_freq, module.compute_inv_freq())
 
 
-def hyper_readouts(module: HyperResidual) -> dict[str, nn.Parameter]:
-    """A hyper-connection's muP readouts by name: its dynamic projections, from the width to a fixed number
-    of coefficients (HC's per-stream ``dynamic_proj``, d -> n + 2; mHC's ``phi``, n d -> 2n + n^2). Like the
-    gate's and the value's projections they train at lr / m and start at zero under muP (docs/mup.md). The
-    static forms have none."""
-    return {name: p for name, p in module.named_parameters(recurse=False) if name in ("dynamic_proj", "phi")}
+RESIDUAL_READOUTS = ("dynamic_proj", "phi", "query")
+
+
+def residual_readouts(module: nn.Module) -> dict[str, nn.Parameter]:
+    """A rival residual's muP readouts by name (its own parameters named in ``RESIDUAL_READOUTS``; none for any
+    other module): a hyper-connection's dynamic projections, from the width to a fixed number of coefficients
+    (HC's per-stream ``dynamic_proj``, d -> n + 2; mHC's ``phi``, n d -> 2n + n^2), and AttnRes's pseudo-queries,
+    d -> one logit per source. Like the gate's and the value's projections they train at lr / m and start at zero
+    under muP (docs/mup.md; AttnRes's start at zero anyway). HC's static forms have none."""
+    return {name: p for name, p in module.named_parameters(recurse=False) if name in RESIDUAL_READOUTS}
 
 
 def _mup_readout_init_(weight: torch.Tensor, config: DDLConfig) -> None:
@@ -398,17 +413,19 @@ class DDLModel(DDLPreTrainedModel):
             )
             if config.value_channels > 1
             else StateExpander(d, config.hc_streams, "repeat") if config.is_hyper  # HC: n copies of the embedding
+            else DepthSources() if config.is_attnres  # AttnRes: the embedding, the first source
             else None
         )
         self.layers = nn.ModuleList(DDLBlock(config, i) for i in range(config.num_hidden_layers))
-        # the final readout of the state to (B, T, d): a compressor (d_v > 1) or HC's stream readout (its name is
-        # that of the weights in every saved checkpoint)
+        # the final readout of the state to (B, T, d): a compressor (d_v > 1), HC's stream readout or AttnRes's last
+        # depth attention (its name is that of the weights in every saved checkpoint)
         self.final_compressor = (
             make_compressor(
                 config.compressor, d, config.value_channels, config.compressor_kernel_size, backend=config.delta_backend
             )
             if config.value_channels > 1
             else StreamReadout(d, config.hc_streams) if config.is_hyper
+            else DepthReadout(d, norm_eps=config.rms_norm_eps, backend=config.delta_backend) if config.is_attnres
             else None
         )
         self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)

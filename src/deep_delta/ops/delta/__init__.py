@@ -17,7 +17,7 @@ import math
 import torch
 
 from deep_delta.ops.backend import resolve_backend, through_registered_op
-from deep_delta.ops.delta.lean import delta_update_lean, write_update_lean
+from deep_delta.ops.delta.lean import delta_update_lean, untied_update_lean, write_update_lean
 from deep_delta.ops.delta.naive import (
     delta_operator_reference,
     delta_update_reference,
@@ -82,7 +82,7 @@ def delta_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     return delta_update_lean(x, k, v, beta, k_eps=k_eps)
 
 
-UPDATE_RULES = ("delta", "write")
+UPDATE_RULES = ("delta", "write", "untied")
 
 
 def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
@@ -100,13 +100,38 @@ def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     return write_update_lean(x, k, v, beta, k_eps=k_eps)
 
 
+def untied_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase: torch.Tensor,
+                  beta_write: torch.Tensor, *, k_eps: float = 1e-5, backend: str = "auto") -> torch.Tensor:
+    """The delta update with untied gates, ``x + k (beta_write v^T - beta_erase k^T x)`` (issue 56): how much of the
+    state along k is erased and how much of v is written, each with its own gate. ``beta_erase == beta_write``
+    is :func:`delta_update`; ``beta_erase == 0`` is :func:`write_update` (``DDLConfig.update_rule = "untied"``).
+
+    Arguments as :func:`delta_update`, the gates each (...) or (..., 1). Every backend runs the lean path (the delta
+    update's autograd Function in its untied mode, :func:`.lean.untied_update_lean`); ``backend`` is validated and
+    otherwise unused until the fused kernels have the mode.
+    """
+    beta_write = _check_inputs(x, k, v, beta_write)
+    beta_erase = _check_inputs(x, k, v, beta_erase)
+    resolve_backend(backend, x.device)
+    return untied_update_lean(x, k, v, beta_erase, beta_write, k_eps=k_eps)
+
+
+# the gates an update rule takes, in the order of its gate projection's outputs (``BetaGate(outputs=...)``)
+RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write")}
+
+
 def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
                  k_eps: float = 1e-5, backend: str = "auto") -> torch.Tensor:
-    """The update named by ``rule``: "delta" (:func:`delta_update`) or "write" (:func:`write_update`)."""
+    """The update named by ``rule``: "delta" (:func:`delta_update`), "write" (:func:`write_update`) or "untied"
+    (:func:`untied_update`; beta (..., 2): the erase gate, then the write gate, as ``RULE_GATES`` orders them)."""
     if rule == "delta":
         return delta_update(x, k, v, beta, k_eps=k_eps, backend=backend)
     if rule == "write":
         return write_update(x, k, v, beta, k_eps=k_eps, backend=backend)
+    if rule == "untied":
+        if beta.shape[-1] != 2:
+            raise ValueError(f"apply_update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
+        return untied_update(x, k, v, beta[..., :1], beta[..., 1:], k_eps=k_eps, backend=backend)
     raise ValueError(f"apply_update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
 
 
@@ -265,6 +290,7 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
 
 __all__ = [
+    "RULE_GATES",
     "UPDATE_RULES",
     "update_and_norm",
     "update_and_norm_reference",
@@ -276,5 +302,6 @@ __all__ = [
     "unit_direction",
     "update_and_channel_read",
     "update_and_token_read",
+    "untied_update",
     "write_update",
 ]

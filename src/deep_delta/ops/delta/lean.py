@@ -15,6 +15,10 @@ against), written to touch the (N, d, d_v) state as few times as possible:
       grad_v = beta a,  grad_beta = sum_j a_j (v_j - p_j)
 
   where ``u = k rho`` is the unit direction and ``delta = beta (v - p)``.
+
+The untied gates (``update_rule="untied"``) are a mode of the same Function: with the erase gate ``beta_e``
+beside the write gate ``beta``, ``delta = beta v - beta_e p``, ``gp = -beta_e a``, ``grad_beta = sum_j a_j v_j``
+and ``grad_beta_e = -sum_j a_j p_j``; every other line is the same.
 """
 
 from __future__ import annotations
@@ -40,16 +44,26 @@ def _project(u: torch.Tensor, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
     return torch.bmm(u.unsqueeze(1), x.to(ct)).squeeze(1)
 
 
+def _gated(beta: torch.Tensor, v: torch.Tensor, p: torch.Tensor, beta_erase: torch.Tensor | None,
+           ct: torch.dtype) -> torch.Tensor:
+    """``delta``, (N, d_v) in ct: ``beta (v - p)`` (tied gates), or ``beta v - beta_erase p`` (untied)."""
+    if beta_erase is None:
+        return beta.to(ct) * (v.to(ct) - p)
+    return beta.to(ct) * v.to(ct) - beta_erase.to(ct) * p
+
+
 def lean_forward(
-    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, k_eps: float
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, k_eps: float,
+    beta_erase: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x', delta): the new state ``x + u delta^T`` (N, d, d_v) in x.dtype and ``delta = beta (v - u^T x)``
-    (N, d_v) in the compute dtype. x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1)."""
+    (N, d_v) in the compute dtype. x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1); ``beta_erase`` (N, 1):
+    the untied erase gate, ``delta = beta v - beta_erase u^T x``."""
     ct = compute_dtype(x, k, v, beta)
     u, _ = unit_direction(k, k_eps, ct)
     xd = x.dtype
     p = _project(u, x, ct)  # (N, d_v)
-    delta = beta.to(ct) * (v.to(ct) - p)  # (N, d_v)
+    delta = _gated(beta, v, p, beta_erase, ct)  # (N, d_v)
     return torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1)), delta
 
 
@@ -60,10 +74,13 @@ def lean_backward(
     v: torch.Tensor,
     beta: torch.Tensor,
     k_eps: float,
-    needs: tuple[bool, bool, bool, bool] = (True, True, True, True),
+    needs: tuple[bool, ...] = (True, True, True, True),
+    beta_erase: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, ...]:
     """(grad_x, grad_k, grad_v, grad_beta) of the update for the upstream gradient g (N, d, d_v), each in its
-    input's dtype (None where ``needs`` is False); recomputes u, p and delta from the inputs."""
+    input's dtype (None where ``needs`` is False); recomputes u, p and delta from the inputs. With the untied
+    erase gate ``beta_erase`` (N, 1), also its gradient: (grad_x, grad_k, grad_v, grad_beta, grad_beta_erase)
+    (``needs`` then has five entries)."""
     ct = compute_dtype(x, k, v, beta)
     xd = x.dtype
     u, rho = unit_direction(k, k_eps, ct)
@@ -72,9 +89,9 @@ def lean_backward(
     p = _project(u, x, ct)
     bf = beta.to(ct)
     vf = v.to(ct)
-    delta = bf * (vf - p)
+    delta = _gated(beta, v, p, beta_erase, ct)
     a = torch.bmm(ux.unsqueeze(1), g).squeeze(1).to(ct)  # (N, d_v) = u^T G
-    gp = -bf * a  # dL/dp
+    gp = -(bf if beta_erase is None else beta_erase.to(ct)) * a  # dL/dp
     grad_x = grad_k = grad_v = grad_beta = None
     if needs[0]:
         grad_x = torch.addcmul(g, ux.unsqueeze(-1), gp.to(xd).unsqueeze(1))
@@ -85,28 +102,38 @@ def lean_backward(
         grad_k = (rho * (gu - u * (u * gu).sum(-1, keepdim=True))).to(k.dtype)
     if needs[2]:
         grad_v = (bf * a).to(v.dtype)
+    if beta_erase is None:
+        if needs[3]:
+            grad_beta = (a * (vf - p)).sum(-1, keepdim=True).to(beta.dtype)
+        return grad_x, grad_k, grad_v, grad_beta
     if needs[3]:
-        grad_beta = (a * (vf - p)).sum(-1, keepdim=True).to(beta.dtype)
-    return grad_x, grad_k, grad_v, grad_beta
+        grad_beta = (a * vf).sum(-1, keepdim=True).to(beta.dtype)
+    grad_erase = -(a * p).sum(-1, keepdim=True).to(beta_erase.dtype) if needs[4] else None
+    return grad_x, grad_k, grad_v, grad_beta, grad_erase
 
 
 class DeltaUpdateFunction(torch.autograd.Function):
-    """``x + beta u (v^T - u^T x)``; x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1)."""
+    """``x + beta u (v^T - u^T x)``; x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1). With ``beta_erase``
+    (N, 1), the untied gates: ``x + u (beta v^T - beta_erase u^T x)``."""
 
     @staticmethod
-    def forward(ctx, x, k, v, beta, k_eps: float):
-        out, delta = lean_forward(x, k, v, beta, k_eps)
+    def forward(ctx, x, k, v, beta, k_eps: float, beta_erase=None):
+        out, delta = lean_forward(x, k, v, beta, k_eps, beta_erase)
         tape = active_tape()
         if tape is not None:  # x is saved as a handle that rebuilds it from out (see recompute.py)
             tape.record(x, out, delta_rebuild(k, delta, k_eps))
-        ctx.save_for_backward(x, k, v, beta)
+        ctx.save_for_backward(x, k, v, beta, beta_erase)
         ctx.k_eps = k_eps
         return out
 
     @staticmethod
     def backward(ctx, g):
-        x, k, v, beta = ctx.saved_tensors
-        return (*lean_backward(g, x, k, v, beta, ctx.k_eps, ctx.needs_input_grad[:4]), None)
+        x, k, v, beta, beta_erase = ctx.saved_tensors
+        if beta_erase is None:
+            return (*lean_backward(g, x, k, v, beta, ctx.k_eps, ctx.needs_input_grad[:4]), None, None)
+        needs = ctx.needs_input_grad[:4] + ctx.needs_input_grad[5:6]
+        *grads, grad_erase = lean_backward(g, x, k, v, beta, ctx.k_eps, needs, beta_erase)
+        return (*grads, None, grad_erase)
 
 
 def delta_update_lean(
@@ -124,6 +151,19 @@ def delta_update_lean(
     n = math.prod(lead)
     out = DeltaUpdateFunction.apply(
         x.reshape(n, d, dv), k.reshape(n, d), v.reshape(n, dv), beta.reshape(n, 1), float(k_eps)
+    )
+    return out.view(x.shape)
+
+
+def untied_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase: torch.Tensor,
+                       beta_write: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
+    """Lean ``x + k (beta_write v^T - beta_erase k^T x)`` (k normalised inside), the untied gates: the delta
+    update's Function with its erase gate apart. Shapes as :func:`delta_update_lean`, both gates (..., 1)."""
+    *lead, d, dv = x.shape
+    n = math.prod(lead)
+    out = DeltaUpdateFunction.apply(
+        x.reshape(n, d, dv), k.reshape(n, d), v.reshape(n, dv), beta_write.reshape(n, 1), float(k_eps),
+        beta_erase.reshape(n, 1),
     )
     return out.view(x.shape)
 

@@ -36,20 +36,32 @@ def delta_update_reference(
     k_eps: float = 1e-5,
     *,
     erase: bool = True,
+    beta_erase: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reference ``x + beta k (v^T - k^T x)`` with k normalised inside; shapes already validated. ``erase=False``:
-    the write-only control ``x + beta k v^T`` (the update without its read ``k^T x``: nothing of the state is
-    erased; :func:`deep_delta.ops.delta.write_update`).
+    """Reference ``x + beta k (v^T - k^T x)`` with k normalised inside; shapes already validated. The three update
+    rules of ``DDLConfig.update_rule`` are this one function:
+
+    - "delta" (the paper): as written;
+    - "write" (``erase=False``): the write-only control ``x + beta k v^T`` (the update without its read ``k^T x``:
+      nothing of the state is erased; :func:`deep_delta.ops.delta.write_update`);
+    - "untied" (``beta_erase`` given, (..., 1)): ``x + k (beta v^T - beta_erase k^T x)``, the erase and the write
+      with gates of their own, beta the write gate (:func:`deep_delta.ops.delta.untied_update`). Tied gates
+      (``beta_erase == beta``) give the delta rule, ``beta_erase == 0`` the write-only control.
 
     x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1). Returns (..., d, d_v) in x.dtype.
     The gate and value math and the projection ``u^T x`` run in fp32 (fp64 if any input is fp64).
     """
-    ct = compute_dtype(x, k, v, beta)
+    if beta_erase is not None and not erase:
+        raise ValueError("delta_update_reference: `beta_erase` (the untied erase gate) needs erase=True")
+    ct = compute_dtype(x, k, v, beta, *(() if beta_erase is None else (beta_erase,)))
     u, _ = unit_direction(k, k_eps, ct)  # (..., d)
     # project: p = u^T x, a reduction over d in the compute dtype (the write-only control reads nothing)
     p = torch.matmul(u.unsqueeze(-2), x.to(ct)).squeeze(-2) if erase else 0.0  # (..., d_v)
-    # compare: beta * (v - u^T x); small, (..., d_v)
-    delta = beta.to(ct) * (v.to(ct) - p)
+    # compare: beta * (v - u^T x); small, (..., d_v); untied: beta v - beta_erase u^T x
+    if beta_erase is None:
+        delta = beta.to(ct) * (v.to(ct) - p)
+    else:
+        delta = beta.to(ct) * v.to(ct) - beta_erase.to(ct) * p
     # write: rank-1 update of the state
     update = u.unsqueeze(-1) * delta.unsqueeze(-2)
     return x + update.to(x.dtype)

@@ -1,0 +1,298 @@
+"""Selection apart from the result: each variant's lr chosen on the selection split at the selection seeds, then
+fresh runs at the chosen lr with evaluation seeds, reported on the test split.
+
+``ddl compare --lrs A B C --seeds 2 --eval-seeds 4 --eval-seed-start 100``:
+
+1. the lr grid at the selection seeds (0, 1), each variant's lr chosen on its final validation loss on ``val``
+   (:func:`~deep_delta.experiments.compare.run_lr_grid`; its report ``OUT/selection.md`` / ``selection.json``);
+2. every variant at its chosen lr with the evaluation seeds (100..103) in ``OUT/evaluation/``, each run's final
+   model measured on the first ``test_tokens`` of the ``test`` split (:mod:`deep_delta.experiments.test_split`);
+3. ``OUT/compare.md`` / ``compare.json`` / ``curves.png``: the equal-steps differences to the reference on test,
+   paired over the evaluation seeds, with the break-even step-cost ratio of each variant
+   (:mod:`deep_delta.experiments.break_even`) from the evaluation runs' validation curves; with
+   ``break_even_checks`` ({variant: r}), the exact run of N / r steps at the first evaluation seed
+   (``OUT/break_even/r_<r>/VARIANT``) and the approximation's measured error.
+
+Everything resumes as a comparison does (finished runs reused, interrupted ones continued, test losses kept in
+``RUN/test.json``); while the evaluation runs train, ``compare.md`` is rewritten after each evaluation seed that
+every variant has finished, labelled partial. ``ddl compare --report-only`` reads the same layout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from deep_delta.experiments.compare import (
+    MAX_STEP_COST,
+    MIN_STEP_COST,
+    check_study,
+    compare_config,
+    run_lr_grid,
+    study_configs,
+    train_runs,
+)
+from deep_delta.experiments.compare_report import (
+    cost_steps,
+    reference_variant,
+    seed_result,
+    summarize_runs,
+    write_comparison,
+)
+from deep_delta.settings import MAX_SEEDS
+from deep_delta.train.config import TrainConfig
+from deep_delta.train.data import TrainData
+
+EVAL_DIR = "evaluation"
+CHECK_DIR = "break_even"
+SELECTION_OUTPUTS = ("selection.md", "selection.json", "selection_curves.png")
+
+
+def eval_seed_list(count: int, start: int, selection: list[int]) -> list[int]:
+    """The evaluation seeds ``start .. start + count - 1``, refused when empty, too many, or sharing a seed with
+    the ``selection`` seeds (fresh seeds: no evaluation run repeats a run that chose an lr)."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SEEDS:
+        raise ValueError(f"`eval_seeds` got {count!r}; allowed: a count of evaluation seeds, 1 to {MAX_SEEDS}")
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"`eval_seed_start` got {start!r}; allowed: an integer >= 0")
+    seeds = list(range(start, start + count))
+    shared = sorted(set(seeds) & set(selection))
+    if shared:
+        raise ValueError(f"`eval_seed_start` {start} with `eval_seeds` {count} gives the seeds {seeds[0]}..{seeds[-1]}, "
+                         f"which share {', '.join(map(str, shared))} with the selection seeds "
+                         f"({', '.join(map(str, selection))}); allowed: evaluation seeds apart from the selection "
+                         f"seeds, e.g. `eval_seed_start` {max(selection) + 1} or 100")
+    return seeds
+
+
+def check_break_even_checks(checks: dict[str, float] | None, variants: list[str],
+                            step_costs: dict[str, float]) -> dict[str, float]:
+    """``checks`` ({variant: r}) validated: each a compared variant other than the reference, trained the
+    reference's steps (not an equal-cost variant), with r in [MIN_STEP_COST, MAX_STEP_COST]."""
+    checks = dict(checks or {})
+    reference = reference_variant(variants)
+    for variant, r in checks.items():
+        if variant not in variants or variant == reference or variant in step_costs:
+            allowed = ", ".join(v for v in variants if v != reference and v not in step_costs)
+            raise ValueError(f"`break_even_checks` names {variant!r}; allowed: a compared variant that trains the "
+                             f"reference's steps, not the reference ({allowed or 'none'})")
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not MIN_STEP_COST <= r <= MAX_STEP_COST:
+            raise ValueError(f"`break_even_checks` for {variant!r} got {r!r}; allowed: a ratio in "
+                             f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (near the variant's r*)")
+    return checks
+
+
+def check_dir(out: Path, variant: str, ratio: float, seed: int, base: TrainConfig, lr: float) -> TrainConfig:
+    """The exact run that checks a break-even ratio: ``variant`` at ``lr`` with the first evaluation seed, trained
+    ``cost_steps(N, ratio)`` steps with its own schedule (as ``step_costs`` trains it), in
+    ``OUT/break_even/r_<ratio>/VARIANT``."""
+    return compare_config(replace(base, lr=lr), variant, out / CHECK_DIR / f"r_{ratio:g}", seed, False, ratio)
+
+
+def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike, lrs: list[float], *,
+                 seeds: list[int], eval_seeds: int, eval_seed_start: int = 100, test_tokens: int | None = None,
+                 break_even_checks: dict[str, float] | None = None, overwrite: bool = False, progress: bool = True,
+                 quiet: bool = False, time_repeats: int = 5, step_costs: dict[str, float] | None = None,
+                 data: TrainData | None = None) -> dict[str, Any]:
+    """The study of the module docstring; returns the evaluation's summary (also ``OUT/compare.json``). Everything
+    that can be refused (the test split and its size, the evaluation seeds, the checks) is refused before anything
+    trains."""
+    from deep_delta.experiments.test_split import measure_test, resolve_test_tokens
+    from deep_delta.fsutil import refuse_unwritable_results
+
+    out = Path(out)
+    variants, seeds = check_study(variants, seeds, base)
+    data = data if data is not None else TrainData.resolve(base.data)
+    tokens = resolve_test_tokens(data, test_tokens, base.seq_len)
+    eval_seeds = eval_seed_list(eval_seeds, eval_seed_start, seeds)
+    checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}))
+    refuse_unwritable_results(out / name for name in SELECTION_OUTPUTS)
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
+    t0 = time.perf_counter()
+
+    def evaluate(selection: dict) -> dict:
+        chosen = {v: selection["lr_selection"]["chosen"][v]["lr"] for v in variants}
+        reference = reference_variant(variants)
+        if chosen[reference] is None:
+            raise ValueError(f"the reference {reference} diverged at every lr of the grid ({out / 'selection.md'}): "
+                             "the evaluation seeds would have nothing to be paired with; allowed: a grid with an lr "
+                             "at which the reference trains")
+        live = [v for v in variants if chosen[v] is not None]
+        where = out / EVAL_DIR
+        cfgs = study_configs(base, live, eval_seeds, where, step_costs, lrs=chosen)
+        partial = _partial_report(out, base, selection, live, eval_seeds, cfgs, t0)
+        say(f"evaluation seeds {', '.join(map(str, eval_seeds))} at the chosen lrs "
+            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {tokens:,} test tokens: {where}")
+        diverged = train_runs(cfgs, where, data, overwrite=overwrite, progress=progress, quiet=quiet,
+                              lock="ddl compare --eval-seeds", after_each=partial,
+                              after_run=lambda key, cfg: measure_test(cfg, data, tokens, step=cfg.steps, say=say))
+        check_cfgs = {(v, eval_seeds[0]): check_dir(out, v, r, eval_seeds[0], base, chosen[v])
+                      for v, r in checks.items() if chosen[v] is not None}
+        if check_cfgs:
+            say(f"break-even checks: {', '.join(f'{v} at r = {checks[v]:g}' for v, _ in check_cfgs)}")
+            train_runs(check_cfgs, out / CHECK_DIR, data, overwrite=overwrite, progress=progress, quiet=quiet,
+                       lock="ddl compare --break-even-check")
+        summary = held_out_summary(out, base, selection, live, eval_seeds, diverged,
+                                   {v: checks[v] for v, _ in check_cfgs})
+        summary["wall_s"] = time.perf_counter() - t0
+        write_comparison(out, summary)
+        return summary
+
+    return run_lr_grid(base, variants, out, lrs, seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet,
+                       time_repeats=time_repeats, step_costs=step_costs, data=data, after_selection=evaluate)
+
+
+def _partial_report(out: Path, base: TrainConfig, selection: dict, live: list[str], eval_seeds: list[int],
+                    cfgs: dict, t0: float):
+    """What runs after each evaluation run: ``compare.md`` rewritten over the evaluation seeds every variant has
+    finished so far (with their test losses), labelled partial; nothing before the first such seed."""
+    from deep_delta.experiments.compare import run_divergence, stored_end
+    from deep_delta.experiments.test_split import read_test
+
+    def done(key) -> bool:
+        path = cfgs[key].out
+        return stored_end(path) is not None and (run_divergence(path) is not None or read_test(path) is not None)
+
+    def after_each(results: dict) -> None:
+        complete = [s for s in eval_seeds if all(done((v, s)) for v in live)]
+        if not complete or len(complete) == len(eval_seeds):
+            return
+        diverged = {k: run_divergence(cfgs[k].out) for k in cfgs if k[1] in complete and stored_end(cfgs[k].out)}
+        summary = held_out_summary(out, base, selection, live, eval_seeds, {k: v for k, v in diverged.items() if v},
+                                   {}, complete=complete)
+        summary["wall_s"] = time.perf_counter() - t0
+        write_comparison(out, summary)
+
+    return after_each
+
+
+def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[str], eval_seeds: list[int],
+                     diverged: dict, checks: dict[str, float], complete: list[int] | None = None) -> dict[str, Any]:
+    """The evaluation's summary (``base``: the study's settings but lr): the runs of ``OUT/evaluation`` (each
+    variant of ``live`` at its chosen lr, the
+    evaluation seeds, or those of them ``complete``) on test, paired by seed, a variant without an lr (diverged at
+    every lr) as its selection row says, the selection it comes from and the break-even checks (``checks``:
+    {variant: r})."""
+    from deep_delta.experiments.test_split import read_test
+
+    seeds = complete or eval_seeds
+    several = (out / EVAL_DIR / f"seed_{seeds[0]}").is_dir()  # seed folders: a study of several evaluation seeds
+    summary = summarize_runs(out / EVAL_DIR, live, base, seeds=seeds, diverged=diverged,
+                             step_times=selection.get("timing"), split="test", per_seed_dirs=several)
+    chosen = selection["lr_selection"]["chosen"]
+    rows = {r["variant"]: {**r, "lr": chosen[r["variant"]]["lr"]} for r in summary["rows"]}
+    for r in selection["rows"]:  # a variant with no lr free of divergence: its selection row says why
+        rows.setdefault(r["variant"], r)
+    per_run = [read_test(_run_dir(out, v, s, several)) for v in live for s in seeds
+               if not diverged.get((v, s))]
+    test_tokens = sorted({t["tokens"] for t in per_run if t})
+    if len(test_tokens) > 1:
+        raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on different test tokens "
+                         f"({', '.join(map(str, test_tokens))}); allowed: every run on the same test windows (run the "
+                         "study again: it measures each run with the study's `test_tokens`)")
+    s = selection["settings"]
+    held = {"selection_seeds": selection["seeds"], "eval_seeds": eval_seeds, "selection_split": "val",
+            "report_split": "test", "selection_tokens": s["eval_batches"] * s["batch_size"] * s["seq_len"],
+            "test_tokens": test_tokens[0] if test_tokens else None, "runs": EVAL_DIR}
+    summary.update(rows=[rows[r["variant"]] for r in selection["rows"]], seeds=seeds, held_out=held,
+                   settings=s, lr_selection=selection["lr_selection"], lr_grid=selection["lr_grid"],
+                   data_fingerprint=selection.get("data_fingerprint"),
+                   **({"step_costs": selection["step_costs"]} if selection.get("step_costs") else {}))
+    if complete and len(complete) < len(eval_seeds):
+        summary.setdefault("notes", []).append(
+            f"PARTIAL: {len(complete)} of {len(eval_seeds)} evaluation seeds finished "
+            f"({', '.join(map(str, complete))}); the study goes on and rewrites this report")
+    summary["break_even_checks"] = [_check(out, v, r, eval_seeds[0], rows, summary["reference"])
+                                    for v, r in checks.items()]
+    return summary
+
+
+def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str, Any]:
+    """``--report-only`` of a study with evaluation seeds: its evaluation runs (``OUT/evaluation``) and break-even
+    checks read from their records, checked against the selection (each variant at its chosen lr, the selection's
+    settings and data, evaluation seeds apart from the selection seeds) and their test records (the run's final
+    step, its data, the same test windows for every run), then reported as the live study reports them. An
+    evaluation seed that some variant has not finished is left out, and the report says it is partial."""
+    from deep_delta.experiments.finished_runs import read_run
+    from deep_delta.experiments.test_split import read_test
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.run_dir import RESULT_NEUTRAL, RunNotFinished, read_run_file, run_end
+
+    chosen = {v: c["lr"] for v, c in selection["lr_selection"]["chosen"].items()}
+    live = [v for v in chosen if chosen[v] is not None]
+    where = out / EVAL_DIR
+    seed_dirs = sorted(d for d in where.iterdir() if d.name.startswith("seed_"))
+    several = bool(seed_dirs)
+    found = [(d / v, int(d.name[5:]) if d.name[5:].isdigit() else None) for d in seed_dirs for v in live] \
+        if several else [(where / v, None) for v in live]
+    runs = {}
+    for run_dir, seed in found:
+        if not (run_dir / "run.json").is_file():
+            continue
+        try:
+            run_end(run_dir, read_run_file(run_dir))
+        except RunNotFinished:
+            continue  # still training: its seed is left out (partial)
+        run = read_run(run_dir, seed)
+        runs[run.cfg.variant, run.cfg.seed] = run
+    free = RESULT_NEUTRAL | {"variant", "seed", "out", "lr", "wandb_run_name", "data", "steps"}
+    for (v, s), run in runs.items():
+        if run.cfg.lr != chosen[v]:
+            raise ValueError(f"{run.dir / 'run.json'} records lr {run.cfg.lr:g}, but the grid chooses {chosen[v]:g} "
+                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (rerun the "
+                             "study with `overwrite` to retrain them)")
+        if s in selection["seeds"]:
+            raise ValueError(f"{run.dir} is an evaluation run of seed {s}, a selection seed; allowed: evaluation "
+                             "seeds apart from the selection seeds")
+        diff = differences(base.to_dict(), run.cfg.to_dict(), skip=free, has="the selection has")
+        if run.fingerprint != selection.get("data_fingerprint"):
+            diff.append("the data (its fingerprint)")
+        if diff:
+            raise ValueError(f"{run.dir / 'run.json'} was not made with the selection's settings ({'; '.join(diff)}); "
+                             "allowed: evaluation runs of this study")
+        test = read_test(run.dir) if not run.diverged else None
+        if not run.diverged and (test is None or test.get("step") != run.end["step"]
+                                 or test.get("data_fingerprint") != run.fingerprint):
+            raise ValueError(f"{run.dir / 'test.json'} is missing or not of this run's final step and data; run the "
+                             "study's `ddl compare` again (it measures what is missing)")
+    eval_seeds = sorted({s for _, s in runs})
+    complete = [s for s in eval_seeds if all((v, s) in runs for v in live)]
+    if not complete:
+        raise FileNotFoundError(f"{where} holds no evaluation seed that every variant ({', '.join(live)}) has "
+                                "finished; finish the study with the `ddl compare` that started it")
+    diverged = {k: r.diverged for k, r in runs.items() if r.diverged and k[1] in complete}
+    checks = {}
+    for folder in sorted((out / CHECK_DIR).glob("r_*")) if (out / CHECK_DIR).is_dir() else []:
+        for v in live:
+            if (folder / v / "run.json").is_file():
+                read_run(folder / v)
+                checks[v] = float(folder.name[2:])
+    summary = held_out_summary(out, base, selection, live, eval_seeds, diverged, checks,
+                               complete=complete if len(complete) < len(eval_seeds) else None)
+    summary["wall_s"] = selection.get("wall_s", 0) + sum(r.end["wall_s"] for r in runs.values())
+    write_comparison(out, summary)
+    return summary
+
+
+def _run_dir(out: Path, variant: str, seed: int, several: bool) -> Path:
+    return out / EVAL_DIR / f"seed_{seed}" / variant if several else out / EVAL_DIR / variant
+
+
+def _check(out: Path, variant: str, ratio: float, seed: int, rows: dict, reference: str) -> dict:
+    """One break-even check: the exact run's final validation loss against its curve's estimate."""
+    from deep_delta.experiments.break_even import check_row
+    from deep_delta.experiments.compare import run_divergence
+
+    mine = next(x for x in rows[variant]["per_seed"] if x["seed"] == seed)
+    theirs = next(x for x in rows[reference]["per_seed"] if x["seed"] == seed)
+    steps = cost_steps(mine["steps"], ratio)
+    run = out / CHECK_DIR / f"r_{ratio:g}" / variant
+    exact = seed_result(run, seed, run_divergence(run))
+    return check_row(variant, ratio, steps, exact["val_loss"], mine["val_curve"], theirs["val_loss"], seed)
+
+
+__all__ = ["CHECK_DIR", "EVAL_DIR", "check_break_even_checks", "collect_held_out", "eval_seed_list",
+           "held_out_summary", "run_held_out"]

@@ -1,0 +1,163 @@
+"""``ddl compare --lrs ... --eval-seeds N``: each variant's lr chosen on the val split at the selection seeds, then
+fresh runs at the chosen lr with the evaluation seeds, reported on the test split; the old way (chosen and
+reported on the same seeds and validation sample) labelled so; a killed study resumed; ``--report-only`` reading
+the same layout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from tests.experiments.test_compare_lr_grid import MODEL
+
+from deep_delta.cli.main import main
+from deep_delta.data.shards import open_shard, write_shard_record
+from deep_delta.train.metrics import read_metrics
+
+PLANTED = 1e-5  # an lr far too small to train: it wins only where its validation loss is planted
+
+
+@pytest.fixture(scope="module")
+def split_data(tmp_path_factory, data_dir):
+    """The training tests' data with a test split of 4,000 tokens (test_000000.bin, recorded in meta.json)."""
+    out = tmp_path_factory.mktemp("held_out") / "bytes"
+    shutil.copytree(data_dir, out)
+    tokens = np.asarray(open_shard(out / "train_000000.bin"))[-4000:]
+    record = write_shard_record(out / "test_000000.bin", tokens)
+    meta = json.loads((out / "meta.json").read_text())
+    meta["splits"]["test"] = {"num_tokens": record["num_tokens"], "shards": [record]}
+    (out / "meta.json").write_text(json.dumps(meta))
+    return out
+
+
+def plant(monkeypatch, lr: float, by: float = 1.0):
+    """Runs at ``lr`` see their validation loss lowered by ``by``: that lr wins on the selection split only."""
+    from deep_delta.train.trainer import Trainer
+
+    real = Trainer.evaluate
+
+    def evaluate(self):
+        numbers = real(self)
+        if numbers is not None and self.cfg.lr == lr:
+            numbers = {**numbers, "val_loss": numbers["val_loss"] - by}
+        return numbers
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+
+
+def held_out(out, data, *extra, lrs=(PLANTED, 3e-3), steps=3, eval_every=3, start=100, tokens="1024"):
+    """A grid on 2 selection seeds, 2 evaluation seeds from 100, reported on 1,024 test tokens."""
+    return ["compare", "--variants", "baseline", "ddl-dv1", "--out", str(out), "--data", str(data),
+            "--steps", str(steps), "--batch-size", "2", "--seq-len", "16", "--eval-every", str(eval_every),
+            "--eval-batches", "1", "--warmup-steps", "0", "--device", "cpu", "--threads", "1", "--no-progress",
+            "--time-repeats", "0", *MODEL, "--lrs", *map(str, lrs), "--seeds", "2", "--eval-seeds", "2",
+            "--eval-seed-start", str(start), "--test-tokens", tokens, *extra]
+
+
+def test_a_planted_lr_is_chosen_on_val_and_reported_on_test(tmp_path, split_data, capsys, monkeypatch):
+    plant(monkeypatch, PLANTED)
+    out = tmp_path / "held"
+    assert main(held_out(out, split_data)) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["reported_split"] == "test"
+    assert summary["held_out"]["selection_seeds"] == [0, 1] and summary["held_out"]["eval_seeds"] == [100, 101]
+    assert summary["held_out"]["test_tokens"] == 1024
+    for row in summary["rows"]:
+        assert row["lr"] == PLANTED  # chosen on the planted validation loss
+        for x in row["per_seed"]:
+            run = out / "evaluation" / f"seed_{x['seed']}" / row["variant"]
+            test = json.loads((run / "test.json").read_text())
+            assert json.loads((run / "run.json").read_text())["train_config"]["lr"] == PLANTED
+            assert x["test_loss"] == test["loss"] and test["tokens"] == 1024
+            # the planted validation loss is a nat below what the model measures on test
+            val = [r["val_loss"] for r in read_metrics(run) if "val_loss" in r][-1]
+            assert x["val_loss"] == val and test["loss"] > val + 0.5
+        assert row["test_loss"] == pytest.approx(sum(x["test_loss"] for x in row["per_seed"]) / 2)
+    dv1 = next(r for r in summary["rows"] if r["variant"] == "ddl-dv1")
+    base = next(r for r in summary["rows"] if r["variant"] == "baseline")
+    assert dv1["d_test_loss"] == pytest.approx(dv1["test_loss"] - base["test_loss"])
+    report = (out / "compare.md").read_text()
+    assert "| test loss |" in report and f"{base['test_loss']:.4f}" in report
+    assert "at the selection seeds 0, 1" in report and "evaluation seeds 100, 101, reported on the `test` split" \
+        in report
+    assert "at the selection seeds 0, 1" in printed and f"{base['test_loss']:.4f}" in printed
+    selection = json.loads((out / "selection.json").read_text())
+    assert selection["seeds"] == [0, 1] and "held_out" not in selection
+    # the selection's own report is labelled as choosing and reporting on the same seeds and validation sample
+    assert "chosen and reported on the same seeds and validation sample" in (out / "selection.md").read_text()
+
+
+def crash_when(monkeypatch, failing):
+    """Runs for which ``failing(cfg)`` holds crash at their second step (a killed process)."""
+    from deep_delta.train.trainer import Trainer
+
+    real = Trainer.train_step
+
+    def train_step(self):
+        if failing(self.cfg) and self.step == 1:
+            raise RuntimeError("killed")
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+def test_a_killed_study_reports_its_partial_results_and_resumes(tmp_path, split_data, capsys, monkeypatch):
+    out = tmp_path / "resume"
+    args = held_out(out, split_data, lrs=(1e-3, 2e-3), steps=4, eval_every=1)
+    crash_when(monkeypatch, lambda cfg: cfg.seed == 101 and cfg.variant == "ddl-dv1")
+    with pytest.raises(RuntimeError, match="killed"):
+        main(args)
+    capsys.readouterr()
+    partial = json.loads((out / "compare.json").read_text())
+    assert partial["seeds"] == [100] and any("PARTIAL: 1 of 2 evaluation seeds" in n for n in partial["notes"])
+    assert main(["compare", "--out", str(out), "--report-only", "--no-progress"]) == 0
+    assert "PARTIAL: 1 of 2 evaluation seeds" in capsys.readouterr().out
+    kept = {p: p.read_text() for p in out.glob("**/metrics.jsonl") if "seed_101" not in str(p) or "baseline" in str(p)}
+    tests = {p: p.read_text() for p in out.glob("evaluation/**/test.json")}
+    monkeypatch.undo()
+    assert main([*args, "--break-even-check", "ddl-dv1=2"]) == 0
+    printed = capsys.readouterr().out
+    assert {p: p.read_text() for p in kept} == kept  # finished runs reused, not retrained
+    assert {p: p.read_text() for p in tests} == tests  # their test losses reused, not measured again
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["seeds"] == [100, 101] and not any("PARTIAL" in n for n in summary.get("notes", []))
+    # the exact run of the break-even check: 2 steps with its own schedule at the first evaluation seed
+    (check,) = summary["break_even_checks"]
+    run = out / "break_even" / "r_2" / "ddl-dv1"
+    assert json.loads((run / "run.json").read_text())["train_config"]["steps"] == 2
+    exact = [r["val_loss"] for r in read_metrics(run) if "val_loss" in r][-1]
+    curve = [[r["step"], r["val_loss"]] for r in read_metrics(out / "evaluation" / "seed_100" / "ddl-dv1")
+             if "val_loss" in r]
+    assert check["exact_loss"] == exact and check["estimate"] == dict(map(tuple, curve))[2]
+    assert check["error"] == pytest.approx(exact - dict(map(tuple, curve))[2])
+    assert f"measured error (exact minus the curve's estimate) {check['error']:+.4f} nats" in printed
+    row = next(r for r in summary["rows"] if r["variant"] == "ddl-dv1")
+    assert [x["seed"] for x in row["break_even"]["per_seed"]] == [100, 101]
+    assert "| ddl-dv1 | 100: " in (out / "compare.md").read_text()
+    # --report-only reads the same layout back to the same numbers
+    assert main(["compare", "--out", str(out), "--report-only", "--no-progress"]) == 0
+    again = json.loads((out / "compare.json").read_text())
+    assert [(r["variant"], r["lr"], r["test_loss"], r["d_test_loss"]) for r in again["rows"]] == \
+        [(r["variant"], r["lr"], r["test_loss"], r["d_test_loss"]) for r in summary["rows"]]
+    assert again["break_even_checks"] == summary["break_even_checks"]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (dict(tokens="100k"), "--test-tokens got 100,000, but the test split of"),
+    (dict(start=1), "which share 1 with the selection seeds (0, 1)"),
+    (dict(extra=["--break-even-check", "baseline=2"]), "--break-even-check names 'baseline'"),
+])
+def test_a_held_out_study_is_refused_before_anything_trains(tmp_path, split_data, capsys, extra, expected):
+    out = tmp_path / "bad"
+    assert main(held_out(out, split_data, *extra.pop("extra", []), **extra)) == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_data_without_a_test_split_is_refused(tmp_path, data_dir, capsys):
+    assert main(held_out(tmp_path / "none", data_dir)) == 2
+    assert "has no test split (no test_*.bin shards)" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
