@@ -67,4 +67,5 @@ def test_the_main_job_estimates_its_length_and_says_the_mfu_note_once(tmp_path, 
         r"\[1/2\] baseline: about \d+ (s|min) left for this run \(\d+ ms a step so far\); with the 1 run\(s\) of the "
         r"study after it, about \d+ (s|min), if each costs as much \(.*\)", first[0]), first
     assert printed.index(first[0]) < printed.index("[2/2] ddl-cc")
-    assert printed.rstrip().split("\n")[-3].startswith("Found (one seed")
+    before_wrote = printed[:printed.rindex("\nwrote ")].rstrip().split("\n")
+    assert before_wrote[-1].startswith("Found (one seed")  # the report's last line, before the files it wrote

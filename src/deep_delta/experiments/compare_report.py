@@ -234,9 +234,9 @@ def _times(ratio: float | None) -> str:
     return "-" if fmt(ratio, ".2f") == "-" else f"{ratio:.2f}x"
 
 
-def verdicts(summary: dict[str, Any], *, conclude: bool = True) -> list[str]:
+def verdicts(summary: dict[str, Any]) -> list[str]:
     """One plain sentence per variant: better, worse, or not distinguishable from the reference (on the split the
-    report is on); with ``conclude``, then the one sentence of what the comparison found (:func:`conclusion`)."""
+    report is on); the report's last line says what the comparison found (:func:`conclusion`)."""
     ref, lines = summary["reference"], []
     split = summary.get("reported_split", "val")
     k = loss_keys(split)
@@ -256,7 +256,7 @@ def verdicts(summary: dict[str, Any], *, conclude: bool = True) -> list[str]:
                     f"contains 0; lower in {wins}/{n} seeds)")
         at = f" at lr {r['lr']:g}" if r.get("lr") is not None else ""
         lines.append(f"- {r['variant']}{at}: {what}.")
-    return lines + [conclusion(summary)] if conclude else lines
+    return lines
 
 
 def conclusion(summary: dict[str, Any]) -> str:
@@ -312,7 +312,8 @@ def lr_sentence(summary: dict[str, Any]) -> str:
 
 def terminal_report(summary: dict[str, Any]) -> str:
     """What ``ddl compare`` prints at the end, live or ``--report-only`` alike: where the lr and the numbers come
-    from, the grid (with its gap warning), the table, the verdicts and the break-even ratios."""
+    from, the grid (with its gap warning), the table, the verdicts and the break-even ratios, and last the one
+    sentence of what it found."""
     from deep_delta.experiments.break_even import break_even_table
 
     grid = summary.get("lr_selection")
@@ -326,7 +327,7 @@ def terminal_report(summary: dict[str, Any]) -> str:
     if table:
         parts += ["", "break-even step-cost ratio r* (log-log interpolation of the validation curve; see compare.md)",
                   *table]
-    return "\n".join(parts)
+    return "\n".join([*parts, "", conclusion(summary)])
 
 
 def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> str:
@@ -353,7 +354,7 @@ def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> st
         "",
         comparison_table(summary),
         "",
-        *verdicts(summary, conclude=False),
+        *verdicts(summary),
         *notes,
         "",
         f"{split} loss: mean over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), +- the sample sd. d loss / d "
