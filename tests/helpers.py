@@ -78,3 +78,19 @@ def readme_python_blocks() -> list[tuple[int, str]]:
             blocks.append((start + 1, "\n".join(lines[start:i - 1]) + "\n"))
             start = None
     return blocks
+
+
+# Where pinned numbers were made: there they hold bit for bit; a machine whose PyTorch picks other CPU kernels
+# (another instruction set, another release) rounds differently, and there they hold to 1e-5 relative.
+PINNED_ON = ("2.13.0+cpu", "AVX512")
+
+
+def same_as_pinned(got: float, want: float, what: str) -> None:
+    """``got`` equals the pinned ``want``: bit for bit on the pinning machine (:data:`PINNED_ON`), to 1e-5 relative
+    elsewhere; the message says which one ran."""
+    import math
+
+    if (torch.__version__, torch.backends.cpu.get_cpu_capability()) == PINNED_ON:
+        assert got.hex() == want.hex(), f"{what}: {got!r} != pinned {want!r} (bit for bit, the pinning machine)"
+    else:
+        assert math.isclose(got, want, rel_tol=1e-5), f"{what}: {got!r} vs pinned {want!r} (to 1e-5 elsewhere)"

@@ -11,14 +11,13 @@ one ran.
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
 
 from deep_delta.cli.main import main
+from helpers import same_as_pinned
 
-PINNED_ON = ("2.13.0+cpu", "AVX512")
 PINS = {'compare': {'baseline': {'loss': ['0x1.90986e0000000p+2', '0x1.8f67e40000000p+2',
                                    '0x1.8c380e0000000p+2', '0x1.8781580000000p+2',
                                    '0x1.8631480000000p+2', '0x1.8444a00000000p+2'],
@@ -55,16 +54,8 @@ PINS = {'compare': {'baseline': {'loss': ['0x1.90986e0000000p+2', '0x1.8f67e4000
                       'validation': ['0x1.d70a3d70a3d71p-3', '0x1.a37cdc0000000p+0']}}}
 
 
-def _exact() -> bool:
-    return (torch.__version__, torch.backends.cpu.get_cpu_capability()) == PINNED_ON
-
-
 def _same(got: float, pinned_hex: str, what: str) -> None:
-    want = float.fromhex(pinned_hex)
-    if _exact():
-        assert got.hex() == pinned_hex, f"{what}: {got!r} != pinned {want!r} (bit for bit, the pinning machine)"
-    else:
-        assert math.isclose(got, want, rel_tol=1e-5), f"{what}: {got!r} vs pinned {want!r} (to 1e-5 elsewhere)"
+    same_as_pinned(got, float.fromhex(pinned_hex), what)
 
 
 @pytest.fixture()

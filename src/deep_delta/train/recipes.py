@@ -32,8 +32,8 @@ def tiny() -> dict[str, Any]:
 
 def compare() -> dict[str, Any]:
     """``ddl compare``'s defaults (without ``--config``): the tiny preset on the embedded text, sized so that
-    the four default variants finish in about ten minutes on 2 CPU cores (docs/training.md has the
-    measurement). ``save_every`` 100: an interrupted comparison continues from there."""
+    the four default variants finish in about ten minutes on 2 idle CPU cores (about an hour with one core that
+    other work keeps busy; docs/training.md has both measurements). ``save_every`` 100: an interrupted comparison continues from there."""
     return dict(steps=600, batch_size=16, seq_len=64, lr=2e-3, warmup_steps=60, eval_every=100, eval_batches=16,
                 save_every=100, keep=1, log_every=5)
 
