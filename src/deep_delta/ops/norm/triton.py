@@ -220,7 +220,7 @@ def norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
             acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
             partials.store_columns(G_GB, 0, 1, cols, acc)
             partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
-        partials.reducer_finished(COUNTERS, R)
+        partials.reducer_finished(COUNTERS, P, R)
 
 
 @triton.jit
