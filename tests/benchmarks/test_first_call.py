@@ -61,24 +61,30 @@ def test_dry_run_keeps_the_deadline_skips_and_packs(tmp_path):
     assert (out / "env.txt").read_text().strip()
 
 
-@pytest.mark.parametrize(("name", "value", "says"), [
-    ("DEADLINE", "abc", "DEADLINE must be a whole number of seconds >= 0, got 'abc'"),
-    ("DEADLINE", "1e3", "DEADLINE must be a whole number of seconds >= 0, got '1e3'"),
-    ("DEADLINE", "3.5", "DEADLINE must be a whole number of seconds >= 0, got '3.5'"),
-    ("DEADLINE", "-5", "DEADLINE must be a whole number of seconds >= 0, got '-5'"),
-    ("DRY_SCALE", "0", "DRY_SCALE must be a whole number >= 1"),
-    ("DRY_SCALE", "abc", "DRY_SCALE must be a whole number >= 1"),
-    ("DRY_SLEEP", "soon", "DRY_SLEEP must be a number of seconds >= 0"),
-    ("COMMIT", None, "COMMIT must name the commit"),
-    ("OUT", "file/under/a/file", "OUT: cannot create the directory"),
-    ("OUT", "tests.txt is a folder", "OUT: cannot write"),
-], ids=["deadline-abc", "deadline-1e3", "deadline-3.5", "deadline-negative", "scale-0", "scale-abc", "sleep-soon",
-        "no-commit-real-run", "out-not-creatable", "out-not-writable"])
-def test_bad_values_are_refused_before_any_step(tmp_path, name, value, says):
+# each bad value (id: the variable, its value) and what the one line says of it
+BAD = {"deadline-abc": ("DEADLINE", "abc"), "deadline-1e3": ("DEADLINE", "1e3"), "deadline-3.5": ("DEADLINE", "3.5"),
+       "deadline-negative": ("DEADLINE", "-5"), "scale-0": ("DRY_SCALE", "0"), "scale-abc": ("DRY_SCALE", "abc"),
+       "sleep-soon": ("DRY_SLEEP", "soon"), "no-commit-real-run": ("COMMIT", None),
+       "out-not-creatable": ("OUT", "file/under/a/file"), "out-not-writable": ("OUT", "tests.txt is a folder")}
+
+
+def said(name, value):
+    """What the one line says of a bad value."""
+    if name == "DEADLINE":
+        return f"DEADLINE must be a whole number of seconds >= 0, got '{value}'"
+    if name == "OUT":
+        return "OUT: cannot write" if value.startswith("tests") else "OUT: cannot create the directory"
+    return {"DRY_SCALE": "DRY_SCALE must be a whole number >= 1", "DRY_SLEEP": "DRY_SLEEP must be a number of seconds >= 0",
+            "COMMIT": "COMMIT must name the commit"}[name]
+
+
+@pytest.mark.parametrize(("name", "value"), list(BAD.values()), ids=list(BAD))
+def test_bad_values_are_refused_before_any_step(tmp_path, name, value):
     """Each bad value: one line on stderr naming it, exit 2, in well under a second, and no step run (the probe of
     round 5: DEADLINE=abc ran every step for 1 s and exited 0; an OUT it could not create lost every result and
     exited 0; no COMMIT recorded "unknown"). COMMIT is required for a real run only (the dry run records "dry")."""
     out = tmp_path / "out"
+    says = said(name, value)
     values = {name: value}
     if name == "COMMIT":  # a real run without COMMIT: refused before it would run anything
         values.update(DRY="0", PY=sys.executable)
