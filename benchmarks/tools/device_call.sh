@@ -3,7 +3,8 @@
 # little time is left), a dry run of stand-in steps, and results kept in a few files of OUT, with a non-zero exit
 # when any of them could not be kept.
 #
-# A call script sets NAME (its own name, for messages) and sources this file, which then:
+# A call script sets NAME (its own name, for messages), may define call_checks (its own values' checks, each bad one
+# reported with `_refuse MESSAGE`), and sources this file, which then:
 #   - checks (each bad value one line on stderr, then exit 2, before any step): DEADLINE a whole number of seconds
 #     >= 0 (default 540), DRY 0 or 1, DRY_SCALE a whole number >= 1 (default 60), DRY_SLEEP a number of seconds
 #     >= 0 (default 1), WORKERS a whole number >= 1 (default 8), COMMIT set for a real run (a dry run records
@@ -45,6 +46,8 @@ if [ "$DRY" = 1 ]; then
 elif [ -z "${COMMIT:-}" ]; then
   _refuse "COMMIT must name the commit this tree is (the device copy has no .git): COMMIT=\$(git rev-parse HEAD)"
 fi
+# a call script's own values: it may define call_checks, which calls _refuse for each bad one
+if declare -F call_checks >/dev/null; then call_checks; fi
 read -r -a _py <<< "$PY"
 if [ "$DRY" != 1 ] && ! command -v "${_py[0]:-}" >/dev/null 2>&1; then
   _refuse "PY must name a Python interpreter, got '$PY'"
