@@ -53,14 +53,14 @@ READ_BWD_PREFETCH = True
 # 0 (the write-only control, "write"): x + beta u v^T, the read u^T x and its gradient terms skipped; 2 (the untied
 # gates, "untied"): x + u (beta_w v - beta_e u^T x)^T, with BETA (N, 2) holding (beta_e, beta_w) per token
 # (RULE_GATES' order) and GBETA their gradients. Written as integer literals in the kernels.
-ERASE = {"write": 0, "delta": 1, "untied": 2}
+ERASE_MODES = {"write": 0, "delta": 1, "untied": 2}
 
 
 def erase_mode(rule: str) -> int:
-    """The kernels' ``ERASE`` constant of an update rule (``ERASE``)."""
-    if rule not in ERASE:
-        raise ValueError(f"delta update kernels: `rule` got {rule!r}; allowed: {' | '.join(ERASE)}")
-    return ERASE[rule]
+    """The kernels' ``ERASE`` constant of an update rule (``ERASE_MODES``)."""
+    if rule not in ERASE_MODES:
+        raise ValueError(f"delta update kernels: `rule` got {rule!r}; allowed: {' | '.join(ERASE_MODES)}")
+    return ERASE_MODES[rule]
 
 
 @triton.jit
