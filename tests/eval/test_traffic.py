@@ -144,3 +144,41 @@ def test_a_fused_dv1_update_records_the_next_norm_apart():
     assert res.total("backward", norm=False) == total(bwd, bwd)
     assert res.total("forward", norm=True) == total(norm_fwd, res.launches[2])
     assert res.total("backward", norm=True) == total(res.launches[6], *partials, norm_bwd, *partials)
+
+
+def test_the_twins_and_untied_updates_are_counted_with_their_switch_on():
+    """``FUSED_RULES`` on (this file's fixture): the write-only and untied models launch ddl-dv1's kernels, in the same
+    order, and their records differ from ddl-dv1's by what the rule moves: the write-only update's own backward reads
+    no state (N d-vectors less), the untied update reads its two gates (N x 4 bytes more each way) and writes their
+    gradients (N x 4 more), and the next sublayer's input stage its gate of two outputs."""
+    delta, write, untied = (step_traffic(v, "tiny", batch_size=1, seq_len=N, **TINY)
+                            for v in ("ddl-dv1", "ddl-dv1-write", "ddl-dv1-untied"))
+    assert [la.kernel for la in write.launches] == [la.kernel for la in delta.launches]
+    assert [la.kernel for la in untied.launches] == [la.kernel for la in delta.launches]
+    plain = {la.kernel: la for la in delta.launches if la.kernel in ("delta_fwd_kernel", "delta_bwd_kernel")}
+    got = {la.kernel: la for la in write.launches if la.kernel in plain}
+    assert got["delta_fwd_kernel"] == plain["delta_fwd_kernel"]
+    assert got["delta_bwd_kernel"].read_bytes == plain["delta_bwd_kernel"].read_bytes - N * VEC
+    assert got["delta_bwd_kernel"].write_bytes == plain["delta_bwd_kernel"].write_bytes
+    got = {la.kernel: la for la in untied.launches if la.kernel in plain}
+    assert got["delta_fwd_kernel"].read_bytes == plain["delta_fwd_kernel"].read_bytes + N * B
+    assert got["delta_bwd_kernel"].read_bytes == plain["delta_bwd_kernel"].read_bytes + N * B
+    assert got["delta_bwd_kernel"].write_bytes == plain["delta_bwd_kernel"].write_bytes + N * B
+    share = [la for la in untied.launches if la.kernel == "update_norm_fwd_kernel (norm share)"]
+    assert share[0].read_bytes == VEC + 2 * VEC + 2 * B + VEC + B  # g, w_g (2, d), b_g (2,), W_v (1, d), b_v
+    assert share[0].write_bytes == N * (VEC + 2 * B + B)  # c, beta' (N, 2), v'
+    assert all(res.update_in_kernels() for res in (delta, write, untied))
+
+
+def test_an_update_in_torch_is_not_a_kernel_not_zero_bytes(monkeypatch):
+    """The probe's T7: with ``FUSED_RULES`` off a write-only update runs in torch; its row says so ("not a kernel",
+    the ratios n/a) where it read "0 ... 0.00x the ideal"; the delta variant's row keeps its figures."""
+    monkeypatch.setattr(switches, "FUSED_RULES", False)
+    results = [step_traffic(v, "tiny", batch_size=1, seq_len=N, **TINY) for v in ("ddl-dv1", "ddl-dv1-write")]
+    assert results[0].update_in_kernels() and not results[1].update_in_kernels()
+    table = traffic_markdown(results, "tiny", "float32")
+    [delta_row] = [r for r in table.splitlines() if r.startswith("| ddl-dv1 | 8 |")]
+    [write_row] = [r for r in table.splitlines() if r.startswith("| ddl-dv1-write | 8 |")]
+    assert write_row.count("not a kernel") == 2 and write_row.count("n/a") == 3 and "0.00" not in write_row
+    assert "not a kernel" not in delta_row and "n/a" not in delta_row
+    assert "FUSED_RULES off" in table.splitlines()[0] and "INKERNEL_REDUCE on" in table.splitlines()[0]

@@ -78,6 +78,25 @@ def test_the_plan_of_a_training_forward(variant, backend, fuse_norm, monkeypatch
         assert plan[0][0].nxt is read[0].mlp and plan[0][1].nxt is read[1].attn
 
 
+# the write-only and untied rules: with switches.FUSED_RULES on the plan of their delta variant (fused exactly where it
+# is); off, as before the switch (the plan still names the reads, which the update then takes apart: _emit)
+RULES = {
+    ("ddl-dv1-write", True): "II II I-", ("ddl-dv1-write", False): "-- -- --",
+    ("ddl-dv1-untied", True): "II II I-", ("ddl-dv1-untied", False): "-- -- --",
+    ("ddl-cc-write", True): "II II IR", ("ddl-cc-write", False): "RR RR RR",
+    ("ddl-cc-untied", True): "II II IR", ("ddl-cc-untied", False): "RR RR RR",
+    ("ddl-tc-write", True): "RR RR RR", ("ddl-tc-untied", True): "RR RR RR",
+}
+
+
+@pytest.mark.parametrize(("variant", "fused_rules"), list(RULES), ids=str)
+def test_the_plan_of_the_other_rules(variant, fused_rules, monkeypatch):
+    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+    monkeypatch.setattr(switches, "FUSED_RULES", fused_rules)
+    assert _code(_plan(_model(variant, "triton"))) == RULES[(variant, fused_rules)]
+    assert _code(_plan(_model(variant, "torch"))) == ("-- -- --" if "dv1" in variant else "RR RR RR")
+
+
 @pytest.mark.parametrize(("variant", "cached", "pads", "want"), [
     ("ddl-cc", True, False, "II II IR"),   # decoding an unpadded batch: a CC read needs no token history
     ("ddl-cc", False, True, "RR RR RR"),   # pads: reads only (the state is masked between the two)

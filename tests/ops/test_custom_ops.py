@@ -51,13 +51,13 @@ def opcheck_delta_ops(lead, d, dv, dtype, backend):
     g = torch.randn(x.shape, generator=gen).to(dtype).to(DEVICE)
     gin = torch.randn(x.shape[:-1], generator=gen).to(dtype).to(DEVICE)
     grad = lambda *ts: tuple(t.clone().requires_grad_() for t in ts)  # noqa: E731
-    out = delta_update_op(x, k, v, beta, 1e-5, backend)
+    out = delta_update_op(x, k, v, beta, 1e-5, "delta", backend)
     cases = [
-        (delta_update_op, (*grad(x, k, v, beta), 1e-5, backend)),
-        (delta_update_op, (x, k, v, beta, 1e-5, backend)),
-        (delta_update_read_op, (*grad(x, k, v, beta, c), 1e-5, backend)),
-        (delta_update_backward_op, (g, x, k, v, beta, 1e-5, backend)),
-        (delta_update_read_backward_op, (g, gin, x, out, k, v, beta, c, 1e-5, backend)),
+        (delta_update_op, (*grad(x, k, v, beta), 1e-5, "delta", backend)),
+        (delta_update_op, (x, k, v, beta, 1e-5, "delta", backend)),
+        (delta_update_read_op, (*grad(x, k, v, beta, c), 1e-5, "delta", backend)),
+        (delta_update_backward_op, (g, x, k, v, beta, 1e-5, "delta", backend)),
+        (delta_update_read_backward_op, (g, gin, x, out, k, v, beta, c, 1e-5, "delta", backend)),
     ]
     for op, args in cases:
         # opcheck's own comparisons use its default tolerances: bf16 results of the eager and the traced
@@ -190,10 +190,10 @@ def opcheck_update_norm_ops(n, d, dv, dtype, backend):
     low = torch.bfloat16 if dtype != torch.float64 else torch.float32
     leaves = lambda: tuple(t.clone().requires_grad_() for t in (*inputs, *weights))  # noqa: E731
     cases = [
-        (update_norm_op, (*leaves(), *consts, None, backend)),
-        (update_norm_op, (*leaves(), *consts, low, backend)),
-        (update_norm_op, (*inputs, *weights, *consts, None, backend)),
-        (update_norm_backward_op, (*grads, *inputs, *weights, *consts, backend)),
+        (update_norm_op, (*leaves(), *consts, None, "delta", backend)),
+        (update_norm_op, (*leaves(), *consts, low, "delta", backend)),
+        (update_norm_op, (*inputs, *weights, *consts, None, "delta", backend)),
+        (update_norm_backward_op, (*grads, *inputs, *weights, *consts, "delta", backend)),
     ]
     for op, args in cases:
         result = torch.library.opcheck(op, args)
@@ -212,9 +212,9 @@ def opcheck_update_read_norm_ops(n, d, dv, dtype, backend):
     consts = (1e-5, 1e-5, 2.0, 4.0)
     leaves = lambda: tuple(t.clone().requires_grad_() for t in (*inputs, *weights))  # noqa: E731
     cases = [
-        (update_read_norm_op, (*leaves(), *consts, None, backend)),
-        (update_read_norm_op, (*inputs, *weights, *consts, None, backend)),
-        (update_read_norm_backward_op, (*grads, *inputs, *weights, *consts, backend)),
+        (update_read_norm_op, (*leaves(), *consts, None, "delta", backend)),
+        (update_read_norm_op, (*inputs, *weights, *consts, None, "delta", backend)),
+        (update_read_norm_backward_op, (*grads, *inputs, *weights, *consts, "delta", backend)),
     ]
     for op, args in cases:
         result = torch.library.opcheck(op, args)
@@ -265,19 +265,19 @@ def test_triton_kernels_of_every_op_return_fresh_tensors():
     gen = torch.Generator().manual_seed(2)
     r = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
     c, g, gin = r(12, 3), r(*x.shape), r(*x.shape[:-1])
-    out = delta_update_op(x, k, v, beta, 1e-5, "triton")
+    out = delta_update_op(x, k, v, beta, 1e-5, "delta", "triton")
     src, weights, ngrads = r(5, 12), (1 + 0.3 * r(12), r(1, 12), r(1), r(3, 12), r(3)), (r(5, 12), r(5, 1), r(5, 3))
     consts = (1e-5, 2.0, 4.0)
     cases = {
-        "delta_update": (delta_update_op, (x, k, v, beta, 1e-5)),
-        "delta_update_read": (delta_update_read_op, (x, k, v, beta, c, 1e-5)),
-        "delta_update_backward": (delta_update_backward_op, (g, x, k, v, beta, 1e-5)),
-        "delta_update_read_backward": (delta_update_read_backward_op, (g, gin, x, out, k, v, beta, c, 1e-5)),
+        "delta_update": (delta_update_op, (x, k, v, beta, 1e-5, "delta")),
+        "delta_update_read": (delta_update_read_op, (x, k, v, beta, c, 1e-5, "delta")),
+        "delta_update_backward": (delta_update_backward_op, (g, x, k, v, beta, 1e-5, "delta")),
+        "delta_update_read_backward": (delta_update_read_backward_op, (g, gin, x, out, k, v, beta, c, 1e-5, "delta")),
         "norm_gate_value": (norm_gate_value_op, (src, *weights, *consts, None)),
         "norm_gate_value c_dtype": (norm_gate_value_op, (src, *weights, *consts, torch.bfloat16)),
         "norm_gate_value_backward": (norm_gate_value_backward_op, (*ngrads, src, *weights, *consts)),
-        "update_norm": (update_norm_op, (*uinputs, *uweights, *uconsts, None)),
-        "update_norm_backward": (update_norm_backward_op, (*ugrads, *uinputs, *uweights, *uconsts)),
+        "update_norm": (update_norm_op, (*uinputs, *uweights, *uconsts, None, "delta")),
+        "update_norm_backward": (update_norm_backward_op, (*ugrads, *uinputs, *uweights, *uconsts, "delta")),
     }
     for name, (op, args) in cases.items():
         with count_traffic() as counter:

@@ -70,3 +70,17 @@ def test_errors_name_what_is_wrong():
         depth_attention(sources, query[:8], gain)
     with pytest.raises(ValueError, match="`backend`|backend"):
         depth_attention(sources, query, gain, backend="cuda")
+
+
+def test_without_gradients_the_forward_alone_gives_the_same_values():
+    """Inference skips the autograd Function (nothing to save; Dynamo traces a plain function there): the values
+    are the Function's, and a compiled decoding step of an AttnRes model traces it whole."""
+    sources, query, gain = _inputs(3, dtype=torch.float32)
+    with_grad = depth_attention(sources, query, gain)
+    assert with_grad.grad_fn is not None
+    with torch.no_grad():
+        plain = depth_attention(sources, query, gain)
+        compiled = torch.compile(lambda *s: depth_attention(s, query, gain), fullgraph=True, backend="eager")(*sources)
+    assert plain.grad_fn is None
+    torch.testing.assert_close(plain, with_grad.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(compiled, plain, rtol=0, atol=0)

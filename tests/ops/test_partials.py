@@ -182,20 +182,73 @@ def _cc_backward():
                                         1e-5)
 
 
-@pytest.mark.parametrize("planted", [[3, 0, 0, 0], [12, 12, 0, 0], [0, 7, 0, 0], [0, 0, 300, 0]],
-                         ids=["tickets", "tickets-and-rows", "rows", "finished"])
+# Stale counters at a launch, each a state a launch that died mid-way or reused memory could leave: the probe of
+# 2026-11-28 (round 5, SW6-SW8) planted the rows below; "finished-1" / "finished-2" wrote a wrong grad_c without an
+# error before (an early "last reducer" reset the counters while a reducer was still to come), "finished-minus-1"
+# finished but left the counters stale for the next launch.
+STALE = {
+    "tickets": [3, 0, 0, 0], "tickets-and-rows": [12, 12, 0, 0], "rows": [0, 7, 0, 0], "finished": [0, 0, 300, 0],
+    "finished-1": [0, 0, 1, 0], "finished-2": [0, 0, 2, 0], "finished-3": [0, 0, 3, 0],
+    "ticket-1": [1, 0, 0, 0], "ticket-2": [2, 0, 0, 0], "rows-1": [0, 1, 0, 0], "rows-4": [0, 4, 0, 0],
+    "failed": [0, 0, 0, 1], "rows-minus-1": [0, -1, 0, 0], "rows-int-max": [0, 2147483647, 0, 0],
+    "failed-minus-5": [0, 0, 0, -5], "finished-minus-1": [0, 0, -1, 0],
+}
+# A ticket below zero, or one that overflows int32 on the next program's add: a worker of chunk -1 (or -2^31)
+# stored its partial row before the buffer (heap corruption, a segfault: SW7). Each runs in a process of its own,
+# so that the old code's crash fails the test instead of ending the run.
+NEGATIVE_TICKETS = {"ticket-minus-1": [-1, 0, 0, 0], "ticket-int-max": [2147483647, 0, 0, 0]}
+
+
+@pytest.mark.parametrize("planted", list(STALE.values()), ids=list(STALE))
 def test_stale_counters_give_a_clear_error_not_a_hang_or_a_wrong_gradient(small_reduction, monkeypatch, planted):
     """Counters that are not zero at a launch (planted here; on a GPU: a launch that died mid-way, or memory handed
     to another tensor): a reducer whose ticket is past the launch's reducers, that sees more rows signalled than
-    workers, counts itself past the reducers, or polls ``SPIN_LIMIT`` times without seeing every worker sets the
-    failed counter and writes nothing, and the host raises ReductionError naming the kernel (on a GPU the kernel
-    traps). Before issue 47, [3, 0, 0] hung and [12, 12, 0] wrote a wrong grad_c without an error."""
+    workers, counts itself past the reducers, finishes last while the tickets and rows are not the launch's, or polls
+    ``SPIN_LIMIT`` times without seeing every worker, and a worker that finds the stored or finished count stale,
+    sets the failed counter and writes nothing, and the host raises ReductionError naming the kernel (on a GPU the
+    kernel traps). Before issue 47, [3, 0, 0] hung and [12, 12, 0] wrote a wrong grad_c without an error; before
+    issue 58, [0, 0, 1, 0] and [0, 0, 2, 0] wrote a wrong grad_c without an error."""
     if DEVICE == "cuda":  # the kernel traps: the process's CUDA context is lost, so it runs in its own process
         _stale_counters_trap_on_the_gpu(planted)
         return
     monkeypatch.setattr(partials, "counters", lambda device: torch.tensor(planted, dtype=torch.int32, device=device))
     with pytest.raises(partials.ReductionError, match=r"delta_bwd_kernel: the in-kernel reduction .* DDL_INKERNEL_REDUCE=0"):
         _cc_backward()
+
+
+@pytest.mark.parametrize("planted", list(NEGATIVE_TICKETS.values()), ids=list(NEGATIVE_TICKETS))
+def test_negative_tickets_write_nothing_outside_the_buffers(planted):
+    """A negative ticket is a program past every program of the launch: it fails and writes nothing (on a GPU the
+    kernel traps). Run in a process of its own (the old code corrupted the heap or segfaulted there), with the
+    reduction of the fused CC read's backward at this file's small sizes under the interpreter."""
+    if DEVICE == "cuda":
+        _stale_counters_trap_on_the_gpu(planted)
+        return
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import torch\n"
+        "from deep_delta.ops import launch as ops_launch, partials, switches\n"
+        "from deep_delta.ops.delta import triton as dt\n"
+        "switches.INKERNEL_REDUCE = True\n"
+        f"ops_launch.max_programs = lambda device, per_sm=None: {WORKERS}\n"
+        f"partials.MIN_COLS = partials.MAX_COLS = {COLS}; partials.REDUCE_TILE = {COLS * ROWS}\n"
+        f"partials.counters = lambda device: torch.tensor({planted}, dtype=torch.int32, device=device)\n"
+        f"n, d, dv = {B * T}, {D}, {DV}\n"
+        "r = lambda *s: torch.randn(*s)\n"
+        "try:\n"
+        "    dt.triton_backward(r(n, d, dv), r(n, d), r(n, d, dv), r(n, d), r(n, dv), r(n).abs(), r(d, dv), 1e-5)\n"
+        "    print('finished without an error')\n"
+        "except partials.ReductionError as e:\n"
+        "    print('ReductionError:', e)\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root / "src"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, f"rc {done.returncode}: {done.stderr[-2000:]}"
+    assert "ReductionError: delta_bwd_kernel: the in-kernel reduction" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 def _stale_counters_trap_on_the_gpu(planted):

@@ -34,7 +34,7 @@ def test_every_switch_is_off_by_default_and_read_from_its_variable():
     done = _fresh({})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {name: False for name in switches.NAMES}
-    done = _fresh({variable: value for variable, value in zip(switches.NAMES.values(), ("1", "On", "yes"))})
+    done = _fresh({variable: value for variable, value in zip(switches.NAMES.values(), ("1", "On", "yes", "TRUE"))})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {name: True for name in switches.NAMES}
 

@@ -54,24 +54,25 @@ CONSTS = dict(k_eps=1e-5, eps=1e-5, beta_max=2.0, value_scale=4.0)
 NAMES = ("x", "k", "v", "beta", "norm_weight", "gate_weight", "gate_bias", "value_weight", "value_bias")
 
 
-def make_inputs(lead, d, dv, dtype=torch.float32, seed=0):
-    """x, k (*lead, d) in dtype, v and beta (*lead, 1) fp32 as the model's, the next sublayer's weights (fp32,
-    fp64 for an fp64 state) away from their init."""
+def make_inputs(lead, d, dv, dtype=torch.float32, seed=0, rule="delta", gates=1):
+    """x, k (*lead, d) in dtype, v and beta (*lead, 1) fp32 as the model's (beta (*lead, 2) for the untied ``rule``),
+    the next sublayer's weights (fp32, fp64 for an fp64 state; a gate of ``gates`` outputs) away from their init."""
     gen = torch.Generator().manual_seed(seed)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32
     r = lambda *shape, s=1.0: (s * torch.randn(*shape, generator=gen)).to(wdt).to(DEVICE)  # noqa: E731
     x, k = (r(*lead, d, s=2.0) + 0.3).to(dtype), r(*lead, d).to(dtype)
-    v, beta = 4 * r(*lead, 1).sigmoid(), 2 * r(*lead, 1).sigmoid()
-    weights = (1 + r(d, s=0.3), r(1, d, s=0.5), r(1, s=0.5), r(dv, d, s=0.5), r(dv, s=0.5))
+    v, beta = 4 * r(*lead, 1).sigmoid(), 2 * r(*lead, 2 if rule == "untied" else 1).sigmoid()
+    weights = (1 + r(d, s=0.3), r(gates, d, s=0.5), r(gates, s=0.5), r(dv, d, s=0.5), r(dv, s=0.5))
     return (x, k, v, beta, *weights)
 
 
 def upstream(inputs, seed=1):
     """Gradients of (x', c, beta', v')."""
     gen = torch.Generator().manual_seed(seed)
-    x, dv = inputs[0], inputs[7].shape[0]
+    x, dv, gates = inputs[0], inputs[7].shape[0], inputs[5].shape[0]
     lead, d = x.shape[:-1], x.shape[-1]
-    return tuple(torch.randn(*s, generator=gen).to(DEVICE) for s in ((*lead, d), (*lead, d), (*lead, 1), (*lead, dv)))
+    return tuple(torch.randn(*s, generator=gen).to(DEVICE) for s in ((*lead, d), (*lead, d), (*lead, gates),
+                                                                       (*lead, dv)))
 
 
 def run(fn, inputs, grads, dtype=None, **kw):
@@ -88,11 +89,11 @@ def reading(stored):
     truncation, a GPU to nearest) then enters both sides alike, and the values and gradients downstream of it are
     compared at fp32 accuracy. The gradient passes the substitution unchanged (the kernel adds the norm's gradient
     of x' in fp32)."""
-    from deep_delta.ops.delta.naive import delta_update_reference
+    from deep_delta.ops.delta.naive import rule_reference
     from deep_delta.ops.norm.naive import norm_gate_value_reference
 
-    def reference(x, k, v, beta, *weights, k_eps, eps, beta_max, value_scale, c_dtype=None):
-        out = delta_update_reference(x.unsqueeze(-1), k, v, beta, k_eps).squeeze(-1)
+    def reference(x, k, v, beta, *weights, k_eps, eps, beta_max, value_scale, c_dtype=None, rule="delta"):
+        out = rule_reference(rule, x.unsqueeze(-1), k, v, beta, k_eps).squeeze(-1)
         out = out + (stored.to(out.dtype) - out).detach()
         return (out, *norm_gate_value_reference(out, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
                                                 c_dtype=c_dtype))
@@ -269,24 +270,25 @@ def test_update_and_norm_refuses_what_it_cannot_fuse():
 READ_NAMES = ("x", "k", "v", "beta", "read", "norm_weight", "gate_weight", "gate_bias", "value_weight", "value_bias")
 
 
-def make_read_inputs(lead, d, dv, dtype=torch.float32, seed=0):
-    """x (*lead, d, d_v) and k in dtype, v (*lead, d_v) and beta fp32, the read weight (d, d_v) and the next
-    sublayer's weights fp32 (fp64 for an fp64 state)."""
+def make_read_inputs(lead, d, dv, dtype=torch.float32, seed=0, rule="delta", gates=1):
+    """x (*lead, d, d_v) and k in dtype, v (*lead, d_v) and beta fp32 (beta (*lead, 2) for the untied ``rule``), the
+    read weight (d, d_v) and the next sublayer's weights fp32 (fp64 for an fp64 state; a gate of ``gates``
+    outputs)."""
     gen = torch.Generator().manual_seed(seed)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32
     r = lambda *shape, s=1.0: (s * torch.randn(*shape, generator=gen)).to(wdt).to(DEVICE)  # noqa: E731
     x, k = (r(*lead, d, dv, s=2.0) + 0.3).to(dtype), r(*lead, d).to(dtype)
-    v, beta = 4 * r(*lead, dv).sigmoid(), 2 * r(*lead, 1).sigmoid()
+    v, beta = 4 * r(*lead, dv).sigmoid(), 2 * r(*lead, 2 if rule == "untied" else 1).sigmoid()
     read = r(d, dv, s=0.7)
-    weights = (1 + r(d, s=0.3), r(1, d, s=0.5), r(1, s=0.5), r(dv, d, s=0.5), r(dv, s=0.5))
+    weights = (1 + r(d, s=0.3), r(gates, d, s=0.5), r(gates, s=0.5), r(dv, d, s=0.5), r(dv, s=0.5))
     return (x, k, v, beta, read, *weights)
 
 
 def read_upstream(inputs, seed=1):
     gen = torch.Generator().manual_seed(seed)
-    x = inputs[0]
+    x, gates = inputs[0], inputs[6].shape[0]
     lead, d, dv = x.shape[:-2], x.shape[-2], x.shape[-1]
-    return tuple(torch.randn(*s, generator=gen).to(DEVICE) for s in ((*lead, d, dv), (*lead, d), (*lead, 1),
+    return tuple(torch.randn(*s, generator=gen).to(DEVICE) for s in ((*lead, d, dv), (*lead, d), (*lead, gates),
                                                                        (*lead, dv)))
 
 
@@ -303,11 +305,11 @@ def reading_read(stored):
     """The CC reference with the next sublayer reading the kernel's stored x' (as :func:`reading`), and its CC read
     rounded to the state's dtype as the unfused read stores it (the gradient passing both roundings unchanged)."""
     from deep_delta.ops.compress.naive import channel_compress_reference
-    from deep_delta.ops.delta.naive import delta_update_reference
+    from deep_delta.ops.delta.naive import rule_reference
     from deep_delta.ops.norm.naive import norm_gate_value_reference
 
-    def reference(x, k, v, beta, read, *weights, k_eps, eps, beta_max, value_scale, c_dtype=None):
-        out = delta_update_reference(x, k, v, beta, k_eps)
+    def reference(x, k, v, beta, read, *weights, k_eps, eps, beta_max, value_scale, c_dtype=None, rule="delta"):
+        out = rule_reference(rule, x, k, v, beta, k_eps)
         out = out + (stored.to(out.dtype) - out).detach()
         x_in = channel_compress_reference(out, read)
         x_in = x_in + (as_stored(x_in, stored.dtype) - x_in).detach()

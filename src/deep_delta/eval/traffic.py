@@ -13,6 +13,10 @@ counted and what is not: :mod:`deep_delta.ops.launch`.
 The ideal (issue 24): an ideally fused update moves ``2S + 4d`` bytes per token forward and ``3S + 6d``
 backward per sublayer, ``S = d * d_v * bytes`` the state of one token (``4d`` and ``6d`` as the issue writes
 them, in bytes), over the 2L sublayers.
+
+What is counted follows the switches (:mod:`deep_delta.ops.switches`), which the table's heading states: the
+write-only and untied rules' updates are kernels only with ``FUSED_RULES`` on; off, they run in torch, and their
+rows say so ("not a kernel", the ratios to the ideal n/a) instead of counting nothing as zero bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from deep_delta.ops.launch import NORM_SHARE, Launch, count_traffic
 
 NORM_KERNELS = ("norm_gate_value_fwd_kernel", "norm_gate_value_bwd_kernel")  # deep_delta.ops.norm
+UPDATE_KERNELS = ("delta_", "update_")  # the update's kernels (ops/delta): delta_*_kernel, update_*norm_*_kernel
 
 
 @dataclass
@@ -58,6 +63,11 @@ class StepTraffic:
             if la.phase == phase and (norm is None or (owner in NORM_KERNELS or owner.endswith(NORM_SHARE)) == norm):
                 total += la.read_bytes + la.write_bytes
         return total / self.tokens
+
+    def update_in_kernels(self) -> bool:
+        """Whether the step's updates ran as kernels (a write-only or untied update with ``switches.FUSED_RULES``
+        off runs in torch: nothing of it is counted)."""
+        return any(la.kernel.startswith(UPDATE_KERNELS) for la in self.launches)
 
     def ideal(self, phase: str) -> float:
         """The issue's ideal per token: ``2S + 4d`` forward, ``3S + 6d`` backward, per sublayer."""
@@ -114,10 +124,12 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
 def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str:
     """The per-kernel table of every variant and the step totals next to the ideal."""
     from deep_delta.eval.timing import dtype_label
+    from deep_delta.ops import switches
     from deep_delta.ops.launch import MAX_PROGRAMS
 
+    state = ", ".join(f"{name} {'on' if on else 'off'}" for name, on in switches.current().items())
     out = [f"### DDL kernel traffic per token, one training step (preset {preset}, {dtype_label(dtype)}; from "
-           "launch arguments, not measured)", "",
+           f"launch arguments, not measured; switches: {state})", "",
            "| variant | phase | kernel | launches | read B/token | write B/token |", "| --- | --- | --- | --- | --- | --- |"]
     for res in results:
         for (phase, kernel), (n, r, w) in res.per_token().items():
@@ -130,9 +142,13 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
         f, b = res.total("forward", norm=False), res.total("backward", norm=False)
         fi, bi = res.ideal("forward"), res.ideal("backward")
         nf, nb = res.total("forward", norm=True), res.total("backward", norm=True)
+        if res.update_in_kernels():
+            state = (f"{f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} | "
+                     f"{res.step_ratio():.2f}")
+        else:  # the update ran in torch: its bytes are not counted, so no ratio to the ideal
+            state = f"not a kernel | {fi:,.0f} | n/a | not a kernel | {bi:,.0f} | n/a | n/a"
         out.append(f"| {res.variant} | {res.hidden_size} | {res.value_channels} | {res.state_bytes} | {res.sublayers} "
-                   f"| {f:,.0f} | {fi:,.0f} | {f / fi:.2f} | {b:,.0f} | {bi:,.0f} | {b / bi:.2f} | {res.step_ratio():.2f} "
-                   f"| {nf:,.0f} / {nb:,.0f} | {res.total('forward'):,.0f} / {res.total('backward'):,.0f} |")
+                   f"| {state} | {nf:,.0f} / {nb:,.0f} | {res.total('forward'):,.0f} / {res.total('backward'):,.0f} |")
     tokens = results[0].tokens if results else 0
     out += ["", f"Counted (dry launches on fake CPU tensors), not measured, at {tokens} tokens per step. The "
             "partial buffers of the weight gradients hold one fp32 copy of the weight ((d, d_v) tiles; the sublayer "
@@ -147,7 +163,8 @@ def traffic_markdown(results: list[StepTraffic], preset: str, dtype: str) -> str
             f"that part moves are recorded apart ('{NORM_SHARE.strip()}') and counted in the norm's column; the "
             "last column is every DDL kernel of the step; the HC / mHC kernels and the other "
             "non-DDL work (GEMMs, the final and QK norms, attention) are not counted. Step x ideal: forward + backward "
-            "over the two ideals' sum."]
+            "over the two ideals' sum. 'not a kernel': the variant's update ran in torch (the write-only and untied "
+            "rules with FUSED_RULES off), so its bytes are not counted and have no ratio to the ideal."]
     return "\n".join(out)
 
 

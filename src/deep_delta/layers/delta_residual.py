@@ -14,7 +14,9 @@ parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_updat
 
 ``update_rule="untied"`` gives the erase and the write gates of their own, ``x + k (beta_w v^T - beta_e k^T x)``: the
 gate has two outputs (:class:`BetaGate` ``outputs=2``, erase then write) that start equal, so the module starts as
-its delta rule (:func:`deep_delta.ops.delta.untied_update`).
+its delta rule (:func:`deep_delta.ops.delta.untied_update`). With ``switches.FUSED_RULES`` on (issue 59) the two
+other rules run the delta rule's kernels in a mode of their own and fuse exactly where the delta rule does; off,
+their lean update, never fused with the next sublayer.
 
 ``forward(x, ..., emit=Emit(...))`` also computes what the next sublayer takes from the new state, from the same
 fused op, and returns ``(x_new, Carry)``: its compressed read (``emit.what == "read"``: a channel or token
@@ -91,7 +93,8 @@ class DeltaResidual(nn.Module):
         additive: use the plain additive residual ``x + branch(RMSNorm(x))`` instead (d_v = 1 only): the baseline.
         update_rule: "delta" (the paper's update), "write" (the write-only control ``x + beta k v^T``: the same
             residual without the read, for the ablation the authors name) or "untied" (the erase and the write
-            each with its own gate); the last two never fused with the next sublayer's read or norm.
+            each with its own gate); the last two fused with the next sublayer's read or norm only with
+            ``deep_delta.ops.switches.FUSED_RULES`` on (:meth:`fuses_inputs`, :meth:`fuses_norm_of`).
         backend: delta-update backend, "auto", "torch" or "triton".
         norm_output: the dtype the branch gets c in. "module": the norm weight's (``nn.RMSNorm``'s output);
             "autocast": under autocast, the autocast dtype (bf16, say), rounded once after the norm. Right for a
@@ -133,9 +136,10 @@ class DeltaResidual(nn.Module):
         if additive:
             return
         self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(RULE_GATES[update_rule]))
-        # k-Map with the linear gate of one output: on the Triton backend c, beta and v come from one op
-        # (deep_delta.ops.norm.norm_gate_value); False runs the modules (``ddl analyze`` hooks them)
-        self.fuse_inputs = residual_map == "k" and gate == "linear" and self.gate.outputs == 1
+        # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
+        # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with switches.FUSED_RULES on: fuses_inputs);
+        # False runs the modules (``ddl analyze`` hooks them)
+        self.fuse_inputs = residual_map == "k" and gate == "linear"
         if residual_map == "k":
             # v from the raw residual (d_v = 1) or the compressed read (d_v > 1)
             self.value_proj = nn.Linear(dim, value_channels, bias=True)
@@ -219,11 +223,22 @@ class DeltaResidual(nn.Module):
         """The update of state x (..., d, d_v) by this residual's rule."""
         return apply_update(self.update_rule, x, k, v, beta, k_eps=self.k_eps, backend=self.backend)
 
+    def fuses_inputs(self) -> bool:
+        """Whether this sublayer's norm, gate and value can come from one op (``fuse_inputs``: the k-Map with the
+        linear gate): a gate of one output, or the untied rule's two with ``switches.FUSED_RULES`` on."""
+        return self.fuse_inputs and (self.gate.outputs == 1 or switches.FUSED_RULES)
+
+    def _fused_rule(self) -> bool:
+        """Whether this residual's rule fuses with the next sublayer: the delta rule always, the write-only and untied
+        rules with ``switches.FUSED_RULES`` on (before it, they ran their lean update, then the next read)."""
+        return self.update_rule == "delta" or switches.FUSED_RULES
+
     def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
         (``emit="inputs"``): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
         gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
-        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; both with the delta rule; and the fusion switched on
+        read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; both with the delta rule, or any rules with
+        ``switches.FUSED_RULES`` on (:meth:`fuses_inputs`); and the fusion switched on
         (``deep_delta.ops.switches.FUSE_NEXT_NORM``, off until it has passed on a GPU)."""
         if read is None:
             shape_ok = self.value_channels == 1
@@ -231,8 +246,8 @@ class DeltaResidual(nn.Module):
             shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
                         and (read.dim, read.value_channels) == (self.dim, self.value_channels))
         return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual) and not self.additive
-                and not nxt.additive and self.update_rule == nxt.update_rule == "delta"
-                and nxt.value_channels == self.value_channels and nxt.fuse_inputs and nxt.dim == self.dim
+                and not nxt.additive and self._fused_rule() and nxt._fused_rule()
+                and nxt.value_channels == self.value_channels and nxt.fuses_inputs() and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)
 
@@ -250,7 +265,8 @@ class DeltaResidual(nn.Module):
             raise ValueError(
                 "DeltaResidual: emit='inputs' needs two delta residuals of one width and d_v on the Triton backend "
                 "(d_v = 1, or d_v > 1 with a ChannelCompressor `read` of that state), the second with the k-Map and "
-                "the linear gate, both with the delta rule, no state rebuild recording and the fusion switched on "
+                "the linear gate, both with the delta rule (or DDL_FUSED_RULES on), no state rebuild recording and the "
+                "fusion switched on "
                 f"(`fuses_norm_of`); got {self.extra_repr()!r} -> {got!r} with "
                 f"read={type(read).__name__ if read is not None else None}"
             )
@@ -259,7 +275,8 @@ class DeltaResidual(nn.Module):
               emit: Emit) -> tuple[torch.Tensor, Carry]:
         """The update of state x by (k, v, beta) and what ``emit`` asks for, from one fused op where there is one:
         ``"read"``: the read of the new state by ``emit.read`` (:func:`deep_delta.ops.delta.update_and_channel_read`,
-        :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only control updates, then reads);
+        :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only and untied rules with
+        ``switches.FUSED_RULES`` off update, then read);
         ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.delta.update_and_norm`,
         through ``emit.read`` for d_v > 1; :meth:`fuses_norm_of` must hold)."""
         if emit.what == "nothing":
@@ -268,21 +285,23 @@ class DeltaResidual(nn.Module):
             return new, Carry()
         if emit.what == "read":
             read = emit.read
-            if self.update_rule != "delta":  # the control has no fused kernel: the update, then the read
+            if not self._fused_rule():  # the rules apart from the kernels: the update, then the read
                 new = self._update(x, k, v, beta)
                 if isinstance(read, ChannelCompressor):
                     return new, Carry(read=channel_compress(new, read.weight, backend=self.backend))
                 return new, Carry(read=token_compress(new, read.folded_weight(), None, backend=self.backend))
+            rule = self.update_rule
             if isinstance(read, ChannelCompressor):
-                new, x_in = update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend)
+                new, x_in = update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend,
+                                                    rule=rule)
             else:
                 new, x_in = update_and_token_read(x, k, v, beta, read.folded_weight(), k_eps=self.k_eps,
-                                                  backend=self.backend)
+                                                  backend=self.backend, rule=rule)
             return new, Carry(read=x_in)
         nxt, read = emit.nxt, emit.read
         weights, consts = nxt._input_stage(x)
         out, c, beta2, v2 = update_and_norm(x, k, v, beta, *weights, read=None if read is None else read.weight,
-                                            k_eps=self.k_eps, **consts)
+                                            k_eps=self.k_eps, rule=self.update_rule, **consts)
         return out, Carry(inputs=(c, beta2, v2))
 
     def _input_stage(self, src: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -298,8 +317,9 @@ class DeltaResidual(nn.Module):
         """The branch output h (additive residual), else the update's (k, v, beta) for state x; from ``prepared``
         (c, beta, v) when the previous update computed them."""
         if prepared is not None:
-            if not self.fuse_inputs:
-                raise ValueError("DeltaResidual: `prepared` (c, beta, v) needs the k-Map and the linear gate")
+            if not self.fuses_inputs():
+                raise ValueError("DeltaResidual: `prepared` (c, beta, v) needs the k-Map and the linear gate (of two "
+                                 "outputs: DDL_FUSED_RULES on)")
             c, beta, v = prepared
             return self.branch(c, *branch_args, **branch_kwargs), v, beta
         if self.value_channels == 1:
@@ -307,7 +327,7 @@ class DeltaResidual(nn.Module):
         else:
             src = x.mean(-1) if x_in is None else x_in
         c_dtype = self._branch_dtype(src)
-        if self.fuse_inputs and resolve_backend(self.backend, src.device) == "triton":  # one read of src
+        if self.fuses_inputs() and resolve_backend(self.backend, src.device) == "triton":  # one read of src
             # src as stored (a bf16 state stays bf16): the op reads it in the norm weight's dtype in registers and
             # writes its gradient in src's dtype, the same values as a cast before it, without the cast's two
             # passes over src (forward) and its gradient (backward)

@@ -43,12 +43,17 @@ before the first reducer starts.
 (:meth:`Reduction.finish`), as until 2026-11-27.
 
 **Guarded.** Counters that are not zero at a launch (a launch that died mid-way, memory handed to another tensor)
-would make reducers wait forever or sum rows nobody wrote. So a program whose ticket is past the launch's
-programs, a reducer that finds more stored rows than workers, or counts itself past the launch's reducers, and a
-reducer that has waited ``SPIN_LIMIT`` polls without seeing every worker (a uniform count: every thread of the
-program sees the same value) sets the failed counter and writes nothing; on a GPU it then traps (the launch fails
-with a CUDA error instead of hanging or writing wrong gradients). Under the interpreter the host reads the flag
-after the launch and raises :class:`ReductionError` naming the kernel.
+would make reducers wait forever, sum rows nobody wrote, or reset the counters while programs still need them. So
+every state of the counters either gives the launch's gradients or fails it, and no program writes outside its
+buffers whatever they hold: a negative ticket (below zero, or past int32) is replaced by one past every program
+(:func:`take_ticket`); a program whose ticket is past the launch's programs, a worker that finds the stored count
+at P or below zero or the finished count not zero when it signals, a reducer that finds more stored rows than
+workers, counts itself past the launch's reducers or below zero, or is the last to finish while the tickets and
+stored rows are not exactly the launch's, and a reducer that has waited ``SPIN_LIMIT`` polls without seeing every
+worker (a uniform count: every thread of the program sees the same value) sets the failed counter and writes
+nothing; on a GPU it then traps (the launch fails with a CUDA error instead of hanging or writing wrong
+gradients). Under the interpreter the host reads the counters after the launch and raises
+:class:`ReductionError` naming the kernel when the failed counter is set or any counter is not back at zero.
 
 Offsets: the kernels index with 32-bit integers; :func:`deep_delta.ops.launch.launch` refuses a tensor of more
 than ``MAX_ELEMENTS`` elements before launching.
@@ -193,10 +198,11 @@ def cached_counters() -> dict[tuple, torch.Tensor]:
 
 
 def check(count: torch.Tensor, kernel: str) -> None:
-    """Raise :class:`ReductionError` naming ``kernel`` if its launch set the failed counter. Read on the host only
-    where that costs no synchronisation (CPU tensors: the interpreter); on a GPU the kernel traps instead, and
-    :func:`check_device` reads the flag on request."""
-    if count.device.type == "cpu" and not counting_dry() and int(count[3]) != 0:
+    """Raise :class:`ReductionError` naming ``kernel`` if its launch set the failed counter, or left any counter
+    not zero (a clean launch's last reducer sets them back: counters left otherwise were stale at the launch and
+    would be handed to the next). Read on the host only where that costs no synchronisation (CPU tensors: the
+    interpreter); on a GPU the kernel traps instead, and :func:`check_device` reads the counters on request."""
+    if count.device.type == "cpu" and not counting_dry() and bool(count.any()):
         raise ReductionError(_failure(kernel, count))
 
 
@@ -216,13 +222,21 @@ def _failure(kernel: str, count: torch.Tensor) -> str:
             f"DDL_INKERNEL_REDUCE=0 (torch sums the partial rows; deep_delta.ops.switches) and report it.")
 
 
+# The ticket a negative count hands out is replaced by this one, past every launch's programs (a launch has far fewer
+# than 2^30): its program is then a reducer past the launch's reducers, which fails and writes nothing. A negative
+# ticket (a stale counter below zero, or one that overflowed int32) would otherwise be a worker of chunk -1, -2^31, ...
+# and store its partial row before the buffer.
+PAST_EVERY_PROGRAM: tl.constexpr = tl.constexpr(1 << 30)
+
+
 @triton.jit
 def take_ticket(COUNTERS, REDUCE: tl.constexpr):
     """This program's ticket: with REDUCE the order in which the launch's programs started (counter 0), else its
-    program id (no reducers, no counters)."""
+    program id (no reducers, no counters). Never negative: a negative count gives ``PAST_EVERY_PROGRAM``."""
     ticket = tl.program_id(0)
     if REDUCE:
         ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
+        ticket = tl.where(ticket < 0, PAST_EVERY_PROGRAM, ticket)
     return ticket
 
 
@@ -237,11 +251,15 @@ TRAP: tl.constexpr = tl.constexpr(not _INTERPRETED)
 @triton.jit
 def signal_stored(COUNTERS, P, REDUCE: tl.constexpr):
     """A worker's partial row is stored: with REDUCE, counter 1 += 1, released after every thread of the program has
-    stored its part (the barrier orders them before the release). A count already at the launch's P workers (stale
-    counters): :func:`fail`."""
+    stored its part (the barrier orders them before the release). Stale counters: :func:`fail` when the count was
+    already at the launch's P workers or below zero, or when the finished reducers' count (counter 2, read before
+    the release) is not zero: no reducer can finish before every worker has signalled, so a count there is stale,
+    and would let a reducer believe itself the last and reset the counters while others still run."""
     if REDUCE:
         tl.debug_barrier()
-        if tl.atomic_add(COUNTERS + 1, 1, sem="release") >= P:
+        finished = tl.atomic_add(COUNTERS + 2, 0, sem="relaxed")
+        stored = tl.atomic_add(COUNTERS + 1, 1, sem="release")
+        if (stored >= P) | (stored < 0) | (finished != 0):
             fail(COUNTERS)
 
 
@@ -315,20 +333,28 @@ def reducer(COUNTERS, WORKERS, PART, OUT, rid, P, WIDTH, R, REDUCE_ROWS: tl.cons
     PART's P rows into OUT (:func:`reduce_into`), then counts itself finished."""
     if wait_for_workers(COUNTERS, WORKERS, rid, R):
         reduce_into(PART, OUT, rid, P, WIDTH, REDUCE_ROWS, REDUCE_COLS)
-        reducer_finished(COUNTERS, R)
+        reducer_finished(COUNTERS, WORKERS, R)
 
 
 @triton.jit
-def reducer_finished(COUNTERS, R):
+def reducer_finished(COUNTERS, WORKERS, R):
     """Counter 2 += 1; the last of the R reducers (every program has taken its ticket, every reducer has stopped
-    reading counter 1) sets the three counters back to zero for the next launch. A count past R: :func:`fail`."""
+    reading counter 1) sets the three counters back to zero for the next launch, after checking that they say so:
+    exactly WORKERS + R tickets taken and WORKERS rows stored. Otherwise (a stale finished count made an early
+    reducer the "last": programs may not have their tickets yet) it resets nothing and fails (:func:`fail`), as for a
+    count past R or below zero."""
     tl.debug_barrier()
     done = tl.atomic_add(COUNTERS + 2, 1, sem="acq_rel")
     if done == R - 1:
-        tl.atomic_xchg(COUNTERS, 0, sem="relaxed")
-        tl.atomic_xchg(COUNTERS + 1, 0, sem="relaxed")
-        tl.atomic_xchg(COUNTERS + 2, 0, sem="relaxed")
-    elif done >= R:
+        tickets = tl.atomic_add(COUNTERS, 0, sem="relaxed")
+        stored = tl.atomic_add(COUNTERS + 1, 0, sem="relaxed")
+        if (tickets == WORKERS + R) & (stored == WORKERS):
+            tl.atomic_xchg(COUNTERS, 0, sem="relaxed")
+            tl.atomic_xchg(COUNTERS + 1, 0, sem="relaxed")
+            tl.atomic_xchg(COUNTERS + 2, 0, sem="relaxed")
+        else:
+            fail(COUNTERS)
+    elif (done >= R) | (done < 0):
         fail(COUNTERS)
 
 

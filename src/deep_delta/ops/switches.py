@@ -19,6 +19,11 @@ setting                     environment variable   on: / off:
 ``TC_ONE_PASS``             ``DDL_TC_ONE_PASS``      the fused update + TC read's backward sums the first four
                                                    taps' gradient in the update's backward pass / a second
                                                    kernel sums every tap's gradient from the saved new state
+``FUSED_RULES``             ``DDL_FUSED_RULES``      the write-only and untied update rules run the delta rule's
+                                                   fused kernels (a mode of each: the update, with the next CC or
+                                                   TC read, with the next norm; the untied sublayer's norm, gate
+                                                   and value kernel with its two gates) and fuse where the delta
+                                                   rule does / their lean path, never fused (as before issue 59)
 ==========================  =====================  =================================================================
 
 Values: ``1``, ``true``, ``on``, ``yes`` / ``0``, ``false``, ``off``, ``no`` (any case); anything else is an
@@ -29,8 +34,8 @@ error at import naming the variable. In code::
     with switches.override(TC_ONE_PASS=True):  # inside the block only
         ...
 
-Under ``torch.compile`` the model's choice of fusion (``FUSE_NEXT_NORM``) is read while tracing: set it before
-compiling. The docs (docs/kernels.md, "Switches") say what each path measured and when its default changes.
+Under ``torch.compile`` the model's choice of fusion (``FUSE_NEXT_NORM``, ``FUSED_RULES``) is read while tracing: set
+it before compiling. The docs (docs/kernels.md, "Switches") say what each path measured and when its default changes.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from collections.abc import Iterator
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
 NAMES = {"INKERNEL_REDUCE": "DDL_INKERNEL_REDUCE", "FUSE_NEXT_NORM": "DDL_FUSE_NEXT_NORM",
-         "TC_ONE_PASS": "DDL_TC_ONE_PASS"}
+         "TC_ONE_PASS": "DDL_TC_ONE_PASS", "FUSED_RULES": "DDL_FUSED_RULES"}
 
 
 def env_flag(name: str, default: bool) -> bool:
@@ -62,6 +67,7 @@ def env_flag(name: str, default: bool) -> bool:
 INKERNEL_REDUCE: bool = env_flag("DDL_INKERNEL_REDUCE", False)
 FUSE_NEXT_NORM: bool = env_flag("DDL_FUSE_NEXT_NORM", False)
 TC_ONE_PASS: bool = env_flag("DDL_TC_ONE_PASS", False)
+FUSED_RULES: bool = env_flag("DDL_FUSED_RULES", False)
 
 
 def current() -> dict[str, bool]:

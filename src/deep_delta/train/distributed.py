@@ -131,6 +131,10 @@ def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16
         model.compile(mode="reduce-overhead")
     elif compile:
         kwargs = {"mode": "reduce-overhead"} if cuda_graphs == "blocks" else {}
+        # the blocks share DDLBlock.forward's code object, whose graphs Dynamo counts against recompile_limit (8):
+        # blocks whose inputs differ (AttnRes: a longer tuple of sources at every block) need a graph each
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, 2 * len(model.model.layers))
         for block in model.model.layers:
             block.compile(**kwargs)
     if info.mode == "ddp":

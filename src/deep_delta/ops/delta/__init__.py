@@ -8,6 +8,12 @@ one opaque node under ``torch.compile``. While ``torch.compile`` traces, ``"trit
 told to run the kernels (:func:`deep_delta.ops.backend.through_registered_op`). The fused update + read
 functions take the next sublayer's compressor weights; their unfused paths call the compressors of
 :mod:`deep_delta.ops.compress` (imported inside them, so that ``ops.compress`` never waits on this package).
+
+The update rules (``UPDATE_RULES``, ``DDLConfig.update_rule``) share one dispatch shape: every update entry point
+takes the rule's gates as one tensor, beta (..., 1), or (..., 2) = (erase, write) for "untied" (``RULE_GATES``), and
+the fused ones a ``rule`` argument. The write-only and untied rules run the delta rule's kernels in a mode of
+their own (:mod:`.triton`'s ``ERASE``) where the backend resolves to Triton and ``switches.FUSED_RULES`` is on
+(:func:`fused_rule`); otherwise their lean path, as before the switch existed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import math
 
 import torch
 
+from deep_delta.ops import switches
 from deep_delta.ops.backend import resolve_backend, through_registered_op
 from deep_delta.ops.delta.lean import delta_update_lean, untied_update_lean, write_update_lean
 from deep_delta.ops.delta.naive import (
@@ -83,6 +90,43 @@ def delta_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
 
 
 UPDATE_RULES = ("delta", "write", "untied")
+# the gates an update rule takes, in the order of its gate projection's outputs (``BetaGate(outputs=...)``)
+RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write")}
+
+
+def fused_rule(rule: str, impl: str) -> bool:
+    """Whether an update by ``rule`` on the resolved backend ``impl`` runs the fused kernels: the delta rule wherever
+    the backend is Triton; the write-only and untied rules there only with ``switches.FUSED_RULES`` on (off: their
+    lean path, never fused with the next sublayer)."""
+    if rule not in UPDATE_RULES:
+        raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    return impl == "triton" and (rule == "delta" or switches.FUSED_RULES)
+
+
+def _check_rule_inputs(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       beta: torch.Tensor) -> torch.Tensor:
+    """Validate shapes for an update by ``rule``; return its gates as (..., 1), or (..., 2) for "untied"."""
+    if rule not in UPDATE_RULES:
+        raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    if rule != "untied":
+        return _check_inputs(x, k, v, beta)
+    if beta.dim() < 1 or beta.shape[-1] != 2:
+        raise ValueError(f"delta update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
+    _check_inputs(x, k, v, beta[..., :1])
+    return beta
+
+
+def _fused_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, k_eps: float,
+                  backend: str, impl: str) -> torch.Tensor:
+    """The update by ``rule`` on the kernels (:func:`fused_rule` holds): the custom op while compiling, the kernels'
+    autograd Function in eager."""
+    if through_registered_op(backend, impl, x.dtype):
+        from deep_delta.ops.delta.library import update_with_op
+
+        return update_with_op(x, k, v, beta, None, k_eps, backend, rule)
+    from deep_delta.ops.delta.triton import delta_update_triton
+
+    return delta_update_triton(x, k, v, beta, k_eps=k_eps, rule=rule)
 
 
 def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
@@ -91,12 +135,14 @@ def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     it writes along k without erasing what the state holds there. The authors' named missing control: the same
     model, state, compressor, EC, gate and init, only the update differs (``DDLConfig.update_rule = "write"``).
 
-    Arguments as :func:`delta_update`. Every backend runs the lean path (:func:`.lean.write_update_lean`, one
-    ``addcmul``; no Triton kernel: without the read there is no reduction over the state to fuse); ``backend``
-    is validated and otherwise unused.
+    Arguments as :func:`delta_update`. The lean path (:func:`.lean.write_update_lean`, one ``addcmul``), or with
+    ``switches.FUSED_RULES`` on where the backend resolves to Triton the delta update's kernels in their write-only
+    mode (no read of the state: :func:`fused_rule`).
     """
     beta = _check_inputs(x, k, v, beta)
-    resolve_backend(backend, x.device)
+    impl = resolve_backend(backend, x.device)
+    if fused_rule("write", impl):
+        return _fused_update("write", x, k, v, beta, k_eps, backend, impl)
     return write_update_lean(x, k, v, beta, k_eps=k_eps)
 
 
@@ -106,18 +152,17 @@ def untied_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase:
     state along k is erased and how much of v is written, each with its own gate. ``beta_erase == beta_write``
     is :func:`delta_update`; ``beta_erase == 0`` is :func:`write_update` (``DDLConfig.update_rule = "untied"``).
 
-    Arguments as :func:`delta_update`, the gates each (...) or (..., 1). Every backend runs the lean path (the delta
-    update's autograd Function in its untied mode, :func:`.lean.untied_update_lean`); ``backend`` is validated and
-    otherwise unused until the fused kernels have the mode.
+    Arguments as :func:`delta_update`, the gates each (...) or (..., 1). The lean path (the delta update's autograd
+    Function in its untied mode, :func:`.lean.untied_update_lean`), or with ``switches.FUSED_RULES`` on where the
+    backend resolves to Triton the delta update's kernels in their untied mode (:func:`fused_rule`; the gates joined
+    as (..., 2), the form :func:`apply_update` passes them in).
     """
     beta_write = _check_inputs(x, k, v, beta_write)
     beta_erase = _check_inputs(x, k, v, beta_erase)
-    resolve_backend(backend, x.device)
+    impl = resolve_backend(backend, x.device)
+    if fused_rule("untied", impl):
+        return _fused_update("untied", x, k, v, torch.cat([beta_erase, beta_write], dim=-1), k_eps, backend, impl)
     return untied_update_lean(x, k, v, beta_erase, beta_write, k_eps=k_eps)
-
-
-# the gates an update rule takes, in the order of its gate projection's outputs (``BetaGate(outputs=...)``)
-RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write")}
 
 
 def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
@@ -131,6 +176,9 @@ def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     if rule == "untied":
         if beta.shape[-1] != 2:
             raise ValueError(f"apply_update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
+        impl = resolve_backend(backend, x.device)
+        if fused_rule("untied", impl):  # the gates as they are: no split and join
+            return _fused_update("untied", x, k, v, _check_rule_inputs(rule, x, k, v, beta), k_eps, backend, impl)
         return untied_update(x, k, v, beta[..., :1], beta[..., 1:], k_eps=k_eps, backend=backend)
     raise ValueError(f"apply_update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
 
@@ -153,74 +201,86 @@ def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) 
 
 
 def update_and_channel_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
-                            *, k_eps: float = 1e-5, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """The delta update of one sublayer fused with the CC read of the next: returns (x', x_in).
+                            *, k_eps: float = 1e-5, backend: str = "auto",
+                            rule: str = "delta") -> tuple[torch.Tensor, torch.Tensor]:
+    """The update of one sublayer fused with the CC read of the next: returns (x', x_in).
 
-    x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1), weight: (d, d_v) the next sublayer's
-    channel compressor. Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = channel_compress(x', weight)``;
-    the Triton kernel computes x_in from the tile it has just written (no second pass over x').
+    x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1) ((..., 2) for the untied rule), weight: (d, d_v) the
+    next sublayer's channel compressor; ``rule`` the update rule. Equals ``x' = apply_update(rule, x, k, v, beta)``,
+    ``x_in = channel_compress(x', weight)``; the Triton kernel computes x_in from the tile it has just written (no
+    second pass over x'). A rule other than the delta rule off the kernels (:func:`fused_rule`) runs the two apart.
     """
     from deep_delta.ops.compress.lean import channel_compress_lean
 
-    beta = _check_inputs(x, k, v, beta)
+    beta = _check_rule_inputs(rule, x, k, v, beta)
     impl = resolve_backend(backend, x.device)
+    if rule != "delta" and not fused_rule(rule, impl):  # the lean update, then the read
+        from deep_delta.ops.compress import channel_compress
+
+        out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
+        return out, channel_compress(out, weight, backend=backend)
     if through_registered_op(backend, impl, x.dtype):  # the custom op (deep_delta.ops.delta.library)
         from deep_delta.ops.delta.library import update_with_op
 
-        return update_with_op(x, k, v, beta, weight, k_eps, backend)
+        return update_with_op(x, k, v, beta, weight, k_eps, backend, rule)
     if impl == "triton":
         from deep_delta.ops.delta.triton import delta_update_read_triton
 
-        return delta_update_read_triton(x, k, v, beta, weight, k_eps=k_eps)
+        return delta_update_read_triton(x, k, v, beta, weight, k_eps=k_eps, rule=rule)
     out = delta_update(x, k, v, beta, k_eps=k_eps, backend="torch")
     return out, channel_compress_lean(out, weight)
 
 
 def update_and_token_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
-                          *, k_eps: float = 1e-5, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """The delta update of one sublayer fused with the TC read of the next (no token history): (x', x_in).
+                          *, k_eps: float = 1e-5, backend: str = "auto",
+                          rule: str = "delta") -> tuple[torch.Tensor, torch.Tensor]:
+    """The update of one sublayer fused with the TC read of the next (no token history): (x', x_in).
 
-    x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T, 1), weight: (K, d, d_v) the next sublayer's
-    folded TC taps. Equals ``x' = delta_update(x, k, v, beta)``, ``x_in = token_compress(x', weight)``; the
-    Triton kernels (:mod:`deep_delta.ops.delta.triton_token`) make one pass over the state each way.
+    x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T, 1) ((B, T, 2) for the untied rule), weight:
+    (K, d, d_v) the next sublayer's folded TC taps; ``rule`` the update rule. Equals
+    ``x' = apply_update(rule, x, k, v, beta)``, ``x_in = token_compress(x', weight)``; the Triton kernels
+    (:mod:`deep_delta.ops.delta.triton_token`) make one pass over the state each way (a rule other than the delta
+    rule only where :func:`fused_rule` holds).
     """
     from deep_delta.ops.compress import token_compress
 
-    beta = _check_inputs(x, k, v, beta)
+    beta = _check_rule_inputs(rule, x, k, v, beta)
     if x.dim() != 4 or weight.dim() != 3 or tuple(weight.shape[1:]) != tuple(x.shape[2:]):
         raise ValueError(f"update_and_token_read: expected x (B, T, d, d_v) and weight (K, d, d_v), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if resolve_backend(backend, x.device) == "triton":
+    if fused_rule(rule, resolve_backend(backend, x.device)):
         from deep_delta.ops.delta.triton_token import delta_update_token_read_triton
 
-        return delta_update_token_read_triton(x, k, v, beta, weight, k_eps=k_eps)
-    out = delta_update(x, k, v, beta, k_eps=k_eps, backend=backend)
+        return delta_update_token_read_triton(x, k, v, beta, weight, k_eps=k_eps, rule=rule)
+    out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
     return out, token_compress(out, weight, None, backend=backend)
 
 
 def _flatten(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, read: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """(x, k, v, beta) with one leading dimension, contiguous: x (N, d) or (N, d, d_v) with ``read``."""
+    """(x, k, v, beta) with one leading dimension, contiguous: x (N, d) or (N, d, d_v) with ``read``, beta (N, 1) or
+    (N, 2)."""
     d, dv = x.shape[-1] if read is None else x.shape[-2], v.shape[-1]
     n = k.numel() // d
     state = (n, d) if read is None else (n, d, dv)
     return (x.reshape(state).contiguous(), k.reshape(n, d).contiguous(), v.reshape(n, dv).contiguous(),
-            beta.reshape(n, 1).contiguous())
+            beta.reshape(n, beta.shape[-1]).contiguous())
 
 
 def _unflatten(outs: tuple[torch.Tensor, ...], x: torch.Tensor, dv_next: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fused op's flat outputs (x', c, beta', v') back at x's leading shape."""
+    """A fused op's flat outputs (x', c, beta' (N, G'), v') back at x's leading shape."""
     out, c, beta2, v2 = outs
-    lead, d = c.shape[:-1], c.shape[-1]
+    d = c.shape[-1]
     lead = x.shape[: x.dim() - (out.dim() - 1)]
-    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, 1), v2.view(*lead, dv_next)
+    return out.view(x.shape), c.view(*lead, d), beta2.view(*lead, beta2.shape[-1]), v2.view(*lead, dv_next)
 
 
 def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, norm_weight: torch.Tensor,
                     gate_weight: torch.Tensor, gate_bias: torch.Tensor, value_weight: torch.Tensor,
                     value_bias: torch.Tensor, *, read: torch.Tensor | None = None, k_eps: float, eps: float,
                     beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
-                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A delta update fused with the next sublayer's input stage: ``(x', c, beta', v')``.
+                    backend: str = "auto",
+                    rule: str = "delta") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An update fused with the next sublayer's input stage: ``(x', c, beta', v')``.
 
     Without ``read`` (a d_v = 1 state): ``x' = delta_update(x[..., None], k, v, beta)[..., 0]`` followed by
     ``norm_gate_value(x', norm_weight, ...)``. With ``read`` (d_v > 1, the next sublayer's channel compressor
@@ -232,26 +292,32 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
     Args:
         x: (..., d) without ``read``, (..., d, d_v) with it; k: (..., d), the raw direction; v: (..., 1) or
-            (..., d_v); beta: (..., 1).
+            (..., d_v); beta: (..., 1), or (..., 2) for the untied ``rule`` (erase, write).
         norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype: the
             next sublayer's, as :func:`deep_delta.ops.norm.norm_gate_value` takes them (value_weight (d_v', d): the next sublayer's
             value width).
         read: the next sublayer's channel compressor weight (d, d_v) for a d_v > 1 state, else None.
         k_eps: this update's direction normalisation guard.
         backend: "auto", "torch" or "triton" (:func:`deep_delta.ops.norm.norm_gate_value`'s rules).
+        rule: the update rule, "delta", "write" or "untied" (the kernels' mode only where :func:`fused_rule` holds;
+            else the update and the input stage apart). The next sublayer's gate may have two outputs
+            (gate_weight (2, d): beta' (..., 2)).
     """
+    if rule not in UPDATE_RULES:
+        raise ValueError(f"update_and_norm: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
     if read is None:
         if x.dim() < 1 or tuple(k.shape) != tuple(x.shape):
             raise ValueError(f"update_and_norm: `x` and `k` must have the same shape (..., d) without `read`, got "
                              f"{tuple(x.shape)} and {tuple(k.shape)}")
-        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (1,)))
+        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (len(RULE_GATES[rule]),)))
         src = x
     else:
         if x.dim() < 2 or tuple(k.shape) != tuple(x.shape[:-1]):
             raise ValueError(f"update_and_norm: with `read`, `x` must have shape (..., d, d_v) and `k` (..., d), got "
                              f"{tuple(x.shape)} and {tuple(k.shape)}")
         lead, dv = tuple(x.shape[:-2]), x.shape[-1]
-        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (1,)), ("read", read, tuple(x.shape[-2:])))
+        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (len(RULE_GATES[rule]),)),
+                  ("read", read, tuple(x.shape[-2:])))
         src = x[..., 0]
     for name, t, shape in shapes:
         if tuple(t.shape) != shape:
@@ -267,30 +333,31 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     weights = (norm_weight, gate_weight, gate_bias, value_weight, value_bias)
     consts = dict(k_eps=k_eps, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
     impl = resolve_backend(backend, x.device)
-    if impl == "triton":  # the kernels, on flattened tensors: through the custom op while compiling (one node)
+    if fused_rule(rule, impl):  # the kernels, on flattened tensors: through the custom op while compiling (one node)
         flat = _flatten(x, k, v, beta, read)
         if through_registered_op(backend, impl, x.dtype):
             from deep_delta.ops.delta.library import update_norm_with_op
 
-            outs = update_norm_with_op(*flat, read, *weights, backend=backend, **consts)
+            outs = update_norm_with_op(*flat, read, *weights, backend=backend, rule=rule, **consts)
         else:
             from deep_delta.ops.delta.triton_norm import update_and_norm_triton
 
-            outs = update_and_norm_triton(*flat, read, *weights, **consts)
+            outs = update_and_norm_triton(*flat, read, *weights, rule=rule, **consts)
         return _unflatten(outs, x, value_weight.shape[0])
     from deep_delta.ops.norm import norm_gate_value
 
     if read is None:
-        out = delta_update(x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
+        out = apply_update(rule, x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
         x_in = out
     else:
-        out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend)
+        out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend, rule=rule)
     return (out, *norm_gate_value(x_in, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
                                   c_dtype=c_dtype, backend=backend))
 
 
 __all__ = [
     "RULE_GATES",
+    "fused_rule",
     "UPDATE_RULES",
     "update_and_norm",
     "update_and_norm_reference",

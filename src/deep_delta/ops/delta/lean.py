@@ -18,7 +18,11 @@ against), written to touch the (N, d, d_v) state as few times as possible:
 
 The untied gates (``update_rule="untied"``) are a mode of the same Function: with the erase gate ``beta_e``
 beside the write gate ``beta``, ``delta = beta v - beta_e p``, ``gp = -beta_e a``, ``grad_beta = sum_j a_j v_j``
-and ``grad_beta_e = -sum_j a_j p_j``; every other line is the same.
+and ``grad_beta_e = -sum_j a_j p_j``; every other line is the same. The write-only control (``erase=False`` in
+:func:`lean_forward` / :func:`lean_backward`, the custom ops' lean kernels) reads nothing: ``p = 0``, ``gp = 0``
+(``grad_x = G``, ``grad_u = G delta``), ``grad_beta = sum_j a_j v_j``. :func:`rule_gates` and
+:func:`rule_grads` turn the kernels' one gate tensor per rule (beta (N, 1), or (N, 2) = (beta_e, beta_w) for the
+untied rule) into these arguments and back.
 """
 
 from __future__ import annotations
@@ -52,17 +56,35 @@ def _gated(beta: torch.Tensor, v: torch.Tensor, p: torch.Tensor, beta_erase: tor
     return beta.to(ct) * v.to(ct) - beta_erase.to(ct) * p
 
 
+def rule_gates(rule: str, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """(beta_write, beta_erase or None, erase) of an update rule's gate tensor as the kernels take it: beta (N, 1)
+    for "delta" and "write" (erase False), (N, 2) = (beta_e, beta_w) for "untied"."""
+    if rule == "untied":
+        return beta[:, 1:], beta[:, :1], True
+    return beta, None, rule != "write"
+
+
+def rule_grads(rule: str, grads: tuple) -> tuple:
+    """:func:`lean_backward`'s gradients as the rule's inputs take them: (grad_x, grad_k, grad_v, grad_beta), the
+    untied rule's two gate gradients joined as (N, 2) = (erase, write)."""
+    if rule != "untied":
+        return grads
+    *first, grad_write, grad_erase = grads
+    return (*first, torch.cat([grad_erase, grad_write], dim=-1))
+
+
 def lean_forward(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, k_eps: float,
-    beta_erase: torch.Tensor | None = None,
+    beta_erase: torch.Tensor | None = None, erase: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x', delta): the new state ``x + u delta^T`` (N, d, d_v) in x.dtype and ``delta = beta (v - u^T x)``
     (N, d_v) in the compute dtype. x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N, 1); ``beta_erase`` (N, 1):
-    the untied erase gate, ``delta = beta v - beta_erase u^T x``."""
+    the untied erase gate, ``delta = beta v - beta_erase u^T x``; ``erase=False``: the write-only control,
+    ``delta = beta v`` (x not read)."""
     ct = compute_dtype(x, k, v, beta)
     u, _ = unit_direction(k, k_eps, ct)
     xd = x.dtype
-    p = _project(u, x, ct)  # (N, d_v)
+    p = _project(u, x, ct) if erase else 0.0  # (N, d_v)
     delta = _gated(beta, v, p, beta_erase, ct)  # (N, d_v)
     return torch.addcmul(x, u.to(xd).unsqueeze(-1), delta.to(xd).unsqueeze(1)), delta
 
@@ -76,17 +98,19 @@ def lean_backward(
     k_eps: float,
     needs: tuple[bool, ...] = (True, True, True, True),
     beta_erase: torch.Tensor | None = None,
+    erase: bool = True,
 ) -> tuple[torch.Tensor | None, ...]:
     """(grad_x, grad_k, grad_v, grad_beta) of the update for the upstream gradient g (N, d, d_v), each in its
     input's dtype (None where ``needs`` is False); recomputes u, p and delta from the inputs. With the untied
     erase gate ``beta_erase`` (N, 1), also its gradient: (grad_x, grad_k, grad_v, grad_beta, grad_beta_erase)
-    (``needs`` then has five entries)."""
+    (``needs`` then has five entries). ``erase=False``: the write-only control (no read, so G alone is grad_x and
+    x takes no part)."""
     ct = compute_dtype(x, k, v, beta)
     xd = x.dtype
     u, rho = unit_direction(k, k_eps, ct)
     ux = u.to(xd)
     g = g.contiguous()
-    p = _project(u, x, ct)
+    p = _project(u, x, ct) if erase else 0.0
     bf = beta.to(ct)
     vf = v.to(ct)
     delta = _gated(beta, v, p, beta_erase, ct)
@@ -94,11 +118,12 @@ def lean_backward(
     gp = -(bf if beta_erase is None else beta_erase.to(ct)) * a  # dL/dp
     grad_x = grad_k = grad_v = grad_beta = None
     if needs[0]:
-        grad_x = torch.addcmul(g, ux.unsqueeze(-1), gp.to(xd).unsqueeze(1))
+        grad_x = torch.addcmul(g, ux.unsqueeze(-1), gp.to(xd).unsqueeze(1)) if erase else g.clone()
     if needs[1]:
         # grad_u = G delta + x gp, two mat-vecs over the state (accumulated in fp32)
         gu = torch.bmm(g, delta.to(g.dtype).unsqueeze(-1)).squeeze(-1).to(ct)
-        gu = gu + torch.bmm(x, gp.to(xd).unsqueeze(-1)).squeeze(-1).to(ct)
+        if erase:
+            gu = gu + torch.bmm(x, gp.to(xd).unsqueeze(-1)).squeeze(-1).to(ct)
         grad_k = (rho * (gu - u * (u * gu).sum(-1, keepdim=True))).to(k.dtype)
     if needs[2]:
         grad_v = (bf * a).to(v.dtype)
@@ -168,6 +193,21 @@ def untied_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_e
     return out.view(x.shape)
 
 
+def rule_forward(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                 k_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lean_forward` of an update rule with its gate tensor as the kernels take it (:func:`rule_gates`)."""
+    beta_w, beta_e, erase = rule_gates(rule, beta)
+    return lean_forward(x, k, v, beta_w, k_eps, beta_e, erase)
+
+
+def rule_backward(rule: str, g: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                  k_eps: float) -> tuple[torch.Tensor, ...]:
+    """:func:`lean_backward` of an update rule, (grad_x, grad_k, grad_v, grad_beta) with grad_beta shaped as the
+    rule's gate tensor (:func:`rule_grads`)."""
+    beta_w, beta_e, erase = rule_gates(rule, beta)
+    return rule_grads(rule, lean_backward(g, x, k, v, beta_w, k_eps, (True,) * 5, beta_e, erase))
+
+
 def write_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                       k_eps: float = 1e-5) -> torch.Tensor:
     """The write-only control ``x + beta k v^T`` on every device and backend (no kernel of its own: it reads no
@@ -184,19 +224,19 @@ def write_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: t
 
 def update_read_backward_lean(
     g: torch.Tensor, gin: torch.Tensor, x: torch.Tensor, out: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    beta: torch.Tensor, c: torch.Tensor, k_eps: float,
+    beta: torch.Tensor, c: torch.Tensor, k_eps: float, rule: str = "delta",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_k, grad_v, grad_beta, grad_c) of the fused op; g (N, d, d_v), gin (N, d), out = x' the
     forward's new state (saved: the next update's input, kept anyway, except after a model's last update:
     one state per model, ``benchmarks/tools/saved_by_source.py``). Lean math: the read's gradient
     ``g_in c^T`` joins g before the update's backward (in the compute dtype, as the Triton kernel does in
     registers: a bf16 state goes through a transient fp32 copy, rounded once at the end), and
-    ``grad_c = sum_n g_in x'^T``."""
+    ``grad_c = sum_n g_in x'^T``. ``rule``: the update's (:func:`rule_backward`; beta (N, 2) for "untied")."""
     from deep_delta.ops.compress.lean import channel_read_weight_grad, read_gradient_rows
 
     ct = compute_dtype(x, k, v, beta)
     ge = read_gradient_rows(gin, x.shape[-1], ct)
     grad_c = channel_read_weight_grad(ge, out).to(c.dtype)
     total = torch.addcmul(g.to(ct), ge, c.to(ct))
-    grad_x, grad_k, grad_v, grad_beta = lean_backward(total, x.to(ct), k, v, beta, k_eps)
+    grad_x, grad_k, grad_v, grad_beta = rule_backward(rule, total, x.to(ct), k, v, beta, k_eps)
     return grad_x.to(x.dtype), grad_k, grad_v, grad_beta, grad_c

@@ -18,14 +18,14 @@ Tensor = torch.Tensor
 def update_norm_forward_lean(
     x: Tensor, k: Tensor, v: Tensor, beta: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor,
     value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float, beta_max: float, value_scale: float,
-    c_dtype: torch.dtype | None = None,
+    c_dtype: torch.dtype | None = None, rule: str = "delta",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(x', c, beta', v') of flattened x, k (N, d), v, beta (N, 1): the lean update (ops/delta/lean.py), then
-    :func:`norm_gate_value_lean` of x'. No autograd of its own (the custom op's backward is
-    :func:`update_norm_backward_lean`)."""
-    from deep_delta.ops.delta.lean import lean_forward
+    """(x', c, beta', v') of flattened x, k (N, d), v, beta (N, 1) ((N, 2) for the untied ``rule``): the lean update
+    (ops/delta/lean.py), then :func:`norm_gate_value_lean` of x'. No autograd of its own (the custom op's backward
+    is :func:`update_norm_backward_lean`)."""
+    from deep_delta.ops.delta.lean import rule_forward
 
-    out, _ = lean_forward(x.unsqueeze(-1), k, v, beta, k_eps)
+    out, _ = rule_forward(rule, x.unsqueeze(-1), k, v, beta, k_eps)
     out = out.squeeze(-1)
     c, beta2, v2 = norm_gate_value_lean(out, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps=eps,
                                         beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
@@ -35,46 +35,48 @@ def update_norm_forward_lean(
 def update_norm_backward_lean(
     g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor,
     norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor,
-    k_eps: float, eps: float, beta_max: float, value_scale: float,
+    k_eps: float, eps: float, beta_max: float, value_scale: float, rule: str = "delta",
 ) -> tuple[Tensor, ...]:
     """The gradients of (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias) for the
     upstream gradients of (x', c, beta', v'): x' recomputed, the input stage's backward
     (:func:`norm_gate_value_backward_lean`) on it, its gradient of x' added to g in the compute dtype, then the
-    update's backward (ops/delta/lean.py). Each gradient in its input's dtype."""
+    update's backward by ``rule`` (ops/delta/lean.py). Each gradient in its input's dtype."""
     from deep_delta.ops.backend import compute_dtype
-    from deep_delta.ops.delta.lean import lean_backward, lean_forward
+    from deep_delta.ops.delta.lean import rule_backward, rule_forward
 
     ct = compute_dtype(x, k, v, beta)
-    out, _ = lean_forward(x.unsqueeze(-1), k, v, beta, k_eps)
+    out, _ = rule_forward(rule, x.unsqueeze(-1), k, v, beta, k_eps)
     # x' as stored, in the compute dtype (exact): the input stage's gradient of x' comes back unrounded
     gsrc, *weight_grads = norm_gate_value_backward_lean(gc, gbeta2, gv2, out.squeeze(-1).to(ct), norm_weight,
                                                         gate_weight, gate_bias, value_weight, value_bias, eps,
                                                         beta_max, value_scale)
     total = (g.to(ct) + gsrc).unsqueeze(-1)
-    gx, gk, gv, gb = lean_backward(total, x.to(ct).unsqueeze(-1), k, v, beta, k_eps)
+    gx, gk, gv, gb = rule_backward(rule, total, x.to(ct).unsqueeze(-1), k, v, beta, k_eps)
     return (gx.squeeze(-1).to(x.dtype), gk, gv, gb, *weight_grads)
 
 
 def missing_update_grads(g: Tensor | None, gc: Tensor | None, gbeta2: Tensor | None, gv2: Tensor | None, x: Tensor,
-                         norm_weight: Tensor, value_weight: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The upstream gradients of the fused update's (x', c, beta', v') for a flattened x (N, d) or (N, d, d_v),
-    contiguous; an unused output's gradient may arrive as None: zeros of its shape."""
+                         norm_weight: Tensor, value_weight: Tensor,
+                         gates: int = 1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The upstream gradients of the fused update's (x', c, beta' (N, gates), v') for a flattened x (N, d) or
+    (N, d, d_v), contiguous; an unused output's gradient may arrive as None: zeros of its shape."""
     g = torch.zeros_like(x) if g is None else g.contiguous()
     rows = x if x.dim() == 2 else x[..., 0]  # (N, d): the shape of c's gradient
-    return (g, *missing_grads_as_zeros(gc, gbeta2, gv2, rows, norm_weight, value_weight))
+    return (g, *missing_grads_as_zeros(gc, gbeta2, gv2, rows, norm_weight, value_weight, gates))
 
 
 def update_read_norm_forward_lean(
     x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor, norm_weight: Tensor, gate_weight: Tensor,
     gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, k_eps: float, eps: float, beta_max: float,
-    value_scale: float, c_dtype: torch.dtype | None = None,
+    value_scale: float, c_dtype: torch.dtype | None = None, rule: str = "delta",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(x', c, beta', v') of flattened x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1), read (d, d_v): the lean
-    update, the CC read of x' (in x's dtype) and :func:`norm_gate_value_lean` of it. No autograd of its own."""
+    """(x', c, beta', v') of flattened x (N, d, d_v), k (N, d), v (N, d_v), beta (N, 1) ((N, 2) for the untied
+    ``rule``), read (d, d_v): the lean update, the CC read of x' (in x's dtype) and :func:`norm_gate_value_lean` of
+    it. No autograd of its own."""
     from deep_delta.ops.compress.lean import channel_read
-    from deep_delta.ops.delta.lean import lean_forward
+    from deep_delta.ops.delta.lean import rule_forward
 
-    out, _ = lean_forward(x, k, v, beta, k_eps)
+    out, _ = rule_forward(rule, x, k, v, beta, k_eps)
     c, beta2, v2 = norm_gate_value_lean(channel_read(out, read), norm_weight, gate_weight, gate_bias, value_weight,
                                         value_bias, eps=eps, beta_max=beta_max, value_scale=value_scale,
                                         c_dtype=c_dtype)
@@ -84,18 +86,18 @@ def update_read_norm_forward_lean(
 def update_read_norm_backward_lean(
     g: Tensor, gc: Tensor, gbeta2: Tensor, gv2: Tensor, x: Tensor, k: Tensor, v: Tensor, beta: Tensor, read: Tensor,
     norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor,
-    k_eps: float, eps: float, beta_max: float, value_scale: float,
+    k_eps: float, eps: float, beta_max: float, value_scale: float, rule: str = "delta",
 ) -> tuple[Tensor, ...]:
     """The gradients of (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias): x' and
     x_in recomputed, the input stage's backward on x_in (its gradient of x_in in the compute dtype), then the fused
-    update + read's lean backward (``deep_delta.ops.delta.library.update_read_backward_lean``)."""
+    update + read's lean backward by ``rule`` (``deep_delta.ops.delta.lean.update_read_backward_lean``)."""
     from deep_delta.ops.backend import compute_dtype
     from deep_delta.ops.compress.lean import channel_read
-    from deep_delta.ops.delta.lean import lean_forward, update_read_backward_lean
+    from deep_delta.ops.delta.lean import rule_forward, update_read_backward_lean
 
     ct = compute_dtype(x, k, v, beta)
-    out, _ = lean_forward(x, k, v, beta, k_eps)
+    out, _ = rule_forward(rule, x, k, v, beta, k_eps)
     gin, *weight_grads = norm_gate_value_backward_lean(gc, gbeta2, gv2, channel_read(out, read).to(ct), norm_weight,
                                                        gate_weight, gate_bias, value_weight, value_bias, eps,
                                                        beta_max, value_scale)
-    return (*update_read_backward_lean(g, gin, x, out, k, v, beta, read, k_eps), *weight_grads)
+    return (*update_read_backward_lean(g, gin, x, out, k, v, beta, read, k_eps, rule), *weight_grads)

@@ -67,6 +67,15 @@ def delta_update_reference(
     return x + update.to(x.dtype)
 
 
+def rule_reference(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                   k_eps: float = 1e-5) -> torch.Tensor:
+    """:func:`delta_update_reference` of an update rule (``DDLConfig.update_rule``) with its gates as one tensor, as
+    the fused ops take them: beta (..., 1) for "delta" and "write", (..., 2) = (erase, write) for "untied"."""
+    if rule == "untied":
+        return delta_update_reference(x, k, v, beta[..., 1:], k_eps, beta_erase=beta[..., :1])
+    return delta_update_reference(x, k, v, beta, k_eps, erase=rule != "write")
+
+
 def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:
     """Dense Delta Operator ``A = I - beta k k^T`` (eq. 2.3) with k normalised like in the update.
 
@@ -81,9 +90,10 @@ def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float =
 def update_and_norm_reference(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
     value_weight: torch.Tensor, value_bias: torch.Tensor, *, read: torch.Tensor | None = None, k_eps: float, eps: float,
-    beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
+    beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None, rule: str = "delta",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A delta update and the next sublayer's input stage of the new state, one after the other: without ``read``
+    """An update (by ``rule``: :func:`rule_reference`) and the next sublayer's input stage of the new state, one after
+    the other: without ``read``
     a d_v = 1 state x (..., d), k (..., d), v (..., 1), beta (..., 1), ``x' = delta_update_reference(x, k, v,
     beta)`` and ``(c, beta', v') = norm_gate_value_reference(x', ...)``; with ``read`` (d, d_v) x (..., d, d_v),
     v (..., d_v), and the input stage of ``x_in = channel_compress_reference(x', read)``. Returns
@@ -92,10 +102,10 @@ def update_and_norm_reference(
     from deep_delta.ops.norm.naive import norm_gate_value_reference
 
     if read is None:
-        out = delta_update_reference(x.unsqueeze(-1), k, v, beta, k_eps).squeeze(-1)
+        out = rule_reference(rule, x.unsqueeze(-1), k, v, beta, k_eps).squeeze(-1)
         x_in = out
     else:
-        out = delta_update_reference(x, k, v, beta, k_eps)
+        out = rule_reference(rule, x, k, v, beta, k_eps)
         x_in = channel_compress_reference(out, read)
     return (out, *norm_gate_value_reference(x_in, norm_weight, gate_weight, gate_bias, value_weight, value_bias,
                                             eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype))

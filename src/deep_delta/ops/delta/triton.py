@@ -22,6 +22,11 @@ backward  read x, k, v, beta, G (and g_in, c for the fused read: G += g_in c^T; 
 
 Gate and value math are fp32 whatever the storage dtype (fp32, bf16, fp16). Tested against the plain
 reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_kernels.py).
+
+The update rules (``ERASE``, below) are a mode of every kernel here: the write-only control skips the read p = u^T x
+(delta = beta v; backward grad_x = G, no x term in grad_u, and without a fused read the state is not read at all),
+the untied gates take beta (N, 2) = (beta_e, beta_w) (delta = beta_w v - beta_e p, both gates' gradients); tested in
+tests/ops/test_fused_rules.py.
 """
 
 from __future__ import annotations
@@ -43,54 +48,104 @@ READ_BWD_PER_SM = 2
 READ_BWD_PREFETCH = True
 
 
+# ERASE, a compile-time constant of every update kernel: the update rule's erase term (DDLConfig.update_rule; the
+# one reference is ops.delta.naive.delta_update_reference). 1 (the delta rule, "delta"): x + beta u (v - u^T x)^T;
+# 0 (the write-only control, "write"): x + beta u v^T, the read u^T x and its gradient terms skipped; 2 (the untied
+# gates, "untied"): x + u (beta_w v - beta_e u^T x)^T, with BETA (N, 2) holding (beta_e, beta_w) per token
+# (RULE_GATES' order) and GBETA their gradients. Written as integer literals in the kernels.
+ERASE_MODES = {"write": 0, "delta": 1, "untied": 2}
+
+
+def erase_mode(rule: str) -> int:
+    """The kernels' ``ERASE`` constant of an update rule (``ERASE_MODES``)."""
+    if rule not in ERASE_MODES:
+        raise ValueError(f"delta update kernels: `rule` got {rule!r}; allowed: {' | '.join(ERASE_MODES)}")
+    return ERASE_MODES[rule]
+
+
 @triton.jit
-def token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
-    """Token n's k, x, v and beta as stored (not yet fp32); ok_d / ok_v mask the loads."""
+def token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, ERASE: tl.constexpr):
+    """Token n's k, x, v and gates as stored (not yet fp32): (k, x, v, beta, beta_e), beta the write gate (the one
+    gate of the tied and write-only rules), beta_e the untied erase gate (beta again for the other rules), each a
+    vector over offs_v with one live lane; ok_d / ok_v mask the loads."""
     k = tl.load(K + n * D + offs_d, mask=ok_d, other=0.0)
     x = tl.load(X + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
     v = tl.load(V + n * DV + offs_v, mask=ok_v, other=0.0)
-    beta = tl.load(BETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
-    return k, x, v, beta
+    if ERASE == 2:  # (beta_e, beta_w) per token
+        beta = tl.load(BETA + 2 * n + 1 + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+        beta_e = tl.load(BETA + 2 * n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+    else:
+        beta = tl.load(BETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+        beta_e = beta
+    return k, x, v, beta, beta_e
 
 
 @triton.jit
-def token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d):
+def token_math(k, x, v, beta, beta_e, D, eps2_over_d, inv_sqrt_d, ERASE: tl.constexpr):
     """One token's update in fp32 registers from its loaded inputs (:func:`token_load`):
-    (x, u, rho, v, beta, p, delta) with u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d) (as
-    ops.delta.naive.unit_direction), p = u^T x, delta = beta (v - p)."""
+    (x, u, rho, v, beta, beta_e, p, delta) with u = k rho, rho = rsqrt(mean(k^2) + eps^2/d) / sqrt(d) (as
+    ops.delta.naive.unit_direction), p = u^T x, delta = beta (v - p) (ERASE 1); beta v - beta_e p (2); beta v and
+    p = 0, the state not read (0)."""
     k = k.to(tl.float32)
     rho = tl.rsqrt(tl.sum(k * k, axis=0) / D + eps2_over_d) * inv_sqrt_d
     u = k * rho
     x = x.to(tl.float32)
-    p = tl.sum(u[:, None] * x, axis=0)
     v = v.to(tl.float32)
     beta = tl.sum(beta.to(tl.float32), axis=0)
-    return x, u, rho, v, beta, p, beta * (v - p)
+    beta_e = tl.sum(beta_e.to(tl.float32), axis=0)
+    if ERASE == 0:
+        p = v * 0.0
+        delta = beta * v
+    elif ERASE == 2:
+        p = tl.sum(u[:, None] * x, axis=0)
+        delta = beta * v - beta_e * p
+    else:
+        p = tl.sum(u[:, None] * x, axis=0)
+        delta = beta * (v - p)
+    return x, u, rho, v, beta, beta_e, p, delta
 
 
 @triton.jit
-def token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d):
+def token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, eps2_over_d, inv_sqrt_d,
+                 ERASE: tl.constexpr):
     """One token's update in fp32 registers, as every delta kernel (forward and backward) computes it:
     :func:`token_math` of :func:`token_load`."""
-    k, x, v, beta = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
-    return token_math(k, x, v, beta, D, eps2_over_d, inv_sqrt_d)
+    k, x, v, beta, beta_e = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, ERASE)
+    return token_math(k, x, v, beta, beta_e, D, eps2_over_d, inv_sqrt_d, ERASE)
 
 
 @triton.jit
-def token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, p, delta, offs_d, offs_v, tile, ok_d, ok_v, D, DV):
+def token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, beta_e, p, delta, offs_d, offs_v, tile, ok_d, ok_v,
+                      D, DV, ERASE: tl.constexpr):
     """Token n's update backward for the whole gradient g (BLOCK_D, BLOCK_V) of x' (fp32) and its forward values
-    (:func:`token_math`): a = u^T G, grad_x = G - u (beta a)^T, grad_k, grad_v = beta a, grad_beta = a . (v - p),
-    each stored in its tensor's dtype."""
+    (:func:`token_math`): a = u^T G, gp = -beta a (the untied rule's -beta_e a; none without the read),
+    grad_x = G + u gp^T, grad_u = G delta + x gp, grad_k, grad_v = beta a, grad_beta = a . (v - p) (a . v for the
+    untied write gate and the write-only rule, -a . p for the erase gate), each stored in its tensor's dtype."""
     a = tl.sum(u[:, None] * g, axis=0)  # u^T G, (BLOCK_V,)
-    gp = -beta * a
-    gx = g + u[:, None] * gp[None, :]
+    if ERASE == 0:  # no read: grad_x is G, and x takes no part in grad_u
+        gx = g
+        gu = tl.sum(g * delta[None, :], axis=1)
+    else:
+        if ERASE == 2:
+            gp = -beta_e * a
+        else:
+            gp = -beta * a
+        gx = g + u[:, None] * gp[None, :]
+        gu = tl.sum(g * delta[None, :] + x * gp[None, :], axis=1)
     tl.store(GX + n * D * DV + tile, gx.to(GX.dtype.element_ty), mask=ok_d[:, None] & ok_v[None, :])
-    gu = tl.sum(g * delta[None, :] + x * gp[None, :], axis=1)
     gk = rho * (gu - u * tl.sum(u * gu, axis=0))
     tl.store(GK + n * D + offs_d, gk.to(GK.dtype.element_ty), mask=ok_d)
     tl.store(GV + n * DV + offs_v, (beta * a).to(GV.dtype.element_ty), mask=ok_v)
-    gb_v = tl.full(offs_v.shape, 0.0, tl.float32) + tl.sum(a * (v - p), axis=0)
-    tl.store(GBETA + n + offs_v * 0, gb_v.to(GBETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+    lane = tl.full(offs_v.shape, 0.0, tl.float32)
+    first = ok_v & (offs_v == 0)
+    if ERASE == 1:
+        tl.store(GBETA + n + offs_v * 0, (lane + tl.sum(a * (v - p), axis=0)).to(GBETA.dtype.element_ty), mask=first)
+    elif ERASE == 2:
+        tl.store(GBETA + 2 * n + 1 + offs_v * 0, (lane + tl.sum(a * v, axis=0)).to(GBETA.dtype.element_ty),
+                 mask=first)
+        tl.store(GBETA + 2 * n + offs_v * 0, (lane - tl.sum(a * p, axis=0)).to(GBETA.dtype.element_ty), mask=first)
+    else:
+        tl.store(GBETA + n + offs_v * 0, (lane + tl.sum(a * v, axis=0)).to(GBETA.dtype.element_ty), mask=first)
 
 
 @triton.jit
@@ -98,7 +153,7 @@ def _delta_fwd_kernel(
     X, K, V, BETA, OUT, C, XIN, DELTA,
     N, D, eps2_over_d, inv_sqrt_d,
     HAS_READ: tl.constexpr, HAS_DELTA: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, ERASE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -115,8 +170,8 @@ def _delta_fwd_kernel(
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         mt = ok_d[:, None] & ok_v[None, :]
-        x, u, rho, v, beta, p, delta = token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
-                                                     eps2_over_d, inv_sqrt_d)
+        x, u, rho, v, beta, beta_e, p, delta = token_update(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV,
+                                                             eps2_over_d, inv_sqrt_d, ERASE)
         if HAS_DELTA:  # kept (fp32) to rebuild x from x' in backward (ops/delta/recompute.py)
             tl.store(DELTA + n * DV + offs_v, delta, mask=ok_v)
         out = x + u[:, None] * delta[None, :]
@@ -130,17 +185,17 @@ def _delta_fwd_kernel(
 
 @triton.jit
 def _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, N, D, DV, HAS_READ: tl.constexpr,
-              TAPS: tl.constexpr):
-    """Token n's backward inputs as stored: k, x, v, beta (:func:`token_load`), G's tile and one row of g_in:
+              TAPS: tl.constexpr, ERASE: tl.constexpr):
+    """Token n's backward inputs as stored: k, x, v, the gates (:func:`token_load`), G's tile and one row of g_in:
     row n with the CC read, row n + 3 with the TC taps (the newest row of the kernel's window of four), none
     (a load with an all-false mask: no traffic) without a read."""
-    k, x, v, beta = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    k, x, v, beta, beta_e = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, ok_d, ok_v, D, DV, ERASE)
     g = tl.load(G + n * D * DV + tile, mask=ok_d[:, None] & ok_v[None, :], other=0.0)
     if TAPS > 0:
         gin = tl.load(GIN + (n + 3) * D + offs_d, mask=ok_d & (((offs_d * 0) + n + 3) < N), other=0.0)
     else:
         gin = tl.load(GIN + n * D + offs_d, mask=ok_d & HAS_READ, other=0.0)
-    return k, x, v, beta, g, gin
+    return k, x, v, beta, beta_e, g, gin
 
 
 @triton.jit
@@ -167,7 +222,7 @@ def _delta_bwd_kernel(
     N, CHUNK, P, R, T, D, eps2_over_d, inv_sqrt_d,
     HAS_READ: tl.constexpr, TAPS: tl.constexpr, TAP_GRADS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
     BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr,
-    REDUCE_COLS: tl.constexpr,
+    REDUCE_COLS: tl.constexpr, ERASE: tl.constexpr,
 ):
     """P workers (:func:`_delta_bwd_worker`); with REDUCE (a read's weight gradient summed in this launch,
     ops/partials.py) R reducers more, which sum the workers' partial rows GC_PART (P, W) into GC_OUT (W elements,
@@ -176,7 +231,7 @@ def _delta_bwd_kernel(
     ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _delta_bwd_worker(X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, ticket, N, CHUNK, T, D, eps2_over_d,
-                          inv_sqrt_d, HAS_READ, TAPS, TAP_GRADS, BLOCK_D, DV, BLOCK_V, PREFETCH)
+                          inv_sqrt_d, HAS_READ, TAPS, TAP_GRADS, BLOCK_D, DV, BLOCK_V, PREFETCH, ERASE)
         partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         partials.reducer(COUNTERS, P, GC_PART, GC_OUT, ticket - P, P, (TAPS + HAS_READ) * D * DV, R, REDUCE_ROWS,
@@ -188,7 +243,7 @@ def _delta_bwd_worker(
     X, K, V, BETA, G, GIN, C, GX, GK, GV, GBETA, GC_PART, pid,
     N, CHUNK, T, D, eps2_over_d, inv_sqrt_d,
     HAS_READ: tl.constexpr, TAPS: tl.constexpr, TAP_GRADS: tl.constexpr, BLOCK_D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ERASE: tl.constexpr,
 ):
     """Tokens [pid * CHUNK, (pid + 1) * CHUNK) of the flattened rows, the weight gradient of the fused read
     summed over them in fp32 registers, one partial per program:
@@ -204,7 +259,7 @@ def _delta_bwd_worker(
       gradient.
 
     PREFETCH: token n+1's inputs are loaded before token n's math (their latency behind it, for the registers
-    that hold them)."""
+    that hold them). ERASE: the update rule (module note)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
@@ -232,9 +287,9 @@ def _delta_bwd_worker(
         gw3 = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
         w3 = _tap_tile(C, 3, tile, mw, D, DV)
     if PREFETCH:
-        k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx = _bwd_load(
+        k_nx, x_nx, v_nx, b_nx, be_nx, g_nx, gin_nx = _bwd_load(
             X, K, V, BETA, G, GIN, first, offs_d, offs_v, tile, md & (((offs_d * 0) + first) < N),
-            mv & (((offs_v * 0) + first) < N), N, D, DV, HAS_READ, TAPS)
+            mv & (((offs_v * 0) + first) < N), N, D, DV, HAS_READ, TAPS, ERASE)
     for r in range(0, CHUNK):
         n = first + r
         n_d = (offs_d * 0) + n  # the row index as a vector: masks must be tensors (tl.zeros_like is a jit helper; avoided)
@@ -242,16 +297,17 @@ def _delta_bwd_worker(
         ok_d = md & (n_d < N)
         ok_v = mv & (n_v < N)
         if PREFETCH:
-            k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx
+            k_raw, x_raw, v_raw, b_raw, be_raw, g_raw, gin_raw = k_nx, x_nx, v_nx, b_nx, be_nx, g_nx, gin_nx
             more_d = ((offs_d * 0) + r + 1) < CHUNK
             more_v = ((offs_v * 0) + r + 1) < CHUNK
-            k_nx, x_nx, v_nx, b_nx, g_nx, gin_nx = _bwd_load(
+            k_nx, x_nx, v_nx, b_nx, be_nx, g_nx, gin_nx = _bwd_load(
                 X, K, V, BETA, G, GIN, n + 1, offs_d, offs_v, tile, md & (n_d + 1 < N) & more_d,
-                mv & (n_v + 1 < N) & more_v, N, D, DV, HAS_READ, TAPS)
+                mv & (n_v + 1 < N) & more_v, N, D, DV, HAS_READ, TAPS, ERASE)
         else:
-            k_raw, x_raw, v_raw, b_raw, g_raw, gin_raw = _bwd_load(X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile,
-                                                                   ok_d, ok_v, N, D, DV, HAS_READ, TAPS)
-        x, u, rho, v, beta, p, delta = token_math(k_raw, x_raw, v_raw, b_raw, D, eps2_over_d, inv_sqrt_d)
+            k_raw, x_raw, v_raw, b_raw, be_raw, g_raw, gin_raw = _bwd_load(
+                X, K, V, BETA, G, GIN, n, offs_d, offs_v, tile, ok_d, ok_v, N, D, DV, HAS_READ, TAPS, ERASE)
+        x, u, rho, v, beta, beta_e, p, delta = token_math(k_raw, x_raw, v_raw, b_raw, be_raw, D, eps2_over_d,
+                                                          inv_sqrt_d, ERASE)
         g = g_raw.to(tl.float32)
         if HAS_READ or TAPS > 0:  # x' as the forward stored it (rounded), as a separate read would see it
             out = (x + u[:, None] * delta[None, :]).to(X.dtype.element_ty).to(tl.float32)
@@ -272,7 +328,8 @@ def _delta_bwd_worker(
                 gin = tl.load(GIN + (n + s) * D + offs_d, mask=ok_d & (t_d + s < T), other=0.0).to(tl.float32)
                 g = g + _tap_tile(C, s, tile, mw, D, DV) * gin[:, None]
             win0, win1, win2 = win1, win2, gin_raw
-        token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, p, delta, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+        token_grads_store(GX, GK, GV, GBETA, n, g, x, u, rho, v, beta, beta_e, p, delta, offs_d, offs_v, tile, ok_d,
+                          ok_v, D, DV, ERASE)
     if HAS_READ:
         tl.store(GC_PART + pid * D * DV + tile, gc, mask=mw)
     if TAPS > 0 and TAP_GRADS:
@@ -286,25 +343,27 @@ def _delta_bwd_worker(
             tl.store(part + 3 * D * DV, gw3, mask=mw)
 
 
-def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor):
+def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, rule: str = "delta"):
+    """x, k, v and the gates with one leading dimension, contiguous: beta (N,), or (N, 2) for the untied rule."""
     *lead, d, dv = x.shape
     n = math.prod(lead)
     return (
         x.reshape(n, d, dv).contiguous(),
         k.reshape(n, d).contiguous(),
         v.reshape(n, dv).contiguous(),
-        beta.reshape(n).contiguous(),
+        beta.reshape(n, 2).contiguous() if rule == "untied" else beta.reshape(n).contiguous(),
     )
 
 
 def triton_forward(
     x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, c: torch.Tensor | None, k_eps: float,
-    want_delta: bool = False,
+    want_delta: bool = False, rule: str = "delta",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One forward launch: (x', x_in or None, delta or None).
 
-    Contiguous x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,) or (N, 1); c: (d, d_v) for the fused CC read
-    ``x_in`` (N, d); ``want_delta`` also writes ``delta`` (N, d_v) fp32 (for the state rebuild).
+    Contiguous x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,) or (N, 1) (the untied rule: (N, 2), the erase
+    then the write gate); c: (d, d_v) for the fused CC read ``x_in`` (N, d); ``want_delta`` also writes ``delta``
+    (N, d_v) fp32 (for the state rebuild); ``rule``: "delta", "write" or "untied" (the kernels' ``ERASE``).
     """
     n, d, dv = x.shape
     bd, bv = state_blocks(d, dv)
@@ -317,18 +376,21 @@ def triton_forward(
         _delta_fwd_kernel, (triton.cdiv(n, rows),),
         (x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
          out if delta is None else delta, n, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
-        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, num_warps=delta_warps(bd * bv),
+        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, ERASE=erase_mode(rule),
+        num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
 
 def triton_backward(
     g: torch.Tensor, gin: torch.Tensor | None, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    beta: torch.Tensor, c: torch.Tensor | None, k_eps: float,
+    beta: torch.Tensor, c: torch.Tensor | None, k_eps: float, rule: str = "delta",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One backward launch: (grad_x, grad_k, grad_v, grad_beta, grad_c or None), shapes as the inputs.
+    """One backward launch: (grad_x, grad_k, grad_v, grad_beta, grad_c or None), shapes as the inputs (grad_beta
+    (N, 2) for the untied rule's two gates).
 
-    With c (the fused read) gin is the gradient of x_in (N, d), or None for zero.
+    With c (the fused read) gin is the gradient of x_in (N, d), or None for zero. The write-only rule without a read
+    does not read x (its gradient is G's part alone).
     """
     n, d, dv = x.shape
     bd, bv = state_blocks(d, dv)
@@ -353,12 +415,14 @@ def triton_backward(
     else:  # unused placeholders
         gin, gc_part, c_arg, gc, count, reducing = g, g, g, g, g, 0
         meta = dict(REDUCE=False, **partials.plan(1, d * dv).meta())
+    x_arg = g if rule == "write" and not has_read else x  # the write-only rule reads no state
     launch(
         _delta_bwd_kernel, (progs + reducing,),
-        (x, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, gc, count, n, chunk, progs, reducing, 1, d,
+        (x_arg, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, gc, count, n, chunk, progs, reducing, 1, d,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=has_read, TAPS=0, TAP_GRADS=False, BLOCK_D=bd, DV=dv,
-        BLOCK_V=bv, PREFETCH=has_read and READ_BWD_PREFETCH, num_warps=delta_warps(bd * bv), **meta,
+        BLOCK_V=bv, PREFETCH=has_read and READ_BWD_PREFETCH, ERASE=erase_mode(rule), num_warps=delta_warps(bd * bv),
+        **meta,
     )
     if not has_read:
         return gx, gk, gv, gbeta, None
@@ -367,44 +431,50 @@ def triton_backward(
 
 
 class DeltaUpdateTriton(torch.autograd.Function):
-    """Flattened inputs x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,), c: (d, d_v) or None.
+    """Flattened inputs x: (N, d, d_v), k: (N, d), v: (N, d_v), beta: (N,) (the untied rule: (N, 2)), c: (d, d_v) or
+    None, the update rule.
 
     Returns x' (N, d, d_v), or (x', x_in) with x_in (N, d) = CC read of x' when c is given.
     """
 
     @staticmethod
-    def forward(ctx, x, k, v, beta, c, k_eps: float):
+    def forward(ctx, x, k, v, beta, c, k_eps: float, rule: str = "delta"):
         tape = active_tape()
-        out, xin, delta = triton_forward(x, k, v, beta, c, k_eps, want_delta=tape is not None)
+        out, xin, delta = triton_forward(x, k, v, beta, c, k_eps, want_delta=tape is not None, rule=rule)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k, delta, k_eps))
         ctx.save_for_backward(x, k, v, beta, c)
-        ctx.k_eps = k_eps
+        ctx.k_eps, ctx.rule = k_eps, rule
         return out if c is None else (out, xin)
 
     @staticmethod
     def backward(ctx, g, gin=None):
         x, k, v, beta, c = ctx.saved_tensors
-        return (*triton_backward(g, gin, x, k, v, beta, c, ctx.k_eps), None)
+        return (*triton_backward(g, gin, x, k, v, beta, c, ctx.k_eps, ctx.rule), None, None)
 
 
 def delta_update_triton(
-    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5
+    x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
+    rule: str = "delta",
 ) -> torch.Tensor:
-    """Fused ``x + beta k (v^T - k^T x)``; x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1)."""
+    """Fused update of state x by ``rule``: ``x + beta k (v^T - k^T x)`` ("delta"), ``x + beta k v^T`` ("write"),
+    ``x + k (beta_w v^T - beta_e k^T x)`` ("untied", beta (..., 2) = (beta_e, beta_w)); x: (..., d, d_v),
+    k: (..., d), v: (..., d_v), beta: (..., 1) or (..., 2)."""
     check_device("delta_update", x)
-    xf, kf, vf, bf = _flat(x, k, v, beta)
-    return DeltaUpdateTriton.apply(xf, kf, vf, bf, None, float(k_eps)).view(x.shape)
+    xf, kf, vf, bf = _flat(x, k, v, beta, rule)
+    return DeltaUpdateTriton.apply(xf, kf, vf, bf, None, float(k_eps), rule).view(x.shape)
 
 
 def delta_update_read_triton(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                             weight: torch.Tensor, *, k_eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused update and CC read of the new state: returns (x', x_in) with ``x_in_i = sum_j c_ij x'_ij``.
+                             weight: torch.Tensor, *, k_eps: float = 1e-5,
+                             rule: str = "delta") -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused update (by ``rule``, as :func:`delta_update_triton`) and CC read of the new state: returns (x', x_in)
+    with ``x_in_i = sum_j c_ij x'_ij``.
 
     weight: (d, d_v), the channel compressor of the next sublayer. Saves the separate read pass over x'
     in the forward and the separate (g_in c^T) write plus gradient add in the backward.
     """
     check_device("update_and_channel_read", x)
-    xf, kf, vf, bf = _flat(x, k, v, beta)
-    out, xin = DeltaUpdateTriton.apply(xf, kf, vf, bf, weight, float(k_eps))
+    xf, kf, vf, bf = _flat(x, k, v, beta, rule)
+    out, xin = DeltaUpdateTriton.apply(xf, kf, vf, bf, weight, float(k_eps), rule)
     return out.view(x.shape), xin.view(*x.shape[:-1])

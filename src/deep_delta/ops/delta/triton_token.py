@@ -43,7 +43,7 @@ import triton.language as tl
 
 from deep_delta.ops import partials, switches
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.delta.triton import _delta_bwd_kernel, token_load, token_math
+from deep_delta.ops.delta.triton import _delta_bwd_kernel, erase_mode, token_load, token_math
 from deep_delta.ops.launch import check_device, delta_warps, launch, reduction_grid, state_blocks
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
@@ -65,7 +65,7 @@ def _delta_tc_fwd_kernel(
     X, K, V, BETA, W, OUT, XIN, DELTA,
     T, D, eps2_over_d, inv_sqrt_d,
     HAS_DELTA: tl.constexpr, KS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ERASE: tl.constexpr,
 ):
     b = tl.program_id(0)
     t0 = tl.program_id(1) * CHUNK
@@ -83,19 +83,23 @@ def _delta_tc_fwd_kernel(
     # cost of the registers that hold them: fewer programs per SM)
     ok_d = md & (((offs_d * 0) + start) < stop)
     ok_v = mv & (((offs_v * 0) + start) < stop)
-    k_raw, x_raw, v_raw, b_raw = token_load(X, K, V, BETA, b * T + start, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+    k_raw, x_raw, v_raw, b_raw, be_raw = token_load(X, K, V, BETA, b * T + start, offs_d, offs_v, tile, ok_d, ok_v, D,
+                                                    DV, ERASE)
     for t in range(start, stop):
         n = b * T + t
         if PREFETCH:
-            k_cur, x_cur, v_cur, b_cur = k_raw, x_raw, v_raw, b_raw
+            k_cur, x_cur, v_cur, b_cur, be_cur = k_raw, x_raw, v_raw, b_raw, be_raw
             ok_d = md & (((offs_d * 0) + t + 1) < stop)
             ok_v = mv & (((offs_v * 0) + t + 1) < stop)
-            k_raw, x_raw, v_raw, b_raw = token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, ok_d, ok_v, D, DV)
+            k_raw, x_raw, v_raw, b_raw, be_raw = token_load(X, K, V, BETA, n + 1, offs_d, offs_v, tile, ok_d, ok_v, D,
+                                                            DV, ERASE)
         else:
-            k_cur, x_cur, v_cur, b_cur = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV)
+            k_cur, x_cur, v_cur, b_cur, be_cur = token_load(X, K, V, BETA, n, offs_d, offs_v, tile, md, mv, D, DV,
+                                                            ERASE)
         keep_d = md & (((offs_d * 0) + t) >= t0)  # halo tokens are computed, not stored
         keep_v = mv & (((offs_v * 0) + t) >= t0)
-        x, u, rho, v, beta, p, delta = token_math(k_cur, x_cur, v_cur, b_cur, D, eps2_over_d, inv_sqrt_d)
+        x, u, rho, v, beta, beta_e, p, delta = token_math(k_cur, x_cur, v_cur, b_cur, be_cur, D, eps2_over_d,
+                                                          inv_sqrt_d, ERASE)
         if HAS_DELTA:
             tl.store(DELTA + n * DV + offs_v, delta, mask=keep_v)
         out_st = (x + u[:, None] * delta[None, :]).to(OUT.dtype.element_ty)
@@ -182,9 +186,10 @@ def _chunk(t: int, most: int) -> int:
     return min(most, triton.next_power_of_2(max(t, 1)))
 
 
-def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False):
-    """(x', x_in, delta or None). x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T), w: (K, d, d_v),
-    all contiguous; x_in (B, T, d) in x's dtype, delta (B, T, d_v) fp32."""
+def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False, rule: str = "delta"):
+    """(x', x_in, delta or None). x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T) (the untied rule:
+    (B, T, 2), the erase then the write gate), w: (K, d, d_v), all contiguous; x_in (B, T, d) in x's dtype, delta
+    (B, T, d_v) fp32; ``rule`` the update rule (ops.delta.triton's ``ERASE``)."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     bd, bv = state_blocks(d, dv)
@@ -196,7 +201,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False)
         _delta_tc_fwd_kernel, (bsz, triton.cdiv(t, chunk)),
         (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(5, 6, 7), HAS_DELTA=want_delta, KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk,
-        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, num_warps=delta_warps(bd * bv),
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, ERASE=erase_mode(rule), num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
@@ -207,7 +212,8 @@ def saves_new_state(ks: int, one_pass: bool) -> bool:
     return ks > TAP_GROUP or not one_pass
 
 
-def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: bool | None = None):
+def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: bool | None = None,
+                        rule: str = "delta"):
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
     None for zero); out = x', the forward's new state, read by the taps' second kernel (None when it does not run:
     :func:`saves_new_state`); other shapes as :func:`token_read_forward`'s inputs. With the one-pass backward
@@ -215,7 +221,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     token and the taps' gradient from x' recomputed in registers, on a bounded persistent grid (ops.delta.triton's
     kernel); for K > 4 a second launch on the same grid adds the other taps' gradient from the saved x'. Without
     it, the update's backward adds the read's gradient only and the second launch sums every tap's gradient.
-    ``one_pass``: None for the switch's value now (the Function passes the forward's)."""
+    ``one_pass``: None for the switch's value now (the Function passes the forward's); ``rule`` the update rule."""
     bsz, t, d, dv = x.shape
     ks = w.shape[0]
     n = bsz * t
@@ -237,7 +243,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
         (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part if one_pass else gx, gw, red.counters, n,
          chunk, progs, red.total, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=False, TAPS=ks, TAP_GRADS=one_pass, BLOCK_D=bd, DV=dv,
-        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, **(red.meta() if one else none),
+        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ERASE=erase_mode(rule), **(red.meta() if one else none),
         num_warps=delta_warps(2 * bd * bv),  # the tiles of four taps and their gradient besides the state's
     )
     if not one:
@@ -254,35 +260,39 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
 
 
 class DeltaUpdateTokenRead(torch.autograd.Function):
-    """x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T), w: (K, d, d_v), contiguous -> (x', x_in)."""
+    """x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T) ((B, T, 2) for the untied rule), w: (K, d,
+    d_v), contiguous, the update rule -> (x', x_in)."""
 
     @staticmethod
-    def forward(ctx, x, k, v, beta, w, k_eps: float):
+    def forward(ctx, x, k, v, beta, w, k_eps: float, rule: str = "delta"):
         tape = active_tape()
-        out, xin, delta = token_read_forward(x, k, v, beta, w, k_eps, want_delta=tape is not None)
+        out, xin, delta = token_read_forward(x, k, v, beta, w, k_eps, want_delta=tape is not None, rule=rule)
         if tape is not None:  # x is saved as a handle that rebuilds it from out
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
         # x' too where the taps' second kernel reads it (K > 4, or the one-pass backward off): the next update's
         # input, saved by it anyway (the extra memory is the model's last state only); else recomputed in registers
         ctx.one_pass = switches.TC_ONE_PASS
         ctx.save_for_backward(x, out if saves_new_state(w.shape[0], ctx.one_pass) else None, k, v, beta, w)
-        ctx.k_eps = k_eps
+        ctx.k_eps, ctx.rule = k_eps, rule
         return out, xin
 
     @staticmethod
     def backward(ctx, g, gin):
         x, out, k, v, beta, w = ctx.saved_tensors
-        return (*token_read_backward(g, gin, x, out, k, v, beta, w, ctx.k_eps, ctx.one_pass), None)
+        return (*token_read_backward(g, gin, x, out, k, v, beta, w, ctx.k_eps, ctx.one_pass, ctx.rule), None, None)
 
 
-def delta_update_token_read_triton(x, k, v, beta, weight, *, k_eps: float = 1e-5):
-    """Fused update and TC read of the new state: (x', x_in) with ``x_in_t = sum_s sum_j w_s[:, j] x'_{t-s}[:, j]``.
+def delta_update_token_read_triton(x, k, v, beta, weight, *, k_eps: float = 1e-5, rule: str = "delta"):
+    """Fused update (by ``rule``: "delta", "write" or "untied", as ops.delta.triton's) and TC read of the new state:
+    (x', x_in) with ``x_in_t = sum_s sum_j w_s[:, j] x'_{t-s}[:, j]``.
 
-    x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T, 1), weight: (K, d, d_v) the next sublayer's
-    folded TC taps (no token history: the K-1 states before the first token are zero).
+    x: (B, T, d, d_v), k: (B, T, d), v: (B, T, d_v), beta: (B, T, 1) ((B, T, 2) for the untied rule), weight:
+    (K, d, d_v) the next sublayer's folded TC taps (no token history: the K-1 states before the first token are
+    zero).
     """
     check_device("update_and_token_read", x)
     bsz, t = x.shape[:2]
+    gates = (bsz, t, 2) if rule == "untied" else (bsz, t)
     out, xin = DeltaUpdateTokenRead.apply(x.contiguous(), k.contiguous(), v.contiguous(),
-                                          beta.reshape(bsz, t).contiguous(), weight.contiguous(), float(k_eps))
+                                          beta.reshape(gates).contiguous(), weight.contiguous(), float(k_eps), rule)
     return out, xin

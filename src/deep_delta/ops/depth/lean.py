@@ -31,21 +31,28 @@ def _logits(sources: tuple[torch.Tensor, ...], w: torch.Tensor, eps: float,
     return torch.stack(dots, dim=-1) * r, r
 
 
+def _forward(query: torch.Tensor, norm_weight: torch.Tensor, eps: float, sources: tuple[torch.Tensor, ...]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h, alpha, s, r): the output in the sources' dtype, the weights, the logits and the inverse RMS (..., n)."""
+    ct = compute_dtype(query, norm_weight, *sources)
+    w = query.to(ct) * norm_weight.to(ct)
+    s, r = _logits(sources, w, eps, ct)
+    alpha = torch.softmax(s, dim=-1)
+    out = alpha[..., 0:1] * sources[0].to(ct)
+    for i in range(1, len(sources)):
+        out = torch.addcmul(out, alpha[..., i:i + 1], sources[i].to(ct))
+    return out.to(sources[0].dtype), alpha, s, r
+
+
 class DepthAttentionFunction(torch.autograd.Function):
     """``sum_i softmax(s)_i V_i``; query, norm_weight: (d,); sources: n tensors (..., d) of one dtype."""
 
     @staticmethod
     def forward(ctx, query, norm_weight, eps: float, *sources):
-        ct = compute_dtype(query, norm_weight, *sources)
-        w = query.to(ct) * norm_weight.to(ct)
-        s, r = _logits(sources, w, eps, ct)
-        alpha = torch.softmax(s, dim=-1)
-        out = alpha[..., 0:1] * sources[0].to(ct)
-        for i in range(1, len(sources)):
-            out = torch.addcmul(out, alpha[..., i:i + 1], sources[i].to(ct))
+        out, alpha, s, r = _forward(query, norm_weight, eps, sources)
         ctx.save_for_backward(query, norm_weight, alpha, s, r, *sources)
-        ctx.ct = ct
-        return out.to(sources[0].dtype)
+        ctx.ct = alpha.dtype
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -72,5 +79,8 @@ class DepthAttentionFunction(torch.autograd.Function):
 
 def depth_attention_lean(sources: tuple[torch.Tensor, ...], query: torch.Tensor, norm_weight: torch.Tensor,
                          eps: float) -> torch.Tensor:
-    """Lean :func:`deep_delta.ops.depth.naive.depth_attention_reference`; shapes already validated."""
-    return DepthAttentionFunction.apply(query, norm_weight, float(eps), *sources)
+    """Lean :func:`deep_delta.ops.depth.naive.depth_attention_reference`; shapes already validated. Without a
+    gradient to keep (inference, decoding) the forward alone: no autograd Function, nothing saved."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, norm_weight, *sources)):
+        return DepthAttentionFunction.apply(query, norm_weight, float(eps), *sources)
+    return _forward(query, norm_weight, float(eps), sources)[0]

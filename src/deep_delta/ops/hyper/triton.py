@@ -99,7 +99,7 @@ def _write_bwd_kernel(
                 partials.reduce_into(GR, GR_SUM, rid, P, NS * NS, REDUCE_ROWS, REDUCE_COLS)
             else:
                 partials.reduce_into(GB, GB_SUM, rid - R_R, P, NS, REDUCE_ROWS, REDUCE_COLS)
-            partials.reducer_finished(COUNTERS, RED)
+            partials.reducer_finished(COUNTERS, P, RED)
 
 
 @triton.jit

@@ -35,11 +35,15 @@ def check_norm_inputs(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gat
         raise ValueError(f"norm_gate_value: `value_weight` must have shape (d_v, {d}) with d_v >= 1 (src is "
                          f"{tuple(src.shape)}), got {tuple(value_weight.shape)}")
     dv = value_weight.shape[0]
-    expected = {"norm_weight": (norm_weight, (d,)), "gate_weight": (gate_weight, (1, d)),
-                "gate_bias": (gate_bias, (1,)), "value_bias": (value_bias, (dv,))}
+    if gate_weight.dim() != 2 or tuple(gate_weight.shape) not in ((1, d), (2, d)):
+        raise ValueError(f"norm_gate_value: `gate_weight` must have shape (1, {d}) or (2, {d}) (one gate, or the "
+                         f"untied rule's two; src is {tuple(src.shape)}), got {tuple(gate_weight.shape)}")
+    gates = gate_weight.shape[0]
+    expected = {"norm_weight": (norm_weight, (d,)), "gate_bias": (gate_bias, (gates,)), "value_bias": (value_bias, (dv,))}
     for name, (t, shape) in expected.items():
         if tuple(t.shape) != shape:
-            hint = f"d_v = {dv} from `value_weight`" if name == "value_bias" else f"d = {d} from `src`"
+            hint = {"value_bias": f"d_v = {dv} from `value_weight`", "gate_bias": f"{gates} gates from `gate_weight`"
+                    }.get(name, f"d = {d} from `src`")
             raise ValueError(f"norm_gate_value: `{name}` must have shape {shape} ({hint}), got {tuple(t.shape)}")
     for name, t in (("src", src), ("norm_weight", norm_weight), ("gate_weight", gate_weight),
                     ("gate_bias", gate_bias), ("value_weight", value_weight), ("value_bias", value_bias)):
@@ -61,7 +65,8 @@ def norm_gate_value(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_
             d_v > 1); read in ``norm_weight``'s dtype (a state stored in lower precision is cast, as the
             module does).
         norm_weight: (d,), the RMSNorm's g; eps: its eps, added to the mean of squares (``nn.RMSNorm``).
-        gate_weight: (1, d) and gate_bias: (1,), the linear gate ``beta = beta_max sigmoid(c . w_g + b_g)``.
+        gate_weight: (G, d) and gate_bias: (G,), the linear gate ``beta = beta_max sigmoid(c . w_g + b_g)``; G = 1, or
+            2 for the untied rule's erase and write gates (each its own row).
         value_weight: (d_v, d) and value_bias: (d_v,), the value ``v = value_scale sigmoid(W_v src + b_v)``.
         c_dtype: the dtype c is returned in; None: norm_weight's. The gate reads c before this rounding, so
             only c itself changes: :class:`deep_delta.layers.DeltaResidual` passes the autocast dtype under
@@ -69,7 +74,7 @@ def norm_gate_value(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_
             the casts before them and halves c's bytes and its gradient's.
         backend: "auto", "torch" or "triton" (module docstring).
     Returns:
-        c (..., d) in c_dtype (default norm_weight's dtype); beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
+        c (..., d) in c_dtype (default norm_weight's dtype); beta (..., G) and v (..., d_v) in fp32 (fp64 for fp64 weights).
         The gate's logits are fp32 under autocast too; the lean path's value projection runs in the autocast
         dtype, as ``nn.Linear`` does, and the kernels' in fp32.
     """

@@ -56,11 +56,12 @@ def norm_gate_value_backward_lean(
     gate_bias: Tensor, value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float, value_scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias) for the upstream
-    gradients gc (N, d), gbeta (N, 1), gv (N, d_v); src (N, d). Recomputes the forward (nothing but src saved):
+    gradients gc (N, d), gbeta (N, G) (G gate outputs: w_g (G, d)), gv (N, d_v); src (N, d). Recomputes the
+    forward (nothing but src saved):
 
         r = rsqrt(mean(s^2) + eps), y = s r, c = y g          (s = src in the norm weight's dtype)
         dlogit_g = gbeta beta_max s_g (1 - s_g),  dlogit_v = gv value_scale s_v (1 - s_v)
-        gc_tot = gc + dlogit_g w_g,  dy = gc_tot g
+        gc_tot = gc + dlogit_g w_g (summed over the gates),  dy = gc_tot g
         grad_src = r (dy - y mean(dy y)) + dlogit_v W_v
         grad_g = sum_n gc_tot y,  grad_w_g = sum_n dlogit_g c,  grad_b_g = sum_n dlogit_g,
         grad_W_v = dlogit_v^T s,  grad_b_v = sum_n dlogit_v
@@ -76,7 +77,7 @@ def norm_gate_value_backward_lean(
     sv = torch.sigmoid(s @ wv.t() + bv)
     dlg = gbeta.to(ct) * beta_max * sg * (1 - sg)
     dlv = gv.to(ct) * value_scale * sv * (1 - sv)
-    gct = gc.to(ct) + dlg * wg
+    gct = gc.to(ct) + (dlg * wg if wg.shape[0] == 1 else dlg @ wg)  # each gate's term: (N, G) (G, d)
     dy = gct * g
     gsrc = r * (dy - y * (dy * y).mean(-1, keepdim=True)) + dlv @ wv
     return (gsrc.to(src.dtype), (gct * y).sum(0).to(norm_weight.dtype), (dlg.t() @ c).to(gate_weight.dtype),
@@ -89,12 +90,12 @@ def out_dtype(norm_weight: Tensor) -> torch.dtype:
 
 
 def missing_grads_as_zeros(gc: Tensor | None, gbeta: Tensor | None, gv: Tensor | None, src: Tensor,
-                           norm_weight: Tensor, value_weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The upstream gradients of (c, beta, v) for a flattened src (N, d), contiguous; an unused output's
+                           norm_weight: Tensor, value_weight: Tensor, gates: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """The upstream gradients of (c, beta (N, gates), v) for a flattened src (N, d), contiguous; an unused output's
     gradient may arrive as None: zeros of its shape."""
     n, d = src.shape
     ct = out_dtype(norm_weight)
     gc = src.new_zeros(n, d, dtype=norm_weight.dtype) if gc is None else gc.contiguous()
-    gbeta = src.new_zeros(n, 1, dtype=ct) if gbeta is None else gbeta.contiguous()
+    gbeta = src.new_zeros(n, gates, dtype=ct) if gbeta is None else gbeta.contiguous()
     gv = src.new_zeros(n, value_weight.shape[0], dtype=ct) if gv is None else gv.contiguous()
     return gc, gbeta, gv

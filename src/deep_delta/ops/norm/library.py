@@ -9,7 +9,8 @@
 ``backend`` is the caller's, ``"auto"`` (the table) or ``"triton"``: the kernels on every device (CPU tensors
 under the Triton interpreter), as in :mod:`deep_delta.ops.delta.library`. The backward op is what
 ``register_autograd`` calls, with the forward's ``backend`` (no double backward). Shapes are the flattened ones:
-src (N, d), g (d,), w_g (1, d), b_g (1,), W_v (d_v, d), b_v (d_v,), all contiguous. One opaque node under
+src (N, d), g (d,), w_g (G, d), b_g (G,) (G = 1, or the untied rule's 2 gates), W_v (d_v, d), b_v (d_v,), all
+contiguous. One opaque node under
 ``torch.compile``, so a whole model compiles with ``fullgraph=True``. :func:`deep_delta.ops.norm.norm_gate_value`
 calls it for ``backend="auto"`` on CUDA while compiling and for fp64, and for ``backend="triton"`` while
 compiling; on other devices ``"auto"`` runs the lean ops directly (their autograd is bit for bit the module's
@@ -57,7 +58,8 @@ def _forward(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: T
 def _forward_fake(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale,
                   c_dtype, backend="auto"):
     n, d = src.shape
-    return (src.new_empty(n, d, dtype=c_dtype or norm_weight.dtype), src.new_empty(n, 1, dtype=out_dtype(norm_weight)),
+    return (src.new_empty(n, d, dtype=c_dtype or norm_weight.dtype),
+            src.new_empty(n, gate_weight.shape[0], dtype=out_dtype(norm_weight)),
             src.new_empty(n, value_weight.shape[0], dtype=out_dtype(norm_weight)))
 
 
@@ -89,7 +91,7 @@ def _save_inputs(ctx, inputs, output) -> None:
 
 def _norm_gate_value_grad(ctx, gc, gbeta, gv):
     src, norm_weight, gate_weight, gate_bias, value_weight, value_bias = ctx.saved_tensors
-    gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, norm_weight, value_weight)
+    gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, norm_weight, value_weight, gate_weight.shape[0])
     grads = norm_gate_value_backward_op(gc, gbeta, gv, *ctx.saved_tensors, *ctx.consts)
     return (*grads, None, None, None, None, None)
 
@@ -103,7 +105,7 @@ def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tenso
                             value_weight: Tensor, value_bias: Tensor, eps: float, beta_max: float,
                             value_scale: float, c_dtype: torch.dtype | None = None,
                             backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
-    """The custom op at any leading shape: src (..., d) -> c (..., d), beta (..., 1), v (..., d_v); ``backend``:
+    """The custom op at any leading shape: src (..., d) -> c (..., d), beta (..., G), v (..., d_v); ``backend``:
     "auto" or "triton" (module docstring)."""
     if backend == "triton":
         check_device("norm_gate_value", src)
@@ -112,4 +114,4 @@ def norm_gate_value_with_op(src: Tensor, norm_weight: Tensor, gate_weight: Tenso
         src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
         value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale), c_dtype,
         backend)
-    return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])
+    return c.view(*lead, d), beta.view(*lead, gate_weight.shape[0]), v.view(*lead, value_weight.shape[0])

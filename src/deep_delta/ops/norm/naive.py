@@ -19,9 +19,10 @@ def norm_gate_value_reference(
     src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
     value_bias: Tensor, *, eps: float, beta_max: float, value_scale: float, c_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """src (..., d), norm_weight (d,), gate_weight (1, d), gate_bias (1,), value_weight (d_v, d), value_bias (d_v,).
+    """src (..., d), norm_weight (d,), gate_weight (G, d), gate_bias (G,) (G = 1, or the untied rule's 2 gates),
+    value_weight (d_v, d), value_bias (d_v,).
 
-    Returns c (..., d) in c_dtype (None: norm_weight's dtype; the gate reads c unrounded), beta (..., 1) and v (..., d_v) in fp32 (fp64 for fp64 weights).
+    Returns c (..., d) in c_dtype (None: norm_weight's dtype; the gate reads c unrounded), beta (..., G) and v (..., d_v) in fp32 (fp64 for fp64 weights).
     """
     ct = torch.promote_types(norm_weight.dtype, torch.float32)
     s = src.to(norm_weight.dtype).to(ct)

@@ -14,6 +14,11 @@ backward  read src, gc (in c's dtype), gbeta, gv; recompute r, y, c and the two 
 
 One program holds a token's row (``BLOCK_D = next_pow2(d)``, masked) and the (d_v, d) value weight in registers.
 Tested against the plain reference under ``TRITON_INTERPRET=1`` on CPU (tests/ops/test_norm_gate_value.py).
+
+``GATES`` (a compile-time constant, 1 or 2): the linear gate's outputs, w_g (G, d) and b_g (G,), beta (N, G): two for
+the untied rule's erase and write gates (``DDLConfig.update_rule = "untied"``), each its own logit
+``c . w_g[i] + b_g[i]`` (in the one-pass form, ``r sum(s g w_g[i])``), the second held as named vectors beside the
+first (the one-gate kernels unchanged); partial rows (1 + G, d) and (G + d_v), the one-pass form only.
 """
 
 from __future__ import annotations
@@ -94,6 +99,11 @@ def _add3(a0, b0, c0, a1, b1, c1):
 
 
 @triton.jit
+def _add4(a0, b0, c0, d0, a1, b1, c1, d1):
+    return a0 + a1, b0 + b1, c0 + c1, d0 + d1
+
+
+@triton.jit
 def _grad_row(gc, gbeta, gv, r, y, g, wg, s_g, s_v, wv, sggc, sgw, D, beta_max, value_scale, ONE_PASS: tl.constexpr):
     """One token's backward from its forward values: (grad_src, gc_tot, dlogit_g, dlogit_g's lane vector,
     dlogit_v). ONE_PASS: sum(dy y) from the loaded row's sums sggc = sum(s g gc) and sgw = sum(s g w_g)."""
@@ -111,50 +121,83 @@ def _grad_row(gc, gbeta, gv, r, y, g, wg, s_g, s_v, wv, sggc, sgw, D, beta_max, 
 
 
 @triton.jit
-def norm_row_forward(s, g1, gw1, bg1, bv1, wv, D, eps):
-    """One token's (r, c, sigmoid of the gate's logit (lane 0), sigmoid of the value logits) in the one-pass form
-    from its source row s (fp32) and the program's weights: g1 = g, gw1 = g w_g, the biases, wv = W_v."""
-    ss, sgw = tl.reduce((s * s, s * gw1), 0, _add2)
-    return _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+def norm_row_forward(s, g1, gw1, bg1, bv1, wv, gw2, bg2, D, eps, GATES: tl.constexpr):
+    """One token's (r, c, sigmoid of the gate's logit (lane 0), sigmoid of the value logits, sigmoid of the second
+    gate's logit (lane 0; GATES == 2, else the first's)) in the one-pass form from its source row s (fp32) and the
+    program's weights: g1 = g, gw1 = g w_g, the biases, wv = W_v, gw2 = g w_g[1] and bg2 (:func:`norm_weights`)."""
+    if GATES == 2:
+        ss, sgw, sgw2 = tl.reduce((s * s, s * gw1, s * gw2), 0, _add3)
+        r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+        s_g2 = tl.sigmoid(r * sgw2 + bg2)
+    else:
+        ss, sgw = tl.reduce((s * s, s * gw1), 0, _add2)
+        r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+        s_g2 = s_g
+    return r, c, s_g, s_v, s_g2
 
 
 @triton.jit
-def norm_row_store(C, BETA, V, n, c, s_g, s_v, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale):
-    """Token n's c, beta and v (the forward's outputs)."""
+def norm_row_store(C, BETA, V, n, c, s_g, s_v, s_g2, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale,
+                   GATES: tl.constexpr):
+    """Token n's c, beta (N, GATES) and v (the forward's outputs)."""
     tl.store(C + n * D + offs_d, c.to(C.dtype.element_ty), mask=ok_d)
-    tl.store(BETA + n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+    tl.store(BETA + GATES * n + offs_v * 0, (beta_max * s_g).to(BETA.dtype.element_ty), mask=ok_v & (offs_v == 0))
+    if GATES == 2:
+        tl.store(BETA + 2 * n + 1 + offs_v * 0, (beta_max * s_g2).to(BETA.dtype.element_ty),
+                 mask=ok_v & (offs_v == 0))
     tl.store(V + n * DV + offs_v, (value_scale * s_v).to(V.dtype.element_ty), mask=ok_v)
 
 
 @triton.jit
-def norm_row_backward(s, gc, gbeta, gv, g1, wg1, gw1, bg1, bv1, wv, D, eps, beta_max, value_scale):
+def norm_row_backward(s, gc, gbeta, gv, g1, wg1, gw1, bg1, bv1, wv, gbeta2, wg2, gw2, bg2, D, eps, beta_max,
+                      value_scale, GATES: tl.constexpr):
     """One token's backward in the one-pass form from its source row s (fp32) and the upstream gradients (fp32):
     (grad_src, its terms of grad_g and grad_w_g, of grad_b_g (lane 0) and dlogit_v, whose outer product with s
-    is its term of grad_W_v and which is its term of grad_b_v)."""
-    ss, sgw, sggc = tl.reduce((s * s, s * gw1, s * g1 * gc), 0, _add3)
-    r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
-    y = s * r
-    gsrc, gct, dlg_s, dlg, dlv = _grad_row(gc, gbeta, gv, r, y, g1, wg1, s_g, s_v, wv, sggc, sgw, D, beta_max,
-                                           value_scale, True)
-    return gsrc, gct * y, dlg_s * c, dlg, dlv
+    is its term of grad_W_v and which is its term of grad_b_v, then the second gate's terms of grad_w_g[1] and
+    grad_b_g[1] (GATES == 2; else the first's again)). gbeta2, wg2, gw2, bg2: the second gate's (unused for one)."""
+    if GATES == 2:
+        ss, sgw, sggc, sgw2 = tl.reduce((s * s, s * gw1, s * g1 * gc, s * gw2), 0, _add4)
+        r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+        s_g2 = tl.sigmoid(r * sgw2 + bg2)
+        y = s * r
+        dlg2 = gbeta2 * beta_max * s_g2 * (1.0 - s_g2)  # lane 0
+        dlg2_s = tl.sum(dlg2, axis=0)
+        # the second gate joins the first through gc: (gc + dlogit_2 w_g[1]) g, and sum(dy y) gains dlogit_2 r sgw2
+        gsrc, gct, dlg_s, dlg, dlv = _grad_row(gc + dlg2_s * wg2, gbeta, gv, r, y, g1, wg1, s_g, s_v, wv,
+                                               sggc + dlg2_s * sgw2, sgw, D, beta_max, value_scale, True)
+        return gsrc, gct * y, dlg_s * c, dlg, dlv, dlg2_s * c, dlg2
+    else:
+        ss, sgw, sggc = tl.reduce((s * s, s * gw1, s * g1 * gc), 0, _add3)
+        r, c, s_g, s_v = _one_pass_row(s, ss, sgw, g1, bg1, bv1, wv, D, eps)
+        y = s * r
+        gsrc, gct, dlg_s, dlg, dlv = _grad_row(gc, gbeta, gv, r, y, g1, wg1, s_g, s_v, wv, sggc, sgw, D, beta_max,
+                                               value_scale, True)
+        inc_wg = dlg_s * c
+        return gsrc, gct * y, inc_wg, dlg, dlv, inc_wg, dlg
 
 
 @triton.jit
-def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV):
-    """Token n's backward inputs as stored: src's row, its gradient gc, gbeta (lane 0 of a d_v-sized vector), gv."""
+def _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV, GATES: tl.constexpr):
+    """Token n's backward inputs as stored: src's row, its gradient gc, gbeta (lane 0 of a d_v-sized vector), gv,
+    and the second gate's gbeta (GATES == 2; else the first's)."""
     s_raw = tl.load(SRC + n * D + offs_d, mask=ok_d, other=0.0)
     gc = tl.load(GC + n * D + offs_d, mask=ok_d, other=0.0)
-    gbeta = tl.load(GBETA + n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+    gbeta = tl.load(GBETA + GATES * n + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+    if GATES == 2:
+        gbeta2 = tl.load(GBETA + 2 * n + 1 + offs_v * 0, mask=ok_v & (offs_v == 0), other=0.0)
+    else:
+        gbeta2 = gbeta
     gv = tl.load(GV + n * DV + offs_v, mask=ok_v, other=0.0)
-    return s_raw, gc, gbeta, gv
+    return s_raw, gc, gbeta, gv, gbeta2
 
 
 @triton.jit
 def _norm_gate_value_fwd_kernel(
     SRC, NW, GW, GB, WV, BV, C, BETA, V,
     N, D, DV, eps, beta_max, value_scale,
-    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, ONE_PASS: tl.constexpr, GATES: tl.constexpr,
 ):
+    """ROWS tokens per program; GATES == 2 (the untied gates) in the one-pass form only."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
@@ -164,6 +207,9 @@ def _norm_gate_value_fwd_kernel(
     if ONE_PASS:  # the biases, loaded once; g and w_g per row (held across the rows, they spill at 1 warp)
         bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
         bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
+        bg2 = bg1
+        if GATES == 2:
+            bg2 = tl.load(GB + 1 + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
     for i in range(ROWS):
         n = pid * ROWS + i
         ok_d = md & ((offs_d * 0 + n) < N)  # the row index as a vector: masks must be tensors
@@ -173,10 +219,15 @@ def _norm_gate_value_fwd_kernel(
             s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
             g1 = tl.load(NW + offs_d, mask=md, other=0.0).to(tl.float32)
             gw1 = g1 * tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
-            r, c, s_g, s_v = norm_row_forward(s, g1, gw1, bg1, bv1, wv, D, eps)
+            gw2 = gw1
+            if GATES == 2:
+                gw2 = g1 * tl.load(GW + D + offs_d, mask=md, other=0.0).to(tl.float32)
+            r, c, s_g, s_v, s_g2 = norm_row_forward(s, g1, gw1, bg1, bv1, wv, gw2, bg2, D, eps, GATES)
         else:
             s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
-        norm_row_store(C, BETA, V, n, c, s_g, s_v, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale)
+            s_g2 = s_g
+        norm_row_store(C, BETA, V, n, c, s_g, s_v, s_g2, offs_d, offs_v, ok_d, ok_v, D, DV, beta_max, value_scale,
+                       GATES)
 
 
 @triton.jit
@@ -185,93 +236,101 @@ def _norm_gate_value_bwd_kernel(
     GSRC, PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS,
     N, CHUNK, P, R_D, R_V, R, D, DV, eps, beta_max, value_scale,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ONE_PASS: tl.constexpr,
-    REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr,
+    REDUCE: tl.constexpr, REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr, GATES: tl.constexpr,
 ):
     """P workers and R reducers (ops/partials.py). Worker i: tokens [i * CHUNK, (i + 1) * CHUNK), its partials
-    PART_D (2, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v, PART_B (1 + d_v) = (grad_b_g, grad_b_v);
-    PREFETCH: token n+1's rows are loaded before token n's math; ONE_PASS: the module's note. Reducers 0 .. R_D-1
-    sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into G_WV, the rest PART_B's into G_GB, G_BV."""
+    PART_D (1 + G, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v, PART_B (G + d_v) = (grad_b_g, grad_b_v);
+    PREFETCH: token n+1's rows are loaded before token n's math; ONE_PASS: the module's note (GATES == 2: the
+    one-pass form only). Reducers 0 .. R_D-1 sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into
+    G_WV, the rest PART_B's into G_GB, G_BV."""
     ticket = partials.take_ticket(COUNTERS, REDUCE)
     if ticket < P:
         _norm_bwd_worker(SRC, NW, GW, GB, WV, BV, GC, GBETA, GV, GSRC, PART_D, PART_V, PART_B, ticket, N, CHUNK, D,
-                         DV, eps, beta_max, value_scale, BLOCK_D, BLOCK_V, PREFETCH, ONE_PASS)
+                         DV, eps, beta_max, value_scale, BLOCK_D, BLOCK_V, PREFETCH, ONE_PASS, GATES)
         partials.signal_stored(COUNTERS, P, REDUCE)
     elif REDUCE:
         norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, ticket - P, P, R_D, R_V, R, D, DV,
-                     REDUCE_ROWS, REDUCE_COLS)
+                     REDUCE_ROWS, REDUCE_COLS, GATES)
 
 
 @triton.jit
 def norm_reducer(PART_D, PART_V, PART_B, G_NW, G_GW, G_GB, G_WV, G_BV, COUNTERS, rid, P, R_D, R_V, R, D, DV,
-                 REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr):
+                 REDUCE_ROWS: tl.constexpr, REDUCE_COLS: tl.constexpr, GATES: tl.constexpr):
     """Reducer ``rid`` of a launch whose P workers wrote the norm's partials (:func:`norm_row_backward`'s sums):
     reducers 0 .. R_D-1 sum PART_D's columns into G_NW and G_GW, the next R_V PART_V's into G_WV, the rest
     PART_B's into G_GB and G_BV (ops/partials.py)."""
     if partials.wait_for_workers(COUNTERS, P, rid, R):
         if rid < R_D:
             cols = partials.reducer_columns(rid, REDUCE_COLS)
-            acc = partials.sum_columns(PART_D, P, 2 * D, cols, REDUCE_ROWS, REDUCE_COLS)
+            acc = partials.sum_columns(PART_D, P, (1 + GATES) * D, cols, REDUCE_ROWS, REDUCE_COLS)
             partials.store_columns(G_NW, 0, D, cols, acc)
-            partials.store_columns(G_GW, D, 2 * D, cols, acc)
+            partials.store_columns(G_GW, D, (1 + GATES) * D, cols, acc)
         elif rid < R_D + R_V:
             partials.reduce_into(PART_V, G_WV, rid - R_D, P, DV * D, REDUCE_ROWS, REDUCE_COLS)
         else:
             cols = partials.reducer_columns(rid - R_D - R_V, REDUCE_COLS)
-            acc = partials.sum_columns(PART_B, P, 1 + DV, cols, REDUCE_ROWS, REDUCE_COLS)
-            partials.store_columns(G_GB, 0, 1, cols, acc)
-            partials.store_columns(G_BV, 1, 1 + DV, cols, acc)
-        partials.reducer_finished(COUNTERS, R)
+            acc = partials.sum_columns(PART_B, P, GATES + DV, cols, REDUCE_ROWS, REDUCE_COLS)
+            partials.store_columns(G_GB, 0, GATES, cols, acc)
+            partials.store_columns(G_BV, GATES, GATES + DV, cols, acc)
+        partials.reducer_finished(COUNTERS, P, R)
 
 
 @triton.jit
 def _norm_bwd_worker(
     SRC, NW, GW, GB, WV, BV, GC, GBETA, GV, GSRC, PART_D, PART_V, PART_B, pid, N, CHUNK, D, DV, eps, beta_max,
     value_scale, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, PREFETCH: tl.constexpr, ONE_PASS: tl.constexpr,
+    GATES: tl.constexpr,
 ):
     """Worker ``pid`` of the backward: its chunk of tokens, one partial row per weight buffer."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_v = tl.arange(0, BLOCK_V)
     md = offs_d < D
     mv = offs_v < DV
-    wv, g1, wg1, gw1, bg1, bv1 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV)
-    acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_zero(BLOCK_D, BLOCK_V)
+    wv, g1, wg1, gw1, bg1, bv1, wg2, gw2, bg2 = norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV, GATES)
+    acc_g, acc_wg, acc_wv, acc_bg, acc_bv, acc_wg2, acc_bg2 = norm_partials_zero(BLOCK_D, BLOCK_V)
     if PREFETCH:
         first = pid * CHUNK
-        s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, first, offs_d, offs_v,
-                                                     md & ((offs_d * 0 + first) < N), mv & ((offs_v * 0 + first) < N),
-                                                     D, DV)
+        s_nx, gc_nx, gbeta_nx, gv_nx, gb2_nx = _bwd_row_load(SRC, GC, GBETA, GV, first, offs_d, offs_v,
+                                                             md & ((offs_d * 0 + first) < N),
+                                                             mv & ((offs_v * 0 + first) < N), D, DV, GATES)
     for i in range(0, CHUNK):
         n = pid * CHUNK + i
         ok_d = md & ((offs_d * 0 + n) < N)
         ok_v = mv & ((offs_v * 0 + n) < N)
         if PREFETCH:
-            s_raw, gc_raw, gbeta_raw, gv_raw = s_nx, gc_nx, gbeta_nx, gv_nx
+            s_raw, gc_raw, gbeta_raw, gv_raw, gb2_raw = s_nx, gc_nx, gbeta_nx, gv_nx, gb2_nx
             nxt_d = md & ((offs_d * 0 + n + 1) < N) & ((offs_d * 0 + i + 1) < CHUNK)
             nxt_v = mv & ((offs_v * 0 + n + 1) < N) & ((offs_v * 0 + i + 1) < CHUNK)
-            s_nx, gc_nx, gbeta_nx, gv_nx = _bwd_row_load(SRC, GC, GBETA, GV, n + 1, offs_d, offs_v, nxt_d, nxt_v, D, DV)
+            s_nx, gc_nx, gbeta_nx, gv_nx, gb2_nx = _bwd_row_load(SRC, GC, GBETA, GV, n + 1, offs_d, offs_v, nxt_d,
+                                                                 nxt_v, D, DV, GATES)
         else:
-            s_raw, gc_raw, gbeta_raw, gv_raw = _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v, D, DV)
+            s_raw, gc_raw, gbeta_raw, gv_raw, gb2_raw = _bwd_row_load(SRC, GC, GBETA, GV, n, offs_d, offs_v, ok_d, ok_v,
+                                                                      D, DV, GATES)
         gc = gc_raw.to(tl.float32)
         gbeta = gbeta_raw.to(tl.float32)
         gv = gv_raw.to(tl.float32)
         if ONE_PASS:
             s = s_raw.to(NW.dtype.element_ty).to(tl.float32)
-            gsrc, inc_g, inc_wg, dlg, dlv = norm_row_backward(s, gc, gbeta, gv, g1, wg1, gw1, bg1, bv1, wv, D, eps,
-                                                              beta_max, value_scale)
+            gsrc, inc_g, inc_wg, dlg, dlv, inc_wg2, dlg2 = norm_row_backward(
+                s, gc, gbeta, gv, g1, wg1, gw1, bg1, bv1, wv, gb2_raw.to(tl.float32), wg2, gw2, bg2, D, eps, beta_max,
+                value_scale, GATES)
         else:
             s, r, y, c, g, wg, s_g, s_v = _row_math(s_raw, NW, GW, GB, BV, offs_d, offs_v, ok_d, ok_v, wv, D, eps)
             gsrc, gct, dlg_s, dlg, dlv = _grad_row(gc, gbeta, gv, r, y, g, wg, s_g, s_v, wv, 0.0, 0.0, D, beta_max,
                                                    value_scale, False)
             inc_g, inc_wg = gct * y, dlg_s * c
+            inc_wg2, dlg2 = inc_wg, dlg
         tl.store(GSRC + n * D + offs_d, gsrc.to(GSRC.dtype.element_ty), mask=ok_d)
-        acc_g, acc_wg, acc_wv, acc_bg, acc_bv = norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, inc_g, inc_wg,
-                                                                  dlg, dlv, s)
-    norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV)
+        acc_g, acc_wg, acc_wv, acc_bg, acc_bv, acc_wg2, acc_bg2 = norm_partials_add(
+            acc_g, acc_wg, acc_wv, acc_bg, acc_bv, acc_wg2, acc_bg2, inc_g, inc_wg, dlg, dlv, s, inc_wg2, dlg2, GATES)
+    norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, acc_wg2, acc_bg2, offs_d,
+                        offs_v, D, DV, GATES)
 
 
 @triton.jit
-def norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV):
-    """A program's copy of the weights in fp32: (W_v (BLOCK_V, BLOCK_D), g, w_g, g w_g, b_g (lane 0), b_v)."""
+def norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV, GATES: tl.constexpr):
+    """A program's copy of the weights in fp32: (W_v (BLOCK_V, BLOCK_D), g, w_g, g w_g, b_g (lane 0), b_v), then the
+    second gate's w_g[1], g w_g[1], b_g[1] (lane 0) for GATES == 2 (else the first's again)."""
     md = offs_d < D
     mv = offs_v < DV
     wv = tl.load(WV + offs_v[:, None] * D + offs_d[None, :], mask=mv[:, None] & md[None, :], other=0.0).to(tl.float32)
@@ -279,35 +338,53 @@ def norm_weights(NW, GW, GB, WV, BV, offs_d, offs_v, D, DV):
     wg1 = tl.load(GW + offs_d, mask=md, other=0.0).to(tl.float32)
     bg1 = tl.load(GB + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
     bv1 = tl.load(BV + offs_v, mask=mv, other=0.0).to(tl.float32)
-    return wv, g1, wg1, g1 * wg1, bg1, bv1
+    if GATES == 2:
+        wg2 = tl.load(GW + D + offs_d, mask=md, other=0.0).to(tl.float32)
+        bg2 = tl.load(GB + 1 + offs_v * 0, mask=offs_v == 0, other=0.0).to(tl.float32)
+    else:
+        wg2 = wg1
+        bg2 = bg1
+    return wv, g1, wg1, g1 * wg1, bg1, bv1, wg2, g1 * wg2, bg2
 
 
 @triton.jit
 def norm_partials_zero(BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
     """A worker's fp32 accumulators of the norm's weight gradients: (g, w_g (BLOCK_D,), W_v (BLOCK_V, BLOCK_D),
-    b_g (lane 0 of BLOCK_V), b_v (BLOCK_V,))."""
+    b_g (lane 0 of BLOCK_V), b_v (BLOCK_V,), and the second gate's w_g[1] (BLOCK_D,) and b_g[1] (lane 0))."""
     return (tl.zeros([BLOCK_D], dtype=tl.float32), tl.zeros([BLOCK_D], dtype=tl.float32),
             tl.zeros([BLOCK_V, BLOCK_D], dtype=tl.float32), tl.zeros([BLOCK_V], dtype=tl.float32),
+            tl.zeros([BLOCK_V], dtype=tl.float32), tl.zeros([BLOCK_D], dtype=tl.float32),
             tl.zeros([BLOCK_V], dtype=tl.float32))
 
 
 @triton.jit
-def norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, inc_g, inc_wg, dlg, dlv, s):
-    """One token's terms (``norm_row_backward``'s, and its source row s) added to the accumulators."""
-    return acc_g + inc_g, acc_wg + inc_wg, acc_wv + dlv[:, None] * s[None, :], acc_bg + dlg, acc_bv + dlv
+def norm_partials_add(acc_g, acc_wg, acc_wv, acc_bg, acc_bv, acc_wg2, acc_bg2, inc_g, inc_wg, dlg, dlv, s, inc_wg2,
+                      dlg2, GATES: tl.constexpr):
+    """One token's terms (``norm_row_backward``'s, and its source row s) added to the accumulators (the second
+    gate's for GATES == 2)."""
+    if GATES == 2:
+        acc_wg2 += inc_wg2
+        acc_bg2 += dlg2
+    return (acc_g + inc_g, acc_wg + inc_wg, acc_wv + dlv[:, None] * s[None, :], acc_bg + dlg, acc_bv + dlv, acc_wg2,
+            acc_bg2)
 
 
 @triton.jit
-def norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, offs_d, offs_v, D, DV):
-    """Worker ``pid``'s partial rows: PART_D (2, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v,
-    PART_B (1 + d_v) = (grad_b_g, grad_b_v)."""
+def norm_partials_store(PART_D, PART_V, PART_B, pid, acc_g, acc_wg, acc_wv, acc_bg, acc_bv, acc_wg2, acc_bg2, offs_d,
+                        offs_v, D, DV, GATES: tl.constexpr):
+    """Worker ``pid``'s partial rows: PART_D (1 + G, d) = (grad_g, grad_w_g), PART_V (d_v, d) = grad_W_v,
+    PART_B (G + d_v) = (grad_b_g, grad_b_v)."""
     md = offs_d < D
     mv = offs_v < DV
-    tl.store(PART_D + pid * 2 * D + offs_d, acc_g, mask=md)
-    tl.store(PART_D + pid * 2 * D + D + offs_d, acc_wg, mask=md)
+    tl.store(PART_D + pid * (1 + GATES) * D + offs_d, acc_g, mask=md)
+    tl.store(PART_D + pid * (1 + GATES) * D + D + offs_d, acc_wg, mask=md)
+    if GATES == 2:
+        tl.store(PART_D + pid * 3 * D + 2 * D + offs_d, acc_wg2, mask=md)
     tl.store(PART_V + pid * DV * D + offs_v[:, None] * D + offs_d[None, :], acc_wv, mask=mv[:, None] & md[None, :])
-    tl.store(PART_B + pid * (1 + DV) + offs_v * 0, acc_bg, mask=offs_v == 0)
-    tl.store(PART_B + pid * (1 + DV) + 1 + offs_v, acc_bv, mask=mv)
+    tl.store(PART_B + pid * (GATES + DV) + offs_v * 0, acc_bg, mask=offs_v == 0)
+    if GATES == 2:
+        tl.store(PART_B + pid * (2 + DV) + 1 + offs_v * 0, acc_bg2, mask=offs_v == 0)
+    tl.store(PART_B + pid * (GATES + DV) + GATES + offs_v, acc_bv, mask=mv)
 
 
 def _blocks(d: int, dv: int) -> tuple[int, int]:
@@ -316,12 +393,18 @@ def _blocks(d: int, dv: int) -> tuple[int, int]:
     return triton.next_power_of_2(d), triton.next_power_of_2(dv)
 
 
-def norm_partial_buffers(progs: int, d: int, dv: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The fp32 partial rows of ``progs`` workers of a norm backward: (g, w_g) (P, 2, d), W_v (P, d_v, d) and
-    (b_g, b_v) (P, 1 + d_v) (:func:`norm_partials_store`'s layout)."""
-    return (torch.empty(progs, 2, d, dtype=torch.float32, device=device),
+def norm_partial_buffers(progs: int, d: int, dv: int, device: torch.device,
+                         gates: int = 1) -> tuple[torch.Tensor, ...]:
+    """The fp32 partial rows of ``progs`` workers of a norm backward with ``gates`` gate outputs: (g, w_g)
+    (P, 1 + G, d), W_v (P, d_v, d) and (b_g, b_v) (P, G + d_v) (:func:`norm_partials_store`'s layout)."""
+    return (torch.empty(progs, 1 + gates, d, dtype=torch.float32, device=device),
             torch.empty(progs, dv, d, dtype=torch.float32, device=device),
-            torch.empty(progs, 1 + dv, dtype=torch.float32, device=device))
+            torch.empty(progs, gates + dv, dtype=torch.float32, device=device))
+
+
+def norm_widths(d: int, dv: int, gates: int = 1) -> tuple[int, int, int]:
+    """The widths of the norm's three partial rows (:func:`norm_partial_buffers`), for :func:`partials.start`."""
+    return (1 + gates) * d, dv * d, gates + dv
 
 
 def norm_sums(part_d, part_v, part_b, g_nw, g_gw, g_gb, g_wv, g_bv) -> tuple[tuple, ...]:
@@ -331,10 +414,10 @@ def norm_sums(part_d, part_v, part_b, g_nw, g_gw, g_gb, g_wv, g_bv) -> tuple[tup
 
 
 def norm_outputs(n: int, d: int, dv: int, norm_weight: torch.Tensor, c_dtype: torch.dtype | None,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Empty (c (N, d) in c_dtype (None: the norm weight's dtype), beta (N, 1), v (N, d_v)) of a forward."""
+                 device: torch.device, gates: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (c (N, d) in c_dtype (None: the norm weight's dtype), beta (N, gates), v (N, d_v)) of a forward."""
     return (torch.empty(n, d, dtype=c_dtype or norm_weight.dtype, device=device),
-            torch.empty(n, 1, dtype=out_dtype(norm_weight), device=device),
+            torch.empty(n, gates, dtype=out_dtype(norm_weight), device=device),
             torch.empty(n, dv, dtype=out_dtype(norm_weight), device=device))
 
 
@@ -343,12 +426,12 @@ def triton_forward(
     value_weight: torch.Tensor, value_bias: torch.Tensor, eps: float, beta_max: float, value_scale: float,
     c_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One launch: (c (N, d) in c_dtype (None: norm_weight's dtype), beta (N, 1), v (N, d_v) fp32) for a contiguous
-    src (N, d)."""
+    """One launch: (c (N, d) in c_dtype (None: norm_weight's dtype), beta (N, G), v (N, d_v) fp32) for a contiguous
+    src (N, d) and the gate's G = gate_weight.shape[0] outputs (1, or the untied rule's 2)."""
     n, d = src.shape
-    dv = value_weight.shape[0]
+    dv, gates = value_weight.shape[0], gate_weight.shape[0]
     bd, bv = _blocks(d, dv)
-    c, beta, v = norm_outputs(n, d, dv, norm_weight, c_dtype, src.device)
+    c, beta, v = norm_outputs(n, d, dv, norm_weight, c_dtype, src.device, gates)
     if n == 0:
         return c, beta, v
     rows = (4 if dv > 1 else 1) if FWD_ROWS is None else FWD_ROWS
@@ -356,7 +439,8 @@ def triton_forward(
         _norm_gate_value_fwd_kernel, (triton.cdiv(n, rows),),
         (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, c, beta, v, n, d, dv, float(eps),
          float(beta_max), float(value_scale)), writes=(6, 7, 8),
-        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, ONE_PASS=ONE_PASS, num_warps=_fwd_warps(bd * bv),
+        ROWS=rows, BLOCK_D=bd, BLOCK_V=bv, ONE_PASS=ONE_PASS or gates == 2, GATES=gates,
+        num_warps=_fwd_warps(bd * bv),
     )
     return c, beta, v
 
@@ -371,7 +455,7 @@ def triton_backward(
     checks it on CUDA, where this runs as the op's kernel). The weight gradients are summed over the tokens in the
     launch (ops/partials.py), each written once in its dtype."""
     n, d = src.shape
-    dv = value_weight.shape[0]
+    dv, gates = value_weight.shape[0], gate_weight.shape[0]
     bd, bv = _blocks(d, dv)
     gsrc = torch.empty_like(src)
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -379,8 +463,8 @@ def triton_backward(
     # at most max_programs partials, whatever n (none for n = 0: the reducers then write zeros)
     per_sm = (8 if dv > 1 else 4) if BWD_PER_SM is None else BWD_PER_SM
     progs, chunk = reduction_grid(n, src.device, per_sm=per_sm)
-    part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, src.device)
-    red = partials.start(src.device, 2 * d, dv * d, 1 + dv)
+    part_d, part_v, part_b = norm_partial_buffers(progs, d, dv, src.device, gates)
+    red = partials.start(src.device, *norm_widths(d, dv, gates))
     r_d, r_v, _ = red.reducers
     launch(
         _norm_gate_value_bwd_kernel, (progs + red.total,),
@@ -388,7 +472,8 @@ def triton_backward(
          gv.contiguous(), gsrc, part_d, part_v, part_b, *grads, red.counters, n, chunk, progs, r_d,
          r_v, red.total, d, dv, float(eps), float(beta_max), float(value_scale)),
         writes=(9, 10, 11, 12), apart=(13, 14, 15, 16, 17, 18),
-        BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ONE_PASS=ONE_PASS, num_warps=_bwd_warps(bd * bv), **red.meta(),
+        BLOCK_D=bd, BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ONE_PASS=ONE_PASS or gates == 2, GATES=gates,
+        num_warps=_bwd_warps(bd * bv), **red.meta(),
     )
     g_nw, g_gw, g_gb, g_wv, g_bv = grads
     red.finish("norm_gate_value_bwd_kernel", *norm_sums(part_d, part_v, part_b, g_nw, g_gw, g_gb, g_wv, g_bv))
@@ -410,17 +495,17 @@ class NormGateValueTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gc, gbeta, gv):
         src, *weights = ctx.saved_tensors
-        gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, weights[0], weights[3])
+        gc, gbeta, gv = missing_grads_as_zeros(gc, gbeta, gv, src, weights[0], weights[3], weights[1].shape[0])
         return (*triton_backward(gc, gbeta, gv, src, *weights, *ctx.consts), None, None, None, None)
 
 
 def norm_gate_value_triton(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, *, eps, beta_max,
                            value_scale, c_dtype=None):
-    """The kernels' autograd Function at any leading shape: src (..., d) -> c (..., d), beta (..., 1),
-    v (..., d_v)."""
+    """The kernels' autograd Function at any leading shape: src (..., d) -> c (..., d), beta (..., G) (G gate
+    outputs), v (..., d_v)."""
     check_device("norm_gate_value", src)
     lead, d = src.shape[:-1], src.shape[-1]
     c, beta, v = NormGateValueTriton.apply(
         src.reshape(-1, d).contiguous(), norm_weight.contiguous(), gate_weight.contiguous(), gate_bias.contiguous(),
         value_weight.contiguous(), value_bias.contiguous(), float(eps), float(beta_max), float(value_scale), c_dtype)
-    return c.view(*lead, d), beta.view(*lead, 1), v.view(*lead, value_weight.shape[0])
+    return c.view(*lead, d), beta.view(*lead, gate_weight.shape[0]), v.view(*lead, value_weight.shape[0])

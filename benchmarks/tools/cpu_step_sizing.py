@@ -1,0 +1,103 @@
+"""Size a CPU study: the training step of small deep models, eager against compiled blocks, and one process at
+2 threads against two processes at 1 thread each (issue 57, item 4: "measure before you size it").
+
+    python benchmarks/tools/cpu_step_sizing.py --variants baseline ddl-cc --width 64 --layers 12 --out sizing.json
+
+Every case runs in its own process (threads are a per-process setting, and a compiled model keeps its graphs):
+``--mode single`` times one process; ``--mode pair`` starts two identical processes at once and reports each one's
+time, so that the throughput of two runs side by side can be set against one run with both threads. Each process
+builds the model of ``--variant`` at the given shape (vocab 257, the byte tokenizer), runs ``--steps`` optimizer
+steps of the trainer's kind (forward, backward, clipping, AdamW) on random token ids and reports the median of the
+steps after ``--warmup``. The figures depend on what else the machine runs: say so with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+
+def one(variant: str, width: int, layers: int, batch: int, seq: int, threads: int, compiled: bool, steps: int,
+        warmup: int) -> dict:
+    import torch
+
+    from deep_delta import DDLConfig, DDLForCausalLM
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = DDLConfig.from_variant(variant, "tiny", hidden_size=width, num_hidden_layers=layers,
+                                 num_attention_heads=max(1, width // 32), vocab_size=257,
+                                 max_position_embeddings=seq)
+    model = DDLForCausalLM(cfg).train()
+    if compiled:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * layers)
+        for block in model.model.layers:
+            block.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 257, (batch, seq), generator=torch.Generator().manual_seed(0))
+    times = []
+    for _ in range(warmup + steps):
+        t = time.perf_counter()
+        model(ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    step = statistics.median(times[warmup:])
+    return {"variant": variant, "width": width, "layers": layers, "batch": batch, "seq": seq, "threads": threads,
+            "compiled": compiled, "step_s": step, "tokens_per_s": batch * seq / step}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", nargs="+", default=["baseline", "ddl-cc"])
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", nargs=3, metavar=("VARIANT", "THREADS", "COMPILED"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        variant, threads, compiled = args.child[0], int(args.child[1]), args.child[2] == "1"
+        print(json.dumps(one(variant, args.width, args.layers, args.batch, args.seq, threads, compiled, args.steps,
+                             args.warmup)))
+        return 0
+    shape = ["--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch), "--seq",
+             str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+
+    def start(variant: str, threads: int, compiled: bool) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, __file__, *shape, "--child", variant, str(threads),
+                                 "1" if compiled else "0"], stdout=subprocess.PIPE, text=True)
+
+    def result(proc: subprocess.Popen) -> dict:
+        out, _ = proc.communicate(timeout=3600)
+        if proc.returncode:
+            raise SystemExit(f"a sizing process failed (rc {proc.returncode})")
+        return json.loads(out.strip().splitlines()[-1])
+
+    rows = []
+    for variant in args.variants:
+        for compiled in (False, True):
+            for threads in (1, 2):
+                rows.append({"mode": "single", **result(start(variant, threads, compiled))})
+            pair = [start(variant, 1, compiled) for _ in range(2)]
+            for r in map(result, pair):
+                rows.append({"mode": "pair", **r})
+    for r in rows:
+        print(f"{r['variant']:>14} {'compiled' if r['compiled'] else 'eager':>8} {r['mode']:>6} {r['threads']}t "
+              f"{1000 * r['step_s']:7.0f} ms/step {r['tokens_per_s']:7.0f} tok/s")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
