@@ -55,12 +55,9 @@ def one(variant: str, width: int, layers: int, batch: int, seq: int, threads: in
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", nargs="+", default=["baseline", "ddl-cc"])
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=3)
+    sizes = {"width": 64, "layers": 12, "batch": 16, "seq": 256, "steps": 5, "warmup": 3}  # the model, batch, timing
+    for name, default in sizes.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "THREADS", "COMPILED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -69,8 +66,7 @@ def main() -> int:
         print(json.dumps(one(variant, args.width, args.layers, args.batch, args.seq, threads, compiled, args.steps,
                              args.warmup)))
         return 0
-    shape = ["--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch), "--seq",
-             str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    shape = [item for name in sizes for item in (f"--{name}", str(getattr(args, name)))]
 
     def start(variant: str, threads: int, compiled: bool) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, __file__, *shape, "--child", variant, str(threads),

@@ -527,11 +527,12 @@ class DepthProbe(Probe):
                  "newest last), mean over tokens", "",
                  "| sublayer | sources | on the embedding | on the newest | entropy / log n | read norm | output norm |",
                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for name, r in report["depth"].items():
-            uniform = r["uniform_entropy"]
-            lines.append(f"| {_short(name)} | {r['sources']} | {_fmt(r['embedding'])} | {_fmt(r['newest'])} "
-                         f"| {_fmt(r['entropy'] / uniform if uniform else None)} | {_fmt(r['read_norm'])} "
-                         f"| {_fmt(r['output_norm'])} |")
+        def cells(name: str, r: dict) -> list[str]:
+            evenness = r["entropy"] / r["uniform_entropy"] if r["uniform_entropy"] else None
+            return [_short(name), str(r["sources"]), *map(_fmt, (r["embedding"], r["newest"], evenness,
+                                                                 r["read_norm"], r["output_norm"]))]
+
+        lines += ["| " + " | ".join(cells(name, r)) + " |" for name, r in report["depth"].items()]
         return "\n".join(lines)
 
     @staticmethod
