@@ -42,6 +42,14 @@ def test_a_comparison_and_a_bench_record_the_switches(tmp_path, data_dir):
                      "model.num_attention_heads=2", "--set", "model.vocab_size=64"]) == 0
     summary = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert summary["machine"]["kernel_switches"]["INKERNEL_REDUCE"] is True
+    # a finished run made with a switch on is not reused by a comparison with it off (it was, before)
+    again = ["compare", "--config", "debug", "--variants", "baseline", "--data", str(data_dir), "--out",
+             str(tmp_path / "cmp"), "--steps", "2", "--time-repeats", "0", "--threads", "1", "--device", "cpu",
+             "--no-progress"]
+    with switches.override(INKERNEL_REDUCE=False):
+        assert main(again) == 2
+    with switches.override(INKERNEL_REDUCE=True):
+        assert main(again) == 0
     assert json.loads((tmp_path / "cmp" / "baseline" / "run.json").read_text())["kernel_switches"]["INKERNEL_REDUCE"]
     assert json.loads(out.with_suffix(".json").read_text())["kernel_switches"]["INKERNEL_REDUCE"] is True
 

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
         "variant under OUT), then print a Table-3-style comparison (parameters, final validation loss, "
         "perplexity, training tokens/s, differences to the baseline) and write OUT/compare.md, "
         "OUT/compare.json and OUT/curves.png. With no arguments: baseline, ddl-dv1, ddl-tc and ddl-cc at "
-        "the tiny preset on the embedded text, about ten minutes on 2 CPU cores. Finished runs in OUT with "
+        "the tiny preset on the embedded text, about ten minutes on 2 idle CPU cores (longer while other work "
+        "keeps them busy). Finished runs in OUT with "
         "the same settings and data are reused and interrupted ones continued; a run made with any other setting "
         "that changes results (--eval-batches, --steps, --dtype, ...) or other data is refused unless --overwrite. "
         "With --wandb, every run is logged (one W&B group per comparison, unless --wandb-group names one) and so "
@@ -183,7 +184,7 @@ def _print_report(out: str, summary: dict, step_costs: dict[str, float] | None =
     tokens = max(r["tokens"] for r in rows)
     each = (" per variant" if not step_costs else f" for {summary['reference']} (" + ", ".join(
         f"{r['variant']} {r['tokens']:,}" for r in rows if r["variant"] in step_costs) + ")")
-    wall = f"; wall time {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else ""
+    wall = f"; wall time of this call {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else ""
     print(f"{tokens:,} training tokens{each}; differences against {summary['reference']}{wall}")
     print(terminal_report(summary))
     failed = [r for r in rows if r.get("diverged")]

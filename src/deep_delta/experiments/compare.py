@@ -119,8 +119,15 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
     record, its model); else it is refused, one line naming the file and the differences, before anything
     trains. ``overwrite`` retrains it instead. ``data_dir``: where the data is now (for the message)."""
     from deep_delta.experiments.finished_runs import read_run
-    from deep_delta.train.provenance import check_belongs, check_same_data
-    from deep_delta.train.run_dir import RESULT_NEUTRAL, RUN_FILE, RunNotFinished, read_run_file, run_end
+    from deep_delta.train.provenance import check_belongs, check_same_data, differences
+    from deep_delta.train.run_dir import (
+        RESULT_NEUTRAL,
+        RUN_FILE,
+        RunNotFinished,
+        kernel_switches,
+        read_run_file,
+        run_end,
+    )
 
     _check_layout_of(Path(cfg.out))
     run_file = Path(cfg.out) / RUN_FILE
@@ -135,6 +142,11 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
     # the data is compared by its fingerprint, not by how its path was spelled
     check_belongs(run["train_config"], cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
                   skip=RESULT_NEUTRAL | {"data"}, has="run has")
+    if isinstance(run.get("kernel_switches"), dict):  # the kernel paths it trained on (older records do not say)
+        switched = differences(run["kernel_switches"], kernel_switches(), has="run has")
+        if switched:
+            raise ValueError(f"{what} was made with other kernel paths (kernel switch {'; '.join(switched)}: "
+                             f"deep_delta.ops.switches); {REUSE_REMEDY}")
     if not check_same_data(data.get("fingerprint"), data_fingerprint, what=what, data_dir=data_dir or cfg.data or
                            "the default data", remedy=REUSE_REMEDY, stored_dir=data.get("dir")):
         raise ValueError(f"{run_file} records no data fingerprint, so whether the run was made from "

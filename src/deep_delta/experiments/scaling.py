@@ -205,7 +205,7 @@ def check_point_runs(point: Path, summary: dict) -> bool:
     (each variant and seed, at each lr of its grid) must still hold a ``run.json`` made with the settings and
     data the summary records. A rerun with other settings and ``--overwrite`` that was stopped part-way leaves
     the old summary beside some new runs; a report from it would mix the two. A point with none of its runs on
-    disk (a record kept without them, as docs/evidence keeps its points) is taken as recorded: returns False
+    disk (a record kept without them, as studies/ keeps its points) is taken as recorded: returns False
     for it, True for a point whose runs were checked."""
     from deep_delta.experiments.compare import check_reusable, compare_config
     from deep_delta.experiments.lr_grid import lr_dir
