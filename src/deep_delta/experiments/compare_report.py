@@ -455,17 +455,22 @@ def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float]
 
 
 def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.PathLike,
-                seeds: list[int] | None = None, roots: dict[str, Path | None] | None = None) -> Path:
+                seeds: list[int] | None = None, roots: dict[str, Path | None] | None = None,
+                costs: dict[str, float] | None = None) -> Path:
     """Training loss (moving average) and validation loss against the step: the mean over seeds, with the
     band between the lowest and highest seed. ``roots``: where each variant's runs are, when not in ``out``
-    (an lr grid: its chosen lr's directory; None leaves the variant out)."""
+    (an lr grid: its chosen lr's directory; None leaves the variant out). ``costs`` (each variant's measured step
+    time over the reference's): a third panel, the validation loss against the cost spent, optimizer steps x that
+    ratio (in the reference's steps): a run read where its cost equals another's, mid-schedule (the
+    truncated-curve view; the break-even table says how far it is from a run of that length)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seeds = seeds or [0]
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3 if costs else 2, figsize=(16.5 if costs else 11, 4.2))
+    ax_t, ax_v = axes[0], axes[1]
     for i, v in enumerate(variants):
         color, label = f"C{i}", paper_name(v)
         root = roots.get(v) if roots is not None else Path(out)
@@ -478,14 +483,21 @@ def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.Path
             smooth = _moving_average([y for _, y in pts], max(1, len(pts) // 20))
             train.append(list(zip([x for x, _ in pts], smooth)))
         val = [[(r["step"], r["val_loss"]) for r in recs if "val_loss" in r] for recs in records]
-        for ax, curves, style in ((ax_t, train, "-"), (ax_v, val, "o-")):
+        panels = [(ax_t, train, "-", 1.0), (ax_v, val, "o-", 1.0)]
+        if costs and v in costs:
+            panels.append((axes[2], val, "o-", costs[v]))
+        for ax, curves, style, scale in panels:
             steps, mean, lo, hi = _band([c for c in curves if c])
             if steps:
+                steps = [x * scale for x in steps]
                 ax.plot(steps, mean, style, color=color, markersize=3, label=label)
                 if len(seeds) > 1:
                     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
-    for ax, title in ((ax_t, "training loss (moving average)"), (ax_v, "validation loss")):
-        ax.set_xlabel("optimizer step")
+    titled = [(ax_t, "training loss (moving average)", "optimizer step"), (ax_v, "validation loss", "optimizer step")]
+    if costs:
+        titled.append((axes[2], "validation loss against cost", "cost: steps x the step time's ratio to the reference's"))
+    for ax, title, xlabel in titled:
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("loss (nats / token)")
         ax.set_title(title + (f", mean and range over {len(seeds)} seeds" if len(seeds) > 1 else ""))
         ax.grid(alpha=0.3)
@@ -538,7 +550,8 @@ def write_comparison(out: str | os.PathLike, summary: dict[str, Any], stem: str 
             summary["lr_grid"], variants, path, "final validation loss (nats / token)",
             f"validation loss against lr, {len(grid_seeds)} seed(s) per point")
     curves = "curves.png" if stem == "compare" else f"{stem}_curves.png"
-    figures[curves] = lambda path: plot_curves(out, variants, path, summary.get("seeds"), roots)
+    costs = {r["variant"]: r["time_ratio"] for r in summary["rows"] if r.get("time_ratio")}
+    figures[curves] = lambda path: plot_curves(out, variants, path, summary.get("seeds"), roots, costs or None)
     return write_outputs(out, stem, summary, comparison_report(summary, curves), figures)
 
 
