@@ -7,10 +7,14 @@ a test needs. ``from helpers import ...`` works from every test folder (tests/co
 - ``DEBUG``: that shape with a 64-token vocabulary, for models fed random token ids.
 - :func:`tiny_model`: that shape with a 320-token vocabulary (> the 257 byte ids, so the byte tokenizer fits),
   its weights moved off their init.
+- :func:`load_tool`: a script of benchmarks/tools/ imported as a module (the scripts are not a package).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +25,17 @@ from deep_delta.train.recipes import debug
 DEBUG_MODEL: dict[str, Any] = debug()["model"]
 DEBUG: dict[str, Any] = {**DEBUG_MODEL, "vocab_size": 64}
 BYTE_VOCAB = 320
+TOOLS = Path(__file__).resolve().parents[1] / "benchmarks" / "tools"
+
+
+def load_tool(name: str):
+    """``benchmarks/tools/NAME.py`` imported as the module ``NAME`` (registered in ``sys.modules``: a tool's
+    dataclasses look their module up by name)."""
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:

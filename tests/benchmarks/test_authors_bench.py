@@ -6,24 +6,18 @@ where their folder is extracted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import load_tool
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("authors_bench", ROOT / "benchmarks" / "tools" / "authors_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("authors_bench")
 
 
 ab = _load()

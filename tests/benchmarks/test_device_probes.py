@@ -4,7 +4,6 @@ torch.compile's "eager" backend)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -12,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "benchmarks" / "tools"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool(name)
 
 
 def test_tune_kernels_sweeps_and_restores_the_library_settings(tmp_path):

@@ -3,18 +3,13 @@ allocations and frees, what is live there grouped by source line, the phase it f
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
-from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "tools" / "memory_snapshot.py"
+from helpers import load_tool
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("memory_snapshot", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("memory_snapshot")
 
 
 def frame(path, line, name):

@@ -3,22 +3,15 @@ share erased, the untied gates) and its refusal of a path that is not a report."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "tools" / "why_figure.py"
+from helpers import TOOLS, load_tool
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("why_figure", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+TOOL = TOOLS / "why_figure.py"
 
 
 def delta_report(untied: bool) -> dict:
@@ -34,7 +27,7 @@ def delta_report(untied: bool) -> dict:
 
 
 def test_series_of_a_ddl_an_untied_and_an_attnres_report():
-    mod = load()
+    mod = load_tool("why_figure")
     tied = mod.series(delta_report(untied=False))
     assert tied["state"] == [1.0, 2.0, 4.0]           # each sublayer's input, then the output
     assert tied["erased"] == [0.1, 0.3]

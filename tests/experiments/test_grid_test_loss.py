@@ -3,23 +3,13 @@ windows; an lr planted to win on val alone shows its worse test loss there; a se
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from tests.experiments.test_compare_held_out import PLANTED, held_out, plant, split_data  # noqa: F401 (fixture)
 
 from deep_delta.cli.main import main
-
-TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "tools" / "grid_test_loss.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("grid_test_loss", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import load_tool
 
 
 def test_the_grid_on_test_shows_the_planted_lr(tmp_path, split_data, capsys, monkeypatch):  # noqa: F811
@@ -28,7 +18,7 @@ def test_the_grid_on_test_shows_the_planted_lr(tmp_path, split_data, capsys, mon
     assert main(held_out(out, split_data, steps=6, eval_every=6)) == 0
     monkeypatch.undo()
     capsys.readouterr()
-    tool = load()
+    tool = load_tool("grid_test_loss")
     assert tool.main([str(out), "--data", str(split_data)]) == 0
     printed = capsys.readouterr().out
     result = json.loads((out / "test_vs_lr.json").read_text())
@@ -55,6 +45,6 @@ def test_the_grid_on_test_shows_the_planted_lr(tmp_path, split_data, capsys, mon
 
 def test_a_folder_without_a_selection_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="selection.json is missing"):
-        load().main([str(tmp_path), "--data", str(tmp_path)])
+        load_tool("grid_test_loss").main([str(tmp_path), "--data", str(tmp_path)])
     with pytest.raises(SystemExit, match="--test-tokens got 'lots'"):
-        load().parse_tokens("lots")
+        load_tool("grid_test_loss").parse_tokens("lots")
