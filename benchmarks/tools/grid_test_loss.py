@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
@@ -145,21 +144,14 @@ def figure(result: dict, chosen: dict[str, float], path: Path) -> None:
     plt.close(fig)
 
 
-def parse_tokens(text: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KkMm]?)", text)
-    if m is None:
-        raise SystemExit(f"grid_test_loss.py: --test-tokens got {text!r}; allowed: a count such as 250000 or 250K")
-    value = float(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()]
-    if value < 1 or not math.isfinite(value):
-        raise SystemExit(f"grid_test_loss.py: --test-tokens got {text!r}; allowed: at least 1 token")
-    return int(value)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the OUT of `ddl compare --lrs ... --eval-seeds N`")
     ap.add_argument("--data", required=True, help="the prepared data directory the study trained on")
-    ap.add_argument("--test-tokens", default=None, help="test tokens per run (default: the evaluation runs')")
+    from deep_delta.cli.options import count
+
+    ap.add_argument("--test-tokens", type=count, default=None,
+                    help="test tokens per run, e.g. 250K (default: the evaluation runs')")
     ap.add_argument("--figure", default=None, help="where the figure goes (default OUT/test_vs_lr.png)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -169,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                          "`ddl compare --lrs ... --eval-seeds N`")
     chosen = {v: c["lr"] for v, c in json.loads(selection.read_text())["lr_selection"]["chosen"].items()
               if c["lr"] is not None}
-    tokens = parse_tokens(args.test_tokens) if args.test_tokens else None
+    tokens = args.test_tokens
     if tokens is None:
         kept = sorted(out.glob("evaluation/seed_*/*/test.json"))
         tokens = json.loads(kept[0].read_text())["tokens_asked"] if kept else None
