@@ -5,6 +5,6 @@ data=$($ddl data prepare --source prose-v1 --val-fraction 0.02 --test-fraction 0
 common=(--data "$data" --preset tiny --set model.hidden_size=64 --set model.num_hidden_layers=12
   --set model.num_attention_heads=2 --set model.max_position_embeddings=256 --set model.vocab_size=257
   --steps 300 --batch-size 16 --seq-len 256 --warmup-steps 30 --eval-every 50 --eval-batches 16
-  --save-every 50 --keep 1 --lrs 1e-3 2e-3 4e-3 8e-3 1.6e-2 3.2e-2 6.4e-2 1.28e-1 --seeds 2 --eval-seeds 4 --eval-seed-start 100
+  --save-every 50 --keep 1 --lrs 1e-3 2e-3 4e-3 8e-3 1.6e-2 3.2e-2 6.4e-2 1.28e-1 2.56e-1 5.12e-1 --seeds 2 --eval-seeds 4 --eval-seed-start 100
   --test-tokens 250K --compile --threads 1 --no-progress)
 variants=(baseline ddl-cc ddl-cc-write peri-ln attnres-block ddl-cc-untied)
