@@ -23,8 +23,8 @@ fi
 $py "$here/../../benchmarks/tools/grid_test_loss.py" "$out/all" --data "$data" | tee "$out/test_vs_lr.md"
 reports=()
 for v in "${variants[@]}"; do
-  $ddl analyze --model "$out/all/evaluation/seed_100/$v" --data "$data" --threads 1 --no-progress \
-    --out "$out/all/why/$v" > /dev/null
+  [ -f "$out/all/why/$v/analysis.json" ] || $ddl analyze --model "$out/all/evaluation/seed_100/$v" --data "$data" \
+    --threads 1 --no-progress --out "$out/all/why/$v" > /dev/null   # an analysis already made is kept
   reports+=("$v=$out/all/why/$v/analysis.json")
 done
 $py "$here/../../benchmarks/tools/why_figure.py" --out "$out/all/why/why.png" "${reports[@]}"
