@@ -5,7 +5,7 @@
 # `ddl compare` over all six variants in OUT/all (the halves copied in: every run reused, the report and the step
 # times of all six measured in one process). Resumable: run it again and only what is missing trains.
 #   bash studies/deep12/run.sh [OUT]              (default runs/deep12)
-#   CHECK=VARIANT=R bash studies/deep12/run.sh OUT (the merged call also trains the break-even check, as finish.sh can)
+#   CHECK="VARIANT=R ..." bash studies/deep12/run.sh OUT   (the merged call also trains the break-even checks)
 set -uo pipefail
 out=${1:-runs/deep12}
 ddl=${DDL:-ddl}
@@ -17,5 +17,5 @@ $ddl compare "${common[@]}" --time-repeats 5 --variants peri-ln attnres-block dd
 wait
 mkdir -p "$out/all"
 cp -rn "$out/p1/." "$out/all/" && cp -rn "$out/p2/." "$out/all/"
-$ddl compare "${common[@]}" --time-repeats 5 --variants "${variants[@]}" ${CHECK:+--break-even-check "$CHECK"} \
+$ddl compare "${common[@]}" --time-repeats 5 --variants "${variants[@]}" ${CHECK:+--break-even-check $CHECK} \
   --out "$out/all" 2>&1 | tee "$out/all.log"
