@@ -36,8 +36,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hc-static": dict(residual="hyper", hc_kind="hc", hc_dynamic=False),
     "mhc": dict(residual="hyper", hc_kind="mhc", hc_dynamic=True),
     "mhc-static": dict(residual="hyper", hc_kind="mhc", hc_dynamic=False),
-    # the baseline with a bounded branch: a learned RMSNorm on each sublayer's output before the add (Peri-LN)
-    "peri-ln": dict(residual="additive", value_channels=1, compressor="none", state_init="repeat", output_norm=True),
+    # the baseline with a bounded branch: a learned RMSNorm on each sublayer's output before the add, and one on the
+    # embedding (Peri-LN as its paper defines it; runs recorded before 2026-12-02 under this name had no embedding
+    # norm: their run.json's model_config has no embed_norm, and they load and report as they were trained)
+    "peri-ln": dict(residual="additive", value_channels=1, compressor="none", state_init="repeat", output_norm=True,
+                    embed_norm=True),
     # Attention Residuals: each sublayer reads a softmax over depth of the earlier outputs (Full) or of the block
     # sums (Block: the sublayers in attnres_blocks blocks, the paper's 8)
     "attnres": dict(residual="attnres", attnres_blocks=None),

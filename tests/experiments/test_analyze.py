@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from deep_delta.experiments.analyze import analyze_model
+from deep_delta.experiments.analyze import analyze_model, format_analysis
 from deep_delta.models import DDLConfig, DDLForCausalLM
 from helpers import DEBUG
 
@@ -96,7 +96,7 @@ def test_the_baseline_gets_the_state_through_the_depth():
                                                                                          o.double())))
     report = analyze_model(model, _batches(1))
     handle.remove()
-    assert report["probes"] == ["state"] and len(report["states"]) == 2 * TINY["num_hidden_layers"]
+    assert report["probes"] == ["embedding", "state"] and len(report["states"]) == 2 * TINY["num_hidden_layers"]
     x, new = seen[0]
     first = report["states"]["model.layers.0.attn"]
     assert first["norm_before"] == pytest.approx(float(x.norm(dim=-1).mean()), rel=1e-9)
@@ -113,7 +113,7 @@ def test_the_erased_share_and_the_write_only_control(variant):
     twin.load_state_dict(ddl.state_dict())
     for model, rule in ((ddl, "delta"), (twin, "write")):
         report = analyze_model(model, _batches(1))
-        assert report["probes"] == ["state", "delta"]
+        assert report["probes"] == ["embedding", "state", "delta"]
         for name, r in report["sublayers"].items():
             assert r["rule"] == rule and r["delta_would_erase"] > 0.01
             state = report["states"][name]
@@ -236,3 +236,24 @@ def test_the_twins_table_says_which_figures_are_the_delta_rules(tmp_path):
 
     drawn = {p.name for p in plot_analysis(twin, tmp_path)}  # no regime heat map for the twin
     assert "beta_quantiles.png" in drawn and "beta_regimes.png" not in drawn
+
+
+def test_the_embedding_entering_the_stream_is_reported_before_and_after_its_norm():
+    """Issue 64: what enters the residual stream, the embedding's mean norm per token, and with ``embed_norm`` the
+    normed embedding's, equal to a hand computation; the report's text says both."""
+    torch.manual_seed(0)
+    model = DDLForCausalLM(DDLConfig.from_variant("baseline", "tiny", **TINY, embed_norm=True)).eval()
+    batches = _batches(1)
+    report = analyze_model(model, batches)
+    ids = batches[0]
+    with torch.no_grad():
+        e = model.model.embed_tokens(ids).double()
+        n = model.model.embed_norm(model.model.embed_tokens(ids)).double()
+    got = report["embedding"]
+    assert abs(got["embed_tokens"] - float(e.norm(dim=-1).mean())) < 1e-9
+    assert abs(got["embed_norm"] - float(n.norm(dim=-1).mean())) < 1e-9
+    assert got["embed_norm"] > 10 * got["embed_tokens"]  # std 0.02: the raw embedding enters tiny
+    text = format_analysis(report)
+    assert "after the embedding norm" in text
+    plain = analyze_model(DDLForCausalLM(DDLConfig.from_variant("baseline", "tiny", **TINY)).eval(), batches)
+    assert set(plain["embedding"]) == {"embed_tokens"} and "after the embedding norm" not in format_analysis(plain)

@@ -46,7 +46,7 @@ def test_stream_drift_by_hand():
 @pytest.mark.parametrize("variant", ["hc-static", "hc"])
 def test_hc_at_init_reads_one_stream_keeps_the_identity_and_writes_ones(variant):
     report = analyze_model(_model(variant), _batches())
-    assert report["probes"] == ["hyper"] and report["windows"] == 6
+    assert report["probes"] == ["embedding", "hyper"] and report["windows"] == 6
     hy = report["hyper"]
     assert (hy["kind"], hy["dynamic"], hy["streams"], hy["mixing_matrix"]) == ("hc", variant == "hc", N, "A_r^T")
     assert list(hy["sublayers"]) == NAMES
@@ -158,7 +158,7 @@ def test_cli_analyses_a_trained_hc_model(tmp_path, capsys):
     assert main(["analyze", "--model", str(model_dir), "--data", str(data), "--batch-size", "2", "--seq-len", "16",
                  "--batches", "2", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
     report = json.loads((out / "analysis.json").read_text())
-    assert report["probes"] == ["hyper"] and report["windows"] == 4 and "sublayers" not in report
+    assert report["probes"] == ["embedding", "hyper"] and report["windows"] == 4 and "sublayers" not in report
     layers = report["hyper"]["sublayers"]
     assert list(layers) == NAMES
     assert all(max(r["read"]["sd"]) > 0 and max(r["write"]["sd"]) > 0 for r in layers.values())

@@ -1,5 +1,6 @@
-"""Peri-LN (issue 56): the baseline with a learned RMSNorm on each sublayer's output before the add,
-``x + norm_out(F(norm_in(x)))``; nothing else differs from the baseline."""
+"""Peri-LN (issues 56, 64): the baseline with a learned RMSNorm on each sublayer's output before the add,
+``x + norm_out(F(norm_in(x)))``, and one on the embedding (the paper's form); nothing else differs from the
+baseline."""
 
 from __future__ import annotations
 
@@ -40,18 +41,33 @@ def test_a_peri_ln_sublayer_is_x_plus_the_normed_branch_of_the_normed_input():
     torch.testing.assert_close(mlp(x), want)
 
 
-def test_peri_ln_is_the_baseline_with_output_norms_and_nothing_else():
+def test_peri_ln_is_the_baseline_with_output_norms_and_an_embedding_norm_and_nothing_else():
     torch.manual_seed(0)
     base = DDLForCausalLM(DDLConfig.from_variant("baseline", "tiny", **DEBUG))
     torch.manual_seed(0)
     peri = DDLForCausalLM(DDLConfig.from_variant("peri-ln", "tiny", **DEBUG))
+    assert peri.config.embed_norm and peri.config.output_norm and not base.config.embed_norm
     bs, ps = base.state_dict(), peri.state_dict()
-    renamed = {k.replace(".branch.inner.", ".branch."): v for k, v in ps.items() if ".branch.norm." not in k}
+    new = [k for k in ps if ".branch.norm." in k or k.startswith("model.embed_norm.")]
+    renamed = {k.replace(".branch.inner.", ".branch."): v for k, v in ps.items() if k not in new}
     assert set(renamed) == set(bs)
     for k, v in bs.items():
         assert torch.equal(renamed[k], v), k  # the same seed draws the same weights
-    norms = [k for k in ps if ".branch.norm." in k]
-    assert len(norms) == 2 * DEBUG["num_hidden_layers"] and all(torch.equal(ps[k], torch.ones_like(ps[k])) for k in norms)
+    assert len(new) == 2 * DEBUG["num_hidden_layers"] + 1 and "model.embed_norm.weight" in new
+    assert all(torch.equal(ps[k], torch.ones_like(ps[k])) for k in new)
+
+
+def test_peri_ln_norms_the_embedding_before_the_first_sublayer():
+    torch.manual_seed(0)
+    peri = DDLForCausalLM(DDLConfig.from_variant("peri-ln", "tiny", **DEBUG)).eval()
+    seen = []
+    peri.model.layers[0].attn.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    ids = torch.randint(0, DEBUG["vocab_size"], (2, 7))
+    with torch.no_grad():
+        peri(ids)
+    want = nn.functional.rms_norm(peri.model.embed_tokens(ids), (DEBUG["hidden_size"],),
+                                  peri.model.embed_norm.weight, peri.config.rms_norm_eps)
+    torch.testing.assert_close(seen[0], want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("residual", ["delta", "hyper", "attnres"])

@@ -59,7 +59,7 @@ def test_variant_table_matches_the_spec():
             "hyper", kind, dynamic, 4, 20)
         assert (cfg.value_channels, cfg.compressor, cfg.state_init) == (1, "none", "repeat")
     peri, base = DDLConfig.from_variant("peri-ln").to_dict(), DDLConfig.from_variant("baseline").to_dict()
-    assert {k for k in peri if peri[k] != base[k]} == {"variant", "output_norm"}  # nothing else differs
+    assert {k for k in peri if peri[k] != base[k]} == {"variant", "output_norm", "embed_norm"}  # nothing else differs
     for name, blocks in ATTNRES.items():
         cfg = DDLConfig.from_variant(name)
         assert (cfg.residual, cfg.attnres_blocks, cfg.value_channels, cfg.update_rule) == ("attnres", blocks, 1, "delta")

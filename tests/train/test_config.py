@@ -31,6 +31,10 @@ PINNED = {
     "tasks": {"model": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "initializer_range": 0.3},
               "batch_size": 32, "lr": 0.002, "warmup_steps": 50, "betas": [0.9, 0.98], "log_every": 25,
               "eval_every": 200},
+    "deep12": {"model": {"hidden_size": 64, "num_hidden_layers": 12, "num_attention_heads": 2,
+                         "max_position_embeddings": 256, "vocab_size": 257, "embed_norm": True},
+               "steps": 300, "batch_size": 16, "warmup_steps": 30, "eval_every": 50,
+               "eval_batches": 16, "save_every": 50, "keep": 1, "compile": True},
     "debug": {"model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                         "max_position_embeddings": 64},
               "steps": 6, "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "eval_every": 3, "eval_batches": 2,
@@ -99,11 +103,11 @@ def test_every_shipped_config_loads_and_names_resolve():
     for n in names:
         c = load_config(n)
         assert c.variant == n.split("/")[1] and c.out == f"runs/{n}"
-    assert len(names) == 6 * len(VARIANTS)
+    assert len(names) == len(RECIPES) * len(VARIANTS)
     assert load_config("small").variant == "baseline"  # a recipe alone: the variant is the default or a flag
     for bad in ("large/ddl-cc", "small/ddl-xx", "small/ddl-cc.yaml", "configs/small.yaml"):
         with pytest.raises(FileNotFoundError, match="not a shipped config name; shipped: RECIPE or RECIPE/VARIANT "
-                           "with RECIPE one of compare, debug, medium, small, tasks, tiny and VARIANT one of attnres, attnres-block, "
+                           "with RECIPE one of compare, debug, deep12, medium, small, tasks, tiny and VARIANT one of attnres, attnres-block, "
                            "baseline"):
             load_config(bad)
 

@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
         "below and --set KEY=VALUE. Writes OUT/metrics.jsonl (one JSON object per optimizer step, validation "
         "records beside them) and atomic checkpoints OUT/checkpoints/step_N (a Hugging Face model directory "
         "plus the training state). Run it under `torchrun --nproc_per_node N` for DDP or --distributed fsdp.",
+        epilog="Recipe options of the model, for every variant (--set): model.embed_norm=true puts a learned "
+        "RMSNorm on the embedding before the first sublayer (before a d_v > 1 state is expanded, HC's streams or "
+        "AttnRes's sources formed; peri-ln has it by definition); docs/training.md, 'Recipe options'.",
     )
     p.add_argument("--config", metavar="FILE|NAME",
                    help="a YAML file, or a shipped recipe RECIPE or RECIPE/VARIANT (tiny/ddl-cc; see "

@@ -618,7 +618,53 @@ class StateProbe(Probe):
         return [save_figure(fig, out / "state_norms.png", dpi=120)]
 
 
-PROBES: dict[str, type[Probe]] = {p.name: p for p in (StateProbe, DeltaProbe, HyperProbe, DepthProbe)}
+class EmbeddingProbe(Probe):
+    """What enters the residual stream, for every model: the embedding's mean norm per token and, with the
+    embedding norm (``embed_norm``), the normed embedding's, beside the first sublayer's write (its update norm,
+    from the state probe): at std 0.02 the embedding enters at ~0.02 sqrt(d), far below a sublayer's write."""
+
+    name, watched = "embedding", torch.nn.Embedding
+
+    @classmethod
+    def find(cls, model):
+        backbone = getattr(model, "model", model)
+        embed = getattr(backbone, "embed_tokens", None)
+        if not isinstance(embed, torch.nn.Embedding):
+            return []
+        norm = getattr(backbone, "embed_norm", None)
+        return [("embed_tokens", embed)] + ([("embed_norm", norm)] if norm is not None else [])
+
+    def __init__(self, model, modules):
+        super().__init__(model, modules)
+        self.sums: dict[str, list[float]] = {name: [0.0, 0.0] for name, _ in modules}
+        for name, m in modules:
+            self.handles.append(m.register_forward_hook(self._hook(self.sums[name])))
+
+    @staticmethod
+    def _hook(acc: list[float]):
+        def hook(mod, args, out):
+            norms = out.detach().double().norm(dim=-1)
+            acc[0] += float(norms.sum())
+            acc[1] += norms.numel()
+        return hook
+
+    def sections(self):
+        return {"embedding": {name: a[0] / max(1.0, a[1]) for name, a in self.sums.items()}}
+
+    @staticmethod
+    def format(report):
+        found = report["embedding"]
+        cells = [f"embedding {_fmt(found['embed_tokens'])}"]
+        if "embed_norm" in found:
+            cells.append(f"after the embedding norm {_fmt(found['embed_norm'])}")
+        return "What enters the residual stream (mean norm per token): " + "; ".join(cells) + "."
+
+    @staticmethod
+    def plot(report, out):
+        return []
+
+
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (EmbeddingProbe, StateProbe, DeltaProbe, HyperProbe, DepthProbe)}
 
 
 def _probes_of(report: dict[str, Any]) -> list[type[Probe]]:
@@ -631,7 +677,7 @@ def analyze_model(model: torch.nn.Module, batches, *, device: torch.device | str
     """The analysis of ``model`` over ``batches`` of token ids ((B, T) tensors, or (x, y) pairs)."""
     model.eval()
     found = [(cls, mods) for cls in PROBES.values() if (mods := cls.find(model))]
-    if not found:
+    if not any(cls is not EmbeddingProbe for cls, _ in found):
         raise ValueError("analyze: the model has no residual this analysis knows (DeltaResidual, additive or "
                          "delta, HyperResidual or AttnResidual)")
     probes: list[Probe] = []

@@ -60,6 +60,7 @@ def model_card(loaded: LoadedModel) -> str:
         f"| layers x width x heads | {cfg.num_hidden_layers} x {cfg.hidden_size} x {cfg.num_attention_heads} |",
         f"| residual | {cfg.residual} (d_v = {cfg.value_channels}, compressor {cfg.compressor}, "
         f"state init {cfg.state_init}) |",
+        f"| embedding norm | {'yes (an RMSNorm on the embedding before the first sublayer)' if cfg.embed_norm else 'no'} |",
         f"| context | {cfg.max_position_embeddings} tokens |",
         f"| vocab | {cfg.vocab_size} (tokenizer: {loaded.tokenizer_name or 'see tokenizer.json'}) |",
     ]

@@ -51,6 +51,20 @@ def tasks() -> dict[str, Any]:
                 eval_every=200)
 
 
+def deep12() -> dict[str, Any]:
+    """The deep study's shape and schedule with the strong baseline's recipe (issue 64; docs/evidence.md): the tiny
+    preset narrowed to width 64 and deepened to 12 layers (2 heads, context 256, the byte vocabulary 257), the
+    embedding normed (``embed_norm``, for every variant), 300 steps x 16 x 256 tokens with 30 warm-up steps,
+    validation every 50 steps on 16 batches, compiled blocks (the default seq_len, 256). Meant for the prose corpus
+    (``ddl data prepare --source prose-v1 ...``; studies/deep12e): ``ddl compare --config deep12 --data DIR``."""
+    return dict(
+        model=dict(hidden_size=64, num_hidden_layers=12, num_attention_heads=2, max_position_embeddings=256,
+                   vocab_size=257, embed_norm=True),
+        steps=300, batch_size=16, warmup_steps=30, eval_every=50, eval_batches=16, save_every=50,
+        keep=1, compile=True,
+    )
+
+
 def _paper(preset: str, batch_size: int) -> dict[str, Any]:
     """The paper's section 5.1 recipe at ``preset``: FineWeb-Edu with the GPT-2 tokenizer
     (``ddl data prepare --source fineweb-edu:sample-100BT --tokenizer gpt2 --out data/fineweb-edu-gpt2``);
@@ -81,6 +95,7 @@ def medium() -> dict[str, Any]:
 
 
 RECIPES: dict[str, Callable[[], dict[str, Any]]] = {
-    "debug": debug, "tiny": tiny, "compare": compare, "tasks": tasks, "small": small, "medium": medium,
+    "debug": debug, "tiny": tiny, "compare": compare, "tasks": tasks, "deep12": deep12, "small": small,
+    "medium": medium,
 }
 

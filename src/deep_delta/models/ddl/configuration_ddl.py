@@ -54,7 +54,15 @@ class DDLConfig(PreTrainedConfig):
     variant at the same seed).
 
     Peri-LN (output_norm=True, residual="additive"): a learned RMSNorm on each sublayer's output before the add,
-    ``x + RMSNorm(F(RMSNorm(x)))``; nothing else of the baseline changes.
+    ``x + RMSNorm(F(RMSNorm(x)))``; the variant ``peri-ln`` also norms the embedding (embed_norm=True), as the
+    Peri-LN paper defines it; nothing else of the baseline changes.
+
+    The embedding norm (embed_norm=True; a recipe option for every variant, and part of Peri-LN's definition): a
+    learned RMSNorm on the embedding output before the first sublayer (before the state expansion of a d_v > 1
+    state and before HC's streams or AttnRes's first source are formed), ``x_0 = RMSNorm(embed(ids))``. With it the
+    embedding enters the stream at norm ~sqrt(d) instead of ~initializer_range * sqrt(d) (0.16 at width 64), on the
+    scale of the sublayers' writes; modded-nanogpt's baseline and the Peri-LN paper (Kim et al. 2025) norm the
+    embedding so. Off by default, so that every earlier record reproduces.
 
     Attention Residuals (residual="attnres", docs/rivals.md): each sublayer reads a softmax over depth of the
     embedding and the earlier sublayers' outputs (attnres_blocks=None: Full AttnRes) or of the embedding and the
@@ -132,6 +140,7 @@ class DDLConfig(PreTrainedConfig):
     hc_dynamic: bool = True
     hc_sinkhorn_iters: int = 20
     output_norm: bool = False
+    embed_norm: bool = False
     attnres_blocks: int | None = None
     validate_inputs: bool = False
     parametrization: str = "sp"

@@ -384,7 +384,7 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
 
 
 class DDLModel(DDLPreTrainedModel):
-    """The backbone: embeddings -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm.
+    """The backbone: embeddings -> (embedding norm) -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm.
 
     Each delta update can compute what the sublayer after it takes (its read, or its norm, gate and value) in the
     same op: the fusion plan (:mod:`deep_delta.models.ddl.fusion`), made once per forward. ``fuse_reads = False``
@@ -406,6 +406,8 @@ class DDLModel(DDLPreTrainedModel):
         self.recompute_states = config.recompute_states
         d = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        # the embedding norm (config.embed_norm): before the state expansion, the streams or the first source
+        self.embed_norm = nn.RMSNorm(d, eps=config.rms_norm_eps) if config.embed_norm else None
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.expander = (
             StateExpander(
@@ -445,6 +447,8 @@ class DDLModel(DDLPreTrainedModel):
         cache = one_cache("DDLModel.forward", cache, past_key_values, kwargs.pop("cache_params", None))
         refuse_unknown_kwargs("DDLModel.forward", kwargs)
         inputs_embeds = self._embed(input_ids, inputs_embeds)
+        if self.embed_norm is not None:
+            inputs_embeds = self.embed_norm(inputs_embeds)
         b, t = inputs_embeds.shape[:2]
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
