@@ -13,7 +13,7 @@ from deep_delta.cli.main import build_parser, main
 from deep_delta.settings import parse_assignments, parse_number
 
 PARSER = build_parser()
-NUMBER_TYPES = {options.integer, options.real, options.count, options.fraction}
+NUMBER_TYPES = {options.integer, options.real, options.count, options.fraction, options.lr_item}
 
 
 def numeric_options():

@@ -118,3 +118,57 @@ def test_a_non_finite_lr_is_refused_by_the_parser(tmp_path, data_dir, capsys):
         main(micro(tmp_path / "bad", data_dir, "--lrs", "1e-3", "nan"))
     assert e.value.code == 2 and "--lrs" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_each_variant_trains_only_its_own_grid_and_is_chosen_within_it(tmp_path, data_dir, capsys):
+    """Issue 64: ``--lrs 1e-3 3e-3 ddl-dv1=3e-3,1e-2``: the plain lrs are the baseline's grid, ddl-dv1 has its own;
+    each lr's folder holds the variants whose grid has it, each variant is chosen within its grid (its edge too),
+    the table marks the lrs outside a grid, and --report-only brings back the same report."""
+    out = tmp_path / "own"
+    assert main(micro(out, data_dir, "--seeds", "2", "--lrs", "1e-3", "3e-3", "ddl-dv1=3e-3,1e-2")) == 0
+    printed = capsys.readouterr().out
+    assert "each at every lr of its own grid (baseline 0.001 0.003; ddl-dv1 0.003 0.01)" in printed
+    trained = sorted((p.parent.parent.parent.name, p.parent.name) for p in out.glob("lr_*/seed_*/*/run.json"))
+    assert trained == sorted([("lr_0.001", "baseline")] * 2 + [("lr_0.003", "baseline")] * 2
+                             + [("lr_0.003", "ddl-dv1")] * 2 + [("lr_0.01", "ddl-dv1")] * 2)
+    summary = json.loads((out / "compare.json").read_text())
+    grid = summary["lr_selection"]
+    assert grid["lrs"] == [1e-3, 3e-3, 1e-2] and grid["grids"] == {"baseline": [1e-3, 3e-3], "ddl-dv1": [3e-3, 1e-2]}
+    for variant, lrs in grid["grids"].items():
+        chosen = grid["chosen"][variant]
+        assert set(chosen["by_lr"]) == {f"{x:g}" for x in lrs} and chosen["lr"] in lrs
+        means = {x: chosen["by_lr"][f"{x:g}"]["mean"] for x in lrs}
+        assert chosen["lr"] == min(means, key=means.get)
+        assert chosen["edge"] == ("lowest" if chosen["lr"] == min(lrs) else "highest")
+    report = (out / "compare.md").read_text()
+    assert "its own grid (baseline 0.001, 0.003; ddl-dv1 0.003, 0.01)" in report
+    row = next(line for line in report.splitlines() if line.startswith("| baseline |") and "lr 0.01" not in line
+               and line.count("|") == 6)
+    assert row.split("|")[3].strip() == "-" or row.split("|")[4].strip() == "-"
+    assert "`-`: an lr outside the variant's grid (not trained)" in report
+    live = report
+    assert main(["compare", "--report-only", "--out", str(out), "--threads", "1"]) == 0
+    strip = lambda text: [x for x in text.splitlines() if not x.startswith("Machine:")]  # noqa: E731
+    assert strip((out / "compare.md").read_text()) == strip(live)
+
+
+@pytest.mark.parametrize("items, match", [
+    (["1e-3", "ddl-cc=2e-3"], r"--lrs gives a grid for ddl-cc, which is not compared"),
+    (["ddl-dv1=2e-3,4e-3"], r"--lrs gives no grid for .baseline."),
+    (["1e-3", "ddl-dv1=1e-3", "ddl-dv1=2e-3"], r"names .ddl-dv1. twice"),
+    (["1e-3", "ddl-dv1=2e-3,2e-3"], r"ddl-dv1.s grid: --lrs got \[0.002\] more than once"),
+    (["1e-3", "ddl-dv1=0"], r"ddl-dv1.s grid: --lrs got \[0.0\] \(not a finite number > 0\)"),
+])
+def test_a_bad_grid_per_variant_is_refused_before_anything_trains(tmp_path, data_dir, capsys, items, match):
+    out = tmp_path / "bad"
+    assert main(micro(out, data_dir, "--lrs", *items)) == 2
+    assert __import__("re").search(match, capsys.readouterr().err)
+    assert not out.exists() or not any(out.rglob("run.json"))
+
+
+@pytest.mark.parametrize("item", ["ddl-dv1=abc", "ddl-dv1=", "=1e-3", "ddl-dv1=1e-3,nan"])
+def test_a_malformed_grid_item_is_refused_by_the_parser(tmp_path, data_dir, capsys, item):
+    with pytest.raises(SystemExit) as e:
+        main(micro(tmp_path / "bad", data_dir, "--lrs", "1e-3", item))
+    assert e.value.code == 2 and f"got {item!r}" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

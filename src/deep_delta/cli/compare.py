@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     )
     options.add_variants(p, DEFAULT_VARIANTS)
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default runs/compare)")
-    options.add_lrs(p, "every variant")
+    options.add_lrs(p, "every variant", per_variant=True)
     options.add_seeds(p, "several paired seeds: a list (--seeds 0 1 2), or one number N for seeds 0..N-1 "
                       "(--seeds 3); every variant trains with every seed, and the table shows mean +- sd, the paired "
                       "difference to the baseline with its 95%% t-interval, and the seeds in which it was lower "
@@ -101,6 +101,13 @@ def run(args: argparse.Namespace) -> int:
     base = load_config(args.config or "compare", given, args.assignments)  # the recipe `compare` by default
     options.check_wandb_names([n for n in options.WANDB_NAMES if n in given], base.wandb, config=True)
     variants = options.variant_list(args.variants)
+    if isinstance(lrs, dict):  # each variant's own grid
+        from deep_delta.experiments.lr_grid import variant_grids
+
+        lrs = variant_grids(lrs, variants)
+        if args.widths is not None or args.lengths is not None:
+            raise ValueError("`lrs` with a grid per variant and `widths` / `lengths`: the width / length study "
+                             "takes one grid for every variant; allowed: plain lrs (--lrs 1e-3 2e-3 4e-3)")
     options.apply_threads(args.threads)
     seeds = options.seed_list(args.seeds, base.seed)
     step_costs = parse_step_costs(args.step_costs)
@@ -115,9 +122,11 @@ def run(args: argparse.Namespace) -> int:
     if lrs is not None:
         from deep_delta.experiments.lr_grid import gap_warning
 
-        warning = gap_warning(lrs)
-        if warning:
-            print(f"ddl compare: {warning}", file=sys.stderr, flush=True)
+        for variant, grid in (lrs.items() if isinstance(lrs, dict) else [(None, lrs)]):
+            warning = gap_warning(grid)
+            if warning:
+                print(f"ddl compare: {variant + chr(39) + 's grid: ' if variant else ''}{warning}", file=sys.stderr,
+                      flush=True)
     if args.widths is not None or args.lengths is not None:
         return _run_scaling(args, given, base, variants, seeds, lrs, step_costs)
     kw = dict(seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress, time_repeats=args.time_repeats,
@@ -155,7 +164,11 @@ def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float
 def _banner(args, base, variants: list[str], seeds: list[int], lrs, step_costs: dict[str, float], held,
             threads: int) -> str:
     """The line ``ddl compare`` starts with: what it trains, where, and how the lr is chosen and reported."""
-    grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
+    if isinstance(lrs, dict):
+        grid = " each at every lr of its own grid (" + "; ".join(
+            f"{v} {' '.join(f'{x:g}' for x in g)}" for v, g in lrs.items()) + ")"
+    else:
+        grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
     if step_costs:
         grid += "; equal cost: " + ", ".join(f"{v}'s step {c:g}x the baseline's" for v, c in step_costs.items())
     steps = "/".join(map(str, args.lengths)) if args.lengths else str(base.steps)

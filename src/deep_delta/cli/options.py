@@ -236,28 +236,77 @@ def check_wandb_names(given: Sequence[str], wandb: bool, *, config: bool = False
 NEGATIVE_NUMBER = re.compile(r"^-\d*\.?\d+(?:[eE][-+]?\d+)?$")
 
 
-def add_lrs(p: argparse.ArgumentParser, what: str) -> None:
-    """``--lrs LR ...``: a learning-rate grid; :func:`lr_grid` reads it (a negative lr reaches its check)."""
+def add_lrs(p: argparse.ArgumentParser, what: str, *, per_variant: bool = False) -> None:
+    """``--lrs LR ...``: a learning-rate grid; :func:`lr_grid` reads it (a negative lr reaches its check). With
+    ``per_variant``, an item ``VARIANT=LR,LR,...`` gives that variant a grid of its own."""
     p._negative_number_matcher = NEGATIVE_NUMBER
-    p.add_argument("--lrs", type=real, nargs="+", default=None, metavar="LR",
+    own = (" An item VARIANT=LR,LR,... gives that variant a grid of its own (--lrs 2e-3 4e-3 "
+           "ddl-cc=8e-3,1.6e-2,3.2e-2): the plain lrs are the grid of the variants not named; each lr's runs are "
+           "in OUT/lr_<lr>/, which holds the variants whose grid has that lr.") if per_variant else ""
+    p.add_argument("--lrs", type=lr_item if per_variant else real, nargs="+", default=None,
+                   metavar="LR|VARIANT=LR,..." if per_variant else "LR",
                    help=f"a learning-rate grid (--lrs 5e-4 1e-3 2e-3 4e-3): {what} is trained at every lr and "
                    "every seed, and reported at its own best lr, chosen on validation data only; also writes "
-                   "the sensitivity plot OUT/lr_sensitivity.png (default: one lr)")
+                   f"the sensitivity plot OUT/lr_sensitivity.png (default: one lr).{own}")
 
 
-def lr_grid(lrs: list[float] | None, lr: float | None, assignments: list[str]) -> list[float] | None:
+def lr_item(text: str) -> float | tuple[str, list[float]]:
+    """The type of a ``--lrs`` item where a variant may have a grid of its own: a learning rate (:func:`real`), or
+    ``VARIANT=LR,LR,...`` as (variant, [lrs])."""
+    if "=" not in text:
+        return real(text)
+    variant, _, values = text.partition("=")
+    lrs = [x for x in values.split(",") if x.strip()]
+    if not variant.strip() or not lrs:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: a learning rate, or VARIANT=LR,LR,... e.g. "
+                                         "ddl-cc=8e-3,1.6e-2")
+    try:
+        return variant.strip(), [real(x) for x in lrs]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"got {text!r}: {e}") from None
+
+
+def _grid_items(items: list) -> list[float] | dict[str, list[float]]:
+    """``--lrs`` items as one grid (every item a number) or as {variant: grid} with ``"*"`` for the plain lrs."""
+    shared, own = [], {}
+    for item in items:
+        if isinstance(item, tuple):
+            variant, values = item
+            if variant in own:
+                raise ValueError(f"`lrs` names {variant!r} twice; allowed: VARIANT=LR,LR,... with each variant once")
+            own[variant] = values
+        else:
+            shared.append(item)
+    if not own:
+        return shared
+    return {**({"*": shared} if shared else {}), **own}
+
+
+def lr_grid(lrs: list | None, lr: float | None, assignments: list[str]) -> list[float] | dict[str, list[float]] | None:
     """``--lrs`` checked (finite, > 0, distinct), and refused beside a single lr (``--lr`` or ``--set lr=...``):
-    one of them would be ignored. None without ``--lrs``."""
+    one of them would be ignored. None without ``--lrs``; a dict {variant: grid} (``"*"``: the plain lrs) when an
+    item names a variant (:func:`deep_delta.experiments.lr_grid.variant_grids` resolves it against the variants)."""
     if lrs is None:
         return None
     from deep_delta.experiments.lr_grid import check_lrs
 
+    grid = _grid_items(lrs)
     single = ([f"--lr {lr:g}"] if lr is not None else []) + [
         f"--set {a}" for a in assignments if a.partition("=")[0].strip() == "lr"]
     if single:
-        raise ValueError(f"`lrs` got {' '.join(f'{x:g}' for x in lrs)} together with one learning rate "
+        shown = " ".join(f"{x:g}" if isinstance(x, float) else f"{x[0]}={','.join(f'{y:g}' for y in x[1])}"
+                         for x in lrs)
+        raise ValueError(f"`lrs` got {shown} together with one learning rate "
                          f"({', '.join(single)}); allowed: either the grid or one lr, not both")
-    return check_lrs(lrs)
+    if isinstance(grid, dict):
+        for variant, values in grid.items():
+            try:
+                check_lrs(values)
+            except ValueError as e:
+                raise ValueError(f"{'the plain lrs' if variant == '*' else variant + chr(39) + 's grid'}: {e}") \
+                    from None
+        return grid
+    return check_lrs(grid)
 
 
 # ------------------------------------------------------------------------------------------- settings flags

@@ -69,13 +69,20 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     first = next(iter(per_lr.values()))
     all_runs = [r for _, runs in at_lr.values() for r in runs]
     base = TrainConfig.from_dict(first["settings"])
-    variants, seeds, lrs = [r["variant"] for r in first["rows"]], first["seeds"], list(per_lr)
+    seeds, lrs = first["seeds"], list(per_lr)
+    # each variant's grid: the lrs whose folders hold its runs (one grid for all, or each variant's own)
+    grids = {}
+    for lr, at in per_lr.items():
+        for r in at["rows"]:
+            grids.setdefault(r["variant"], []).append(lr)
+    variants = reference_order(list(grids))
+    grids = {v: grids[v] for v in variants}
     vocab = first["data_vocab"]
     limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, vocab).vocab_size)
     points = [p for lr, at in per_lr.items() for p in lm_grid_points(lr, at, limit)]
-    chosen = choose_lrs(points, variants, lrs, higher_is_better=False)
+    chosen = choose_lrs(points, variants, grids, higher_is_better=False)
     timing, note = kept_timing(out / ("selection.json" if held else "compare.json"), all_runs)
-    summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit)
+    summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit, grids)
     summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
                    devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
                    **({"notes": [note]} if note else {}))

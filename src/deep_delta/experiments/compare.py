@@ -287,12 +287,13 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
 
 
 def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.PathLike = "runs/compare",
-                lrs: list[float] | tuple[float, ...] = (), *, seeds: list[int] | None = None,
+                lrs: list[float] | tuple[float, ...] | dict[str, list[float]] = (), *, seeds: list[int] | None = None,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
                 step_costs: dict[str, float] | None = None, data: TrainData | None = None,
                 after_selection=None) -> dict[str, Any]:
     """:func:`run_compare` at every lr of ``lrs`` (``out/lr_<lr>``, a complete comparison each, resumable as
-    one), then each variant at its own best lr, chosen on the final validation loss alone
+    one; ``lrs`` a mapping {variant: grid} gives each variant a grid of its own, ``"*"`` the grid of those not
+    named: at each lr the variants whose grid holds it train), then each variant at its own best lr, chosen on the final validation loss alone
     (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference at its own
     best lr. A run diverges when its loss is non-finite or its final validation loss is above
     ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked
@@ -301,13 +302,18 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     ``out`` is still locked once the grid is chosen (the evaluation seeds,
     :mod:`deep_delta.experiments.held_out`): the grid's report is then ``selection.md`` / ``selection.json``, and
     what it returns is returned."""
-    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, grid_union, variant_grids
     from deep_delta.experiments.study import run_keys, run_lr_study
     from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.train.build import build_model_config
 
     out = Path(out)
     variants, seeds = check_study(variants, seeds, base)
+    grids = variant_grids(lrs, variants)
+    lrs = grid_union(grids)
+
+    def at(lr: float) -> list[str]:
+        return [v for v in variants if lr in grids[v]]
     step_costs = check_step_costs(step_costs, variants, [base.steps])
     data = data if data is not None else TrainData.resolve(base.data)
     check_grid_data(data)
@@ -317,17 +323,17 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     t0 = time.perf_counter()
 
     def check(lr: float, where: Path) -> None:
-        for v, s in run_keys(variants, seeds):
+        for v, s in run_keys(at(lr), seeds):
             check_reusable(compare_config(replace(base, lr=lr), v, where, s, len(seeds) > 1, step_costs.get(v)),
                            data.fingerprint, overwrite=overwrite, data_dir=data.dir)
 
     def run_at(lr: float, where: Path) -> dict:
-        return run_compare(replace(base, lr=lr), variants, where, seeds=seeds, overwrite=overwrite,
+        return run_compare(replace(base, lr=lr), at(lr), where, seeds=seeds, overwrite=overwrite,
                            progress=progress, quiet=quiet, time_repeats=0, step_costs=step_costs, data=data)
 
     def finish(per_lr: dict, points: list[dict], chosen: dict) -> dict:
         timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
-        summary = grid_summary(base, variants, seeds, list(per_lr), per_lr, points, chosen, timing, limit)
+        summary = grid_summary(base, variants, seeds, list(per_lr), per_lr, points, chosen, timing, limit, grids)
         summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
                        **({"step_costs": step_costs} if step_costs else {}))
         write_comparison(out, summary, "compare" if after_selection is None else "selection")
@@ -336,7 +342,7 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     return run_lr_study(out, lrs, variants, check=check, run_at=run_at,
                         points_at=lambda lr, at_lr: lm_grid_points(lr, at_lr, limit), higher_is_better=False,
-                        finish=finish, lock="ddl compare --lrs", say=say)
+                        finish=finish, lock="ddl compare --lrs", say=say, grids=grids)
 
 
 def check_grid_data(data: TrainData) -> None:

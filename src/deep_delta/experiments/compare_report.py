@@ -14,6 +14,7 @@ from typing import Any
 from deep_delta.experiments.lr_grid import (
     DIVERGENCE_FACTOR,
     grid_table,
+    grid_text,
     selection_sentence,
     shared_lr_sentence,
 )
@@ -297,12 +298,12 @@ def lr_sentence(summary: dict[str, Any]) -> str:
     s, grid, held = summary.get("settings") or {}, summary.get("lr_selection"), summary.get("held_out")
     if grid is None:
         return shared_lr_sentence(s.get("lr"))
-    chosen = selection_sentence(grid["lrs"], "final validation loss")
+    chosen = selection_sentence(grid["lrs"], "final validation loss", grid.get("grids"))
     if held is None:
         return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
                 "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
                 "reports fresh seeds on the test split instead).")
-    return (f"Learning rate: each variant at its own best lr of the grid {', '.join(f'{x:g}' for x in grid['lrs'])}, "
+    return (f"Learning rate: each variant at its own best lr of {grid_text(grid['lrs'], grid.get('grids'))}, "
             f"chosen on the final validation loss of the `val` split (the selection split, {held['selection_tokens']:,} "
             f"tokens) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
@@ -594,14 +595,17 @@ def lm_grid_points(lr: float, at_lr: dict[str, Any], limit: float) -> list[dict]
 
 def grid_summary(base: TrainConfig, variants: list[str], seeds: list[int], lrs: list[float],
                  per_lr: dict[float, dict], points: list[dict], chosen: dict, timing: dict | None,
-                 limit: float) -> dict[str, Any]:
+                 limit: float, grids: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The comparison of each variant at its own best lr (its row from that lr's comparison; a variant with no lr
     free of divergence has a row saying why), paired by seed against the reference at its own best lr, with the
-    grid (``lr_selection``, ``lr_grid``)."""
+    grid (``lr_selection``, ``lr_grid``; ``grids``: each variant's own, None: ``lrs`` for every variant)."""
+    from deep_delta.experiments.lr_grid import shared_grid
+
+    grids = grids or {v: list(lrs) for v in variants}
     rows = []
     for v in variants:
         lr = chosen[v]["lr"]
-        at = next(r for r in per_lr[lrs[0] if lr is None else lr]["rows"] if r["variant"] == v)
+        at = next(r for r in per_lr[min(grids[v]) if lr is None else lr]["rows"] if r["variant"] == v)
         results = at["per_seed"] if lr is not None else [
             {**x, "val_loss": None, "val_ppl": None, "val_curve": [], "diverged": chosen[v]["why"]}
             for x in at["per_seed"]]
@@ -615,5 +619,6 @@ def grid_summary(base: TrainConfig, variants: list[str], seeds: list[int], lrs: 
             "settings": {**base.to_dict(), "lr": None},  # no one lr: each row has its own
             "timing": timing, "machine": machine(),
             "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
+                             **({} if shared_grid(grids) is not None else {"grids": grids}),
                              "divergence_limit": limit, "chosen": chosen},
             "lr_grid": points}

@@ -333,14 +333,14 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
     check_models(runs)
     variants = sorted({r.cfg.variant for r in runs})
     seeds = sorted({r.cfg.seed for r in runs})
-    lrs = sorted({r.cfg.lr for r in runs})
     for v in variants:
+        lrs = sorted({r.cfg.lr for r in runs if r.cfg.variant == v})  # its grid (each variant may have its own)
         for s in seeds:
             for lr in lrs:
                 if (v, s, lr) not in seen:
                     raise FileNotFoundError(f"{where} has no run of {v} seed {s} at lr {lr:g}, but has runs of that "
                                             "variant, seed and lr with the others; allowed: every variant with every "
-                                            "seed (and at every lr of a grid)")
+                                            "seed (and at every lr of its grid)")
 
 
 def check_copies(runs: list[FinishedRun]) -> None:

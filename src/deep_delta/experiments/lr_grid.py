@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,42 @@ def check_lrs(lrs: Sequence[float]) -> list[float]:
     return [float(x) for x in values]
 
 
+def variant_grids(lrs: Sequence[float] | Mapping[str, Sequence[float]], variants: Sequence[str]
+                  ) -> dict[str, list[float]]:
+    """Each variant's own grid: ``lrs`` a list (every variant's grid) or a mapping {variant: grid}, with the key
+    ``"*"`` for the grid of the variants not named (``ddl compare --lrs 1e-3 2e-3 ddl-cc=8e-3,1.6e-2``). Refused:
+    a variant without a grid, a grid for a variant not compared, a grid that :func:`check_lrs` refuses."""
+    if not isinstance(lrs, Mapping):
+        shared = check_lrs(lrs)
+        return {v: list(shared) for v in variants}
+    unknown = sorted(set(lrs) - set(variants) - {"*"})
+    if unknown:
+        raise ValueError(f"`lrs` gives a grid for {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} "
+                         f"not compared; allowed: grids for the compared variants ({', '.join(variants)})")
+    grids = {}
+    for v in variants:
+        grid = lrs.get(v, lrs.get("*"))
+        if grid is None:
+            raise ValueError(f"`lrs` gives no grid for {v!r}; allowed: a grid for every compared variant (a grid of "
+                             "plain lrs serves the variants not named: --lrs 1e-3 2e-3 ddl-cc=4e-3,8e-3)")
+        try:
+            grids[v] = check_lrs(grid)
+        except ValueError as e:
+            raise ValueError(f"{v}'s grid: {e}") from None
+    return grids
+
+
+def grid_union(grids: Mapping[str, Sequence[float]]) -> list[float]:
+    """Every lr of the variants' grids, each once, in increasing order: the grid's folders ``lr_<lr>``."""
+    return sorted({lr for grid in grids.values() for lr in grid})
+
+
+def shared_grid(grids: Mapping[str, Sequence[float]]) -> list[float] | None:
+    """The one grid every variant has (sorted), or None when the variants have grids of their own."""
+    found = {tuple(sorted(g)) for g in grids.values()}
+    return list(found.pop()) if len(found) == 1 else None
+
+
 def lr_name(lr: float) -> str:
     """How an lr names its runs and rows: ``lr_0.002`` (6 significant digits)."""
     return f"lr_{lr:g}"
@@ -71,17 +107,19 @@ def divergence(loss: float | None, limit: float, what: str = "loss") -> str | No
     return None
 
 
-def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float], *,
-               higher_is_better: bool) -> dict[str, dict[str, Any]]:
+def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float] | Mapping[str, Sequence[float]],
+               *, higher_is_better: bool) -> dict[str, dict[str, Any]]:
     """Each variant's best lr from the grid points' validation ``value`` alone: the lr with the best mean over
-    seeds among those at which no seed diverged. Per variant: ``lr`` (None when every lr had a divergence),
-    ``why`` (None, or a sentence saying why there is no lr), ``edge`` ("lowest" / "highest" when the chosen lr
-    is the grid's smallest / largest of several: the optimum may lie beyond the grid; else None) and ``by_lr``
-    (mean, sd, n and diverged seeds per lr)."""
+    seeds among those at which no seed diverged. ``lrs``: every variant's grid, or each variant's own
+    ({variant: grid}). Per variant: ``lr`` (None when every lr had a divergence), ``why`` (None, or a sentence
+    saying why there is no lr), ``edge`` ("lowest" / "highest" when the chosen lr is the smallest / largest of
+    several in the variant's grid: the optimum may lie beyond it; else None) and ``by_lr`` (mean, sd, n and
+    diverged seeds per lr of its grid)."""
     chosen = {}
     for variant in variants:
+        mine_lrs = lrs[variant] if isinstance(lrs, Mapping) else lrs
         by_lr, best = {}, None
-        for lr in lrs:
+        for lr in mine_lrs:
             mine = [p for p in points if p["variant"] == variant and p["lr"] == lr]
             values = [p["value"] for p in mine if not p["diverged"]]
             failed = [p["seed"] for p in mine if p["diverged"]]
@@ -98,8 +136,8 @@ def choose_lrs(points: list[dict], variants: Sequence[str], lrs: Sequence[float]
             why = ("diverged at every lr" if everywhere else
                    "diverged in at least one seed at every lr")
         edge = None
-        if best is not None and len(lrs) > 1:
-            edge = "lowest" if best == min(lrs) else "highest" if best == max(lrs) else None
+        if best is not None and len(mine_lrs) > 1:
+            edge = "lowest" if best == min(mine_lrs) else "highest" if best == max(mine_lrs) else None
         chosen[variant] = {"lr": best, "why": why, "edge": edge, "by_lr": by_lr}
     return chosen
 
@@ -148,10 +186,15 @@ def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
     lrs = sorted(lrs)
     head = "| variant | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen lr |"
     lines = [head, "|" + " --- |" * (len(lrs) + 2)]
+    own_grids = False
     for variant, c in chosen.items():
         cells = []
         for lr in lrs:
-            cell = c["by_lr"][f"{lr:g}"]
+            cell = c["by_lr"].get(f"{lr:g}")
+            if cell is None:  # not in this variant's own grid
+                own_grids = True
+                cells.append("-")
+                continue
             text = "diverged" if cell["n"] == 0 else fmt(cell["mean"]) + (
                 f" +- {fmt(cell['sd'])}" if cell["sd"] is not None else "")
             if cell["n"] and cell["diverged_seeds"]:
@@ -159,16 +202,20 @@ def grid_table(chosen: dict[str, dict], lrs: Sequence[float], fmt) -> str:
             cells.append(f"**{text}**" if lr == c["lr"] else text)
         if c["lr"] is None:
             cells.append(c["why"])
-        elif len(lrs) == 1:
+        elif len(c["by_lr"]) == 1:
             cells.append(f"{c['lr']:g} (the grid's only lr: nothing was chosen)")
         else:
             edge = c.get("edge")
             beyond = "below" if edge == "lowest" else "above"
             cells.append(f"{c['lr']:g}" + (f" (the grid's {edge}: the best may lie {beyond} it)" if edge else ""))
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
-    warning = gap_warning(lrs)
-    if warning:
-        lines += ["", warning[0].upper() + warning[1:]]
+    if own_grids:
+        lines += ["", "Each variant has its own grid; `-`: an lr outside the variant's grid (not trained)."]
+    warnings = {v: gap_warning([float(k) for k in c["by_lr"]]) for v, c in chosen.items()} if own_grids else {
+        None: gap_warning(lrs)}
+    for v, warning in warnings.items():
+        if warning:
+            lines += ["", (f"{v}'s grid: " if v else "") + (warning if v else warning[0].upper() + warning[1:])]
     return "\n".join(lines)
 
 
@@ -223,9 +270,17 @@ def plot_sensitivity(points: list[dict], variants: Sequence[str], path: str | os
     return save_figure(sensitivity_figure(points, variants, ylabel, title), path, dpi=120)
 
 
-def selection_sentence(lrs: Sequence[float], metric: str) -> str:
+def grid_text(lrs: Sequence[float], grids: Mapping[str, Sequence[float]] | None = None) -> str:
+    """How a report names the grid: "the grid 1e-3, 2e-3" (one grid), or each variant's own."""
+    if grids and shared_grid(grids) is None:
+        return "its own grid (" + "; ".join(f"{v} {', '.join(f'{lr:g}' for lr in sorted(g))}"
+                                            for v, g in grids.items()) + ")"
+    return f"the grid {', '.join(f'{lr:g}' for lr in lrs)}"
+
+
+def selection_sentence(lrs: Sequence[float], metric: str, grids: Mapping[str, Sequence[float]] | None = None) -> str:
     """The report's header line saying how the lr was chosen."""
-    return (f"Learning rate: each variant at its own best lr of the grid {', '.join(f'{lr:g}' for lr in lrs)}, "
+    return (f"Learning rate: each variant at its own best lr of {grid_text(lrs, grids)}, "
             f"chosen on the {metric} alone (the best mean over seeds among the lrs at which no seed diverged); "
             "the numbers below are that lr's runs, paired by seed.")
 

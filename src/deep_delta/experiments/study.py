@@ -88,10 +88,12 @@ def run_study(out: str | os.PathLike, keys: Sequence[Key], *, check: Callable[[K
 def run_lr_study(out: str | os.PathLike, lrs: Sequence[float], variants: Sequence[str], *,
                  check: Callable[[float, Path], None], run_at: Callable[[float, Path], Any],
                  points_at: Callable[[float, Any], list[dict]], higher_is_better: bool,
-                 finish: Callable[[dict[float, Any], list[dict], dict], dict], lock: str, say=print) -> dict:
-    """The study at every lr of ``lrs`` (``run_at(lr, OUT/lr_<lr>)``, each a complete study, resumable as one),
-    then each variant's best lr from the grid points (``points_at(lr, result)``: one per (variant, seed) with its
-    validation ``value`` and ``diverged``), and ``finish(per_lr, points, chosen)``, the summary, written while
+                 finish: Callable[[dict[float, Any], list[dict], dict], dict], lock: str, say=print,
+                 grids: dict[str, list[float]] | None = None) -> dict:
+    """The study at every lr of ``lrs`` (``run_at(lr, OUT/lr_<lr>)``, each a complete study of the variants whose
+    grid holds that lr, resumable as one), then each variant's best lr of its grid (``grids``, {variant: grid};
+    None: ``lrs`` for every variant) from the grid points (``points_at(lr, result)``: one per (variant, seed) with
+    its validation ``value`` and ``diverged``), and ``finish(per_lr, points, chosen)``, the summary, written while
     ``out`` is still locked. Every lr's stored results (``check(lr, OUT/lr_<lr>)``) are checked first."""
     from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, lr_dir
     from deep_delta.train.checkpoint import run_lock
@@ -105,7 +107,7 @@ def run_lr_study(out: str | os.PathLike, lrs: Sequence[float], variants: Sequenc
             say(f"lr {lr:g} ({i}/{len(lrs)} of the grid): {lr_dir(out, lr)}")
             per_lr[lr] = run_at(lr, lr_dir(out, lr))
         points = [p for lr in lrs for p in points_at(lr, per_lr[lr])]
-        chosen = choose_lrs(points, variants, lrs, higher_is_better=higher_is_better)
+        chosen = choose_lrs(points, variants, grids or lrs, higher_is_better=higher_is_better)
         return finish(per_lr, points, chosen)
 
 
