@@ -46,7 +46,7 @@ def saved_by_source(variant: str, preset: str, layers: int, tokens: int) -> dict
     """{(source, dtype, last dim): [bytes per token per layer, tensors]} of one forward of ``variant``."""
     over = {"num_hidden_layers": layers}
     cfg = DDLConfig.from_variant(variant, preset, **over)
-    if cfg.is_delta:  # the GPU's path: the Triton wrappers, a bf16 state under autocast
+    if cfg.design.fused_kernels(cfg):  # the GPU's path: the Triton wrappers, a bf16 state under autocast
         state = {"state_dtype": "bfloat16"} if cfg.value_channels > 1 else {}
         cfg = DDLConfig.from_variant(variant, preset, delta_backend="triton", **over, **state)
     torch.manual_seed(0)

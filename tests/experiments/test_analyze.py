@@ -22,7 +22,7 @@ def _model(variant: str, logit: float, value_scale: float = 0.0) -> DDLForCausal
     model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **TINY)).eval()
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, DeltaResidual) and not m.additive:
+            if isinstance(m, DeltaResidual):
                 m.value_scale = value_scale
                 for name, p in m.gate.named_parameters():
                     p.fill_(logit) if name.endswith("bias") else p.zero_()

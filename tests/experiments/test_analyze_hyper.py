@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from deep_delta.experiments.analyze import analyze_model, format_analysis, stream_drift
+from deep_delta.designs.hyper.probe import stream_drift
+from deep_delta.experiments.analyze import analyze_model, format_analysis
 from deep_delta.layers.hyper_connections import HyperResidual
 from deep_delta.models import DDLConfig, DDLForCausalLM
 from helpers import DEBUG

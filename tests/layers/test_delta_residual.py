@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from deep_delta.layers import BetaGate, DeltaResidual
+from deep_delta.layers import AdditiveResidual, BetaGate, DeltaResidual
 from deep_delta.models import count_parameters
 
 F64 = torch.float64
@@ -138,14 +138,20 @@ def test_expanded_state_update_uses_x_in():
     torch.testing.assert_close(layer(x), layer(x, x_in=x.mean(-1)))
 
 
-def test_disable_is_the_additive_residual():
+def test_the_additive_residual_takes_the_same_call():
+    """The A/B switch: AdditiveResidual is x + F(RMSNorm(x)) with DeltaResidual's call and parameter names (norm,
+    branch), so one class swaps for the other."""
     d = 12
     branch = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
-    layer = DeltaResidual(d, branch, additive=True)
+    layer = AdditiveResidual(d, branch)
     x = torch.randn(2, 5, d)
     assert torch.equal(layer(x), x + branch(layer.norm(x)))
     assert not hasattr(layer, "gate")
     assert count_parameters(layer) == d + count_parameters(branch)
+    delta = DeltaResidual(d, branch)
+    assert {n for n, _ in layer.named_parameters()} < {n for n, _ in delta.named_parameters()}
+    with pytest.raises(ValueError, match=r"AdditiveResidual: expected a state of shape \(\.\.\., 12\), got \(2, 5, 13\)"):
+        layer(torch.randn(2, 5, 13))
 
 
 def test_branch_receives_extra_arguments():
@@ -157,7 +163,7 @@ def test_branch_receives_extra_arguments():
         def forward(self, c, scale, *, shift=0.0):
             return self.lin(c) * scale + shift
 
-    layer = DeltaResidual(4, Scaled(), additive=True)
+    layer = AdditiveResidual(4, Scaled())
     x = torch.randn(3, 4)
     torch.testing.assert_close(layer(x, 2.0, shift=1.0), x + layer.branch.lin(layer.norm(x)) * 2.0 + 1.0)
 
@@ -203,8 +209,8 @@ def test_constructor_errors_name_the_argument():
         DeltaResidual(8, nn.Identity(), value_channels=0)
     with pytest.raises(ValueError, match=r"`residual_map` must be one of \('k', 'v'\), got 'q'"):
         DeltaResidual(8, nn.Identity(), residual_map="q")
-    with pytest.raises(ValueError, match=r"`additive=True` .* needs value_channels=1, got 4"):
-        DeltaResidual(8, nn.Identity(), value_channels=4, additive=True)
+    with pytest.raises(ValueError, match=r"`norm_output` must be one of \('module', 'autocast'\), got 'fp8'"):
+        AdditiveResidual(8, nn.Identity(), norm_output="fp8")
     with pytest.raises(ValueError, match=r"`backend` must be one of .*, got 'cuda'"):
         DeltaResidual(8, nn.Identity(), backend="cuda")
 

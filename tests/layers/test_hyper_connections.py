@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from deep_delta.layers import DeltaResidual
+from deep_delta.layers import AdditiveResidual
 from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
 
 F64 = torch.float64
@@ -20,8 +20,8 @@ def branch(d: int, seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
 
 
-def additive(d: int, seed: int = 0) -> DeltaResidual:
-    return DeltaResidual(d, branch(d, seed), additive=True)
+def additive(d: int, seed: int = 0) -> AdditiveResidual:
+    return AdditiveResidual(d, branch(d, seed))
 
 
 @pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])

@@ -73,5 +73,6 @@ def test_peri_ln_norms_the_embedding_before_the_first_sublayer():
 @pytest.mark.parametrize("residual", ["delta", "hyper", "attnres"])
 def test_the_output_norm_belongs_to_the_additive_baseline(residual):
     extra = {"value_channels": 1} if residual == "delta" else {}
-    with pytest.raises(ValueError, match=f"`output_norm` got True; allowed: False with residual='{residual}'"):
+    with pytest.raises(ValueError, match=f"`output_norm` got True; allowed: its default \\(False\\) with "
+                       f"residual='{residual}': it is a setting of the design 'additive'"):
         DDLConfig(residual=residual, output_norm=True, **extra)

@@ -83,9 +83,8 @@ def test_with_the_same_weights_the_two_updates_differ_by_the_erased_part(dv):
 def test_the_rule_is_refused_where_it_does_not_apply():
     with pytest.raises(ValueError, match="`update_rule` must be one of"):
         DeltaResidual(8, nn.Identity(), update_rule="erase")
-    with pytest.raises(ValueError, match="`update_rule` must be 'delta' with additive=True"):
-        DeltaResidual(8, nn.Identity(), additive=True, update_rule="write")
-    with pytest.raises(ValueError, match="`update_rule` got 'write'; allowed: 'delta' with residual='additive'"):
+    with pytest.raises(ValueError, match="`update_rule` got 'write'; allowed: its default \\('delta'\\) with "
+                       "residual='additive': it is a setting of the design 'delta'"):
         DDLConfig.from_variant("baseline", update_rule="write")
     with pytest.raises(ValueError, match="`recompute_states` got True; allowed: False with update_rule='write'"):
         DDLConfig.from_variant("ddl-cc-write", recompute_states=True)

@@ -11,21 +11,23 @@ import pytest
 import torch
 
 from deep_delta import DDLConfig, DDLForCausalLM
-from deep_delta.layers.delta_residual import Carry
-from deep_delta.models.ddl import fusion
+from deep_delta.designs.delta import fusion
+from deep_delta.layers.carry import Carry
 from deep_delta.variants import VARIANTS
 from helpers import DEBUG
 
 
 def block_inputs(model: DDLForCausalLM, b: int = 2, t: int = 8):
+    """A state of the model's design, made by the design from a random embedding (and for AttnRes, whose state is the
+    tuple of sources, two more sources beside it), and the rotary tables."""
     cfg = model.config
-    channels = cfg.hc_streams if cfg.is_hyper else cfg.value_channels if cfg.value_channels > 1 else None
-    shape = (b, t, cfg.hidden_size) + ((channels,) if channels else ())
     pos = torch.arange(t).unsqueeze(0).expand(b, t)
-    if cfg.is_attnres:  # the state is the tuple of sources: the embedding and two earlier outputs
-        x = tuple(torch.randn(shape, requires_grad=True) for _ in range(3))
+    with torch.no_grad():
+        state = cfg.design.embed(model.model, torch.randn(b, t, cfg.hidden_size), None, None)
+    if isinstance(state, tuple):  # the state is the tuple of sources: the embedding and two earlier outputs
+        x = tuple(torch.randn(state[0].shape, requires_grad=True) for _ in range(3))
         return x, model.model.rotary(pos, x[0].dtype)
-    x = torch.randn(shape, requires_grad=True)
+    x = torch.randn(state.shape, requires_grad=True)
     return x, model.model.rotary(pos, x.dtype)
 
 
@@ -94,7 +96,8 @@ def test_whole_model_compiles_fullgraph_with_inductor(variants, monkeypatch):
         # one block: the compiled graph holds the embedding's expansion, a block (with its fused read of the
         # final compressor for CC) and the readout, every op a two-block model has; a second block doubles the
         # trace and the C++ build for nothing new (test_block_compiles_as_one_graph covers the block-to-block read)
-        model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", hc_sinkhorn_iters=3,
+        sinkhorn = {"hc_sinkhorn_iters": 3} if VARIANTS[variant].get("residual") == "hyper" else {}
+        model = DDLForCausalLM(DDLConfig.from_variant(variant, "tiny", **sinkhorn,
                                                       **{**DEBUG, "num_hidden_layers": 1})).train()
         loss = model(ids, labels=ids).loss
         loss.backward()

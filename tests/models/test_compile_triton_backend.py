@@ -30,8 +30,8 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before trito
 import pytest  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
+from deep_delta.designs.delta import fusion  # noqa: E402
 from deep_delta.layers.delta_residual import Carry, Emit  # noqa: E402
-from deep_delta.models.ddl import fusion  # noqa: E402
 from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from helpers import DEBUG  # noqa: E402

@@ -129,7 +129,8 @@ BAD = [
     (dict(name="ddl-dv1", compressor="channel"), r"`compressor` got 'channel'; allowed: 'none' when value_channels=1"),
     (dict(name="ddl-dv1", state_init="conv"), r"`state_init` got 'conv'; allowed: 'repeat' when value_channels=1"),
     (dict(name="baseline", value_channels=4, compressor="channel"),
-     r"`value_channels` got 4; allowed: 1 with residual='additive'"),
+     r"`value_channels` got 4; allowed: its default \(1\) with residual='additive': it is a setting of the design "
+     r"'delta', which this model does not have"),
     (dict(name="ddl-tc", embed_conv_kernel_size=0), r"`embed_conv_kernel_size` got 0; allowed: an integer >= 1"),
     (dict(name="baseline", vocab_size=0), r"`vocab_size` got 0; allowed: an integer >= 1"),
     (dict(name="ddl-dv1", vmap_rank=0), r"`vmap_rank` got 0; allowed: None or an integer >= 1"),
@@ -139,7 +140,15 @@ BAD = [
     (dict(name="mhc", hc_streams=1), r"`hc_streams` got 1; allowed: an integer >= 2 for hc_kind='mhc'"),
     (dict(name="mhc", hc_sinkhorn_iters=0), r"`hc_sinkhorn_iters` got 0; allowed: an integer >= 1"),
     (dict(name="hc", hc_dynamic=1), r"`hc_dynamic` got 1; allowed: true or false$"),
-    (dict(name="hc", value_channels=4, compressor="channel"), r"`value_channels` got 4; allowed: 1 with residual='hyper'"),
+    (dict(name="hc", value_channels=4, compressor="channel"),
+     r"`value_channels` got 4; allowed: its default \(1\) with residual='hyper'"),
+    # B5: a setting the model does not have is refused, naming it (issue 66)
+    (dict(name="baseline", attnres_blocks=4), r"`attnres_blocks` got 4; allowed: its default \(None\) with "
+     r"residual='additive': it is a setting of the design 'attnres'"),
+    (dict(name="peri-ln", beta_init=0.5), r"`beta_init` got 0.5; allowed: its default \(1.0\) with residual='additive'"),
+    (dict(name="ddl-cc", hc_streams=2), r"`hc_streams` got 2; allowed: its default \(4\) with residual='delta'"),
+    (dict(name="baseline", residual="nope"), r"`residual` got 'nope'; allowed: additive \| delta \| hyper \| attnres, or "
+     r"a design of your own"),
 ]
 
 

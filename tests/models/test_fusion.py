@@ -1,4 +1,4 @@
-"""The fusion plan on its own (``deep_delta.models.ddl.fusion``): which sublayer's update emits what, for the
+"""The delta design's fusion plan on its own (``deep_delta.designs.delta.fusion``): which sublayer's update emits what, for the
 variants, both backends, the switch of the next norm, a cache, pads, the state tape and the model's and blocks'
 ``fuse_reads``. Each expectation is written out, not derived from the rules: "R" the next sublayer's read, "I" its
 inputs (norm, gate and value), "-" nothing; one pair (attention, MLP) per block. That a plan changes no value is
@@ -17,7 +17,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
-from deep_delta.models.ddl import fusion  # noqa: E402
+from deep_delta.designs.delta import fusion  # noqa: E402
+from deep_delta.layers.carry import unfused as unfused_plan  # noqa: E402
 from deep_delta.models.ddl.cache import DDLCache  # noqa: E402
 from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.delta.recompute import StateTape  # noqa: E402
@@ -130,14 +131,14 @@ def test_the_switches_of_model_and_blocks(monkeypatch):
     # 1's read (a read is block 1's input whoever computes it), but not its inputs
     model.model.layers[1].fuse_reads = False
     assert _code(_plan(model)) == "IR -- IR"
-    assert _code(fusion.unfused(LAYERS)) == "-- -- --"
+    assert _code(unfused_plan(LAYERS)) == "-- -- --"
 
 
 def test_the_unfused_plan_is_what_the_model_runs_with_fuse_updates_off(monkeypatch):
     """``fuse_updates = False`` runs every update as a plain forward: the same loss and logits as the plan's."""
     model = _model("ddl-cc", "torch").eval()
     calls = []
-    monkeypatch.setattr(fusion, "plan", lambda *a: calls.append(a) or fusion.unfused(LAYERS))
+    monkeypatch.setattr(fusion, "plan", lambda *a: calls.append(a) or unfused_plan(LAYERS))
     ids = torch.randint(0, 64, (2, 5))
     with torch.no_grad():
         unfused = model(ids).logits

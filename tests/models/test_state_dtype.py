@@ -23,7 +23,6 @@ import pytest  # noqa: E402
 
 from deep_delta.models import DDLForCausalLM  # noqa: E402
 from deep_delta.models.ddl import output_cache  # noqa: E402
-from deep_delta.models.ddl.modeling_ddl import state_dtype  # noqa: E402
 from deep_delta.variants import VARIANTS  # noqa: E402
 from helpers import debug_config, rel_error, tiny_model  # noqa: E402
 
@@ -86,6 +85,10 @@ def test_auto_is_the_autocast_dtype_for_a_wide_state_under_cuda_autocast(monkeyp
     monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.bfloat16)
     cuda = types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
     cpu = types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+
+    def state_dtype(config, embeds):  # the design's rule
+        return config.design.state_dtype(config, embeds)
+
     assert state_dtype(debug_config("ddl-cc"), cuda) == torch.bfloat16
     assert state_dtype(debug_config("ddl-tc"), cuda) == torch.bfloat16
     assert state_dtype(debug_config("ddl-dv1"), cuda) == torch.float32

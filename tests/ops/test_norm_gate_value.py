@@ -26,7 +26,7 @@ if not torch.cuda.is_available():  # also set in tests/conftest.py, before deep_
 import pytest  # noqa: E402
 from tests.ops.test_kernels import DEVICE, assert_close  # noqa: E402
 
-from deep_delta.layers import DeltaResidual  # noqa: E402
+from deep_delta.layers import AdditiveResidual, DeltaResidual  # noqa: E402
 from deep_delta.ops import launch as ops_launch  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from deep_delta.ops.norm import norm_gate_value, norm_gate_value_reference  # noqa: E402
@@ -213,8 +213,8 @@ def test_norm_output_autocast_rounds_c_once(dv, additive, rmap):
 
     d = 16
     torch.manual_seed(0)
-    res = DeltaResidual(d, ThreeMatmuls(d), value_channels=dv, additive=additive, residual_map=rmap,
-                        backend="torch")
+    res = AdditiveResidual(d, ThreeMatmuls(d)) if additive else DeltaResidual(
+        d, ThreeMatmuls(d), value_channels=dv, residual_map=rmap, backend="torch")
     x = torch.randn(2, 5, d, *((dv,) if dv > 1 else ()))
     x_in = torch.randn(2, 5, d) if dv > 1 else None
     g = torch.randn_like(x)
@@ -225,7 +225,7 @@ def test_norm_output_autocast_rounds_c_once(dv, additive, rmap):
         xs = x.clone().requires_grad_()
         counter = CountCasts()
         with torch.autocast("cpu", dtype=torch.bfloat16), counter:
-            out = res(xs, x_in=x_in)
+            out = res(xs) if additive else res(xs, x_in=x_in)
         out.backward(g.to(out.dtype))
         return out, [xs.grad] + [p.grad.clone() for p in res.parameters() if p.grad is not None], counter.n
 

@@ -40,12 +40,11 @@ def run(args: argparse.Namespace) -> int:
         base = count_parameters(DDLForCausalLM(base_cfg))
     print(f"variant   {args.variant} ({paper_name(args.variant)})")
     print(f"preset    {args.preset}")
+    design = cfg.design
+    print(f"residual  {design.describe(cfg)}")
+    # the backbone's fields, then the design's own settings (each design names them: deep_delta.designs)
     keys = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-            "intermediate_size", "max_position_embeddings", "residual", "update_rule", "value_channels",
-            "residual_map", "compressor", "compressor_kernel_size", "state_init", "embed_conv_kernel_size", "gate",
-            "beta_init", "beta_max", "value_scale", "k_eps", "delta_backend"]
-    if cfg.residual == "hyper":  # hyper-connections: their fields instead of DDL's (docs/rivals.md)
-        keys = keys[: keys.index("update_rule")] + ["hc_kind", "hc_dynamic", "hc_streams", "hc_sinkhorn_iters"]
+            "intermediate_size", "max_position_embeddings", "residual", *design.info_fields(cfg), "delta_backend"]
     mine, base_fields = cfg.to_dict(), base_cfg.to_dict()
     # every field in which the variant differs from the baseline is shown, those of the table above included
     keys += sorted(k for k in mine if k not in keys and k != "variant" and mine[k] != base_fields.get(k))

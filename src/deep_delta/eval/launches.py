@@ -258,8 +258,7 @@ def check_counted_step(settings, flag: str) -> None:
     for variant in settings.variants:
         cfg = DDLConfig.from_variant(variant, settings.preset,
                                      **{"max_position_embeddings": settings.seq_len, **settings.model})
-        widths[variant] = cfg.hidden_size * max(cfg.value_channels if cfg.is_delta else 1,
-                                                cfg.hc_streams if cfg.is_hyper else 1)
+        widths[variant] = cfg.design.state_width(cfg)
     variant = max(widths, key=widths.get)
     width = widths[variant]
     if tokens * width > MAX_ELEMENTS:

@@ -104,7 +104,7 @@ def step_traffic(variant: str, preset: str = "small", batch_size: int = 8, seq_l
     check_dtype(dtype)
     # the Triton path and the state dtype "auto" gives under CUDA autocast (on CPU, "auto" keeps fp32)
     cfg = gpu_path_config(variant, preset, dtype, **{"max_position_embeddings": seq_len, **overrides})
-    if not cfg.is_delta:
+    if not cfg.design.fused_kernels(cfg):
         raise ValueError(f"step_traffic: `variant` must be a DDL delta variant (its kernels are counted), got "
                          f"{variant!r}")
     with FakeTensorMode(), count_traffic(dry=True) as counter:
@@ -173,7 +173,7 @@ def traffic_report(settings) -> str:
     ``settings.variants`` (a resolved :class:`deep_delta.eval.kernel_bench.KernelBenchSettings`)."""
     from deep_delta.models.ddl.configuration_ddl import DDLConfig
 
-    variants = [v for v in settings.variants if DDLConfig.from_variant(v, settings.preset).is_delta]
+    variants = [v for v in settings.variants if (c := DDLConfig.from_variant(v, settings.preset)).design.fused_kernels(c)]
     if not variants:
         raise ValueError(f"bench-kernels traffic: `variants` has no DDL delta variant, got {list(settings.variants)}")
     model_overrides = {k: v for k, v in settings.model.items() if k != "delta_backend"}

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
+from deep_delta.layers.additive import AdditiveResidual
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual
@@ -131,7 +132,7 @@ class ActivationRecorder:
                 self.handles.append(module.register_forward_hook(self._plain("mlp_out")))
             elif isinstance(module, BetaGate):
                 self.handles.append(module.register_forward_hook(self._gate))
-            elif isinstance(module, DeltaResidual):
+            elif isinstance(module, (AdditiveResidual, DeltaResidual)):
                 # every update is a forward call, the fused ones too (``emit``: the output is (x_new, Carry))
                 self.handles.append(module.register_forward_hook(self._residual, with_kwargs=True))
             elif isinstance(module, HyperResidual):
@@ -154,18 +155,19 @@ class ActivationRecorder:
             self._add("beta_logit", logit - module.bias_init)
 
     @torch.no_grad()
-    def _residual(self, module: DeltaResidual, args, kwargs, output) -> None:
+    def _residual(self, module: AdditiveResidual | DeltaResidual, args, kwargs, output) -> None:
         if not self.on:
             return
         x = args[0]
         new = output[0] if isinstance(output, tuple) else output
         self._add("update", new - x)
         self._add("state", new)
+        if isinstance(module, AdditiveResidual):  # the baseline's update reads the state itself; no k, v or beta
+            self._add("read", x)
+            return
         src = x if module.value_channels == 1 else (kwargs.get("x_in") if kwargs.get("x_in") is not None
                                                     else x.mean(-1))
         self._add("read", src)
-        if module.additive:
-            return
         c = module.norm(src)
         self.on = False  # the branch again, unrecorded: the residual does not hand out its k
         try:

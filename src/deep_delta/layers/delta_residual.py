@@ -7,8 +7,8 @@
     v-Map:  k~ = phi_k(c),  v = s * sigmoid(w_p^T h)  (d_v = 1)  /  v = W_v h  (d_v > 1)
     beta = gate(c);  x <- x + beta k (v^T - k^T x)
 
-``additive=True`` swaps in the plain additive residual ``x + branch(RMSNorm(x))`` with the same
-interface, so an A/B comparison needs no code change. ``update_rule="write"`` swaps in the write-only control
+:class:`~deep_delta.layers.additive.AdditiveResidual` is the plain additive residual ``x + branch(RMSNorm(x))`` with
+the same call, so an A/B comparison swaps one class for the other. ``update_rule="write"`` swaps in the write-only control
 ``x + beta k v^T`` (no read ``k^T x``, nothing erased) with everything else identical: the same modules,
 parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_update`).
 
@@ -22,17 +22,18 @@ their lean update, never fused with the next sublayer.
 fused op, and returns ``(x_new, Carry)``: its compressed read (``emit.what == "read"``: a channel or token
 compressor; the Triton kernel reads the new state from the tile it has just written instead of making another
 pass over it) or its norm, gate and value (``"inputs"``: d_v = 1, or d_v > 1 through a channel compressor). The
-model decides which sublayer emits what once per forward (:mod:`deep_delta.models.ddl.fusion`).
+delta design decides which sublayer emits what once per forward (:mod:`deep_delta.designs.delta.fusion`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from deep_delta.layers.additive import NORM_OUTPUTS, branch_dtype
+from deep_delta.layers.carry import EMITS, Carry, Emit
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import resolve_backend, switches
@@ -49,29 +50,6 @@ from deep_delta.ops.delta.recompute import active_tape
 from deep_delta.ops.norm import norm_gate_value
 
 RESIDUAL_MAPS = ("k", "v")
-NORM_OUTPUTS = ("module", "autocast")
-EMITS = ("nothing", "read", "inputs")
-
-
-class Carry(NamedTuple):
-    """What a sublayer's update computed for the next sublayer: nothing (both None), the next sublayer's compressed
-    read ``read`` (..., d), or its norm, gate and value ``inputs`` = (c, beta, v) (what ``prepared`` takes)."""
-
-    read: torch.Tensor | None = None
-    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
-
-class Emit(NamedTuple):
-    """What an update computes for the next sublayer beside the new state: ``what`` is "nothing", "read" (the
-    compressed read of the new state by ``read``, a channel or token compressor) or "inputs" (``nxt``'s norm, gate
-    and value of the new state: d_v = 1 with ``read`` None, or d_v > 1 through ``read``, a channel compressor)."""
-
-    what: str = "nothing"
-    nxt: nn.Module | None = None
-    read: nn.Module | None = None
-
-
-NOTHING = Emit()
 
 
 class DeltaResidual(nn.Module):
@@ -90,7 +68,6 @@ class DeltaResidual(nn.Module):
         value_scale: s in ``v = s * sigmoid(.)``.
         k_eps: eps guard of the direction normalisation.
         vmap_rank: rank of the low-rank phi_k branch of the v-Map.
-        additive: use the plain additive residual ``x + branch(RMSNorm(x))`` instead (d_v = 1 only): the baseline.
         update_rule: "delta" (the paper's update), "write" (the write-only control ``x + beta k v^T``: the same
             residual without the read, for the ablation the authors name) or "untied" (the erase and the write
             each with its own gate); the last two fused with the next sublayer's read or norm only with
@@ -107,14 +84,11 @@ class DeltaResidual(nn.Module):
     def __init__(self, dim: int, branch: nn.Module, *, value_channels: int = 1, residual_map: str = "k",
                  gate: str = "linear", gate_hidden_size: int | None = None, beta_init: float = 1.0,
                  beta_max: float = 2.0, value_scale: float = 4.0, k_eps: float = 1e-5, norm_eps: float = 1e-5,
-                 vmap_rank: int | None = None, additive: bool = False, backend: str = "auto",
+                 vmap_rank: int | None = None, backend: str = "auto",
                  norm_output: str = "module", update_rule: str = "delta"):
         super().__init__()
         if update_rule not in UPDATE_RULES:
             raise ValueError(f"DeltaResidual: `update_rule` must be one of {UPDATE_RULES}, got {update_rule!r}")
-        if additive and update_rule != "delta":
-            raise ValueError(f"DeltaResidual: `update_rule` must be 'delta' with additive=True (the additive residual "
-                             f"has no update rule), got {update_rule!r}")
         self.update_rule = update_rule
         if norm_output not in NORM_OUTPUTS:
             raise ValueError(f"DeltaResidual: `norm_output` must be one of {NORM_OUTPUTS}, got {norm_output!r}")
@@ -122,19 +96,12 @@ class DeltaResidual(nn.Module):
             raise ValueError(f"DeltaResidual: `value_channels` must be >= 1, got {value_channels}")
         if residual_map not in RESIDUAL_MAPS:
             raise ValueError(f"DeltaResidual: `residual_map` must be one of {RESIDUAL_MAPS}, got {residual_map!r}")
-        if additive and value_channels != 1:
-            raise ValueError(
-                f"DeltaResidual: `additive=True` (additive residual) needs value_channels=1, got {value_channels}"
-            )
         resolve_backend(backend, torch.device("cpu"))  # validates the name
         self.dim, self.value_channels, self.residual_map = dim, value_channels, residual_map
-        self.value_scale, self.k_eps, self.additive, self.backend = value_scale, k_eps, additive, backend
+        self.value_scale, self.k_eps, self.backend = value_scale, k_eps, backend
         self.norm_output = norm_output
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
-        self.fuse_inputs = False
         self.branch = branch
-        if additive:
-            return
         self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(RULE_GATES[update_rule]))
         # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
         # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with switches.FUSED_RULES on: fuses_inputs);
@@ -155,8 +122,6 @@ class DeltaResidual(nn.Module):
 
         std: weight std, default ``0.5 / sqrt(dim)``. The branch and the norm keep their own init.
         """
-        if self.additive:
-            return
         std = std if std is not None else 0.5 / math.sqrt(self.dim)
         self.reset_projections(std)
         self.gate.reset_parameters(std)
@@ -168,8 +133,6 @@ class DeltaResidual(nn.Module):
         ``DDLPreTrainedModel._init_weights`` calls the gate's ``reset_parameters`` and then this, the order
         in which it meets the modules, so the model's init and this one are the same code.
         """
-        if self.additive:
-            return
         std = std if std is not None else 0.5 / math.sqrt(self.dim)
         for lin in (getattr(self, "key_down", None), getattr(self, "key_up", None), self.value_proj):
             if lin is not None:
@@ -178,8 +141,6 @@ class DeltaResidual(nn.Module):
                     nn.init.zeros_(lin.bias)
 
     def extra_repr(self) -> str:
-        if self.additive:
-            return f"dim={self.dim}, additive"
         rule = "" if self.update_rule == "delta" else f", update_rule={self.update_rule}"
         return f"dim={self.dim}, value_channels={self.value_channels}, map={self.residual_map}{rule}"
 
@@ -208,11 +169,7 @@ class DeltaResidual(nn.Module):
         self._check(x, x_in)
         if emit is not None:
             self._check_emit(x, emit)
-        out = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
-        if self.additive:
-            new = x + out.to(x.dtype)
-            return new if emit is None else (new, Carry())
-        k, v, beta = out
+        k, v, beta = self._update_inputs(x, x_in, branch_args, branch_kwargs, prepared)
         if emit is not None:
             return self._emit(x, k, v, beta, emit)
         if self.value_channels == 1:
@@ -245,8 +202,8 @@ class DeltaResidual(nn.Module):
         else:
             shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
                         and (read.dim, read.value_channels) == (self.dim, self.value_channels))
-        return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual) and not self.additive
-                and not nxt.additive and self._fused_rule() and nxt._fused_rule()
+        return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual)
+                and self._fused_rule() and nxt._fused_rule()
                 and nxt.value_channels == self.value_channels and nxt.fuses_inputs() and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
                 and resolve_backend(nxt.backend, x.device) == "triton" and active_tape() is None)
@@ -255,8 +212,6 @@ class DeltaResidual(nn.Module):
         """``emit`` is something this residual can compute with its update of state x (:class:`Emit`)."""
         if emit.what not in EMITS:
             raise ValueError(f"DeltaResidual: `emit.what` got {emit.what!r}; allowed: {' | '.join(EMITS)}")
-        if self.additive and emit.what != "nothing":
-            raise ValueError(f"DeltaResidual: the additive residual emits nothing, got emit={emit.what!r}")
         if emit.what == "read":
             self._check_read(emit.read, x)
         elif emit.what == "inputs" and not self.fuses_norm_of(emit.nxt, x, emit.read):
@@ -314,7 +269,7 @@ class DeltaResidual(nn.Module):
 
     def _update_inputs(self, x: torch.Tensor, x_in: torch.Tensor | None, branch_args: tuple, branch_kwargs: dict,
                        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None):
-        """The branch output h (additive residual), else the update's (k, v, beta) for state x; from ``prepared``
+        """The update's (k, v, beta) for state x; from ``prepared``
         (c, beta, v) when the previous update computed them."""
         if prepared is not None:
             if not self.fuses_inputs():
@@ -340,8 +295,6 @@ class DeltaResidual(nn.Module):
         c = self.norm(src)
         c_low = c if c_dtype is None else c.to(c_dtype)  # what the branch's (and phi_k's) matmuls read
         h = self.branch(c_low, *branch_args, **branch_kwargs)
-        if self.additive:
-            return h
         beta = self.gate(c)
         if self.residual_map == "k":
             k = h
@@ -356,17 +309,13 @@ class DeltaResidual(nn.Module):
 
     def _branch_dtype(self, src: torch.Tensor) -> torch.dtype | None:
         """The dtype the branch gets c in when it is not the norm weight's (``norm_output``), else None."""
-        device = src.device.type
-        if self.norm_output == "autocast" and torch.is_autocast_enabled(device):
-            dtype = torch.get_autocast_dtype(device)
-            return None if dtype == self.norm.weight.dtype else dtype
-        return None
+        return branch_dtype(self.norm_output, self.norm, src)
 
     def _check_read(self, read: nn.Module, x: torch.Tensor) -> None:
-        if self.additive or self.value_channels == 1:
+        if self.value_channels == 1:
             raise ValueError(
                 "DeltaResidual: `read` (a fused next-sublayer read) needs a delta residual with value_channels > 1, "
-                f"got value_channels={self.value_channels}, additive={self.additive}"
+                f"got value_channels={self.value_channels}"
             )
         if not isinstance(read, (ChannelCompressor, TokenConvCompressor)):
             raise ValueError(

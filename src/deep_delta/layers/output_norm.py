@@ -2,7 +2,7 @@
 
 The bounded branch a practitioner reaches for before any new residual: OLMo 2 and Gemma 2 / 3 put a learned
 RMSNorm on each sublayer's output before the add (Gemma keeps the input norm too, "sandwich" or Peri-LN, as here).
-Wrapped around a sublayer inside the additive residual (``DeltaResidual(additive=True)``), nothing else of the
+Wrapped around a sublayer inside the additive residual (:class:`~deep_delta.layers.additive.AdditiveResidual`), nothing else of the
 baseline changes.
 """
 

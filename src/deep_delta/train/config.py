@@ -55,7 +55,8 @@ class TrainConfig:
     # Each field's metadata holds the help of its flag (--field-name: `ddl train`, and `ddl compare` but for
     # variant, out and wandb_run_name), and its metavar or choices; the command line builds the flags from them
     # (deep_delta/cli/options.py::add_settings). `model` is set with --set model.FIELD=VALUE.
-    variant: str = setting("baseline", "model variant", choices=tuple(VARIANTS))
+    variant: str = setting("baseline", f"model variant: {', '.join(VARIANTS)}, or a variant a design of your own "
+                           "registers (with --set model.design_module=MODULE; docs/designs.md)", metavar="VARIANT")
     preset: str = setting("tiny", "model size: tiny (CPU), small (124M), medium (353M)", choices=tuple(PRESETS))
     model: dict[str, Any] = setting(help="DDLConfig fields over the preset's (--set model.FIELD=VALUE)", factory=dict)
     data: str | None = setting(None, "prepared data directory (none: the embedded text, prepared once into a "
@@ -118,6 +119,13 @@ class TrainConfig:
             if "choices" in f.metadata:
                 _choice(f.name, getattr(self, f.name), f.metadata["choices"])
         check_device(self.device)
+        if self.model.get("design_module"):  # a design of the user's own: its module registers it and its variants
+            from deep_delta.designs.registry import load_design_module
+
+            load_design_module(self.model["design_module"])
+        if self.variant not in VARIANTS:
+            raise _bad("variant", self.variant, f"{' | '.join(VARIANTS)} (or a variant registered by a design's module: "
+                       "`model.design_module`)")
         known = DDLConfig.field_names() - {"variant", "preset"}
         unknown = sorted(set(self.model) - known)
         if unknown:

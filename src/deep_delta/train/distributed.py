@@ -132,9 +132,11 @@ def parallelize(model: nn.Module, info: DistInfo, *, compile: bool = False, bf16
     elif compile:
         kwargs = {"mode": "reduce-overhead"} if cuda_graphs == "blocks" else {}
         # the blocks share DDLBlock.forward's code object, whose graphs Dynamo counts against recompile_limit (8):
-        # blocks whose inputs differ (AttnRes: a longer tuple of sources at every block) need a graph each
+        # blocks whose inputs differ (AttnRes: a longer tuple of sources at every block) need graphs of their own
+        # (the design says how many: design.graphs_per_block)
         limit = torch._dynamo.config.recompile_limit
-        torch._dynamo.config.recompile_limit = max(limit, 2 * len(model.model.layers))
+        per_block = model.config.design.graphs_per_block(model.config)
+        torch._dynamo.config.recompile_limit = max(limit, per_block * len(model.model.layers))
         for block in model.model.layers:
             block.compile(**kwargs)
     if info.mode == "ddp":

@@ -9,20 +9,14 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from deep_delta.layers.compressors import COMPRESSORS, STATE_INITS
-from deep_delta.layers.delta_residual import RESIDUAL_MAPS
-from deep_delta.layers.gate import GATE_KINDS
-from deep_delta.layers.hyper_connections import HYPER_KINDS
+from deep_delta.designs.registry import BUILTIN, design_module_of, get_design
 from deep_delta.models.ddl.cache import CACHE_NAMES
 from deep_delta.ops import BACKENDS
-from deep_delta.ops.delta import UPDATE_RULES
 from deep_delta.settings import check_fields
 from deep_delta.variants import PRESETS, VARIANTS
 
-_RESIDUALS = ("additive", "delta", "hyper", "attnres")
 PARAMETRIZATIONS = ("sp", "mup")
 STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-_COMPRESSORS = ("none",) + COMPRESSORS
 
 
 def _bad(field: str, got: Any, allowed: str) -> ValueError:
@@ -39,7 +33,14 @@ class DDLConfig(PreTrainedConfig):
     (default floor(8/3 d)), max_position_embeddings, rope_theta, rms_norm_eps, initializer_range
     (embedding std), hidden_init_scale (hidden weights ~ N(0, (scale / sqrt(d))^2)).
 
-    Residual fields (what a variant changes): residual ("additive" | "delta" | "hyper" | "attnres"), value_channels (d_v),
+    The residual design (``residual``: a name of :mod:`deep_delta.designs`' registry; docs/designs.md) owns its
+    settings and their validation: the built-in designs' settings are the flat fields below (each design lists its
+    own in ``fields``), and a setting of another design than the model's must keep its default (refused otherwise,
+    naming it). A design of a user's own is found by ``design_module`` (the import path or .py file that registers
+    it; saved with the model, so loading imports it again) and keeps its settings in the mapping ``design_settings``.
+
+    Residual fields (what a variant changes): residual ("additive" | "delta" | "hyper" | "attnres", or a registered
+    design's name), value_channels (d_v),
     residual_map ("k" | "v"), compressor ("none" | "token" | "channel"), compressor_kernel_size
     (TC: taps over tokens, default 4; CC: must equal d_v), state_init ("repeat" | "conv" = EC),
     embed_conv_kernel_size, gate ("linear" | "mlp"), gate_hidden_size, beta_init, beta_max (beta =
@@ -141,6 +142,8 @@ class DDLConfig(PreTrainedConfig):
     hc_sinkhorn_iters: int = 20
     output_norm: bool = False
     embed_norm: bool = False
+    design_module: str | None = None
+    design_settings: dict | None = None
     attnres_blocks: int | None = None
     validate_inputs: bool = False
     parametrization: str = "sp"
@@ -151,10 +154,10 @@ class DDLConfig(PreTrainedConfig):
         check_fields(self, declared_in=DDLConfig)
         if self.intermediate_size is None:
             self.intermediate_size = (8 * self.hidden_size) // 3
-        if self.compressor == "token" and self.compressor_kernel_size is None:
-            self.compressor_kernel_size = 4
-        if self.compressor == "channel" and self.compressor_kernel_size is None:
-            self.compressor_kernel_size = self.value_channels
+        if self.design_module is None and isinstance(self.residual, str):
+            self.design_module = design_module_of(self.residual)  # a user's design registered before: name its module
+        design = self.design
+        design.complete(self)
         self.check()
         super().__post_init__(**kwargs)
 
@@ -182,71 +185,29 @@ class DDLConfig(PreTrainedConfig):
             raise _bad("variant", self.variant, " | ".join(VARIANTS))
 
     def _check_residual(self) -> None:
-        """The residual fields: kinds, d_v and its compressor, the gate range, HC streams."""
-        for name, allowed in (("residual", _RESIDUALS), ("residual_map", RESIDUAL_MAPS),
-                              ("compressor", _COMPRESSORS), ("state_init", STATE_INITS),
-                              ("gate", GATE_KINDS), ("delta_backend", BACKENDS), ("update_rule", UPDATE_RULES)):
-            if getattr(self, name) not in allowed:
-                raise _bad(name, getattr(self, name), " | ".join(allowed))
+        """The backbone's residual fields, then the design's: its own settings (``design.check``), and every other
+        design's settings at their defaults (a setting the model does not have is refused, naming it)."""
+        if self.delta_backend not in BACKENDS:
+            raise _bad("delta_backend", self.delta_backend, " | ".join(BACKENDS))
         if self.state_dtype not in STATE_DTYPES:
             raise _bad("state_dtype", self.state_dtype, " | ".join(STATE_DTYPES))
-        if self.value_channels < 1:
-            raise _bad("value_channels", self.value_channels, "an integer >= 1 (d_v)")
-        if self.update_rule != "delta" and self.residual != "delta":
-            raise _bad("update_rule", self.update_rule, f"'delta' with residual={self.residual!r} (an update rule is "
-                       "a delta residual's)")
-        if self.update_rule == "write" and self.recompute_states:
-            raise _bad("recompute_states", self.recompute_states, "False with update_rule='write' (the state rebuild "
-                       "inverts the update of the delta rule's Function, which the write-only control does not run)")
-        if self.hc_kind not in HYPER_KINDS:
-            raise _bad("hc_kind", self.hc_kind, " | ".join(HYPER_KINDS))
-        if self.hc_streams < (2 if self.hc_kind == "mhc" else 1):
-            raise _bad("hc_streams", self.hc_streams, f"an integer >= {2 if self.hc_kind == 'mhc' else 1} "
-                       f"for hc_kind={self.hc_kind!r}")
-        if self.hc_sinkhorn_iters < 1:
-            raise _bad("hc_sinkhorn_iters", self.hc_sinkhorn_iters, "an integer >= 1")
-        if self.output_norm and self.residual != "additive":
-            raise _bad("output_norm", self.output_norm, f"False with residual={self.residual!r} (the output norm is "
-                       "the Peri-LN form of the additive baseline)")
-        if self.attnres_blocks is not None and self.attnres_blocks < 1:
-            raise _bad("attnres_blocks", self.attnres_blocks, "None (Full AttnRes) or an integer >= 1 (Block AttnRes)")
-        if self.residual == "hyper" and self.state_dtype != "auto":
-            raise _bad("state_dtype", self.state_dtype, "'auto' with residual='hyper' (its streams are stored in "
-                       "the embeddings' dtype)")
-        if self.residual == "attnres" and self.value_channels != 1:
-            raise _bad("value_channels", self.value_channels, "1 with residual='attnres' (its state is the "
-                       "sublayers' outputs)")
-        if self.residual == "hyper" and self.value_channels != 1:
-            raise _bad("value_channels", self.value_channels, "1 with residual='hyper' (its streams are hc_streams)")
-        if self.residual == "additive" and self.value_channels != 1:
-            raise _bad("value_channels", self.value_channels, "1 with residual='additive' (use residual='delta')")
-        if self.value_channels == 1 and self.compressor != "none":
-            raise _bad("compressor", self.compressor, "'none' when value_channels=1 (nothing to compress)")
-        if self.value_channels > 1 and self.compressor == "none":
-            raise _bad("compressor", self.compressor, "'token' or 'channel' when value_channels > 1")
-        if self.value_channels == 1 and self.state_init != "repeat":
-            raise _bad("state_init", self.state_init, "'repeat' when value_channels=1 (EC expands d_v > 1)")
-        if self.compressor == "channel" and self.compressor_kernel_size != self.value_channels:
-            raise _bad("compressor_kernel_size", self.compressor_kernel_size,
-                       f"exactly value_channels={self.value_channels} for the channel compressor (CC)")
-        if self.compressor == "token" and not 1 <= self.compressor_kernel_size <= self.max_position_embeddings:
-            raise _bad("compressor_kernel_size", self.compressor_kernel_size,
-                       f"1..max_position_embeddings={self.max_position_embeddings} for the token compressor (TC)")
-        if not 1 <= self.embed_conv_kernel_size <= self.max_position_embeddings:
-            raise _bad("embed_conv_kernel_size", self.embed_conv_kernel_size,
-                       f"1..max_position_embeddings={self.max_position_embeddings}")
-        if not 0.0 < self.beta_max <= 2.0:
-            raise _bad("beta_max", self.beta_max, "a float in (0, 2] (2: the paper's gate; 1: no reflection)")
-        if not 0.0 < self.beta_init < self.beta_max:
-            raise _bad("beta_init", self.beta_init, f"a float in the open interval (0, beta_max={self.beta_max:g}); "
-                       f"a smaller beta_max needs beta_init set too, e.g. {self.beta_max / 2:g} (half the range, "
-                       "as the default 1 of 2)")
-        if self.k_eps < 0:
-            raise _bad("k_eps", self.k_eps, "a float >= 0")
-        if self.gate_hidden_size is not None and self.gate_hidden_size < 1:
-            raise _bad("gate_hidden_size", self.gate_hidden_size, "None or an integer >= 1")
-        if self.vmap_rank is not None and self.vmap_rank < 1:
-            raise _bad("vmap_rank", self.vmap_rank, "None or an integer >= 1")
+        design = self.design
+        defaults = {f.name: f.default for f in dataclasses.fields(DDLConfig)}
+        for name in BUILTIN:
+            other = get_design(name)
+            if other is design:
+                continue
+            for field in other.fields:
+                value = getattr(self, field)
+                default = None if field == "compressor_kernel_size" else defaults[field]
+                if value != default:
+                    raise _bad(field, value, f"its default ({default!r}) with residual={self.residual!r}: it is a "
+                               f"setting of the design {name!r}, which this model does not have")
+        if design.settings is None and self.design_settings is not None:
+            raise _bad("design_settings", self.design_settings, f"None with residual={self.residual!r} (its settings "
+                       "are fields of the config)")
+        design.design_settings(self)  # a user's design: its settings, typed and named
+        design.check(self)
 
     def _check_parametrization(self) -> None:
         """sp or muP, and what muP needs derived from the width."""
@@ -254,14 +215,6 @@ class DDLConfig(PreTrainedConfig):
             raise _bad("parametrization", self.parametrization, " | ".join(PARAMETRIZATIONS))
         if self.mup_base_width < 1:
             raise _bad("mup_base_width", self.mup_base_width, "an integer >= 1 (the width muP is tuned at)")
-        if self.parametrization == "mup":
-            # muP needs to know which sizes grow with the width: these must be derived from hidden_size
-            for name in ("gate_hidden_size", "vmap_rank"):
-                if getattr(self, name) is not None:
-                    raise _bad(name, getattr(self, name), "None with parametrization='mup' (derived from the width)")
-            if self.residual_map == "v" and self.value_channels > 1:
-                raise _bad("parametrization", self.parametrization,
-                           "'sp' for residual_map='v' with value_channels > 1 (its linear value has no muP rule yet)")
 
     @property
     def mup_width_mult(self) -> float:
@@ -269,18 +222,12 @@ class DDLConfig(PreTrainedConfig):
         return self.hidden_size / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @property
-    def is_delta(self) -> bool:
-        return self.residual == "delta"
-
-    @property
-    def is_attnres(self) -> bool:
-        """Attention Residuals: the state is the tuple of sources (the embedding and the outputs or block sums)."""
-        return self.residual == "attnres"
-
-    @property
-    def is_hyper(self) -> bool:
-        """Hyper-connections (HC / mHC): the state is (B, T, d, hc_streams)."""
-        return self.residual == "hyper"
+    def design(self):
+        """The residual design this config names (:func:`deep_delta.designs.get_design`: built-in, registered by
+        ``design_module``, or an installed entry point); an unknown name is an error naming the known ones."""
+        if not isinstance(self.residual, str):
+            raise _bad("residual", self.residual, "the name of a residual design")
+        return get_design(self.residual, self.design_module)
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -290,8 +237,13 @@ class DDLConfig(PreTrainedConfig):
     def from_variant(cls, name: str, preset: str = "tiny", **overrides: Any) -> DDLConfig:
         """The config of variant ``name`` (see ``VARIANTS``) at ``preset`` ("tiny" | "small" | "medium").
 
-        ``overrides`` set any other field; unknown names are refused.
+        ``overrides`` set any other field; unknown names are refused. A ``design_module`` among them is imported
+        first, so that the variants its design registers are known.
         """
+        if overrides.get("design_module"):
+            from deep_delta.designs.registry import load_design_module
+
+            load_design_module(overrides["design_module"])
         if name not in VARIANTS:
             raise _bad("variant", name, " | ".join(VARIANTS))
         if preset not in PRESETS:

@@ -32,18 +32,7 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from deep_delta.layers.attention_residuals import AttnResidual, DepthReadout, DepthSources, block_starts
-from deep_delta.layers.compressors import (
-    ChannelCompressor,
-    StateExpander,
-    TokenConvCompressor,
-    make_compressor,
-)
-from deep_delta.layers.delta_residual import NOTHING, Carry, DeltaResidual, Emit
-from deep_delta.layers.gate import BetaGate
-from deep_delta.layers.hyper_connections import HyperResidual, StreamReadout
-from deep_delta.layers.output_norm import NormedBranch
-from deep_delta.models.ddl import fusion
+from deep_delta.designs.base import NOTHING, BlockPlan, Carry, mup_readout_init_, unfused
 from deep_delta.models.ddl.cache import (
     CACHE_FIELD,
     CACHE_NAMES,
@@ -55,7 +44,6 @@ from deep_delta.models.ddl.cache import (
     refuse_unknown_kwargs,
 )
 from deep_delta.models.ddl.configuration_ddl import DDLConfig
-from deep_delta.models.ddl.fusion import BlockPlan
 from deep_delta.ops.delta.recompute import StateTape
 
 
@@ -136,62 +124,6 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(c)) * self.up_proj(c))
 
 
-def _residual(config: DDLConfig, branch: nn.Module, sublayer: int) -> DeltaResidual | HyperResidual | AttnResidual:
-    """The residual around sublayer number ``sublayer`` (2 * block, + 1 for the MLP) that the config asks for."""
-    if config.is_attnres:
-        starts = block_starts(2 * config.num_hidden_layers, config.attnres_blocks)
-        return AttnResidual(config.hidden_size, branch, starts_block=starts[sublayer], norm_eps=config.rms_norm_eps,
-                            backend=config.delta_backend)
-    if config.output_norm:  # Peri-LN: the baseline's residual around the sublayer with a norm on its output
-        branch = NormedBranch(branch, config.hidden_size, eps=config.rms_norm_eps)
-    if config.is_hyper:
-        return HyperResidual(
-            config.hidden_size, branch, streams=config.hc_streams, kind=config.hc_kind, dynamic=config.hc_dynamic,
-            sublayer=sublayer, norm_eps=config.rms_norm_eps, sinkhorn_iters=config.hc_sinkhorn_iters,
-            backend=config.delta_backend,
-        )
-    # muP: v ~ sqrt(d) (docs/mup.md); norm_output "autocast": the branches' first ops on c are matmuls (q, k, v;
-    # gate, up)
-    return DeltaResidual(
-        config.hidden_size, branch, value_channels=config.value_channels, residual_map=config.residual_map,
-        gate=config.gate, gate_hidden_size=config.gate_hidden_size, beta_init=config.beta_init,
-        beta_max=config.beta_max, value_scale=config.value_scale * math.sqrt(config.mup_width_mult),
-        k_eps=config.k_eps, norm_eps=config.rms_norm_eps, vmap_rank=config.vmap_rank, additive=not config.is_delta,
-        backend=config.delta_backend, norm_output="autocast", update_rule=config.update_rule,
-    )
-
-
-def state_dtype(config: DDLConfig, embeds: torch.Tensor) -> torch.dtype:
-    """The dtype the residual state is stored in (``config.state_dtype``): "auto" is the autocast dtype for a
-    d_v > 1 state under CUDA autocast, else the embeddings' dtype."""
-    if config.state_dtype != "auto":
-        return getattr(torch, config.state_dtype)
-    device = embeds.device.type
-    if config.value_channels > 1 and device == "cuda" and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return embeds.dtype
-
-
-def read_with_history(module: nn.Module, x: torch.Tensor, cache: DDLCache | None, key: str) -> torch.Tensor:
-    """Apply a token-axis module (a compressor, the state expander) with its token history from the cache,
-    and store the new history; ``module(x, past) -> (out, new_history)``."""
-    past = cache.token_history.get(key) if cache is not None else None
-    out, history = module(x, past)
-    if cache is not None and history is not None:
-        cache.store_history(key, history)
-    return out
-
-
-def _mask_pads(pad_mask: torch.Tensor | None, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Each (B, T, ...) tensor with its padded positions zeroed (None passes through; a tuple of them, an AttnRes
-    state, is masked one by one), so that pads carry no state into the token convolutions. pad_mask: (B, T), 1 at tokens and 0 at pads (so exact elsewhere); a
-    state and its compressed read, masked together, stay each other's read."""
-    if pad_mask is None:
-        return tensors
-    return tuple(None if t is None else _mask_pads(pad_mask, *t) if isinstance(t, tuple)
-                 else t * pad_mask.view(*pad_mask.shape, *(1,) * (t.dim() - 2)) for t in tensors)
-
-
 class DDLBlock(GradientCheckpointingLayer):
     """One Transformer block: attention and MLP sublayers, each wrapped in a (delta) residual.
 
@@ -203,58 +135,31 @@ class DDLBlock(GradientCheckpointingLayer):
     def __init__(self, config: DDLConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.attn = _residual(config, Attention(config, layer_idx), 2 * layer_idx)
-        self.mlp = _residual(config, SwiGLU(config), 2 * layer_idx + 1)
-        self.compressor = (
-            make_compressor(
-                config.compressor, config.hidden_size, config.value_channels, config.compressor_kernel_size,
-                backend=config.delta_backend,
-            )
-            if config.value_channels > 1
-            else None
-        )
+        self.design = config.design  # the residual design (deep_delta.designs): the block asks it, never which it is
+        self.attn = self.design.residual(config, Attention(config, layer_idx), 2 * layer_idx)
+        self.mlp = self.design.residual(config, SwiGLU(config), 2 * layer_idx + 1)
+        self.compressor = self.design.block_read(config)  # DDL's d_v > 1 state: its read back to (..., d)
 
     # False: this block's updates compute nothing for the sublayer after them (its reads and norms run as their
-    # own calls; the same values), and the blocks beside it none for it (deep_delta.models.ddl.fusion)
+    # own calls; the same values), and the blocks beside it none for it (the delta design's fusion plan)
     fuse_reads: bool = True
 
-    def forward(self, state: torch.Tensor, carry: Carry, rope, mask: torch.Tensor | None = None,
+    def forward(self, state, carry: Carry, rope, mask: torch.Tensor | None = None,
                 pad_mask: torch.Tensor | None = None, *, cache: DDLCache | None = None,
                 emits: BlockPlan = (NOTHING, NOTHING)):
-        """The attention update, then the MLP update. Returns ``(new state, Carry)``: what the MLP update computed
-        for the next sublayer (the next block's attention, or the final readout).
+        """The attention update, then the MLP update, each by the design (``design.sublayer``). Returns ``(new state,
+        Carry)``: what the MLP update computed for the next sublayer (the next block's attention, or the readout).
 
-        state: (B, T, d) for d_v = 1 (and HC's (B, T, d, n)), (B, T, d, d_v) otherwise. carry: what the previous
-        block's last update computed for this block's attention sublayer (:class:`Carry`; empty for the first).
-        emits: what each of the two updates computes for the sublayer after it, from the model's fusion plan
-        (:func:`deep_delta.models.ddl.fusion.plan`). rope: (cos, sin); mask: the attention mask or None;
-        pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
+        state: whatever the design carries ((B, T, d) for the baseline and d_v = 1, (B, T, d, d_v) for DDL's d_v > 1,
+        (B, T, d, n) for HC, a tuple of (B, T, d) sources for AttnRes). carry: what the previous block's last update
+        computed for this block's attention sublayer (:class:`Carry`; empty for the first). emits: what each of the
+        two updates computes for the sublayer after it, from the design's plan. rope: (cos, sin); mask: the
+        attention mask or None; pad_mask: (B, T) 1 at tokens, 0 at pads, or None.
         """
         attn_emit, mlp_emit = emits
-        state, carry = self._sublayer("attn", state, carry, attn_emit, (rope, cache, mask), pad_mask, cache)
-        return self._sublayer("mlp", state, carry, mlp_emit, (), pad_mask, cache)
-
-    def _sublayer(self, name: str, state: torch.Tensor, carry: Carry, emit: Emit, args: tuple,
-                  pad_mask: torch.Tensor | None, cache: DDLCache | None) -> tuple[torch.Tensor, Carry]:
-        """One sublayer's update of ``state`` from what ``carry`` brings (its read, its inputs, or nothing: then
-        with pads the state is masked and, with a compressor, read here), emitting what ``emit`` says."""
-        residual = getattr(self, name)
-        kwargs = {}
-        if carry.inputs is not None:
-            kwargs["prepared"] = carry.inputs
-        elif self.compressor is not None:
-            state, kwargs["x_in"] = self._masked_read(state, carry.read, pad_mask, cache, name)
-        if emit.what == "nothing":
-            return residual(state, *args, **kwargs), Carry()
-        return residual(state, *args, emit=emit, **kwargs)
-
-    def _masked_read(self, state, read, pad_mask, cache, sublayer: str):
-        """The state with its pads zeroed, and the sublayer's read of it: ``read`` (masked too) when given, else
-        the block's compressor's, with its token history under ``"<layer>.<sublayer>"``."""
-        state, read = _mask_pads(pad_mask, state, read)
-        if read is None:
-            read = read_with_history(self.compressor, state, cache, f"{self.layer_idx}.{sublayer}")
-        return state, read
+        state, carry = self.design.sublayer(self, "attn", state, carry, attn_emit, (rope, cache, mask), pad_mask,
+                                            cache)
+        return self.design.sublayer(self, "mlp", state, carry, mlp_emit, (), pad_mask, cache)
 
 
 class DDLPreTrainedModel(PreTrainedModel):
@@ -272,9 +177,10 @@ class DDLPreTrainedModel(PreTrainedModel):
         Under muP (m = ``config.mup_width_mult``): 1/m for every ``nn.Linear`` weight except the LM head,
         i.e. the hidden matrices (q, k, v, o, the MLP, phi_k, the MLP gate's hidden layer) and the scalar
         readouts (value and gate projections), whose fan-in grows with the width, and for the same reason the
-        hyper-connections' dynamic projections and AttnRes's pseudo-queries (:func:`residual_readouts`). Embeddings (tied readout: its 1/m is
+        hyper-connections' dynamic projections and AttnRes's pseudo-queries (``design.mup_readouts``). Embeddings (tied readout: its 1/m is
         the logit multiplier), norms, biases, compressor and EC taps (per-feature) and the hyper-connections'
-        static coefficients and scales (width-independent) keep 1. ``deep_delta.train.optim.param_groups``
+        static coefficients and scales (width-independent) keep 1 (a design names its readouts:
+        ``design.mup_readouts``). ``deep_delta.train.optim.param_groups``
         reads this, so ``ddl train`` and a user's loop get the same groups.
         """
         cfg = self.config
@@ -287,7 +193,7 @@ class DDLPreTrainedModel(PreTrainedModel):
             if isinstance(module, nn.Linear) and module is not head:
                 out[f"{prefix}weight"] = 1.0 / cfg.mup_width_mult
             else:
-                out.update({f"{prefix}{p}": 1.0 / cfg.mup_width_mult for p in residual_readouts(module)})
+                out.update({f"{prefix}{p}": 1.0 / cfg.mup_width_mult for p in cfg.design.mup_readouts(module)})
         return out
 
     def _initialize_weights(self, module: nn.Module, *args, **kwargs) -> None:
@@ -318,49 +224,16 @@ class DDLPreTrainedModel(PreTrainedModel):
         std = cfg.hidden_init_scale / math.sqrt(cfg.hidden_size)
         if isinstance(module, (Attention, SwiGLU)):
             module.reset_parameters(std, std / math.sqrt(cfg.num_hidden_layers))
-        elif isinstance(module, BetaGate):
-            module.reset_parameters(std)
-            _mup_readout_init_(module.proj.weight, cfg)
-        elif isinstance(module, DeltaResidual):
-            module.reset_projections(std)  # its gate was met first (a child)
-            if not module.additive:
-                _mup_readout_init_(module.value_proj.weight, cfg)
-        elif isinstance(module, HyperResidual):  # HC draws nothing; mHC's phi over its fan-in n*d
-            module.reset_parameters(cfg.hidden_init_scale / math.sqrt(module.streams * cfg.hidden_size))
-            for weight in residual_readouts(module).values():
-                _mup_readout_init_(weight, cfg)
-        elif isinstance(module, (AttnResidual, DepthReadout)):  # the pseudo-query at zero: uniform weights
-            init.zeros_(module.query)
-        elif isinstance(module, (ChannelCompressor, TokenConvCompressor, StateExpander, nn.RMSNorm)):
+        elif cfg.design.init_module(module, cfg, std):  # the design's own modules (its gates, projections, ...)
+            pass
+        elif isinstance(module, nn.RMSNorm):
             module.reset_parameters()
         elif isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
             init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
             if module is getattr(self, "lm_head", None) and not cfg.tie_word_embeddings:
-                _mup_readout_init_(module.weight, cfg)  # an untied LM head is muP's readout (docs/mup.md)
+                mup_readout_init_(module.weight, cfg)  # an untied LM head is muP's readout (docs/mup.md)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
-
-
-RESIDUAL_READOUTS = ("dynamic_proj", "phi", "query")
-
-
-def residual_readouts(module: nn.Module) -> dict[str, nn.Parameter]:
-    """A rival residual's muP readouts by name (its own parameters named in ``RESIDUAL_READOUTS``; none for any
-    other module): a hyper-connection's dynamic projections, from the width to a fixed number of coefficients
-    (HC's per-stream ``dynamic_proj``, d -> n + 2; mHC's ``phi``, n d -> 2n + n^2), and AttnRes's pseudo-queries,
-    d -> one logit per source. Like the gate's and the value's projections they train at lr / m and start at zero
-    under muP (docs/mup.md; AttnRes's start at zero anyway). HC's static forms have none."""
-    return {name: p for name, p in module.named_parameters(recurse=False) if name in RESIDUAL_READOUTS}
-
-
-def _mup_readout_init_(weight: torch.Tensor, config: DDLConfig) -> None:
-    """Under muP a readout from the width to a fixed size (the gate's and the value's projections, an untied
-    LM head) starts at zero: the limit of muP's variance ~ 1/fan_in^2 and the readout init of Tensor Programs
-    V's GPT-3 runs, so beta = beta_init and v = s sqrt(m) / 2 at every token at init (docs/mup.md). It is
-    drawn first (as under "sp"), so every other weight equals the sp model's of the same seed. Nothing under
-    "sp"."""
-    if config.parametrization == "mup":
-        init.zeros_(weight)  # a tensor loaded from a checkpoint is left alone, as by every init function
 
 
 def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, device) -> torch.Tensor | None:
@@ -384,10 +257,12 @@ def _attention_mask(attention_mask: torch.Tensor | None, t: int, past: int, devi
 
 
 class DDLModel(DDLPreTrainedModel):
-    """The backbone: embeddings -> (embedding norm) -> (state expansion) -> blocks -> (readout compressor) -> RMSNorm.
+    """The backbone: embeddings -> (embedding norm) -> the design's state -> blocks -> the design's readout -> RMSNorm.
 
-    Each delta update can compute what the sublayer after it takes (its read, or its norm, gate and value) in the
-    same op: the fusion plan (:mod:`deep_delta.models.ddl.fusion`), made once per forward. ``fuse_reads = False``
+    The residual design (``config.residual``; :mod:`deep_delta.designs`) makes the state, updates it around each
+    sublayer and reads it out; the backbone only calls it. A delta update can compute what the sublayer after it
+    takes (its read, or its norm, gate and value) in the same op: the delta design's fusion plan
+    (:mod:`deep_delta.designs.delta.fusion`), made once per forward. ``fuse_reads = False``
     (an attribute, default True) keeps updates from computing anything for the next block (the blocks' own
     ``fuse_reads`` for their two sublayers); ``fuse_updates = False`` fuses nothing at all: same values, for hooks on
     every sublayer, tests and benchmarks. ``recompute_states`` (from the config, default False) saves only the last
@@ -409,27 +284,13 @@ class DDLModel(DDLPreTrainedModel):
         # the embedding norm (config.embed_norm): before the state expansion, the streams or the first source
         self.embed_norm = nn.RMSNorm(d, eps=config.rms_norm_eps) if config.embed_norm else None
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
-        self.expander = (
-            StateExpander(
-                d, config.value_channels, config.state_init, config.embed_conv_kernel_size, backend=config.delta_backend
-            )
-            if config.value_channels > 1
-            else StateExpander(d, config.hc_streams, "repeat") if config.is_hyper  # HC: n copies of the embedding
-            else DepthSources() if config.is_attnres  # AttnRes: the embedding, the first source
-            else None
-        )
+        self.design = config.design  # the residual design (deep_delta.designs)
+        # the first state from the (normed) embedding (DDL's d_v > 1 expansion, HC's streams, AttnRes's first source)
+        self.expander = self.design.expander(config)
         self.layers = nn.ModuleList(DDLBlock(config, i) for i in range(config.num_hidden_layers))
         # the final readout of the state to (B, T, d): a compressor (d_v > 1), HC's stream readout or AttnRes's last
         # depth attention (its name is that of the weights in every saved checkpoint)
-        self.final_compressor = (
-            make_compressor(
-                config.compressor, d, config.value_channels, config.compressor_kernel_size, backend=config.delta_backend
-            )
-            if config.value_channels > 1
-            else StreamReadout(d, config.hc_streams) if config.is_hyper
-            else DepthReadout(d, norm_eps=config.rms_norm_eps, backend=config.delta_backend) if config.is_attnres
-            else None
-        )
+        self.final_compressor = self.design.readout(config)
         self.norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
         self.post_init()
 
@@ -473,7 +334,7 @@ class DDLModel(DDLPreTrainedModel):
         if position_ids is None:
             position_ids = positions.unsqueeze(0).expand(b, t)
         rope = self.rotary(position_ids, inputs_embeds.dtype)
-        dtype = state_dtype(self.config, inputs_embeds)
+        dtype = self.design.state_dtype(self.config, inputs_embeds)
         # 1 at real tokens, 0 at pads; applied whenever a mask is given (x * 1 is exact, and checking for
         # padding would be a host read)
         pad_mask = None if attention_mask is None else attention_mask[:, -t:].to(dtype)
@@ -509,7 +370,7 @@ class DDLModel(DDLPreTrainedModel):
         the tape's saved-tensor hooks cannot be traced (under ``fullgraph=True`` Dynamo reports this error;
         without it the forward falls back to eager with the tape and its blocks are compiled on their own)."""
         use = (
-            self.recompute_states and self.config.is_delta and torch.is_grad_enabled()
+            self.recompute_states and self.design.records_states(self.config) and torch.is_grad_enabled()
             and not (self.training and any(block.gradient_checkpointing for block in self.layers))
         )
         if use and torch.compiler.is_compiling():
@@ -522,20 +383,16 @@ class DDLModel(DDLPreTrainedModel):
 
     def _residual_stream(self, x: torch.Tensor, rope, mask: torch.Tensor | None, pad_mask: torch.Tensor | None,
                          cache: DDLCache | None, tape: StateTape | None) -> torch.Tensor:
-        """Embeddings (B, T, d) -> (the state expansion) -> the blocks -> (the readout): (B, T, d)."""
-        if self.expander is not None:
-            (x,) = _mask_pads(pad_mask, x)
-            x = read_with_history(self.expander, x, cache, "embed")
+        """Embeddings (B, T, d) -> the design's first state -> the blocks -> the design's readout: (B, T, d)."""
+        design = self.design
+        x = design.embed(self, x, pad_mask, cache)
         if tape is not None:
             tape.register(x)
-        emits = fusion.plan(self, x, cache, pad_mask) if self.fuse_updates else fusion.unfused(len(self.layers))
+        emits = design.plan(self, x, cache, pad_mask) if self.fuse_updates else unfused(len(self.layers))
         carry = Carry()
         for block, block_emits in zip(self.layers, emits):
             x, carry = block(x, carry, rope, mask, pad_mask, cache=cache, emits=block_emits)
-        if self.final_compressor is None:
-            return x
-        x, read = _mask_pads(pad_mask, x, carry.read)
-        return read_with_history(self.final_compressor, x, cache, "final") if read is None else read
+        return design.read_out(self, x, carry, pad_mask, cache)
 
 
 class DDLForCausalLM(DDLPreTrainedModel, GenerationMixin):

@@ -94,6 +94,13 @@ UPDATE_RULES = ("delta", "write", "untied")
 RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write")}
 
 
+def check_rule(rule: str, owner: str = "delta update") -> str:
+    """``rule`` if it is an update rule (:data:`UPDATE_RULES`), else a ``ValueError`` naming it and the rules."""
+    if rule not in UPDATE_RULES:
+        raise ValueError(f"{owner}: `update_rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    return rule
+
+
 def fused_rule(rule: str, impl: str) -> bool:
     """Whether an update by ``rule`` on the resolved backend ``impl`` runs the fused kernels: the delta rule wherever
     the backend is Triton; the write-only and untied rules there only with ``switches.FUSED_RULES`` on (off: their
@@ -357,6 +364,7 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
 __all__ = [
     "RULE_GATES",
+    "check_rule",
     "fused_rule",
     "UPDATE_RULES",
     "update_and_norm",

@@ -1,11 +1,12 @@
-"""The fusion plan: what each sublayer's update computes for the next sublayer, decided once per forward.
+"""The delta design's fusion plan: what each sublayer's update computes for the next sublayer, decided once per
+forward.
 
 A DDL update can compute, in the same pass over the state, what the sublayer after it needs: its compressed read
 of the new state (d_v > 1: a channel read always; a token-convolution read in a forward without token history
 or padding, i.e. training) or its norm, gate and value (the linear-gate k-Map on the Triton backend with the
 fusion switched on: d_v = 1, or d_v > 1 through a channel read). What passes between sublayers is a
-:class:`~deep_delta.layers.delta_residual.Carry`; what a sublayer's update emits is an
-:class:`~deep_delta.layers.delta_residual.Emit`. :func:`plan` makes the per-sublayer choices from today's rules:
+:class:`~deep_delta.layers.carry.Carry`; what a sublayer's update emits is an
+:class:`~deep_delta.layers.carry.Emit`. :func:`plan` makes the per-sublayer choices from today's rules:
 
 - within a block (``block.fuse_reads``): the attention update emits the MLP sublayer's inputs where
   ``DeltaResidual.fuses_norm_of`` holds (and, for d_v > 1, there are no pads), else the MLP sublayer's read
@@ -14,28 +15,22 @@ fusion switched on: d_v = 1, or d_v > 1 through a channel read). What passes bet
   emits the next block's attention inputs where its own block took that path and ``fuses_norm_of`` holds, else
   the next read (the next block's compressor, or the final readout after the last block), else nothing.
 
-:func:`unfused` is the plan where nothing is fused, every update a plain ``forward`` (for hooks on each sublayer,
+:func:`~deep_delta.layers.carry.unfused` is the plan where nothing is fused, every update a plain ``forward`` (for hooks on each sublayer,
 ``ddl analyze``, and the tests' reference). The plan changes nothing the model computes, only which ops compute it
 (tests/models/test_fusion.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
+from deep_delta.layers.carry import NOTHING, BlockPlan, Emit
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
-from deep_delta.layers.delta_residual import NOTHING, DeltaResidual, Emit
-
-if TYPE_CHECKING:
-    from deep_delta.models.ddl.cache import DDLCache
-
-BlockPlan = tuple[Emit, Emit]  # what the attention update and the MLP update emit
+from deep_delta.layers.delta_residual import DeltaResidual
 
 
-def fusable_read(compressor: nn.Module | None, cache: DDLCache | None, pad_mask: torch.Tensor | None) -> bool:
+def fusable_read(compressor: nn.Module | None, cache, pad_mask: torch.Tensor | None) -> bool:
     """A read that can be computed inside the previous sublayer's update: CC (it needs no other token), and TC
     in a forward without token history or padding (training): its kernel reads the K-1 tokens before each
     chunk of its own, and a padded state is masked after the update, which a fused TC read would not see."""
@@ -44,12 +39,7 @@ def fusable_read(compressor: nn.Module | None, cache: DDLCache | None, pad_mask:
     return isinstance(compressor, TokenConvCompressor) and cache is None and pad_mask is None
 
 
-def unfused(blocks: int) -> tuple[BlockPlan, ...]:
-    """The plan of ``blocks`` blocks in which no update emits anything."""
-    return tuple((NOTHING, NOTHING) for _ in range(blocks))
-
-
-def plan(model: nn.Module, x: torch.Tensor, cache: DDLCache | None,
+def plan(model: nn.Module, x: torch.Tensor, cache,
          pad_mask: torch.Tensor | None) -> tuple[BlockPlan, ...]:
     """What every sublayer of ``model`` (a :class:`~deep_delta.models.ddl.modeling_ddl.DDLModel`) emits in a
     forward of state x (its device decides the backend), with ``cache`` and ``pad_mask``: one (attention, MLP)
@@ -81,7 +71,7 @@ def _vector_block(model: nn.Module, block: nn.Module, nxt: nn.Module | None, x: 
 
 
 def _read_block(model: nn.Module, block: nn.Module, nxt: nn.Module | None, x: torch.Tensor,
-                cache: DDLCache | None, pad_mask: torch.Tensor | None, inputs_in: bool) -> BlockPlan:
+                cache, pad_mask: torch.Tensor | None, inputs_in: bool) -> BlockPlan:
     """A block with a compressor (d_v > 1): reads, and norms through channel reads."""
     comp = block.compressor
     next_read = nxt.compressor if nxt is not None else model.final_compressor
