@@ -15,7 +15,9 @@ __version__ = "0.1.0"
 
 # the module -> the public names it defines
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
-    "deep_delta.layers": ("ChannelCompressor", "DeltaResidual", "StateExpander", "TokenConvCompressor"),
+    "deep_delta.designs": ("ResidualDesign", "register_design"),
+    "deep_delta.layers": ("AdditiveResidual", "ChannelCompressor", "DeltaResidual", "StateExpander",
+                          "TokenConvCompressor"),
     "deep_delta.models": ("DDLCache", "DDLConfig", "DDLForCausalLM", "DDLModel", "DDLStaticCache"),
     "deep_delta.ops": ("delta_operator", "delta_update"),
 })
