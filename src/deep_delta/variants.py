@@ -86,6 +86,58 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Settings of a training recipe rather than of a design: every variant takes them, and they do not change which
+# variant a run is (docs/training.md, "Recipe options"); a variant's row may still name the value it is defined with
+# (peri-ln: embed_norm, as the Peri-LN paper defines it).
+RECIPE_FIELDS = ("embed_norm",)
+# DDLConfig's default of every field a variant's row names (what a row that does not name a field has; a test checks
+# these against DDLConfig): the baseline's design
+ROW_DEFAULTS: dict[str, Any] = {
+    "residual": "additive", "value_channels": 1, "residual_map": "k", "compressor": "none", "state_init": "repeat",
+    "update_rule": "delta", "hc_kind": "hc", "hc_dynamic": True, "output_norm": False, "attnres_blocks": None,
+    "embed_norm": False,
+}
+
+
+def defining_fields() -> list[str]:
+    """The settings that say which variant a model is: every field a variant's row names, but the recipe fields."""
+    names = {k for row in VARIANTS.values() for k in row} | set(ROW_DEFAULTS)
+    return sorted(names - set(RECIPE_FIELDS))
+
+
+def variant_differences(variant: str, fields: dict[str, Any]) -> list[str]:
+    """How the model settings ``fields`` (a config's fields, or a run's overrides over its variant's row) differ from
+    what ``variant`` is defined with, one ``field got X, but VARIANT has Y`` each; [] when the model is the variant.
+    A defining field not in ``fields`` counts as the variant's own. The one check that a run is the design its name
+    says (``ddl train``, ``ddl compare`` live and ``--report-only``, export)."""
+    row = {**ROW_DEFAULTS, **VARIANTS.get(variant, {})}
+    out = []
+    for name in defining_fields():
+        if name in fields and fields[name] != row.get(name):
+            out.append(f"`{name}` got {fields[name]!r}, but {variant!r} ({paper_name(variant)}) has {row.get(name)!r}")
+    return out
+
+
+def variant_of(fields: dict[str, Any]) -> str | None:
+    """The variant whose defining settings ``fields`` has (a config's fields), or None."""
+    return next((v for v in VARIANTS if not variant_differences(v, {**ROW_DEFAULTS, **fields})), None)
+
+
+def check_variant(variant: str, fields: dict[str, Any], owner: str = "TrainConfig") -> None:
+    """A ``ValueError`` when the model settings ``fields`` make another model than ``variant`` (a run carries its
+    variant's name into its banner, a comparison's row and an export's title), naming each setting, the variant's
+    value and the variant that has those settings where one does."""
+    diff = variant_differences(variant, fields)
+    if not diff:
+        return
+    other = variant_of({**{k: v for k, v in {**ROW_DEFAULTS, **VARIANTS.get(variant, {})}.items()}, **fields})
+    instead = (f"the variant {other!r} by name ({paper_name(other)})" if other else
+               "no variant has these settings: a model of its own is a design of your own (docs/designs.md) or a "
+               "config without a variant name")
+    raise ValueError(f"{owner}: {'; '.join(diff)}, and a run is the design its variant names; allowed: the variant's "
+                     f"own settings (recipe settings such as {', '.join(RECIPE_FIELDS)} excepted), or {instead}")
+
+
 def paper_name(variant: str) -> str:
     """The paper's name of ``variant`` for tables ("ddl-cc" -> "DDL-CC"); a name not in the table as given."""
     return PAPER_NAMES.get(variant, variant)

@@ -156,12 +156,61 @@ def test_a_named_variants_update_rule_is_not_overridden(tmp_path, capsys):
     from deep_delta.cli.main import main
 
     assert TrainConfig(variant="ddl-cc-write", model={"update_rule": "write"}).model == {"update_rule": "write"}
-    with pytest.raises(ValueError, match=r"`model.update_rule` got 'delta', but the variant 'ddl-cc-write' "
-                                         r"\(DDL-CC write-only\) has the rule 'write'.*\('ddl-cc', which is"):
+    with pytest.raises(ValueError, match=r"`update_rule` got 'delta', but 'ddl-cc-write' \(DDL-CC write-only\) has "
+                                         r"'write'.*the variant 'ddl-cc' by name"):
         TrainConfig(variant="ddl-cc-write", model={"update_rule": "delta"})
     for argv in (["train", "--config", "debug/ddl-dv1", "--out", str(tmp_path / "t")],
                  ["compare", "--config", "debug", "--variants", "ddl-cc", "ddl-cc-write", "--out", str(tmp_path / "c")]):
         assert main([*argv, "--set", "model.update_rule=write"]) == 2
         err = capsys.readouterr().err
-        assert "`model.update_rule` got 'write'" in err and "-write" in err and err.count("\n") == 1, err
+        assert "`update_rule` got 'write'" in err and "-write" in err and err.count("\n") == 1, err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("variant, sets, names", [
+    ("baseline", ["model.output_norm=true"], "'peri-ln' by name"),                       # V1
+    ("baseline", ["model.residual=delta"], "'ddl-dv1' by name"),                         # V3
+    ("attnres", ["model.attnres_blocks=1"], "no variant has these settings"),            # B4
+    ("attnres-block", ["model.attnres_blocks=null"], "'attnres' by name"),               # B4
+])
+def test_a_design_under_another_name_is_refused_by_ddl_train(tmp_path, capsys, variant, sets, names):
+    """Round 6's V1, V3, B4: a residual setting of another design or variant under the first's name trained and was
+    recorded as the named variant. `ddl train` refuses it before anything is written, in one line naming the
+    setting and the variant that has it."""
+    from deep_delta.cli.main import main
+
+    args = ["train", "--config", f"debug/{variant}", "--steps", "2", "--threads", "1", "--no-progress",
+            "--out", str(tmp_path / "t")]
+    assert main([*args, *[x for s in sets for x in ("--set", s)]]) == 2
+    err = capsys.readouterr().err
+    assert "a run is the design its variant names" in err and names in err and err.count("\n") == 1, err
+    assert not (tmp_path / "t").exists()
+
+
+def test_two_variants_made_the_same_model_are_refused_by_ddl_compare(tmp_path, capsys):
+    """Round 6's V5: `ddl compare --variants baseline peri-ln --set model.output_norm=true` reported two Peri-LN models,
+    one labelled Baseline, "the same". Refused before anything trains: the baseline's run is not the baseline."""
+    from deep_delta.cli.main import main
+
+    argv = ["compare", "--config", "debug/baseline", "--variants", "baseline", "peri-ln", "--set",
+            "model.output_norm=true", "--steps", "3", "--threads", "1", "--no-progress", "--time-repeats", "0",
+            "--out", str(tmp_path / "c")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "`output_norm` got True, but 'baseline' (Baseline) has False" in err and "'peri-ln' by name" in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_setting_the_model_does_not_have_is_refused_by_ddl_train(tmp_path, capsys):
+    """Round 6's B5: `--set model.attnres_blocks=4` on the baseline, `--set model.beta_init=0.5` on Peri-LN were
+    ignored and recorded. Refused in one line naming the setting and the design it belongs to."""
+    from deep_delta.cli.main import main
+
+    for variant, setting, design in (("baseline", "model.hc_streams=2", "hyper"),
+                                     ("peri-ln", "model.beta_init=0.5", "delta")):
+        argv = ["train", "--config", f"debug/{variant}", "--set", setting, "--steps", "2", "--threads", "1",
+                "--no-progress", "--out", str(tmp_path / variant)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"it is a setting of the design {design!r}, which this model does not have" in err, err
+        assert err.count("\n") == 1 and not (tmp_path / variant).exists()

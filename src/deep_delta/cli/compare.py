@@ -98,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
     if args.report_only:
         return _report_only(args, given, held)
     lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
-    base = load_config(args.config or "compare", given, args.assignments)  # the recipe `compare` by default
+    # the recipe `compare` by default; checked as the first variant compared (each run's own is checked too), so that a
+    # setting is refused naming a variant of the comparison
+    first = {"variant": args.variants[0]} if args.variants else {}
+    base = load_config(args.config or "compare", {**given, **first}, args.assignments)
     options.check_wandb_names([n for n in options.WANDB_NAMES if n in given], base.wandb, config=True)
     variants = options.variant_list(args.variants)
     if isinstance(lrs, dict):  # each variant's own grid

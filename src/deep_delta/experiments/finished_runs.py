@@ -171,6 +171,14 @@ def check_finished(run: FinishedRun) -> list[dict[str, Any]]:
     if isinstance(model, dict) and model.get("variant", cfg.variant) != cfg.variant:
         raise ValueError(f"{path}: model_config is a {model.get('variant')!r} model, but train_config.variant is "
                          f"{cfg.variant!r}; allowed: a run's own record (a run copied and relabelled is refused)")
+    if isinstance(model, dict):  # a run is the design its name says (the one check: variants.check_variant)
+        from deep_delta.variants import ROW_DEFAULTS, check_variant
+
+        try:  # model_config holds the fields that differ from the defaults: a field it lacks has its default
+            check_variant(cfg.variant, {**ROW_DEFAULTS, **model}, owner=f"{path}: model_config")
+        except ValueError as e:
+            raise ValueError(f"{e} (a run trained before the check, under another variant's name, is reported as what "
+                             "it is only by training it again under its own)") from None
     return check_metrics(run)
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments, setting
 from deep_delta.train.recipes import RECIPES
-from deep_delta.variants import PRESETS, VARIANTS
+from deep_delta.variants import PRESETS, VARIANTS, check_variant
 
 DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
@@ -132,7 +132,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig: unknown model field(s) {unknown} in `model`; allowed: {', '.join(sorted(known))}"
             )
-        _check_update_rule(self.variant, self.model)
+        check_variant(self.variant, self.model)
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "keep", "eval_batches"):
             check_count(name, getattr(self, name), 1, owner="TrainConfig")
         for name in ("warmup_steps", "eval_every", "save_every", "log_every"):
@@ -286,29 +286,6 @@ def load_config(spec: str | os.PathLike | None = None, overrides: dict[str, Any]
     if assignments:
         cfg = cfg.with_overrides(assignments)
     return cfg
-
-
-def _check_update_rule(variant: str, model: dict[str, Any]) -> None:
-    """A variant's update rule is part of what it is: the write-only twins are variants of their own
-    (``ddl-cc-write``), so ``model.update_rule`` set against the rule of the named variant, which would train a
-    twin under the DDL variant's name (its run's banner, a comparison's row, an export's title), is refused,
-    naming the variant that has that rule."""
-    from deep_delta.variants import VARIANTS, paper_name
-
-    def rule_of(row: dict[str, Any]) -> dict[str, Any]:
-        return {"update_rule": "delta", **row}  # DDLConfig's default rule, the paper's
-
-    if "update_rule" not in model or variant not in VARIANTS:
-        return
-    own, wanted = rule_of(VARIANTS[variant]), {**rule_of(VARIANTS[variant]), "update_rule": model["update_rule"]}
-    if wanted == own:
-        return
-    match = next((v for v, row in VARIANTS.items() if rule_of(row) == wanted), None)
-    named = [v for v, row in VARIANTS.items() if rule_of(row)["update_rule"] == wanted["update_rule"]]
-    instead = f"{match!r}, which is {variant!r} with it" if match else ", ".join(named)
-    raise ValueError(f"TrainConfig: `model.update_rule` got {wanted['update_rule']!r}, but the variant {variant!r} "
-                     f"({paper_name(variant)}) has the rule {own['update_rule']!r}, and a run carries its variant's "
-                     f"name; allowed: no `model.update_rule`, and a variant with that rule by name ({instead})")
 
 
 def _bad(name: str, got: Any, allowed: str) -> ValueError:

@@ -13,7 +13,7 @@ from deep_delta.designs.registry import BUILTIN, design_module_of, get_design
 from deep_delta.models.ddl.cache import CACHE_NAMES
 from deep_delta.ops import BACKENDS
 from deep_delta.settings import check_fields
-from deep_delta.variants import PRESETS, VARIANTS
+from deep_delta.variants import PRESETS, VARIANTS, check_variant
 
 PARAMETRIZATIONS = ("sp", "mup")
 STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -252,5 +252,6 @@ class DDLConfig(PreTrainedConfig):
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"DDLConfig: unknown field(s) {unknown}; allowed: {sorted(known)}")
+        check_variant(name, overrides, owner="DDLConfig.from_variant")  # a variant's name says its design
         fields = {**PRESETS[preset], **VARIANTS[name], **overrides, "variant": name, "preset": preset}
         return cls(**fields)
