@@ -1,18 +1,20 @@
 """Test loss against lr for a study of ``ddl compare --lrs ... --eval-seeds N``: every finished run of the grid (the
 selection seeds, ``OUT/lr_*/seed_*/VARIANT`` or, for one selection seed, ``OUT/lr_*/VARIANT``) measured on the same
-test windows as the evaluation runs, beside the evaluation seeds' test loss at each variant's chosen lr (their runs in
-``OUT/evaluation/seed_*/VARIANT`` or ``OUT/evaluation/VARIANT``). The lr was chosen on the val split; this figure shows, after
-the fact, whether the test split agrees with that choice (the chosen lr's test loss against its neighbours').
+test windows as the evaluation runs, beside the evaluation seeds' test loss at each variant's chosen lr (their runs
+in ``OUT/evaluation/seed_*/VARIANT`` or ``OUT/evaluation/VARIANT``). The lr was chosen on the val split; this figure
+shows, after the fact, whether the test split agrees with that choice (the chosen lr's test loss against its
+neighbours').
 
 Each grid run's test loss is kept in its ``test.json`` (the record and the reuse rule of
 ``deep_delta.experiments.test_split``: measured from the run's final checkpoint, reused when it holds the same
 windows of the same data at the final step), so a second call measures nothing again. A run that diverged, or whose
 final checkpoint is gone without a record, is left out and named.
 
-Bad input is refused in one line on stderr (exit 1), before anything is measured or written: a selection.json, run.json
-or test.json that is not what ``ddl compare`` writes, a missing evaluation run.json, ``--data`` that is not a prepared
-directory, has no test split or is other data than the runs record (their run.json's data fingerprint, computed as
-the library does), a ``--figure`` matplotlib cannot write (its suffix) or whose folder does not exist.
+Bad input is refused in one line on stderr (exit 1), before anything is measured or written: a selection.json,
+run.json or test.json that is not what ``ddl compare`` writes, a missing evaluation run.json, ``--data`` that is not
+a prepared directory, has no test split or is other data than the runs record (their run.json's data fingerprint
+against the given data's, computed as the library computes it), a ``--figure`` matplotlib cannot write (its
+suffix) or whose folder does not exist.
 
     python benchmarks/tools/grid_test_loss.py OUT --data DIR [--test-tokens 250K] [--figure OUT/test_vs_lr.png]
 

@@ -122,7 +122,8 @@ def test_gt3_missing_data_or_data_without_a_test_split_is_refused(tmp_path, stud
 
 
 @pytest.mark.parametrize("name", ["compare.md", "test_vs_lr.json", "no_suffix", "missing_folder/test.png"])
-def test_gt4_a_figure_matplotlib_cannot_write_is_refused_before_measuring(tmp_path, study, split_data, name):  # noqa: F811
+def test_gt4_a_figure_matplotlib_cannot_write_is_refused_before_measuring(tmp_path, study, split_data,  # noqa: F811
+                                                                          name):
     """GT4: ``--figure OUT/compare.md``: a traceback (Format 'md' is not supported) after measuring every run and
     writing test_vs_lr.json. Now refused first, in one line naming the path and the formats (or the missing
     folder); nothing measured, nothing written."""
