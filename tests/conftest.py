@@ -28,6 +28,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _threads():
+    """A command run in-process sets PyTorch's threads (`--threads`, auto by default in `ddl train` and `ddl
+    compare`); the next test starts with the session's again."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 class OfflineWandb:
     """The W&B runs written offline under ``root`` (``WANDB_DIR``), read back from their ``run-ID.wandb`` files:
     wandb 0.31 writes no config.yaml or wandb-summary.json offline, only that record log (a LevelDB-style log of
