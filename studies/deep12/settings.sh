@@ -1,6 +1,6 @@
-# The deep study's data and the settings every `ddl compare` of it shares (sourced by run.sh and finish.sh; $ddl set
-# by the caller). The corpus is prepared on first use (a cached step; docs/data.md).
-data=$($ddl data prepare --source prose-v1 --val-fraction 0.02 --test-fraction 0.02 --num-proc 1 \
+# The deep study's data and the settings every `ddl compare` of it shares (sourced by run.sh and finish.sh after
+# ../commands.sh, which sets $ddl). The corpus is prepared on first use (a cached step; docs/data.md).
+data=$("$ddl" data prepare --source prose-v1 --val-fraction 0.02 --test-fraction 0.02 --num-proc 1 \
   --out "$HOME/.cache/deep_delta/data/prose-v1-byte" >/dev/null && echo "$HOME/.cache/deep_delta/data/prose-v1-byte")
 common=(--data "$data" --preset tiny --set model.hidden_size=64 --set model.num_hidden_layers=12
   --set model.num_attention_heads=2 --set model.max_position_embeddings=256 --set model.vocab_size=257

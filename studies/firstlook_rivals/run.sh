@@ -4,5 +4,6 @@
 # lrs 1e-3 and 2e-3, 2 seeds. Resumable: run it again and only what is missing trains.
 #   bash studies/firstlook_rivals/run.sh [OUT]        (default runs/firstlook_rivals)
 set -euo pipefail
-exec ${DDL:-ddl} compare --variants baseline ddl-cc ddl-cc-write peri-ln attnres ddl-dv1-untied ddl-tc-untied \
+source "$(dirname "$0")/../commands.sh"   # $ddl: $DDL, else .venv/bin/ddl, else ddl on PATH (one line if none)
+exec "$ddl" compare --variants baseline ddl-cc ddl-cc-write peri-ln attnres ddl-dv1-untied ddl-tc-untied \
   ddl-cc-untied --lrs 1e-3 2e-3 --seeds 2 --threads 1 --time-repeats 3 --no-progress --out "${1:-runs/firstlook_rivals}"

@@ -4,8 +4,9 @@
 studies/main_job/ holds the run records (run.json, metrics.jsonl) of `ddl compare` with its defaults, seed 0, one
 CPU thread. The numbers docs/evidence.md (section 1), docs/training.md ("Measured") and README quote of it must be
 those records'; the report comes back from the records alone (`--report-only`); and today's code, trained with each
-record's own settings on the same prepared data, gives the records' first steps to the last bit (on the machine
-that made them; to 1e-5 on another CPU, as tests/train/test_pinned_results.py)."""
+record's own settings on the same prepared data, gives the records' first steps to the last bit (on a machine
+whose probe shows it computes as the one that made them; to 1e-5 relative elsewhere: tests/helpers.py,
+``same_as_pinned``, as tests/train/test_pinned_results.py)."""
 
 from __future__ import annotations
 
