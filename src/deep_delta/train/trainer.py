@@ -257,11 +257,14 @@ class Trainer:
 
         distr.barrier(self.info)
         if self.info.is_main:
+            from deep_delta.train.optim import optimizer_record
+
             if self.overwrite:
                 run_dir.clear_run(self.out)
             truncate_metrics(self.out / METRICS_FILE, self.step)
             run_dir.write_run_file(self.out, self.cfg, self.data, self.model_config, self.info.world_size,
-                                   self.n_params, self.info.device)
+                                   self.n_params, self.info.device,
+                                   optimizer_record(self.optimizer, self.model, self.cfg.optimizer))
         distr.barrier(self.info)
         from deep_delta.train.wandb_sink import start_run_sink
 
@@ -271,8 +274,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one optimizer step
     def train_step(self) -> dict[str, Any] | None:
-        """Forward, backward over ``accum`` micro-batches, clip, AdamW; returns the step's metrics record (None
-        when the step diverged and ``on_divergence`` is "stop": no update, ``self.diverged`` says why)."""
+        """Forward, backward over ``accum`` micro-batches, clip, the optimizer's update; returns the step's metrics
+        record (None when the step diverged and ``on_divergence`` is "stop": no update, ``self.diverged`` says
+        why)."""
         info, t0, seen = self.info, time.perf_counter(), {}
 
         def before_update(loss_t: torch.Tensor, grad_norm: torch.Tensor) -> None:
