@@ -229,12 +229,13 @@ def clear_run(out: Path) -> None:
 
 
 def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: int, parameters: int,
-                   device, optimizer: dict[str, Any] | None = None) -> None:
+                   device, optimizer: dict[str, Any] | None = None, code: dict[str, Any] | None = None) -> None:
     """``OUT/run.json`` (atomically): the run's identity, settings, model, data (``data``: a
     :class:`~deep_delta.train.data.TrainData`, or None for a run on batches of its own), processes, size, the
     device it trains on (a study assembled from runs made on several machines says which ran where), its
     optimizer's groups (``optimizer``: :func:`~deep_delta.train.optim.optimizer_record`, which tensor trains in
-    which group at which lr)."""
+    which group at which lr) and the code this process trains at (``code``:
+    :func:`~deep_delta.train.provenance.code_record`; each segment of a resumed run records its own)."""
     ckpt.write_text_atomic(out / RUN_FILE, json.dumps({
         "identity": run_identity(cfg, data.dir if data is not None else "batches given to the trainer"),
         "train_config": cfg.to_dict(),
@@ -245,6 +246,7 @@ def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: 
         "device": device_record(device),
         "kernel_switches": kernel_switches(),
         "optimizer": optimizer,
+        "code": code,
     }, indent=2, sort_keys=True))
 
 
@@ -300,10 +302,12 @@ def load_weights_of(path: Path, model_config):
     return model
 
 
-def segment(start: int, to: int, steps: int, wall_s: float | None) -> dict[str, Any]:
+def segment(start: int, to: int, steps: int, wall_s: float | None, code: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     """One process's part of a run: steps ``start`` to ``to`` on a schedule of ``steps`` steps (warm-up and
-    cosine over ``steps``), in ``wall_s`` seconds (None: not recorded)."""
-    return {"from": start, "to": to, "steps": steps, "wall_s": wall_s}
+    cosine over ``steps``), in ``wall_s`` seconds (None: not recorded), at the code ``code``
+    (:func:`~deep_delta.train.provenance.code_record`; None: not in a git checkout, or not recorded)."""
+    return {"from": start, "to": to, "steps": steps, "wall_s": wall_s, "code": code}
 
 
 def prior_segments(meta: dict[str, Any], step: int) -> list[dict[str, Any]]:
