@@ -361,7 +361,8 @@ def _remember_group(out: Path, group: str) -> None:
         write_wandb_file(out, group=group)
 
 
-STEP_FIELDS = ("compile", "cuda_graphs", "activation_checkpointing", "grad_clip", "lr", "weight_decay", "betas")
+STEP_FIELDS = ("compile", "cuda_graphs", "activation_checkpointing", "grad_clip", "lr", "weight_decay", "betas",
+               "optimizer", "adamw_lr_ratio")
 
 
 def step_settings(base: TrainConfig) -> dict:

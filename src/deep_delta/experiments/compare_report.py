@@ -296,19 +296,37 @@ def lr_sentence(summary: dict[str, Any]) -> str:
     chosen and reported on the same seeds and validation sample (labelled so); or a grid chosen on the selection
     split and seeds, reported on fresh evaluation seeds and the test split (``held_out``)."""
     s, grid, held = summary.get("settings") or {}, summary.get("lr_selection"), summary.get("held_out")
+    muon = _muon_sentence(s)
     if grid is None:
-        return shared_lr_sentence(s.get("lr"))
+        return shared_lr_sentence(s.get("lr")) + muon
     chosen = selection_sentence(grid["lrs"], "final validation loss", grid.get("grids"))
     if held is None:
         return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
                 "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
-                "reports fresh seeds on the test split instead).")
+                "reports fresh seeds on the test split instead)." + muon)
     return (f"Learning rate: each variant at its own best lr of {grid_text(grid['lrs'], grid.get('grids'))}, "
             f"chosen on the final validation loss of the `val` split (the selection split, {held['selection_tokens']:,} "
             f"tokens) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
             f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens, "
-            "the same windows for every run), paired by seed: no number below chose an lr.")
+            "the same windows for every run), paired by seed: no number below chose an lr." + muon)
+
+
+def optimizer_text(settings: dict[str, Any]) -> str:
+    """The runs' optimizer in a few words (``settings``: their TrainConfig as a dict; a record made before the
+    field existed trained with AdamW)."""
+    if settings.get("optimizer", "adamw") != "muon":
+        return "optimizer AdamW"
+    return (f"optimizer Muon on the hidden matrices (match_rms_adamw) with AdamW on the rest at "
+            f"{settings.get('adamw_lr_ratio', 1.0):g} x lr")
+
+
+def _muon_sentence(settings: dict[str, Any]) -> str:
+    """Under Muon, what the lr means: Muon's, with AdamW's group at a fixed ratio to it."""
+    if settings.get("optimizer", "adamw") != "muon":
+        return ""
+    return (f" Optimizer: Muon on the hidden matrices and AdamW on the rest; every lr here is Muon's, AdamW's is "
+            f"{settings.get('adamw_lr_ratio', 1.0):g} x it (docs/training.md, 'Optimizers').")
 
 
 def terminal_report(summary: dict[str, Any]) -> str:
@@ -408,8 +426,9 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         "",
         f"Seed s means the same initialisation seed and the same data order for every variant. Data "
         f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {lr_text} (warm-up "
-        f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {optimizer_text(s)}, {lr_text} "
+        f"(warm-up {s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on "
+        f"{s.get('eval_batches')} "
         f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
         f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
