@@ -300,3 +300,27 @@ def test_a_finished_run_without_checkpoints_is_not_retrained_to_go_further(tmp_p
     err = capsys.readouterr().err
     assert "was made with other settings (steps: run has 2, now 3)" in err and "--overwrite" in err
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_packed_records_report_and_are_reused_as_the_plain_ones(seeds_study, data_dir, tmp_path, capsys):
+    """Runs kept packed (metrics.jsonl.gz, as studies/ keeps them: issue 65 item 5) give the same report, and a
+    rerun of the comparison reuses them; a run directory holding both forms is refused, naming it."""
+    from deep_delta.train.metrics import pack_metrics
+
+    out = _copy(seeds_study, tmp_path)
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    plain = json.loads((out / "compare.json").read_text())
+    for run in out.glob("seed_*/*"):
+        shutil.rmtree(run / "checkpoints")
+        pack_metrics(run)
+    assert not list(out.rglob("metrics.jsonl")) and len(list(out.rglob("metrics.jsonl.gz"))) == 4
+    capsys.readouterr()
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    assert _numbers(json.loads((out / "compare.json").read_text())) == _numbers(plain)
+    assert main(micro(out, data_dir, "--seeds", "2")) == 0
+    assert capsys.readouterr().out.count("(its record); kept") == 4
+    assert not list(out.rglob("metrics.jsonl"))  # reused, not rewritten
+    run = out / "seed_1" / "ddl-dv1"
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 1.0}\n')
+    _refused(out, capsys, f"{run} holds both metrics.jsonl and metrics.jsonl.gz, so which one is the run's metrics "
+             "is ambiguous")

@@ -23,7 +23,7 @@ from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.experiments.test_split import TEST_FILE, read_test
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig
-from deep_delta.train.metrics import read_metrics
+from deep_delta.train.metrics import metrics_file, read_metrics
 from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
 
@@ -60,7 +60,7 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
         from deep_delta.train.provenance import StoredResultMismatch
 
         raise StoredResultMismatch(
-            f"{run_dir / 'metrics.jsonl'} holds validation losses measured on {' and '.join(map(str, measured))} "
+            f"{metrics_file(run_dir)} holds validation losses measured on {' and '.join(map(str, measured))} "
             f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
     run = read_run_file(run_dir) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None

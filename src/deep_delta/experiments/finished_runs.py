@@ -230,20 +230,18 @@ def _check_checkpoint(run: FinishedRun) -> None:
 
 
 def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
-    """The records of the run's metrics.jsonl, every line of which must be one (a torn or truncated file is
-    refused), the last training step the one run.json records as the run's end and the last validation loss the
-    one it records there. Returns the records."""
-    from deep_delta.train.metrics import METRICS_FILE
+    """The records of the run's metrics (``metrics.jsonl``, or the same packed, ``metrics.jsonl.gz``), every line of
+    which must be one (a torn or truncated file is refused), the last training step the one run.json records as the
+    run's end and the last validation loss the one it records there. Returns the records."""
+    from deep_delta.train.metrics import METRICS_FILE, PACKED_METRICS_FILE, metrics_file, metrics_text
     from deep_delta.train.run_dir import RUN_FILE
 
-    path = run.dir / METRICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; a finished run is reported from its metrics.jsonl: copy it with "
-                                "the run's run.json")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}): not a run's metrics") from None
+    path = metrics_file(run.dir)
+    if path is None:
+        raise FileNotFoundError(f"{run.dir / METRICS_FILE} is missing (and so is its packed form, "
+                                f"{PACKED_METRICS_FILE}); a finished run is reported from its metrics: copy them with the "
+                                "run's run.json")
+    text = metrics_text(path)
     records = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -346,9 +344,11 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
 def check_copies(runs: list[FinishedRun]) -> None:
     """No two runs with the same metrics (their records, not their bytes: a blank line or a reformatting does not
     make a copy another run's): one run copied and its run.json changed is refused, naming both."""
+    from deep_delta.train.metrics import metrics_file, metrics_text
+
     digests: dict[str, FinishedRun] = {}
     for run in runs:
-        lines = (run.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = metrics_text(metrics_file(run.dir)).splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
         digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
         other = digests.setdefault(digest, run)

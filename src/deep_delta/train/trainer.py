@@ -259,7 +259,7 @@ class Trainer:
         if self.info.is_main:
             if self.overwrite:
                 run_dir.clear_run(self.out)
-            truncate_metrics(self.out / METRICS_FILE, self.step)
+            truncate_metrics(self.out, self.step)
             run_dir.write_run_file(self.out, self.cfg, self.data, self.model_config, self.info.world_size,
                                    self.n_params, self.info.device)
         distr.barrier(self.info)
