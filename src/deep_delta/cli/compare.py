@@ -77,7 +77,10 @@ def add_parser(sub) -> None:
                    help="start from this YAML file or recipe (small/baseline) instead of the recipe compare, "
                    "whose values the (default ...) of the settings below show (their flags still apply)")
     options.add_set(p)
-    p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="retrain every run already in OUT from step 0, the finished ones too (a study's every lr, "
+                   "seed and evaluation run); to retrain one run alone, remove its directory (OUT/.../VARIANT) and "
+                   "run the same command again: only the runs that are missing train")
     options.add_progress(p)
     options.add_settings(p.add_argument_group("evaluation seeds and the test split (with --lrs)"), HeldOutSettings)
     options.add_settings(p.add_argument_group("settings of every run (override the recipe compare or --config)"),

@@ -27,8 +27,13 @@ from deep_delta.train.metrics import metrics_file, read_metrics
 from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
 
-REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
-                "it was made with, `overwrite` to retrain it, or another `out`")
+
+def reuse_remedy(run_dir: Path | str) -> str:
+    """What a comparison refusing a stored run of other settings or data says can be done: each choice with what it
+    retrains (the run alone, or every run of the study)."""
+    return (f"a comparison never mixes results made with different settings or data: rerun with the settings it was "
+            f"made with; or retrain this run alone (remove {run_dir} and run again: only the runs that are missing "
+            "train); or `overwrite`, which retrains every run in `out`; or another `out`")
 
 
 def reference_variant(variants: list[str]) -> str:
@@ -61,7 +66,7 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
 
         raise StoredResultMismatch(
             f"{metrics_file(run_dir)} holds validation losses measured on {' and '.join(map(str, measured))} "
-            f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
+            f"batches, this comparison on {eval_batches} (`eval_batches`); {reuse_remedy(run_dir)}")
     run = read_run_file(run_dir) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None
     test = read_test(run_dir) if split == "test" and not bad else None

@@ -11,7 +11,8 @@ and its data. Then each run is checked:
   ``lr_4e-3`` for the lr it names ``lr_0.004``) is refused (and :func:`deep_delta.experiments.compare.
   collect_comparison` checks that each run stands exactly where ``ddl compare`` puts it);
 - against itself: its metrics.jsonl must be there, complete (every line a record) and end where run.json says the
-  run ended, with the validation loss run.json records;
+  run ended, with the validation loss run.json records; it trained one warm-up and cosine schedule of its length (as
+  run.json's ``segments`` record it, or, in a record written before segments were, as its metrics' lr column shows);
 - against the others: each (variant, seed, lr) once, and never two copies of one run (the same run.json's
   identity in two places, or the same metrics in two runs); every result-changing setting but variant, seed, lr
   and steps and the data shared; one step count per variant; every variant with every seed (and at every lr).
@@ -34,6 +35,18 @@ from deep_delta.train.config import TrainConfig
 SEED_DIR = re.compile(r"seed_(0|[1-9][0-9]*)")
 # the train_config fields a run's identity is read from (the defaults never stand in for them)
 IDENTITY = ("variant", "seed", "lr", "steps")
+
+
+def retrain_remedy(run_dir: Path | str) -> str:
+    """How one run is trained again, and only that one: what a refusal of a run that only retraining mends ends
+    with (``overwrite`` retrains every run of the study, the finished ones too)."""
+    return (f"to retrain this run alone, remove {run_dir} and run the study's `ddl compare` again (it trains only the "
+            "runs that are missing; `overwrite` would retrain every run in `out`)")
+
+
+class NeedsRetraining(ValueError):
+    """A finished run whose record cannot be reused as it is (another schedule than its length, a checkpoint it
+    contradicts, a schedule that cannot be checked): its message ends with :func:`retrain_remedy`."""
 
 
 @dataclass
@@ -171,7 +184,10 @@ def check_finished(run: FinishedRun) -> list[dict[str, Any]]:
     if isinstance(model, dict) and model.get("variant", cfg.variant) != cfg.variant:
         raise ValueError(f"{path}: model_config is a {model.get('variant')!r} model, but train_config.variant is "
                          f"{cfg.variant!r}; allowed: a run's own record (a run copied and relabelled is refused)")
-    return check_metrics(run)
+    records = check_metrics(run)
+    if run.record.get("segments") is None:  # a record written before segments were: its lr column tells
+        _check_lr_column(run, records)
+    return records
 
 
 def _check_segments(run: FinishedRun) -> None:
@@ -179,7 +195,7 @@ def _check_segments(run: FinishedRun) -> None:
     segments contiguous from step 0 to the run's end."""
     segments = run.record.get("segments")
     if segments is None:
-        return  # a run recorded before segments were: nothing tells its schedule
+        return  # a run recorded before segments were: its metrics' lr column tells (_check_lr_column)
     path, steps = run.dir / "run.json", run.cfg.steps
     ok = isinstance(segments, list) and segments and all(isinstance(s, dict) for s in segments)
     if ok:
@@ -192,9 +208,66 @@ def _check_segments(run: FinishedRun) -> None:
     other = [s for s in segments if s.get("steps") != steps]
     if other:
         parts = ", ".join(f"steps {s['from']}-{s['to']} on a {s.get('steps')}-step schedule" for s in segments)
-        raise ValueError(f"{path}: the run trained {parts}: resumed with a changed `steps`, which restarts the "
-                         f"warm-up and cosine schedule, so it is not one {steps}-step run; allowed: a run trained on "
-                         f"one {steps}-step schedule (retrain it, `overwrite`)")
+        raise NeedsRetraining(f"{path}: the run trained {parts}: resumed with a changed `steps`, which restarts the "
+                              f"warm-up and cosine schedule, so it is not one {steps}-step run; allowed: a run trained "
+                              f"on one {steps}-step schedule; {retrain_remedy(run.dir)}")
+
+
+# how close a recorded lr must be to the schedule's (both are one float64 product; the slack is for rounding only)
+LR_TOLERANCE = 1e-9
+
+
+def _check_lr_column(run: FinishedRun, records: list[dict[str, Any]]) -> None:
+    """A run recorded without ``segments`` (before they were) trained one schedule of its length when its metrics'
+    lr column is the warm-up and cosine of ``train_config`` (``warmup_steps``, ``steps``, ``min_lr_ratio``;
+    :class:`~deep_delta.train.optim.WarmupCosine`) at every recorded step, scaled by the lr of its first step (the
+    optimizer's first group may carry a multiplier; a ratio is what the schedule fixes). A column that leaves it is
+    refused, naming the step where the schedule restarted (a run resumed with a changed ``steps``) or, where no tail
+    of it fits, the first step that does not; one that cannot be checked is refused as unverifiable."""
+    from deep_delta.train.metrics import metrics_file
+    from deep_delta.train.optim import WarmupCosine
+
+    path, run_file, steps = metrics_file(run.dir), run.dir / "run.json", run.cfg.steps
+    settings = run.record["train_config"]
+    trained = [r for r in records if "loss" in r]
+    why = None
+    missing = [k for k in ("warmup_steps", "min_lr_ratio") if k not in settings]
+    if missing:
+        why = f"its train_config records no {' or '.join(missing)}"
+    elif not trained:
+        why = f"{path} records no training step"
+    else:
+        bad = next((r["step"] for r in trained if isinstance(r.get("lr"), bool) or not isinstance(r.get("lr"), (int, float))
+                    or not math.isfinite(r["lr"]) or r["lr"] < 0), None)
+        if bad is not None:
+            why = f"{path} records no usable lr at step {bad}"
+        elif trained[0]["lr"] == 0:
+            why = f"{path} records lr 0 at its first step, {trained[0]['step']}: nothing to scale the schedule by"
+    if why is not None:
+        raise NeedsRetraining(f"{run_file} records no `segments` (written before they were), and whether the run "
+                              f"trained one {steps}-step schedule cannot be checked from its metrics either ({why}): "
+                              f"the record is unverifiable; allowed: a run whose record shows one schedule of its "
+                              f"length; {retrain_remedy(run.dir)}")
+    schedule = WarmupCosine(run.cfg.warmup_steps, steps, run.cfg.min_lr_ratio)
+    first = trained[0]
+    scale = first["lr"] / schedule(first["step"] - 1)  # record k holds the lr of the update of step k - 1 -> k
+    expected = {r["step"]: scale * schedule(r["step"] - 1) for r in trained}
+    off = [r for r in trained if not math.isclose(r["lr"], expected[r["step"]], rel_tol=LR_TOLERANCE, abs_tol=0.0)]
+    if not off:
+        return
+    shape = (f"one {steps}-step warm-up and cosine schedule (`warmup_steps` {run.cfg.warmup_steps}, `min_lr_ratio` "
+             f"{run.cfg.min_lr_ratio}, scaled by the lr of step {first['step']})")
+    last = off[-1]
+    if last["step"] < trained[-1]["step"]:
+        restart = next(r["step"] for r in trained if r["step"] > last["step"])
+        what = (f"its lr column follows {shape} only from step {restart}: at step {last['step']} it has "
+                f"{last['lr']!r} where that schedule has {expected[last['step']]!r}, so the schedule restarted at step "
+                f"{restart} (a run resumed with a changed `steps`) and this is not one {steps}-step run")
+    else:
+        what = (f"its lr at step {off[0]['step']} ({off[0]['lr']!r}) is not the one of {shape} "
+                f"({expected[off[0]['step']]!r}): not the record of one {steps}-step run")
+    raise NeedsRetraining(f"{path}: {what} ({run_file} records no `segments`, written before they were); allowed: a "
+                          f"run trained on one {steps}-step schedule; {retrain_remedy(run.dir)}")
 
 
 def _check_checkpoint(run: FinishedRun) -> None:
@@ -224,9 +297,9 @@ def _check_checkpoint(run: FinishedRun) -> None:
     if stored is not None and run.fingerprint is not None and stored != run.fingerprint:
         diff.append("the data (its fingerprint)")
     if diff:
-        raise ValueError(f"{run.dir / 'run.json'} does not describe its own checkpoint {latest} ({'; '.join(diff)}): "
-                         "the record was changed after training; allowed: a run's own record (retrain it, "
-                         "`overwrite`)")
+        raise NeedsRetraining(f"{run.dir / 'run.json'} does not describe its own checkpoint {latest} "
+                              f"({'; '.join(diff)}): the record was changed after training; allowed: a run's own "
+                              f"record; {retrain_remedy(run.dir)}")
 
 
 def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
@@ -380,5 +453,5 @@ def check_models(runs: list[FinishedRun]) -> None:
                              "copied from another variant and relabelled is refused)")
 
 
-__all__ = ["FinishedRun", "check_copies", "check_models", "check_finished", "check_metrics", "check_together", "find_runs", "lr_of_folder",
-           "read_run"]
+__all__ = ["FinishedRun", "NeedsRetraining", "check_copies", "check_models", "check_finished", "check_metrics", "check_together", "find_runs",
+           "lr_of_folder", "read_run", "retrain_remedy"]

@@ -242,8 +242,9 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
     for (v, s), run in runs.items():
         if run.cfg.lr != chosen[v]:
             raise ValueError(f"{run.dir / 'run.json'} records lr {run.cfg.lr:g}, but the grid chooses {chosen[v]:g} "
-                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (rerun the "
-                             "study with `overwrite` to retrain them)")
+                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (remove "
+                             f"{where} and run the study's `ddl compare` again: it trains the evaluation runs at the "
+                             "chosen lrs and keeps the grid's; `overwrite` would retrain the grid too)")
         if s in selection["seeds"]:
             raise ValueError(f"{run.dir} is an evaluation run of seed {s}, a selection seed; allowed: evaluation "
                              "seeds apart from the selection seeds")
