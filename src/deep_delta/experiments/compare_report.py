@@ -417,14 +417,50 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
         f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
-        f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
-        f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). {_wall_sentence(summary)}"
-        f"{_devices_sentence(summary)}",
+        f"{machine_sentence(m)} {_wall_sentence(summary)}{_devices_sentence(summary)}",
         "",
         f"![training and validation loss]({curves})",
         "",
     ]
     return lines
+
+
+def machine_sentence(m: dict[str, Any]) -> str:
+    """The machine record of a report in words: the process that trained and wrote it, or, for runs brought together
+    (``--report-only``: a record with ``report_written_on``), what the runs' own run.json records (where the runs
+    differ, each run's), then the machine that wrote the report."""
+    if "report_written_on" not in m:
+        return (f"Machine: {_device_text(m['device'])}, {m['cpu_count']} CPU cores ({m['processor']}), torch "
+                f"{m['torch']} with {m['torch_threads']} thread(s).")
+    w = m["report_written_on"]
+    switches = m.get("kernel_switches")
+    on = [k for k, v in (switches or {}).items() if v]
+    switch_text = ("not recorded" if switches is None else f"on: {', '.join(on)}" if on else "all off")
+    code = m.get("code")
+    code_text = "" if code is None else f"; code {_recorded_text(code)}"
+    threads = m.get("torch_threads")
+    threads_text = ("CPU threads not recorded" if threads is None else
+                    f"CPU threads {_recorded_text(threads)}" if isinstance(threads, dict) else f"{threads} CPU thread(s)")
+    return (f"Machine of the runs (their run.json): {_recorded_text(m.get('device'), _device_text)}, torch "
+            f"{_recorded_text(m.get('torch'))}, {threads_text}, kernel switches {switch_text}{code_text}. This report "
+            f"was written on {w['cpu_count']} CPU cores ({w['processor']}), torch {w['torch']}.")
+
+
+def _device_text(name: Any) -> str:
+    return "CPU only (no GPU)" if name == "cpu" else str(name)
+
+
+def _recorded_text(value: Any, show=None) -> str:
+    """A value the runs record: itself where they agree, each run's where they differ ({run: value})."""
+    def one(v: Any) -> str:
+        if v is None:
+            return "not recorded"
+        if isinstance(v, dict) and "commit" in v:
+            return f"{str(v['commit'])[:12]}{'' if v.get('clean', True) else ' (uncommitted changes)'}"
+        return show(v) if show is not None else str(v)
+    if isinstance(value, dict) and not (value and "commit" in value):
+        return "per run (" + "; ".join(f"{run}: {one(v)}" for run, v in value.items()) + ")"
+    return one(value)
 
 
 def _wall_sentence(summary: dict[str, Any]) -> str:
@@ -437,16 +473,14 @@ def _wall_sentence(summary: dict[str, Any]) -> str:
 
 
 def _devices_sentence(summary: dict[str, Any]) -> str:
-    """For a report brought together from finished runs (``--report-only``): which device made which runs (the
-    machine above is the one that wrote the report)."""
+    """For a report brought together from finished runs (``--report-only``): which device made which runs."""
     devices = summary.get("devices")
     if not devices:
         return ""
     by_device: dict[str, list[str]] = {}
     for run, name in devices.items():
         by_device.setdefault(name, []).append(run)
-    return " The runs were brought together from finished run directories (`--report-only`; the machine above " \
-           "wrote this report): " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
+    return " The runs were brought together from finished run directories (`--report-only`): " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
 
 
 def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:

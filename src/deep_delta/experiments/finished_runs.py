@@ -15,7 +15,9 @@ and its data. Then each run is checked:
   run.json's ``segments`` record it, or, in a record written before segments were, as its metrics' lr column shows);
 - against the others: each (variant, seed, lr) once, and never two copies of one run (the same run.json's
   identity in two places, or the same metrics in two runs); every result-changing setting but variant, seed, lr
-  and steps and the data shared; one step count per variant; every variant with every seed (and at every lr).
+  and steps and the data shared, and the kernel switches (where recorded); one step count per variant; every
+  variant with every seed (and at every lr). What differs without changing a loss (the CPU threads, the torch, the
+  code's commit) is said in the report (:func:`runs_machine`), whose machine record is the runs' own.
 
 Any disagreement is one refusal naming the run and the field.
 """
@@ -383,6 +385,7 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
             raise ValueError(f"the run of {run.name} stands twice, in {other.dir} and {run.dir} (copies or links of "
                              "one run); allowed: each variant, seed and lr once")
     check_copies(runs)
+    check_switches(runs)
     reference = runs[0]
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
     for run in runs:
@@ -430,6 +433,75 @@ def check_copies(runs: list[FinishedRun]) -> None:
                              f"changed to {run.name}; allowed: each run trained once")
 
 
+def check_switches(runs: list[FinishedRun]) -> None:
+    """The kernel switches each run trained with (run.json's ``kernel_switches``; older records do not say) agree
+    across the runs brought together: a run made with a kernel path on beside one made with it off is refused, as
+    plain ``ddl compare`` refuses such a run against its own process's switches. A ``ValueError`` names both runs
+    and the switch."""
+    recorded = [r for r in runs if isinstance(r.record.get("kernel_switches"), dict)]
+    if not recorded:
+        return
+    first = recorded[0]
+    for run in recorded[1:]:
+        mine, theirs = run.record["kernel_switches"], first.record["kernel_switches"]
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if keys:
+            switched = "; ".join(f"{k} {mine.get(k)!r}, there {theirs.get(k)!r}" for k in keys)
+            raise ValueError(f"{run.dir / 'run.json'} records kernel switch {switched} ({first.dir / 'run.json'}; "
+                             "deep_delta.ops.switches): runs made on other kernel paths are not one comparison; "
+                             "allowed: runs made with one set of kernel switches (retrain the ones made with the "
+                             f"other: {retrain_remedy(run.dir)}, with the switches set as the others had them)")
+
+
+def _recorded(runs: list[FinishedRun], field: str) -> dict[str, Any]:
+    """{run name: what its run.json records of ``field`` ("threads", "torch", "name": its ``device``'s; "code": its
+    ``code``, the commit it trained at where recorded)}; None where a run does not say."""
+    def get(run: FinishedRun) -> Any:
+        if field == "code":
+            return run.record.get("code") if isinstance(run.record.get("code"), dict) else None
+        device = run.record.get("device")
+        return device.get(field) if isinstance(device, dict) else None
+    return {run.name: get(run) for run in runs}
+
+
+def _one(values: dict[str, Any]) -> Any:
+    """The one value every run records (None: none records it), or {run: value} where they differ."""
+    distinct = {json.dumps(v, sort_keys=True) for v in values.values()}
+    return next(iter(values.values())) if len(distinct) == 1 else dict(values)
+
+
+def runs_machine(runs: list[FinishedRun]) -> tuple[dict[str, Any], list[str]]:
+    """The machine record of a report brought together from finished runs (``--report-only``): what the runs' own
+    run.json records (their kernel switches, which :func:`check_switches` made one set; their CPU threads, torch,
+    device and the code's commit, each one value where they agree, else {run: value}), not what the reporting
+    process has; that process's platform is kept apart (``report_written_on``). Returns it with the notes the
+    report shows where the runs differ in threads, torch or commit (a difference that changes no loss, said, not
+    refused)."""
+    from deep_delta.experiments.report import machine
+
+    switches = next((r.record["kernel_switches"] for r in runs if isinstance(r.record.get("kernel_switches"), dict)),
+                    None)
+    fields = {"torch_threads": _recorded(runs, "threads"), "torch": _recorded(runs, "torch"),
+              "device": _recorded(runs, "name"), "code": _recorded(runs, "code")}
+    record = {"of": "the runs (their run.json)", "kernel_switches": switches,
+              **{k: _one(v) for k, v in fields.items()}, "report_written_on": machine()}
+    notes = []
+    for key, what in (("torch_threads", "CPU threads"), ("torch", "torch versions"), ("code", "code commits")):
+        if isinstance(record[key], dict) and not (key == "code" and not any(record[key].values())):
+            shown = "; ".join(f"{name}: {_shown_value(v)}" for name, v in fields[key].items())
+            notes.append(f"the runs were trained with different {what} ({shown}); each run's losses are its own, but "
+                         "its speed (tokens/s) and its bits are those of its own setting")
+    return record, notes
+
+
+def _shown_value(value: Any) -> str:
+    if value is None:
+        return "not recorded"
+    if isinstance(value, dict) and "commit" in value:
+        return f"{str(value['commit'])[:12]}{'' if value.get('clean', True) else ' (with uncommitted changes)'}"
+    return str(value)
+
+
 # model_config entries that describe the file, not the model (a transformers upgrade between two runs changes them)
 _BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"})
 
@@ -453,5 +525,5 @@ def check_models(runs: list[FinishedRun]) -> None:
                              "copied from another variant and relabelled is refused)")
 
 
-__all__ = ["FinishedRun", "NeedsRetraining", "check_copies", "check_models", "check_finished", "check_metrics", "check_together", "find_runs",
-           "lr_of_folder", "read_run", "retrain_remedy"]
+__all__ = ["FinishedRun", "NeedsRetraining", "check_copies", "check_models", "check_finished", "check_metrics", "check_switches", "check_together", "find_runs",
+           "lr_of_folder", "read_run", "retrain_remedy", "runs_machine"]
