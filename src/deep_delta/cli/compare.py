@@ -65,9 +65,9 @@ def add_parser(sub) -> None:
                    "those), each point with its own seeds and lr grid, for a study run in parts; or, for an OUT "
                    "without such points, OUT/compare.md, compare.json and curves.png (and an lr grid's best-lr "
                    "report) from the finished run directories there, e.g. runs made on several machines and "
-                   "brought together without their checkpoints (each run's device is recorded, and the report's machine is the "
-                   "runs' own: their kernel switches, which must agree, threads and commit; each run is what its "
-                   "own run.json says and must stand where `ddl compare` puts it, once). The points or runs "
+                   "brought together without their checkpoints (each run's device is recorded, and the report's "
+                   "machine is the runs' own: their kernel switches, which must agree, threads and commit; each run is "
+                   "what its own run.json says and must stand where `ddl compare` puts it, once). The points or runs "
                    "must share every setting but width, length, variant, lr, steps and seeds, and the data. "
                    "Refused with the options that train")
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",

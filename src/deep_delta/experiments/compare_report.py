@@ -439,11 +439,11 @@ def machine_sentence(m: dict[str, Any]) -> str:
     code = m.get("code")
     code_text = "" if code is None else f"; code {_recorded_text(code)}"
     threads = m.get("torch_threads")
-    threads_text = ("CPU threads not recorded" if threads is None else
-                    f"CPU threads {_recorded_text(threads)}" if isinstance(threads, dict) else f"{threads} CPU thread(s)")
-    return (f"Machine of the runs (their run.json): {_recorded_text(m.get('device'), _device_text)}, torch "
-            f"{_recorded_text(m.get('torch'))}, {threads_text}, kernel switches {switch_text}{code_text}. This report "
-            f"was written on {w['cpu_count']} CPU cores ({w['processor']}), torch {w['torch']}.")
+    threads_text = ("CPU threads not recorded" if threads is None else f"CPU threads {_recorded_text(threads)}"
+                    if isinstance(threads, dict) else f"{threads} CPU thread(s)")
+    return (f"Machine: the runs' own, as their run.json records it: {_recorded_text(m.get('device'), _device_text)}, "
+            f"torch {_recorded_text(m.get('torch'))}, {threads_text}, kernel switches {switch_text}{code_text}. This "
+            f"report was written on {w['cpu_count']} CPU cores ({w['processor']}), torch {w['torch']}.")
 
 
 def _device_text(name: Any) -> str:
@@ -480,7 +480,8 @@ def _devices_sentence(summary: dict[str, Any]) -> str:
     by_device: dict[str, list[str]] = {}
     for run, name in devices.items():
         by_device.setdefault(name, []).append(run)
-    return " The runs were brought together from finished run directories (`--report-only`): " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
+    return " The runs were brought together from finished run directories (`--report-only`): " + "; ".join(
+        f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
 
 
 def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:

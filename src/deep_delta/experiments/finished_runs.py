@@ -239,8 +239,8 @@ def _check_lr_column(run: FinishedRun, records: list[dict[str, Any]]) -> None:
     elif not trained:
         why = f"{path} records no training step"
     else:
-        bad = next((r["step"] for r in trained if isinstance(r.get("lr"), bool) or not isinstance(r.get("lr"), (int, float))
-                    or not math.isfinite(r["lr"]) or r["lr"] < 0), None)
+        bad = next((r["step"] for r in trained if isinstance(r.get("lr"), bool)
+                    or not isinstance(r.get("lr"), (int, float)) or not math.isfinite(r["lr"]) or r["lr"] < 0), None)
         if bad is not None:
             why = f"{path} records no usable lr at step {bad}"
         elif trained[0]["lr"] == 0:
@@ -314,8 +314,8 @@ def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
     path = metrics_file(run.dir)
     if path is None:
         raise FileNotFoundError(f"{run.dir / METRICS_FILE} is missing (and so is its packed form, "
-                                f"{PACKED_METRICS_FILE}); a finished run is reported from its metrics: copy them with the "
-                                "run's run.json")
+                                f"{PACKED_METRICS_FILE}); a finished run is reported from its metrics: copy them with "
+                                "the run's run.json")
     text = metrics_text(path)
     records = []
     for i, line in enumerate(text.splitlines(), 1):
@@ -525,5 +525,6 @@ def check_models(runs: list[FinishedRun]) -> None:
                              "copied from another variant and relabelled is refused)")
 
 
-__all__ = ["FinishedRun", "NeedsRetraining", "check_copies", "check_models", "check_finished", "check_metrics", "check_switches", "check_together", "find_runs",
-           "lr_of_folder", "read_run", "retrain_remedy", "runs_machine"]
+__all__ = ["FinishedRun", "NeedsRetraining", "check_copies", "check_models", "check_finished", "check_metrics",
+           "check_switches", "check_together", "find_runs", "lr_of_folder", "read_run", "retrain_remedy",
+           "runs_machine"]
