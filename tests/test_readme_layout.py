@@ -27,9 +27,9 @@ def test_run_records_live_in_studies_not_in_docs():
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):readme.index("## Status and limits")]
     assert re.search(r"^\s+studies/", layout, re.M)
-    records = ("run.json", "metrics.jsonl", "compare.json", "tasks.json", "scaling.json")
+    records = ("run.json", "metrics.jsonl", "metrics.jsonl.gz", "compare.json", "tasks.json", "scaling.json")
     assert not [p for name in records for p in (ROOT / "docs").rglob(name)]
-    assert len(list((ROOT / "studies").rglob("metrics.jsonl"))) >= 146
+    assert len(list((ROOT / "studies").rglob("metrics.jsonl*"))) >= 146  # packed: metrics.jsonl.gz
 
 
 def test_a_fresh_machine_has_two_commands():

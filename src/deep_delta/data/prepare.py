@@ -640,9 +640,14 @@ def prepare(
 def find_prepared(settings: PrepareSettings) -> dict | None:
     """The metadata of ``settings.out`` when it already holds what :func:`prepare` would write there: a complete
     preparation of the same named corpus (its package files pinned by checksum, so the text cannot have changed)
-    with the byte tokenizer and the same split, shard and cap settings, whose shard headers agree with its
-    ``meta.json``. None otherwise: other sources (local files, the Hub) and the gpt2 tokenizer (its BPE file is not
-    recorded) are always prepared again."""
+    with the byte tokenizer and the same split, shard and cap settings, every shard of which is what ``meta.json``
+    records (headers, sizes, largest ids and SHA-256, read in full as ``ddl data verify`` reads them: a fraction of
+    a second for the prose corpus). None otherwise: other sources (local files, the Hub) and the gpt2 tokenizer (its
+    BPE file is not recorded) are always prepared again. Such a preparation whose shards are damaged is prepared
+    again with ``overwrite`` (which replaces it) and otherwise refused (a :class:`DataError` naming the shard): the
+    data a recipe promises is never taken from a damaged copy, nor replaced unasked."""
+    from deep_delta.data.verify import verify_data_dir
+
     corpus = named_corpus(settings.source)
     out = Path(settings.out).expanduser()
     if corpus is None or settings.tokenizer != "byte" or not (out / META_FILE).is_file():
@@ -652,11 +657,20 @@ def find_prepared(settings: PrepareSettings) -> dict | None:
     wanted = {"format": META_FORMAT, "source": corpus.name, "tokenizer": settings.tokenizer,
               "val_fraction": settings.val_fraction, "test_fraction": settings.test_fraction,
               "shard_tokens": settings.shard_tokens, "max_tokens": settings.max_tokens}
-    if report.problems or meta is None or any(meta.get(k) != v for k, v in wanted.items()):
+    if meta is None or any(meta.get(k) != v for k, v in wanted.items()):
         return None
     pinned = [{k: p.get(k) for k in ("name", "version", "file", "sha256")} for p in meta.get("packages") or []
               if isinstance(p, dict)]
-    return meta if pinned == corpus.pinned() else None
+    if pinned != corpus.pinned():
+        return None
+    problems = [str(p) for p in report.problems] or verify_data_dir(out).problems
+    if not problems:
+        return meta
+    if settings.overwrite:
+        return None  # prepared again, and swapped in for the damaged one
+    more = f" (and {len(problems) - 1} more: `ddl data verify {out}` lists them)" if len(problems) > 1 else ""
+    raise DataError(f"{out} holds {corpus.name} prepared with these settings, but it is damaged: {problems[0]}{more}; "
+                    f"prepare it again with `overwrite` (it replaces {out} with a fresh preparation)")
 
 
 def prepare_from(settings: PrepareSettings) -> dict:

@@ -23,12 +23,17 @@ from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.experiments.test_split import TEST_FILE, read_test
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig
-from deep_delta.train.metrics import read_metrics
+from deep_delta.train.metrics import metrics_file, read_metrics
 from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
 
-REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
-                "it was made with, `overwrite` to retrain it, or another `out`")
+
+def reuse_remedy(run_dir: Path | str) -> str:
+    """What a comparison refusing a stored run of other settings or data says can be done: each choice with what it
+    retrains (the run alone, or every run of the study)."""
+    return (f"a comparison never mixes results made with different settings or data: rerun with the settings it was "
+            f"made with; or retrain this run alone (remove {run_dir} and run again: only the runs that are missing "
+            "train); or `overwrite`, which retrains every run in `out`; or another `out`")
 
 
 def reference_variant(variants: list[str]) -> str:
@@ -60,8 +65,8 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
         from deep_delta.train.provenance import StoredResultMismatch
 
         raise StoredResultMismatch(
-            f"{run_dir / 'metrics.jsonl'} holds validation losses measured on {' and '.join(map(str, measured))} "
-            f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
+            f"{metrics_file(run_dir)} holds validation losses measured on {' and '.join(map(str, measured))} "
+            f"batches, this comparison on {eval_batches} (`eval_batches`); {reuse_remedy(run_dir)}")
     run = read_run_file(run_dir) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None
     test = read_test(run_dir) if split == "test" and not bad else None
@@ -431,14 +436,50 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         f"{s.get('eval_batches')} "
         f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
-        f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
-        f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). {_wall_sentence(summary)}"
-        f"{_devices_sentence(summary)}",
+        f"{machine_sentence(m)} {_wall_sentence(summary)}{_devices_sentence(summary)}",
         "",
         f"![training and validation loss]({curves})",
         "",
     ]
     return lines
+
+
+def machine_sentence(m: dict[str, Any]) -> str:
+    """The machine record of a report in words: the process that trained and wrote it, or, for runs brought together
+    (``--report-only``: a record with ``report_written_on``), what the runs' own run.json records (where the runs
+    differ, each run's), then the machine that wrote the report."""
+    if "report_written_on" not in m:
+        return (f"Machine: {_device_text(m['device'])}, {m['cpu_count']} CPU cores ({m['processor']}), torch "
+                f"{m['torch']} with {m['torch_threads']} thread(s).")
+    w = m["report_written_on"]
+    switches = m.get("kernel_switches")
+    on = [k for k, v in (switches or {}).items() if v]
+    switch_text = ("not recorded" if switches is None else f"on: {', '.join(on)}" if on else "all off")
+    code = m.get("code")
+    code_text = "" if code is None else f"; code {_recorded_text(code)}"
+    threads = m.get("torch_threads")
+    threads_text = ("CPU threads not recorded" if threads is None else f"CPU threads {_recorded_text(threads)}"
+                    if isinstance(threads, dict) else f"{threads} CPU thread(s)")
+    return (f"Machine: the runs' own, as their run.json records it: {_recorded_text(m.get('device'), _device_text)}, "
+            f"torch {_recorded_text(m.get('torch'))}, {threads_text}, kernel switches {switch_text}{code_text}. This "
+            f"report was written on {w['cpu_count']} CPU cores ({w['processor']}), torch {w['torch']}.")
+
+
+def _device_text(name: Any) -> str:
+    return "CPU only (no GPU)" if name == "cpu" else str(name)
+
+
+def _recorded_text(value: Any, show=None) -> str:
+    """A value the runs record: itself where they agree, each run's where they differ ({run: value})."""
+    def one(v: Any) -> str:
+        if v is None:
+            return "not recorded"
+        if isinstance(v, dict) and "commit" in v:
+            return f"{str(v['commit'])[:12]}{'' if v.get('clean', True) else ' (uncommitted changes)'}"
+        return show(v) if show is not None else str(v)
+    if isinstance(value, dict) and not (value and "commit" in value):
+        return "per run (" + "; ".join(f"{run}: {one(v)}" for run, v in value.items()) + ")"
+    return one(value)
 
 
 def _wall_sentence(summary: dict[str, Any]) -> str:
@@ -451,16 +492,15 @@ def _wall_sentence(summary: dict[str, Any]) -> str:
 
 
 def _devices_sentence(summary: dict[str, Any]) -> str:
-    """For a report brought together from finished runs (``--report-only``): which device made which runs (the
-    machine above is the one that wrote the report)."""
+    """For a report brought together from finished runs (``--report-only``): which device made which runs."""
     devices = summary.get("devices")
     if not devices:
         return ""
     by_device: dict[str, list[str]] = {}
     for run, name in devices.items():
         by_device.setdefault(name, []).append(run)
-    return " The runs were brought together from finished run directories (`--report-only`; the machine above " \
-           "wrote this report): " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
+    return " The runs were brought together from finished run directories (`--report-only`): " + "; ".join(
+        f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
 
 
 def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:

@@ -210,13 +210,15 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     return summary
 
 
-def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str, Any]:
+def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()) -> dict[str, Any]:
     """``--report-only`` of a study with evaluation seeds: its evaluation runs (``OUT/evaluation``) and break-even
     checks read from their records, checked against the selection (each variant at its chosen lr, the selection's
     settings and data, evaluation seeds apart from the selection seeds) and their test records (the run's final
     step, its data, the same test windows for every run), then reported as the live study reports them. An
-    evaluation seed that some variant has not finished is left out, and the report says it is partial."""
-    from deep_delta.experiments.finished_runs import read_run
+    evaluation seed that some variant has not finished is left out, and the report says it is partial. The kernel
+    switches of every run (``grid_runs``, the selection's, among them) agree, and the report's machine record is the
+    runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`)."""
+    from deep_delta.experiments.finished_runs import check_switches, read_run, runs_machine
     from deep_delta.experiments.test_split import read_test
     from deep_delta.train.provenance import differences
     from deep_delta.train.run_dir import RESULT_NEUTRAL, RunNotFinished, read_run_file, run_end
@@ -242,8 +244,9 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
     for (v, s), run in runs.items():
         if run.cfg.lr != chosen[v]:
             raise ValueError(f"{run.dir / 'run.json'} records lr {run.cfg.lr:g}, but the grid chooses {chosen[v]:g} "
-                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (rerun the "
-                             "study with `overwrite` to retrain them)")
+                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (remove "
+                             f"{where} and run the study's `ddl compare` again: it trains the evaluation runs at the "
+                             "chosen lrs and keeps the grid's; `overwrite` would retrain the grid too)")
         if s in selection["seeds"]:
             raise ValueError(f"{run.dir} is an evaluation run of seed {s}, a selection seed; allowed: evaluation "
                              "seeds apart from the selection seeds")
@@ -264,14 +267,19 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
         raise FileNotFoundError(f"{where} holds no evaluation seed that every variant ({', '.join(live)}) has "
                                 "finished; finish the study with the `ddl compare` that started it")
     diverged = {k: r.diverged for k, r in runs.items() if r.diverged and k[1] in complete}
-    checks = {}
+    checks, check_runs = {}, []
     for folder in sorted((out / CHECK_DIR).glob("r_*")) if (out / CHECK_DIR).is_dir() else []:
         for v in live:
             if (folder / v / "run.json").is_file():
-                read_run(folder / v)
+                check_runs.append(read_run(folder / v))
                 checks[v] = float(folder.name[2:])
+    every = [*grid_runs, *runs.values(), *check_runs]
+    check_switches(every)
     summary = held_out_summary(out, base, selection, live, eval_seeds, diverged, checks,
                                complete=complete if len(complete) < len(eval_seeds) else None)
+    summary["machine"], differ = runs_machine(every)
+    if differ:
+        summary["notes"] = [*summary.get("notes", []), *differ]
     summary["wall_s"] = selection.get("wall_s", 0) + sum(r.end["wall_s"] for r in runs.values())
     write_comparison(out, summary)
     return summary

@@ -107,6 +107,7 @@ def measure_test(cfg: TrainConfig, data: TrainData, tokens: int, *, step: int, s
 def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict[str, Any]:
     """The final checkpoint's loss on the test windows (float64 sums, the training autocast)."""
     from deep_delta.data import TokenLoader
+    from deep_delta.experiments.finished_runs import retrain_remedy
     from deep_delta.models.ddl.weights import load_ddl_model
     from deep_delta.runtime import resolve_device, training_autocast
     from deep_delta.train.checkpoint import latest_checkpoint, step_dir_name
@@ -116,7 +117,7 @@ def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict
     path = latest_checkpoint(run)
     if path is None or path.name != step_dir_name(step):
         raise FileNotFoundError(f"{run} has no checkpoint of its final step {step} to measure its test loss on (and "
-                                f"no {TEST_FILE} of these test windows); retrain the run with `overwrite`")
+                                f"no {TEST_FILE} of these test windows); {retrain_remedy(run)}")
     device = resolve_device(cfg.device)
     model = load_ddl_model(path).to(device)
     loader = TokenLoader(data.dir, TEST_SPLIT, cfg.batch_size, cfg.seq_len, vocab_size=model.config.vocab_size)

@@ -20,7 +20,7 @@ from typing import Any
 from deep_delta.train import checkpoint as ckpt
 from deep_delta.train import provenance
 from deep_delta.train.config import TrainConfig, recorded
-from deep_delta.train.metrics import METRICS_FILE
+from deep_delta.train.metrics import METRICS_FILE, PACKED_METRICS_FILE
 from deep_delta.train.wandb_sink import WANDB_FILE
 
 RUN_FILE = "run.json"
@@ -57,7 +57,7 @@ def _differences(saved: dict, mine: dict, skip: frozenset = frozenset()) -> list
 
 
 def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in (RUN_FILE, METRICS_FILE, ckpt.CHECKPOINTS))
+    return any((out / name).exists() for name in (RUN_FILE, METRICS_FILE, PACKED_METRICS_FILE, ckpt.CHECKPOINTS))
 
 
 def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -220,7 +220,7 @@ def clear_run(out: Path) -> None:
     """What ``overwrite`` removes: only the files a training run writes (a user's other files stay; a
     ``checkpoints/`` holding anything else is refused, :func:`check_clearable`)."""
     check_clearable(out)
-    for name in (RUN_FILE, METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
+    for name in (RUN_FILE, METRICS_FILE, PACKED_METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
         p = out / name
         if p.is_dir():
             shutil.rmtree(p)

@@ -263,7 +263,7 @@ class Trainer:
 
             if self.overwrite:
                 run_dir.clear_run(self.out)
-            truncate_metrics(self.out / METRICS_FILE, self.step)
+            truncate_metrics(self.out, self.step)
             self.code = code_record()
             run_dir.write_run_file(self.out, self.cfg, self.data, self.model_config, self.info.world_size,
                                    self.n_params, self.info.device,
