@@ -17,12 +17,15 @@ from deep_delta.eval import evaluate_loss
 from helpers import tiny_model
 
 
-def _reference_loss(model, data_dir, seq_len: int, max_windows: int | None = None) -> tuple[float, int]:
-    """Plain reference: the val tokens cut into windows of T+1 (stride T), all windows in one forward."""
+def _reference_loss(model, data_dir, seq_len: int, max_windows: int | None = None,
+                    spread: bool = False) -> tuple[float, int]:
+    """Plain reference: the val tokens cut into windows of T+1 (stride T), all windows in one forward; with
+    ``max_windows``, that many: the first ones, or (``spread``) windows floor(i * W / N)."""
     tokens = np.concatenate([np.asarray(open_shard(p)) for p in sorted(data_dir.glob("val_*.bin"))]).astype(np.int64)
-    n = (len(tokens) - 1) // seq_len
-    n = n if max_windows is None else min(n, max_windows)
-    w = torch.stack([torch.from_numpy(tokens[i * seq_len : i * seq_len + seq_len + 1]) for i in range(n)])
+    total = (len(tokens) - 1) // seq_len
+    n = total if max_windows is None else min(total, max_windows)
+    picked = [i * total // n for i in range(n)] if spread else range(n)
+    w = torch.stack([torch.from_numpy(tokens[i * seq_len : i * seq_len + seq_len + 1]) for i in picked])
     with torch.no_grad():
         logits = model(w[:, :-1], use_cache=False).logits
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), w[:, 1:].reshape(-1))
@@ -39,8 +42,12 @@ def test_loss_matches_reference_and_ignores_batching(tmp_path):
         assert res.loss == pytest.approx(ref, rel=1e-5)
         assert res.perplexity == pytest.approx(math.exp(ref), rel=1e-5)
     capped = evaluate_loss(model, data, batch_size=2, seq_len=32, max_batches=2)
-    assert capped.batches == 2 and capped.tokens == 4 * 32
-    assert capped.loss == pytest.approx(_reference_loss(model, data, 32, max_windows=4)[0], rel=1e-5)
+    assert capped.batches == 2 and capped.tokens == 4 * 32 and "spread evenly" in capped.windows
+    assert capped.loss == pytest.approx(_reference_loss(model, data, 32, max_windows=4, spread=True)[0], rel=1e-5)
+    first = evaluate_loss(model, data, batch_size=2, seq_len=32, max_batches=2, eval_windows="first")
+    assert first.tokens == 4 * 32 and "the first ones" in first.windows
+    assert first.loss == pytest.approx(_reference_loss(model, data, 32, max_windows=4)[0], rel=1e-5)
+    assert first.loss != capped.loss
     assert not model.training
 
 
@@ -60,6 +67,10 @@ def test_ddl_eval_loss_cli(tmp_path, capsys):
                  "--max-batches", "2", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["tokens"] == 8 * 32
+    assert got["loss"] == pytest.approx(_reference_loss(model, data, 32, max_windows=8, spread=True)[0], rel=1e-5)
+    assert main(["eval", "loss", "--model", str(run), "--data", str(data), "--batch-size", "4", "--seq-len", "32",
+                 "--max-batches", "2", "--eval-windows", "first", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
     assert got["loss"] == pytest.approx(_reference_loss(model, data, 32, max_windows=8)[0], rel=1e-5)
     assert got["perplexity"] == pytest.approx(math.exp(got["loss"]), rel=1e-9)
     assert main(["eval", "loss", "--model", str(run), "--data", str(data), "--max-batches", "1"]) == 0

@@ -20,7 +20,7 @@ from deep_delta.experiments.compare_report import (
     write_comparison,
 )
 from deep_delta.experiments.finished_runs import FinishedRun
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded_settings
 
 
 def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[str, Any]:
@@ -178,7 +178,8 @@ def kept_timing(path: Path, runs: list[FinishedRun]) -> tuple[dict | None, str |
         return None, (f"the step times in {path} were not kept: they do not time every variant of these runs "
                       f"({', '.join(variants)})")
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
-    diff = differences(old.get("settings") or {}, runs[0].cfg.to_dict(), skip=free, has="it was timed with")
+    diff = differences(recorded_settings(old.get("settings") or {}), runs[0].cfg.to_dict(), skip=free,
+                       has="it was timed with")
     if diff:
         return None, (f"the step times in {path} were not kept: they were measured for other settings than these "
                       f"runs' ({'; '.join(diff)})")

@@ -21,13 +21,19 @@ from deep_delta.experiments.report import ci_text, fmt, log_study, machine, writ
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.experiments.test_split import TEST_FILE, read_test
 from deep_delta.fsutil import save_figure
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded_settings
 from deep_delta.train.metrics import read_metrics
 from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
 
 REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
                 "it was made with, `overwrite` to retrain it, or another `out`")
+
+
+def windows_text(plan: str | None) -> str:
+    """How an evaluation of part of a split chose its windows (``eval_windows``), as a report says it."""
+    return {"spread": "windows spread evenly over the split", "first": "the split's first windows"}.get(
+        plan, "windows not recorded")
 
 
 def reference_variant(variants: list[str]) -> str:
@@ -304,10 +310,11 @@ def lr_sentence(summary: dict[str, Any]) -> str:
                 "reports fresh seeds on the test split instead).")
     return (f"Learning rate: each variant at its own best lr of the grid {', '.join(f'{x:g}' for x in grid['lrs'])}, "
             f"chosen on the final validation loss of the `val` split (the selection split, {held['selection_tokens']:,} "
-            f"tokens) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
+            f"tokens in {windows_text(recorded_settings(s).get('eval_windows'))}) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
-            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens, "
-            "the same windows for every run), paired by seed: no number below chose an lr.")
+            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens "
+            f"in {windows_text(held.get('test_windows'))}, the same windows for every run), paired by seed: no number "
+            "below chose an lr.")
 
 
 def terminal_report(summary: dict[str, Any]) -> str:
@@ -409,7 +416,8 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
         f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {lr_text} (warm-up "
         f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
-        f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
+        f"batches ({windows_text(recorded_settings(s).get('eval_windows'))}) every {s.get('eval_every')} steps."
+        f"{cost_sentence(summary)}",
         "",
         f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
         f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). {_wall_sentence(summary)}"

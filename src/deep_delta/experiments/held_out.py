@@ -176,7 +176,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     evaluation seeds, or those of them ``complete``) on test, paired by seed, a variant without an lr (diverged at
     every lr) as its selection row says, the selection it comes from and the break-even checks (``checks``:
     {variant: r})."""
-    from deep_delta.experiments.test_split import read_test
+    from deep_delta.experiments.test_split import measured_windows, read_test
 
     seeds = complete or eval_seeds
     several = (out / EVAL_DIR / f"seed_{seeds[0]}").is_dir()  # seed folders: a study of several evaluation seeds
@@ -193,10 +193,16 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
         raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on different test tokens "
                          f"({', '.join(map(str, test_tokens))}); allowed: every run on the same test windows (run the "
                          "study again: it measures each run with the study's `test_tokens`)")
+    plans = sorted({measured_windows(t) for t in per_run if t})
+    if len(plans) > 1:
+        raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on test windows of different plans "
+                         f"({', '.join(plans)}); allowed: every run on the same test windows (run the study again: it "
+                         "measures each run with the study's `eval_windows`)")
     s = selection["settings"]
     held = {"selection_seeds": selection["seeds"], "eval_seeds": eval_seeds, "selection_split": "val",
             "report_split": "test", "selection_tokens": s["eval_batches"] * s["batch_size"] * s["seq_len"],
-            "test_tokens": test_tokens[0] if test_tokens else None, "runs": EVAL_DIR}
+            "test_tokens": test_tokens[0] if test_tokens else None, "test_windows": plans[0] if plans else None,
+            "runs": EVAL_DIR}
     summary.update(rows=[rows[r["variant"]] for r in selection["rows"]], seeds=seeds, held_out=held,
                    settings=s, lr_selection=selection["lr_selection"], lr_grid=selection["lr_grid"],
                    data_fingerprint=selection.get("data_fingerprint"),
@@ -217,7 +223,7 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
     step, its data, the same test windows for every run), then reported as the live study reports them. An
     evaluation seed that some variant has not finished is left out, and the report says it is partial."""
     from deep_delta.experiments.finished_runs import read_run
-    from deep_delta.experiments.test_split import read_test
+    from deep_delta.experiments.test_split import measured_windows, read_test
     from deep_delta.train.provenance import differences
     from deep_delta.train.run_dir import RESULT_NEUTRAL, RunNotFinished, read_run_file, run_end
 
@@ -255,9 +261,11 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
                              "allowed: evaluation runs of this study")
         test = read_test(run.dir) if not run.diverged else None
         if not run.diverged and (test is None or test.get("step") != run.end["step"]
-                                 or test.get("data_fingerprint") != run.fingerprint):
-            raise ValueError(f"{run.dir / 'test.json'} is missing or not of this run's final step and data; run the "
-                             "study's `ddl compare` again (it measures what is missing)")
+                                 or test.get("data_fingerprint") != run.fingerprint
+                                 or measured_windows(test) != run.cfg.eval_windows):
+            raise ValueError(f"{run.dir / 'test.json'} is missing or not of this run's final step, data and windows "
+                             f"(`eval_windows` {run.cfg.eval_windows}); run the study's `ddl compare` again (it "
+                             "measures what is missing)")
     eval_seeds = sorted({s for _, s in runs})
     complete = [s for s in eval_seeds if all((v, s) in runs for v in live)]
     if not complete:

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from deep_delta.data.loader import EVAL_WINDOWS
 from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments, setting
 from deep_delta.train.recipes import RECIPES
 from deep_delta.variants import PRESETS, VARIANTS
@@ -25,6 +26,10 @@ DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
 ON_DIVERGENCE = ("raise", "stop")
 CUDA_GRAPHS = ("off", "blocks", "model")  # deep_delta.train.distributed.parallelize
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
+# What a run recorded before a field existed was made with: a record (run.json, a checkpoint's train_meta.json, a
+# study's summary) without the field is read with this value, not the field's default of today
+# (:func:`recorded_settings`). eval_windows: every run validated on the first windows of the split until it existed.
+EARLIER = {"eval_windows": "first"}
 
 
 @dataclass
@@ -78,6 +83,10 @@ class TrainConfig:
                                  "checkpoint it, and report the run as diverged)", choices=ON_DIVERGENCE)
     eval_every: int = setting(250, "validate every N steps (0: only at the end)")
     eval_batches: int = setting(20, "validation batches per evaluation")
+    eval_windows: str = setting("spread", "which windows of the split an evaluation of part of it reads (validation, "
+                                "and the test split of `ddl compare --eval-seeds`): spread (evenly over the whole "
+                                "split, the same for every run) or first (its first windows, as runs before this "
+                                "setting did); the whole split is the same for both", choices=EVAL_WINDOWS)
     save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)")
     keep: int = setting(2, "keep the newest K checkpoints")
     log_every: int = setting(10, "print / update the progress bar every N steps (0: never)")
@@ -224,6 +233,14 @@ class TrainConfig:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def recorded_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings as a record holds them (``train_config`` of a run.json or a checkpoint, the ``settings`` of
+    a study's summary), a field the record lacks read as what runs were made with before it existed
+    (:data:`EARLIER`), not as today's default: a run.json without ``eval_windows`` is a run that validated on the
+    first windows."""
+    return {**EARLIER, **values}
 
 
 # ---------------------------------------------------------------------- recipes shipped with the package
