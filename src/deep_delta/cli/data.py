@@ -70,6 +70,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     from deep_delta.cli.main import UsageError
     from deep_delta.data import DataUnavailableError, PrepareSettings, find_prepared, prepare_from
+    from deep_delta.data.prepare import lacks_source_runs
 
     settings = PrepareSettings(**options.given_settings(args, options.setting_names(PrepareSettings)))
     found = find_prepared(settings)
@@ -78,12 +79,19 @@ def run_prepare(args: argparse.Namespace) -> int:
               f"tokens; meta.json and the shard headers agree): nothing to do")
         _print_splits(found)
         return 0
+    adding = lacks_source_runs(settings)
     start = time.perf_counter()
     try:
         meta = prepare_from(settings)
     except (DataUnavailableError, FileExistsError, ImportError) as e:
         raise UsageError(str(e)) from e
     seconds = time.perf_counter() - start
+    if adding:
+        print(f"{settings.out} held {meta['source']} prepared with these settings before preparation recorded where "
+              f"each source's tokens lie: prepared again beside it, the same shards (their checksums), so only its "
+              f"meta.json was rewritten, now with the source runs of each split ({seconds:.1f} s)")
+        _print_splits(meta)
+        return 0
     print(f"prepared {meta['num_tokens']:,} tokens ({meta['num_documents']:,} documents) from {meta['source']} "
           f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
           f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
@@ -116,8 +124,9 @@ def run_prepare(args: argparse.Namespace) -> int:
 def _print_splits(meta: dict) -> None:
     for split, info in meta["splits"].items():
         n = len(info["shards"])
+        names = len({name for _, name in info.get("sources", [])})
         print(f"  {split:<6} {info['num_tokens']:>14,} tokens {info['num_documents']:>10,} documents "
-              f"{n:>4} shard{'s' if n != 1 else ''}")
+              f"{n:>4} shard{'s' if n != 1 else ''}" + (f", {names} sources" if names else ""))
 
 
 def run_info(args: argparse.Namespace) -> int:
