@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     lo.add_argument("--split", default="val", help="split to evaluate (default val)")
     lo.add_argument("--max-batches", type=options.integer, default=None, metavar="N", help="evaluate at most N batches")
     add_eval_windows(lo)
+    lo.add_argument("--by-source", action="store_true",
+                    help="also the loss of each named source of the data (prose-v1: each package), where meta.json "
+                    "records where their tokens lie (said in one line where it does not)")
     options.add_batch(lo, "sequences per batch (default 8)", "tokens per sequence (default: the model's context)",
                       batch_default=8)
     options.add_device(lo)
@@ -99,7 +102,7 @@ def run_loss(args: argparse.Namespace) -> int:
     _check_data_tokenizer(args.data, loaded)
     res = evaluate_loss(loaded.model, args.data, split=args.split, batch_size=args.batch_size,
                         seq_len=args.seq_len, max_batches=args.max_batches, eval_windows=args.eval_windows,
-                        progress=sys.stderr.isatty())
+                        by_source=args.by_source, progress=sys.stderr.isatty())
     if args.json:
         print(json.dumps({"model": str(loaded.source.model_dir), **res.to_dict()}, indent=2))
     else:
@@ -108,6 +111,13 @@ def run_loss(args: argparse.Namespace) -> int:
               f"{res.tokens:,} tokens, {res.windows})")
         print(f"val loss    {res.loss:.4f}")
         print(f"perplexity  {res.perplexity:.4f}")
+        if res.sources_note:
+            print(f"no loss per source: split {res.split} of {args.data} records no sources ({res.sources_note})")
+        elif res.sources:
+            width = max(len("source"), *map(len, res.sources))
+            print(f"\n{'source':<{width}}  {'tokens':>12}  {'loss':>7}")
+            for name, x in res.sources.items():
+                print(f"{name:<{width}}  {x['tokens']:>12,}  {x['loss']:>7.4f}")
     return 0
 
 

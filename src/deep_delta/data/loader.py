@@ -86,6 +86,25 @@ def eval_windows(num_windows: int, count: int, windows: str) -> np.ndarray:
     return i * q + (i * r) // count
 
 
+def split_sources(meta: dict | None, split: str) -> list[tuple[int, str]] | None:
+    """Where each named source's tokens lie in ``split`` of a data directory's ``meta``
+    (``splits.<split>.sources``): ``(first token, name)`` runs in stream order, or None where it records none."""
+    runs = ((meta or {}).get("splits", {}).get(split) or {}).get("sources")
+    return None if not runs else [(int(start), str(name)) for start, name in runs]
+
+
+def no_sources_reason(meta: dict | None) -> str:
+    """Why data with ``meta`` records no source runs, in a few words: a named corpus prepared before they were
+    recorded (and how to add them), or a source without named sources."""
+    from deep_delta.data.corpora import named_corpus
+
+    source = (meta or {}).get("source")
+    if named_corpus(source) is not None:
+        return (f"it was prepared from {source} before `ddl data prepare` recorded where each source's tokens lie; "
+                f"the same `ddl data prepare --source {source} ...` command again adds them")
+    return f"its source ({source or 'unknown'}) names no sources"
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"TokenLoader: {name} must be an integer >= {minimum}, got {value!r}")
@@ -424,8 +443,7 @@ class TokenLoader:
         """Where each source's tokens lie in the split, as ``ddl data prepare`` recorded them (meta.json's
         ``splits.<split>.sources``): ``(first token, name)`` runs in stream order; None when the data records
         none (a source without names, or data prepared before sources were recorded)."""
-        runs = ((self.meta or {}).get("splits", {}).get(self.split) or {}).get("sources")
-        return None if not runs else [(int(start), str(name)) for start, name in runs]
+        return split_sources(self.meta, self.split)
 
     @property
     def source_names(self) -> list[str]:
@@ -434,13 +452,7 @@ class TokenLoader:
 
     def no_sources_reason(self) -> str:
         """Why the split records no sources, in a few words (for the one line that says so)."""
-        from deep_delta.data.corpora import named_corpus
-
-        source = (self.meta or {}).get("source")
-        if named_corpus(source) is not None:
-            return (f"it was prepared from {source} before `ddl data prepare` recorded where each source's tokens "
-                    f"lie; `ddl data prepare --source {source}` with the same options adds them")
-        return f"its source ({source or 'unknown'}) names no sources"
+        return no_sources_reason(self.meta)
 
     def _target_sources(self, windows: np.ndarray) -> torch.Tensor:
         """(len(windows), T) int64: the index in :attr:`source_names` of the source of each window's target

@@ -236,6 +236,34 @@ def comparison_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def source_section(summary: dict[str, Any]) -> list[str]:
+    """compare.md's test loss per source of a study with evaluation seeds (``held_out.sources``, one row per source:
+    the reference's mean, each other variant's paired difference to it), or the one line that says why there is
+    none; [] for a study whose data names no sources."""
+    held = summary.get("held_out") or {}
+    if held.get("sources_note"):
+        return ["", f"Test loss per source: {held['sources_note']}."]
+    rows = held.get("sources")
+    if not rows:
+        return []
+    ref = summary["reference"]
+    others = [r["variant"] for r in summary["rows"] if r["variant"] != ref]
+    lines = ["", "## Test loss per source", "",
+             f"| source | tokens | {ref} loss | " + " | ".join(f"{v} d loss (95% CI)" for v in others) + " |",
+             "| --- | ---: | ---: |" + " ---: |" * len(others)]
+    for row in rows:
+        cells = [f"{fmt(row['variants'][v].get('d'), '.4f', True)} {ci_text(row['variants'][v].get('ci95'))}"
+                 if row["variants"][v].get("d") is not None else "-" for v in others]
+        lines.append(f"| {row['source']} | {fmt(row['tokens'], ',d')} | {fmt(row['variants'][ref]['loss'], '.4f')} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Each test token counted for the source of its target token (a window that straddles two sources "
+              "split between them), on the same test windows as the table above; loss: the mean over the evaluation "
+              "seeds; d loss: the variant's minus the reference's, paired by seed, with its 95% t-interval. A source "
+              "with few tokens has a wide interval, and the intervals are not corrected for reading many sources at "
+              "once: a single interval that excludes 0 among them is weak evidence by itself."]
+    return lines
+
+
 def _times(ratio: float | None) -> str:
     return "-" if fmt(ratio, ".2f") == "-" else f"{ratio:.2f}x"
 
@@ -374,6 +402,7 @@ def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> st
            "(sequential runs: a busy machine distorts it; `--time-repeats` measures the steps interleaved instead); "
            "run-avg speed: its ratio to the reference's."),
     ]
+    lines += source_section(summary)
     table = break_even_table(summary)
     if table:
         lines += ["", "## Break-even step-cost ratio", "", *table, "", NOTE.format(method=METHOD)]

@@ -6,9 +6,11 @@ grid's choice) and its ``test`` split (``test_*.bin``, written by ``ddl data pre
 touched only here, after training: ``ceil(tokens / seq_len)`` windows of ``seq_len`` tokens (rounded up to whole
 batches), chosen as the run's validation chooses them (``TrainConfig.eval_windows``: spread evenly over the split, or
 its first ones) and batched as its validation is, so every run of a study is measured on the same windows. The result
-is ``RUN/test.json``, written atomically, with the windows' plan (``eval_windows``); a rerun reuses it when it was
-measured on the same windows of the same data at the run's final step, and measures again (from the final
-checkpoint) otherwise. A record without a plan was measured before plans existed, on the first windows.
+is ``RUN/test.json``, written atomically, with the windows' plan (``eval_windows``) and, where the data records
+where its named sources lie (prose-v1: its packages), the loss of each source (``sources``: ``{name: {"loss",
+"tokens"}}``, each token counted for the source of its target); a rerun reuses it when it was measured on the same
+windows of the same data at the run's final step, and measures again (from the final checkpoint) otherwise. A
+record without a plan was measured before plans existed, on the first windows.
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ def windows(tokens: int, seq_len: int) -> int:
 EARLIER_WINDOWS = "first"  # the plan of a test.json written before test.json recorded one
 
 
+def sources_note(data: TrainData) -> str | None:
+    """The one line to say before a study measures on ``data``'s test split when no loss per source can be measured
+    there although the data is a named corpus (prepared before source runs were recorded); None otherwise."""
+    from deep_delta.data.corpora import named_corpus
+    from deep_delta.data.loader import no_sources_reason, split_sources
+
+    if split_sources(data.meta, TEST_SPLIT) is not None or named_corpus(data.meta.get("source")) is None:
+        return None
+    return f"no test loss per source: the test split of {data.dir} records no sources ({no_sources_reason(data.meta)})"
+
+
 def measured_windows(record: dict[str, Any]) -> str:
     """The windows' plan a test record was measured with (``eval_windows``; one written before records said it:
     the first windows)."""
@@ -122,7 +135,7 @@ def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict
     from deep_delta.models.ddl.weights import load_ddl_model
     from deep_delta.runtime import resolve_device, training_autocast
     from deep_delta.train.checkpoint import latest_checkpoint, step_dir_name
-    from deep_delta.train.validation import perplexity, summed_loss
+    from deep_delta.train.validation import perplexity, source_numbers, summed_loss
 
     run = Path(cfg.out)
     path = latest_checkpoint(run)
@@ -133,12 +146,15 @@ def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict
     model = load_ddl_model(path).to(device)
     loader = TokenLoader(data.dir, TEST_SPLIT, cfg.batch_size, cfg.seq_len, vocab_size=model.config.vocab_size)
     batches = math.ceil(windows(tokens, cfg.seq_len) / cfg.batch_size)
-    total = summed_loss(model, loader.eval_batches(batches, windows=cfg.eval_windows), device=device,
-                        autocast=training_autocast(cfg.dtype, device))
+    names = loader.source_names
+    total = summed_loss(model, loader.eval_batches(batches, windows=cfg.eval_windows, sources=bool(names)),
+                        device=device, autocast=training_autocast(cfg.dtype, device), sources=len(names))
+    per_source = {"sources": source_numbers(total, names)} if names else {}
+    total = total[0] if names else total
     loss = float(total[0] / total[1])
     return {"loss": loss, "ppl": perplexity(loss), "tokens": int(total[1]), "windows": int(total[1]) // cfg.seq_len,
-            "checkpoint": path.name}
+            "checkpoint": path.name, **per_source}
 
 
-__all__ = ["DEFAULT_TEST_TOKENS", "TEST_FILE", "TEST_SPLIT", "measure_test", "read_test", "split_tokens",
-           "resolve_test_tokens", "measured_windows", "windows"]
+__all__ = ["DEFAULT_TEST_TOKENS", "TEST_FILE", "TEST_SPLIT", "measure_test", "measured_windows", "read_test",
+           "resolve_test_tokens", "sources_note", "split_tokens", "windows"]
