@@ -66,6 +66,11 @@ def windows(tokens: int, seq_len: int) -> int:
     return math.ceil(tokens / seq_len)
 
 
+def measured_batches(tokens: int, seq_len: int, batch_size: int) -> int:
+    """The evaluation batches that measure ``tokens`` test tokens: :func:`windows` rounded up to whole batches."""
+    return math.ceil(windows(tokens, seq_len) / batch_size)
+
+
 EARLIER_WINDOWS = "first"  # the plan of a test.json written before test.json recorded one
 
 
@@ -145,7 +150,7 @@ def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict
     device = resolve_device(cfg.device)
     model = load_ddl_model(path).to(device)
     loader = TokenLoader(data.dir, TEST_SPLIT, cfg.batch_size, cfg.seq_len, vocab_size=model.config.vocab_size)
-    batches = math.ceil(windows(tokens, cfg.seq_len) / cfg.batch_size)
+    batches = measured_batches(tokens, cfg.seq_len, cfg.batch_size)
     names = loader.source_names
     total = summed_loss(model, loader.eval_batches(batches, windows=cfg.eval_windows, sources=bool(names)),
                         device=device, autocast=training_autocast(cfg.dtype, device), sources=len(names))
@@ -157,4 +162,4 @@ def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict
 
 
 __all__ = ["DEFAULT_TEST_TOKENS", "TEST_FILE", "TEST_SPLIT", "measure_test", "measured_windows", "read_test",
-           "resolve_test_tokens", "sources_note", "split_tokens", "windows"]
+           "resolve_test_tokens", "sources_note", "split_tokens", "measured_batches", "windows"]
