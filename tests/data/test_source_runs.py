@@ -188,3 +188,31 @@ def test_a_named_corpus_prepared_before_source_runs_gets_them_by_preparing_again
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "debs"]  # no partial directory left
     assert main(args) == 0
     assert "already holds tiny-v1 prepared with these settings" in capsys.readouterr().out
+
+
+def test_without_the_package_files_the_directory_is_kept_and_said_in_one_line(tmp_path, monkeypatch, capsys):
+    import os
+
+    from deep_delta.data import prepare
+
+    monkeypatch.setenv("DDL_CACHE_DIR", str(tmp_path / "cache"))
+    corpus, _ = tiny_corpus(tmp_path / "debs", "tiny-v1", files=_two_packages(10))
+    monkeypatch.setitem(CORPORA, corpus.name, corpus)
+    out = tmp_path / "data"
+    prepare("tiny-v1", "byte", out, val_fraction=0.2, source_dir=tmp_path / "debs", progress=False)
+    meta = read_meta(out)
+    earlier = {**meta, "splits": {s: {k: v for k, v in info.items() if k != "sources"}
+                                  for s, info in meta["splits"].items()}}
+    (out / "meta.json").write_text(json.dumps(earlier))
+    bin_dir = tmp_path / "bin"  # an apt-get that cannot fetch: no package files anywhere
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text("#!/bin/sh\necho 'E: no network' >&2\nexit 100\n")
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.warns(UserWarning, match="prepared before source runs were recorded, and they were not added"):
+        assert prepare("tiny-v1", "byte", out, val_fraction=0.2, progress=False) == earlier
+    assert json.loads((out / "meta.json").read_text()) == earlier  # the data as it was, still usable
+    assert main(["data", "prepare", "--source", "tiny-v1", "--val-fraction", "0.2", "--out", str(out),
+                 "--no-progress"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "they were not added: cannot fetch" in notes[0]

@@ -71,10 +71,11 @@ def add_parser(sub) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     import time
+    import warnings
 
     from deep_delta.cli.main import UsageError
     from deep_delta.data import DataUnavailableError, PrepareSettings, find_prepared, prepare_from
-    from deep_delta.data.prepare import lacks_source_runs
+    from deep_delta.data.prepare import has_source_runs, lacks_source_runs
 
     settings = PrepareSettings(**options.given_settings(args, options.setting_names(PrepareSettings)))
     found = find_prepared(settings)
@@ -85,11 +86,22 @@ def run_prepare(args: argparse.Namespace) -> int:
         return 0
     adding = lacks_source_runs(settings)
     start = time.perf_counter()
+    said = []
     try:
-        meta = prepare_from(settings)
+        if adding:  # source runs that could not be added (no package files here): one line, the data kept
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                meta = prepare_from(settings)
+        else:
+            meta = prepare_from(settings)
     except (DataUnavailableError, FileExistsError, ImportError) as e:
         raise UsageError(str(e)) from e
     seconds = time.perf_counter() - start
+    for w in said:
+        print(f"note: {w.message}")
+    if adding and not has_source_runs(meta):
+        _print_splits(meta)
+        return 0
     if adding:
         print(f"{settings.out} held {meta['source']} prepared with these settings before preparation recorded where "
               f"each source's tokens lie: prepared again beside it, the same shards (their checksums), so only its "

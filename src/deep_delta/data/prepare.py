@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from deep_delta.data.corpora import named_corpus
-from deep_delta.data.errors import DataError
+from deep_delta.data.errors import DataError, DataUnavailableError
 from deep_delta.data.loader import available_splits, split_shards, token_id_error
 from deep_delta.data.meta import META_FILE, read_meta, require_data_dir, validate_meta
 from deep_delta.data.settings import (
@@ -675,7 +676,15 @@ def prepare(
     refuse_replaced_dir(out, "out_dir", itself=False)  # data inside a run's checkpoints or a model is lost with it
     _check_output(out, s.overwrite or earlier is not None)
     staging = partial_dir(out)
-    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging), source_dir=s.source_dir)
+    try:
+        src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging), source_dir=s.source_dir)
+    except DataUnavailableError as e:
+        if earlier is None:
+            raise
+        # the corpus there stays usable as it is: only the loss per source needs the runs
+        warnings.warn(f"{out} holds {s.source} prepared before source runs were recorded, and they were not added: "
+                      f"{e}", stacklevel=2)
+        return earlier
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)
