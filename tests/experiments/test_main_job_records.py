@@ -81,13 +81,14 @@ def one_thread():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_todays_code_reproduces_the_first_steps_of_the_records(variant, one_thread):
     from deep_delta.train import TrainConfig
+    from deep_delta.train.config import recorded
     from deep_delta.train.data import TrainData
     from deep_delta.train.trainer import Trainer
 
     record = json.loads((STUDY / variant / "run.json").read_text())
     data = TrainData.resolve(None)  # the embedded text the main job trains on
     assert data.fingerprint == record["data"]["fingerprint"], "the prepared embedded text is not the record's"
-    cfg = TrainConfig(**{**record["train_config"], "out": "in-memory", "data": None})
+    cfg = TrainConfig(**{**recorded(record["train_config"]), "out": "in-memory", "data": None})
     trainer = Trainer(cfg, persist=False, stop_at=PREFIX, data=data, progress=False, quiet=True)
     trainer.run()
     got = [r for r in trainer.records if "loss" in r]

@@ -32,7 +32,7 @@ from deep_delta.experiments.compare_report import (
     write_comparison,
 )
 from deep_delta.settings import MAX_SEEDS
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.data import TrainData
 from deep_delta.variants import DEFAULT_VARIANTS
 
@@ -143,7 +143,7 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
     remedy = reuse_remedy(cfg.out)
     data = run.get("data") if isinstance(run.get("data"), dict) else {}
     # the data is compared by its fingerprint, not by how its path was spelled
-    check_belongs(run["train_config"], cfg.to_dict(), what=what, remedy=remedy,
+    check_belongs(recorded(run["train_config"]), cfg.to_dict(), what=what, remedy=remedy,
                   skip=RESULT_NEUTRAL | {"data"}, has="run has")
     if isinstance(run.get("kernel_switches"), dict):  # the kernel paths it trained on (older records do not say)
         switched = differences(run["kernel_switches"], kernel_switches(), has="run has")

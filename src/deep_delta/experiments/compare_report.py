@@ -22,7 +22,7 @@ from deep_delta.experiments.report import ci_text, fmt, log_study, machine, writ
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.experiments.test_split import TEST_FILE, read_test
 from deep_delta.fsutil import save_figure
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.metrics import metrics_file, read_metrics
 from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
@@ -34,6 +34,12 @@ def reuse_remedy(run_dir: Path | str) -> str:
     return (f"a comparison never mixes results made with different settings or data: rerun with the settings it was "
             f"made with; or retrain this run alone (remove {run_dir} and run again: only the runs that are missing "
             "train); or `overwrite`, which retrains every run in `out`; or another `out`")
+
+
+def windows_text(plan: str | None) -> str:
+    """How an evaluation of part of a split chose its windows (``eval_windows``), as a report says it."""
+    return {"spread": "windows spread evenly over the split", "first": "the split's first windows"}.get(
+        plan, "windows not recorded")
 
 
 def reference_variant(variants: list[str]) -> str:
@@ -236,6 +242,34 @@ def comparison_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def source_section(summary: dict[str, Any]) -> list[str]:
+    """compare.md's test loss per source of a study with evaluation seeds (``held_out.sources``, one row per source:
+    the reference's mean, each other variant's paired difference to it), or the one line that says why there is
+    none; [] for a study whose data names no sources."""
+    held = summary.get("held_out") or {}
+    if held.get("sources_note"):
+        return ["", f"Test loss per source: {held['sources_note']}."]
+    rows = held.get("sources")
+    if not rows:
+        return []
+    ref = summary["reference"]
+    others = [r["variant"] for r in summary["rows"] if r["variant"] != ref]
+    lines = ["", "## Test loss per source", "",
+             f"| source | tokens | {ref} loss | " + " | ".join(f"{v} d loss (95% CI)" for v in others) + " |",
+             "| --- | ---: | ---: |" + " ---: |" * len(others)]
+    for row in rows:
+        cells = [f"{fmt(row['variants'][v].get('d'), '.4f', True)} {ci_text(row['variants'][v].get('ci95'))}"
+                 if row["variants"][v].get("d") is not None else "-" for v in others]
+        lines.append(f"| {row['source']} | {fmt(row['tokens'], ',d')} | {fmt(row['variants'][ref]['loss'], '.4f')} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Each test token counted for the source of its target token (a window that straddles two sources "
+              "split between them), on the same test windows as the table above; loss: the mean over the evaluation "
+              "seeds; d loss: the variant's minus the reference's, paired by seed, with its 95% t-interval. A source "
+              "with few tokens has a wide interval, and the intervals are not corrected for reading many sources at "
+              "once: a single interval that excludes 0 among them is weak evidence by itself."]
+    return lines
+
+
 def _times(ratio: float | None) -> str:
     return "-" if fmt(ratio, ".2f") == "-" else f"{ratio:.2f}x"
 
@@ -311,10 +345,11 @@ def lr_sentence(summary: dict[str, Any]) -> str:
                 "reports fresh seeds on the test split instead)." + muon)
     return (f"Learning rate: each variant at its own best lr of {grid_text(grid['lrs'], grid.get('grids'))}, "
             f"chosen on the final validation loss of the `val` split (the selection split, {held['selection_tokens']:,} "
-            f"tokens) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
+            f"tokens in {windows_text(recorded(s).get('eval_windows'))}) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
-            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens, "
-            "the same windows for every run), paired by seed: no number below chose an lr." + muon)
+            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens "
+            f"in {windows_text(held.get('test_windows'))}, the same windows for every run), paired by seed: no number "
+            "below chose an lr." + muon)
 
 
 def optimizer_text(settings: dict[str, Any]) -> str:
@@ -391,6 +426,7 @@ def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> st
            "(sequential runs: a busy machine distorts it; `--time-repeats` measures the steps interleaved instead); "
            "run-avg speed: its ratio to the reference's."),
     ]
+    lines += source_section(summary)
     table = break_even_table(summary)
     if table:
         lines += ["", "## Break-even step-cost ratio", "", *table, "", NOTE.format(method=METHOD)]
@@ -433,8 +469,8 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
         f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {optimizer_text(s)}, {lr_text} "
         f"(warm-up {s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on "
-        f"{s.get('eval_batches')} "
-        f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
+        f"{s.get('eval_batches')} batches ({windows_text(recorded(s).get('eval_windows'))}) every "
+        f"{s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
         f"{machine_sentence(m)} {_wall_sentence(summary)}{_devices_sentence(summary)}",
         "",

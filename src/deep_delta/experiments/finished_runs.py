@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded
 
 SEED_DIR = re.compile(r"seed_(0|[1-9][0-9]*)")
 # the train_config fields a run's identity is read from (the defaults never stand in for them)
@@ -146,7 +146,7 @@ def read_run(run_dir: Path, folder_seed: int | None = None, folder_lr: float | N
         raise ValueError(f"{path}: train_config has no {', '.join(missing)}; allowed: a run "
                          "record naming its variant, seed, lr and steps, as `ddl train` writes it")
     try:
-        cfg = TrainConfig.from_dict(settings)
+        cfg = TrainConfig.from_dict(recorded(settings))  # a field it predates: as runs were made then
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     run = FinishedRun(run_dir, cfg, record, end, folder_seed)
@@ -157,9 +157,9 @@ def read_run(run_dir: Path, folder_seed: int | None = None, folder_lr: float | N
         from deep_delta.experiments.lr_grid import lr_name
 
         here.append((folder_lr, cfg.lr, "lr", f"{lr_name(folder_lr)}/"))
-    for where, recorded, field, folder in here:
-        if where != recorded:
-            raise ValueError(f"{path} records {field} {recorded!r} (train_config.{field}), but the run stands in "
+    for where, stored, field, folder in here:
+        if where != stored:
+            raise ValueError(f"{path} records {field} {stored!r} (train_config.{field}), but the run stands in "
                              f"{folder}; allowed: each run in the folders of its own variant, seed and lr, as `ddl "
                              "compare` wrote it (a run copied or linked into another's place is refused)")
     check_finished(run)
@@ -290,7 +290,7 @@ def _check_checkpoint(run: FinishedRun) -> None:
     saved = meta.get("train_config") if isinstance(meta, dict) else None
     if not isinstance(saved, dict):
         raise ValueError(f"{latest / 'train_meta.json'} records no train_config; allowed: a checkpoint `ddl train` wrote")
-    mine = run.cfg.to_dict()
+    saved, mine = recorded(saved), run.cfg.to_dict()
     # its identity (what a resumed run may not change) and its length, which a finished run's last checkpoint shares
     diff = differences({**run_identity(saved, ""), "steps": saved.get("steps")},
                        {**run_identity(mine, ""), "steps": mine["steps"]}, skip={"data"}, has="the checkpoint has")

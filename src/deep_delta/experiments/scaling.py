@@ -210,7 +210,7 @@ def check_point_runs(point: Path, summary: dict) -> bool:
     from deep_delta.experiments.compare import check_reusable, compare_config
     from deep_delta.experiments.lr_grid import lr_dir
 
-    settings = dict(summary.get("settings") or {})
+    settings = recorded(summary.get("settings") or {})
     seeds, costs = summary.get("seeds") or [settings.get("seed")], summary.get("step_costs") or {}
     grid = (summary.get("lr_selection") or {}).get("lrs")
     where = {lr: lr_dir(point, lr) for lr in grid} if grid else {settings.get("lr"): point}

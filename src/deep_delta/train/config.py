@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from deep_delta.data.loader import EVAL_WINDOWS
 from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments, setting
 from deep_delta.train.recipes import RECIPES
 from deep_delta.variants import PRESETS, VARIANTS
@@ -29,7 +30,7 @@ OPTIMIZERS = ("adamw", "muon")  # deep_delta.train.optim.build_optimizer
 # Settings added after runs were first recorded, with the value every run recorded before the field existed trained
 # with: a stored run.json or checkpoint without one is read as that value (`recorded`), so that adding a setting
 # leaves every earlier run resumable and reusable.
-ADDED_FIELDS: dict[str, Any] = {"optimizer": "adamw", "adamw_lr_ratio": 1.0}
+ADDED_FIELDS: dict[str, Any] = {"optimizer": "adamw", "adamw_lr_ratio": 1.0, "eval_windows": "first"}
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
 
 
@@ -94,6 +95,10 @@ class TrainConfig:
                                  "checkpoint it, and report the run as diverged)", choices=ON_DIVERGENCE)
     eval_every: int = setting(250, "validate every N steps (0: only at the end)")
     eval_batches: int = setting(20, "validation batches per evaluation")
+    eval_windows: str = setting("spread", "which windows of the split an evaluation of part of it reads (validation, "
+                                "and the test split of `ddl compare --eval-seeds`): spread (evenly over the whole "
+                                "split, the same for every run) or first (its first windows, as runs before this "
+                                "setting did); the whole split is the same for both", choices=EVAL_WINDOWS)
     save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)")
     keep: int = setting(2, "keep the newest K checkpoints")
     log_every: int = setting(10, "print / update the progress bar every N steps (0: never)")
@@ -252,8 +257,10 @@ class TrainConfig:
 
 def recorded(values: dict[str, Any]) -> dict[str, Any]:
     """Settings as a stored record holds them (run.json's ``train_config`` or ``identity``, a checkpoint's
-    ``train_meta.json``), with each field of :data:`ADDED_FIELDS` that a record written before it existed lacks
-    set to the value such a run trained with (``optimizer`` adamw); what the record holds is kept as it is."""
+    ``train_meta.json``, a study's summary's ``settings``), with each field of :data:`ADDED_FIELDS` that a record
+    written before it existed lacks set to the value such a run was made with (``optimizer`` adamw, ``eval_windows``
+    first: every run validated on the split's first windows until it existed), not today's default; what the record
+    holds is kept as it is."""
     return {**{k: v for k, v in ADDED_FIELDS.items() if k not in values}, **values}
 
 

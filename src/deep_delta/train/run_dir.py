@@ -83,7 +83,8 @@ def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: 
             saved = read_run_file(out).get("identity", {})
         except ValueError as e:
             raise ValueError(f"{e}; replace the run with `overwrite`") from None
-        refuse_other_run(out, _differences(saved if isinstance(saved, dict) else {}, run_identity(cfg, data_dir)))
+        saved = recorded(saved) if isinstance(saved, dict) else {}
+        refuse_other_run(out, _differences(saved, run_identity(cfg, data_dir)))
 
 
 def read_run_file(out: str | os.PathLike) -> dict[str, Any]:
@@ -182,7 +183,8 @@ def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir:
     diff = _differences(saved_model, model_config.to_dict(), _CONFIG_BOOKKEEPING)
     refuse_other_run(Path(cfg.out), [f"model.{d}" for d in diff], f"a checkpoint of another model ({path})")
     if "train_config" in meta:
-        saved = run_identity(meta["train_config"], meta.get("data_dir", meta["train_config"].get("data")))
+        saved = run_identity(recorded(meta["train_config"]),
+                             meta.get("data_dir", meta["train_config"].get("data")))
         refuse_other_run(Path(cfg.out), _differences(saved, run_identity(cfg, data_dir)),
                          f"a checkpoint of another run ({path})")
     if "kernel_switches" in meta:  # the kernel paths the run trained on (older checkpoints do not say)

@@ -373,15 +373,16 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate, save, log
     def evaluate(self) -> dict[str, Any] | None:
         """The run's evaluation: ``evaluate(model)`` when given, else the validation loss and perplexity over
-        ``cfg.eval_batches`` batches of the val split (all ranks); None when the run has neither."""
+        ``cfg.eval_batches`` batches of the val split (``cfg.eval_windows``: which windows; all ranks); None when the
+        run has neither."""
         if self.evaluator is not None:
             return dict(self.evaluator(self.model))
         if self.val_loader is None:
             return None
         from deep_delta.train.validation import validation_numbers
 
-        return validation_numbers(self.train_model, self.val_loader.eval_batches(self.cfg.eval_batches), self.info,
-                                  autocast=self.autocast)
+        batches = self.val_loader.eval_batches(self.cfg.eval_batches, windows=self.cfg.eval_windows)
+        return validation_numbers(self.train_model, batches, self.info, autocast=self.autocast)
 
     def save(self, at: int) -> None:
         """Checkpoint step ``at`` atomically (a collective under FSDP: every rank calls it); nothing for a run
