@@ -30,3 +30,4 @@ if [ -n "$locked_torch" ]; then
 fi
 "${pip[@]}" install -q -c "$constraints" -e ".[dev]"
 .venv/bin/python scripts/check_lock.py "$constraints"
+echo "setup: done; the commands are in .venv/bin (.venv/bin/ddl); \`source .venv/bin/activate\` puts ddl on PATH"

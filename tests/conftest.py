@@ -13,9 +13,28 @@ if not torch.cuda.is_available():
 torch.set_num_threads(int(os.environ.get("DDL_TEST_THREADS", "2")))
 
 
+def pytest_report_header(config):
+    """Which way the pinned results are checked in this session (tests/helpers.py, ``same_as_pinned``)."""
+    from helpers import PIN_TOLERANCE, PINNING_PROBE, computes_as_pinned, cpu_probe
+
+    if computes_as_pinned():
+        return f"pinned results: bit for bit (this CPU's probe {cpu_probe()} is the pinning machine's)"
+    return (f"pinned results: to {PIN_TOLERANCE:g} relative (this CPU's probe {cpu_probe()} is not the pinning "
+            f"machine's {PINNING_PROBE}: it rounds differently)")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """A command run in-process sets PyTorch's threads (`--threads`, auto by default in `ddl train` and `ddl
+    compare`); the next test starts with the session's again."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 class OfflineWandb:

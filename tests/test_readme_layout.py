@@ -27,6 +27,18 @@ def test_run_records_live_in_studies_not_in_docs():
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):readme.index("## Status and limits")]
     assert re.search(r"^\s+studies/", layout, re.M)
-    records = ("run.json", "metrics.jsonl", "compare.json", "tasks.json", "scaling.json")
+    records = ("run.json", "metrics.jsonl", "metrics.jsonl.gz", "compare.json", "tasks.json", "scaling.json")
     assert not [p for name in records for p in (ROOT / "docs").rglob(name)]
-    assert len(list((ROOT / "studies").rglob("metrics.jsonl"))) >= 146
+    assert len(list((ROOT / "studies").rglob("metrics.jsonl*"))) >= 146  # packed: metrics.jsonl.gz
+
+
+def test_a_fresh_machine_has_two_commands():
+    """README's first section gives exactly two commands, each setup and then one thing: the main job, the tests
+    (the one .ci/run runs verbatim); what else a reader needs (a CPU-only install, `ddl` on PATH) is prose."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Fresh machine"):readme.index("## A short tour")]
+    commands = [line.strip() for line in section.splitlines() if line.startswith("    ")]
+    assert commands == ["bash scripts/setup.sh && .venv/bin/ddl compare",
+                        "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"], commands
+    assert commands[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "source .venv/bin/activate" in section and "--index-url https://download.pytorch.org/whl/cpu" in section

@@ -13,6 +13,8 @@ def test_auto_threads_counts_the_cores_other_work_keeps_busy(monkeypatch):
     assert runtime.cpu_threads("auto") == 4
     samples = iter([(0, 0), (400, 400)])  # every core busy: still one thread
     assert runtime.cpu_threads("auto") == 1
+    samples = iter([(0, 0), (100, 400)])  # one of 4 busy: 3 threads, and why (`ddl train` says it)
+    assert runtime.chosen_threads("auto") == (3, "auto: 4 cores, 1.0 kept busy by other work")
 
 
 def test_auto_threads_falls_back_to_load_average(monkeypatch):
@@ -26,6 +28,8 @@ def test_auto_threads_falls_back_to_load_average(monkeypatch):
 def test_threads_spec_errors():
     assert runtime.cpu_threads(None) is None
     assert runtime.cpu_threads("3") == 3
+    assert runtime.chosen_threads("3") == (3, "as given") and runtime.chosen_threads(None) == (None,
+                                                                                           "PyTorch's own choice")
     with pytest.raises(ValueError, match="`threads` got 'x'"):
         runtime.cpu_threads("x")
 

@@ -5,7 +5,7 @@
 #   COMMIT=<sha> OUT=<dir> bash benchmarks/tools/cost_call.sh
 # Environment (checked before any step, as first_call.sh's: benchmarks/tools/device_call.sh, the machinery both share):
 #   OUT, DEADLINE (default 540 s), WHEELS, COMMIT, WORKERS, DRY, DRY_SCALE, DRY_SLEEP, DRY_HANG, DRY_FAIL, DRY_LOSE:
-#             as first_call.sh's header says
+#             as first_call.sh's header says (OUT a new or empty directory; DEADLINE at least env's minimum, 15 s)
 #   INKERNEL  1 (default) or 0: DDL_INKERNEL_REDUCE in the switched-on bench; 0 when call 1 found the in-kernel
 #             reduction failing on the GPU
 #
@@ -22,6 +22,10 @@
 #
 # Files in OUT (6): timeline.tsv, steps.log, env.txt, tests.txt, bench.md (the two tables, "## bench_on ..."),
 # samples.jsonl (their samples and switches, one line each).
+#
+# Exit status (first_call.sh's): 2 a bad value, nothing run; 4 the env step failed (no GPU, ...), no other step run;
+# 3 a result not kept; 5 a step failed, timed out or was skipped (failed rule tests included, though the benches
+# still run); 0 only when every step ran and passed. Each non-zero end says why in one line on stderr.
 set -uo pipefail
 NAME=cost_call.sh
 INKERNEL=${INKERNEL:-1}
@@ -32,13 +36,13 @@ VARIANTS=(baseline peri-ln ddl-cc ddl-cc-write ddl-cc-untied mhc attnres-block)
 BENCH=(--preset small --device cuda --dtype bfloat16 --compile --batch-size 32 --seq-len 1024 --repeats 3
        --decode-tokens 0 --variants "${VARIANTS[@]}")
 
-KEEPS=env.txt step env 60 15 bash -c env_step
+env_first  # env (60 / 15): a failed one ends the call here
 step rules 90 40 env DDL_INKERNEL_REDUCE="$INKERNEL" "${PYTEST[@]}" tests/ops/test_fused_rules.py
-rules=$?
+rules=$(said $?)
 fused=1
-if [ "$rules" -ne 0 ]; then
+if [ "$rules" != "rc 0" ]; then
   fused=0
-  note "=== the fused rules' tests failed (rc $rules): bench_on with DDL_FUSED_RULES=0"
+  note "=== the fused rules' tests failed or did not run ($rules): bench_on with DDL_FUSED_RULES=0"
 fi
 KEEPS="bench.md samples.jsonl" step bench_on 200 120 env DDL_FUSED_RULES="$fused" DDL_FUSE_NEXT_NORM=1 \
   DDL_TC_ONE_PASS=1 DDL_INKERNEL_REDUCE="$INKERNEL" bash -c 'bench "$@"' bench \

@@ -9,29 +9,69 @@ time, so that the throughput of two runs side by side can be set against one run
 builds the model of ``--variant`` at the given shape (vocab 257, the byte tokenizer), runs ``--steps`` optimizer
 steps of the trainer's kind (forward, backward, clipping, AdamW) on random token ids and reports the median of the
 steps after ``--warmup``. The figures depend on what else the machine runs: say so with them.
+
+Bad values are refused in one line on stderr (exit 1) in the parent, before any sizing process starts: a variant
+the library does not have, a size below its minimum (``--width``, ``--layers``, ``--batch``, ``--steps`` at least 1,
+``--seq`` at least 2, ``--warmup`` at least 0), a shape that makes no model of a variant (the library's check, e.g.
+an odd head size), an ``--out`` in a folder that does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+
+# each size's smallest value and what it sizes
+MINIMUM = {"width": (1, "the hidden size"), "layers": (1, "blocks"), "batch": (1, "sequences per step"),
+           "seq": (2, "tokens per sequence; a next-token loss needs two"), "steps": (1, "timed steps"),
+           "warmup": (0, "untimed steps first")}
+
+
+def config(variant: str, width: int, layers: int, seq: int):
+    """The model of ``variant`` at the sizing shape (vocab 257, the byte tokenizer; a head per 32 channels)."""
+    from deep_delta import DDLConfig
+
+    return DDLConfig.from_variant(variant, "tiny", hidden_size=width, num_hidden_layers=layers,
+                                  num_attention_heads=max(1, width // 32), vocab_size=257,
+                                  max_position_embeddings=seq)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse bad values in one line, before any sizing process starts."""
+    from deep_delta.variants import VARIANTS
+
+    for v in args.variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"cpu_step_sizing.py: --variants got {v!r}; allowed: {', '.join(VARIANTS)}")
+    for name, (least, what) in MINIMUM.items():
+        if getattr(args, name) < least:
+            raise SystemExit(f"cpu_step_sizing.py: --{name} got {getattr(args, name)}; allowed: a whole number >= "
+                             f"{least} ({what})")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise SystemExit(f"cpu_step_sizing.py: --out got {args.out!r}, but its folder does not exist; allowed: a file "
+                         "in an existing folder")
+    for v in args.variants:
+        try:
+            config(v, args.width, args.layers, args.seq)
+        except ValueError as e:
+            raise SystemExit(f"cpu_step_sizing.py: --width {args.width} --layers {args.layers} --seq {args.seq} makes "
+                             f"no {v} model: {e}") from None
 
 
 def one(variant: str, width: int, layers: int, batch: int, seq: int, threads: int, compiled: bool, steps: int,
         warmup: int) -> dict:
     import torch
 
-    from deep_delta import DDLConfig, DDLForCausalLM
+    from deep_delta import DDLForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = DDLConfig.from_variant(variant, "tiny", hidden_size=width, num_hidden_layers=layers,
-                                 num_attention_heads=max(1, width // 32), vocab_size=257,
-                                 max_position_embeddings=seq)
+    cfg = config(variant, width, layers, seq)
     model = DDLForCausalLM(cfg).train()
     if compiled:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * layers)
@@ -52,7 +92,7 @@ def one(variant: str, width: int, layers: int, batch: int, seq: int, threads: in
             "compiled": compiled, "step_s": step, "tokens_per_s": batch * seq / step}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", nargs="+", default=["baseline", "ddl-cc"])
     sizes = {"width": 64, "layers": 12, "batch": 16, "seq": 256, "steps": 5, "warmup": 3}  # the model, batch, timing
@@ -60,12 +100,13 @@ def main() -> int:
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "THREADS", "COMPILED"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         variant, threads, compiled = args.child[0], int(args.child[1]), args.child[2] == "1"
         print(json.dumps(one(variant, args.width, args.layers, args.batch, args.seq, threads, compiled, args.steps,
                              args.warmup)))
         return 0
+    check(args)
     shape = [item for name in sizes for item in (f"--{name}", str(getattr(args, name)))]
 
     def start(variant: str, threads: int, compiled: bool) -> subprocess.Popen:

@@ -102,4 +102,5 @@ for f in compare.md compare.json curves.png lr_sensitivity.png; do cp "$WORK/com
 # in several device calls are brought together on any machine with `ddl compare --out DIR --report-only`
 # (the settings and the data must agree; each run's device is recorded).
 (cd "$WORK/compare" && find . -name run.json -o -name metrics.jsonl | tar -cf - -T -) | (mkdir -p "$OUT/runs" && tar -xf - -C "$OUT/runs")
+$PY "$(dirname "$0")/pack_records.py" "$OUT/runs" || true   # metrics.jsonl.gz, as studies/ keeps them (studies/README.md)
 echo "=== done ($(date +%T)); tables in $OUT, the runs (without checkpoints) in $OUT/runs"

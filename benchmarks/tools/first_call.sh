@@ -4,9 +4,11 @@
 # Usage (on the GPU machine, repository root; benchmarks/QUEUE.md has the exact command and what to carry):
 #   COMMIT=<sha> bash benchmarks/tools/first_call.sh
 # Environment:
-#   OUT       where results go (default ./gpu_out); at most 8 files, no folders (the device returns 8 files)
+#   OUT       where results go (default ./gpu_out): a new or empty directory (one that holds anything, an
+#             earlier call's results, is refused); at most 8 files, no folders (the device returns 8 files)
 #   DEADLINE  seconds for the whole call (default 540, 9 minutes): every step runs under `timeout -k 5` of
-#             min(its cap, the time left - 5 s) and is skipped when less than its minimum is left
+#             min(its cap, the time left - 5 s) and is skipped when less than its minimum is left; a DEADLINE
+#             below the first step's minimum (env, 15 s) is refused
 #   BEFORE    a directory holding a603936's src/ (the "before" bench; skipped without it)
 #   WHEELS    a directory of wheels installed first with pip --target (default .whl; the device image has
 #             transformers 5.17, below the floor of 5.23)
@@ -17,15 +19,18 @@
 #             with every cap and minimum divided by DRY_SCALE (default 60): shows the deadline, the skips, the
 #             timeouts and the packing on any machine (tests/benchmarks/test_first_call.py)
 # Every value is checked before any step (benchmarks/tools/device_call.sh, the machinery this shares with
-# cost_call.sh): a bad one is one line on stderr and exit 2. Exit 3 when a result could not be kept (a file of OUT
-# not written), else 0 whatever the steps did (the timeline says).
+# cost_call.sh): a bad one is one line on stderr and exit 2. A failed env step (no GPU: no nvidia-smi, a torch
+# without CUDA or that sees no device) ends the call there: one line saying why, exit 4, no other step run. Exit 3
+# when a result could not be kept (a file of OUT not written), 5 when a step failed, timed out or was skipped for
+# want of time (one line naming them; the timeline says more), 0 only when every step ran and passed.
 #
 # Steps, in order (cap / minimum seconds): env (60 / 15): wheels, versions, the device; partials (150 / 40):
 # tests/ops/test_partials.py, the reduction protocol; probe (180 / 60): reduce_probe.py, every reducing backward at
 # 32 x 1024 tokens; newtests (150 / 40): the new kernels' tests (next norm in the update, TC's one pass, the fused
 # model); bench_on / bench_off / bench_before (150 / 70 each): `ddl bench --compile` at 32 x 1024, every variant,
 # with the switches on, off, and a603936's library; oldtests (150 / 40): the older kernel tests. If `partials` or
-# `probe` fails, the later steps run with the in-kernel reduction off (DDL_INKERNEL_REDUCE=0).
+# `probe` fails or is skipped, the later steps run with the in-kernel reduction off (DDL_INKERNEL_REDUCE=0); the
+# call still exits non-zero.
 #
 # Files in OUT (7): timeline.tsv (step, start s, seconds, exit code, status), steps.log (every step's output, its
 # last 300 lines), env.txt, probe.json, bench.md (the three tables, "## bench_on" ...), samples.jsonl (their samples
@@ -37,15 +42,16 @@ NAME=first_call.sh
 source "$(dirname "${BASH_SOURCE[0]}")/device_call.sh"
 BENCH=(--preset small --device cuda --dtype bfloat16 --compile --batch-size 32 --repeats 3 --decode-tokens 0)
 
-KEEPS=env.txt step env 60 15 bash -c env_step
+env_first  # env (60 / 15): a failed one ends the call here
 step partials 150 40 env DDL_INKERNEL_REDUCE=1 "${PYTEST[@]}" tests/ops/test_partials.py
-protocol=$?
+protocol=$(said $?)
 KEEPS=probe.json step probe 180 60 "${_py[@]}" benchmarks/tools/reduce_probe.py --out "$OUT/probe.json"
-probe=$?
+probe=$(said $?)
 inkernel=1
-if [ "$protocol" -ne 0 ] || [ "$probe" -ne 0 ]; then
+if [ "$protocol" != "rc 0" ] || [ "$probe" != "rc 0" ]; then
   inkernel=0
-  note "=== the reduction protocol failed (partials rc $protocol, probe rc $probe): later steps with DDL_INKERNEL_REDUCE=0"
+  note "=== the reduction protocol failed or was not checked (partials $protocol, probe $probe): later steps with \
+DDL_INKERNEL_REDUCE=0"
 fi
 step newtests 150 40 env DDL_INKERNEL_REDUCE=$inkernel "${PYTEST[@]}" tests/ops/test_update_and_norm.py \
   tests/ops/test_kernels_token_read.py tests/ops/test_kernels_fused_model.py

@@ -4,13 +4,54 @@ Residuals the norm of the depth attention's output it reads), the share of the s
 untied gates' means. For a study's "why": one model per variant, the same data sample.
 
     python benchmarks/tools/why_figure.py --out why.png LABEL=path/analysis.json [LABEL=path/analysis.json ...]
+
+Bad input is refused in one line on stderr (exit 1) before anything is written: an ``--out`` that is not an image
+matplotlib writes (its suffix) or whose folder does not exist, a report that is missing, not JSON, or not a
+``ddl analyze`` report (an object with its ``windows``, ``probes`` and at least one of ``states``, ``depth``,
+``sublayers``: a compare.json is not one).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+FIGURE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "tif", "tiff", "webp", "eps", "ps")
+REPORT = "a `ddl analyze` report (the analysis.json it writes)"
+SECTIONS = ("states", "depth", "sublayers")  # what the figure draws from
+
+
+class Refused(Exception):
+    """Bad input: main prints it as one line and exits 1."""
+
+
+def read_report(item: str) -> tuple[str, dict]:
+    """``LABEL=path`` as (label, the report there), the report checked to be one ``ddl analyze`` wrote."""
+    from deep_delta.fsutil import read_json_file
+
+    label, sep, path = item.partition("=")
+    if not sep or not label or not Path(path).is_file():
+        raise Refused(f"got {item!r}; allowed: LABEL=path/to/analysis.json (an existing file)")
+    report = read_json_file(path, REPORT)
+    if not isinstance(report, dict):
+        raise Refused(f"{path} is not {REPORT}: it holds a JSON {type(report).__name__}, not an object")
+    missing = [k for k in ("windows", "probes") if k not in report]
+    if missing or not any(isinstance(report.get(k), dict) and report[k] for k in SECTIONS):
+        what = f"it has no {' or '.join(missing)}" if missing else f"it has none of {', '.join(SECTIONS)}"
+        raise Refused(f"{path} is not {REPORT}: {what}; allowed: the analysis.json of `ddl analyze --model RUN` (an "
+                      f"object with windows, probes and at least one of {', '.join(SECTIONS)})")
+    return label, report
+
+
+def check_out(path: Path) -> None:
+    """Refuse, before anything is read or drawn, an ``--out`` matplotlib cannot write: a suffix it has no writer for
+    (``.json``, ``.md``, none), or a folder that does not exist."""
+    if path.suffix.lower().lstrip(".") not in FIGURE_FORMATS:
+        raise Refused(f"--out got {str(path)!r}; allowed: a path ending in one of "
+                      f"{', '.join('.' + f for f in FIGURE_FORMATS)} (an image matplotlib writes)")
+    if not path.parent.is_dir():
+        raise Refused(f"--out got {str(path)!r}, but its folder {path.parent} does not exist; allowed: a path in an "
+                      "existing folder")
 
 
 def series(report: dict) -> dict[str, list[float]]:
@@ -29,17 +70,30 @@ def series(report: dict) -> dict[str, list[float]]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", nargs="+", metavar="LABEL=ANALYSIS_JSON")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    runs = []
-    for item in args.reports:
-        label, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            raise SystemExit(f"why_figure.py: got {item!r}; allowed: LABEL=path/to/analysis.json (an existing file)")
-        runs.append((label, series(json.loads(Path(path).read_text()))))
+    args = ap.parse_args(argv)
+    try:
+        check_out(Path(args.out))
+        runs = []
+        for item in args.reports:
+            label, report = read_report(item)
+            try:
+                runs.append((label, series(report)))
+            except (KeyError, TypeError, AttributeError, IndexError) as e:
+                raise Refused(f"{item.partition('=')[2]} is not {REPORT}: its {', '.join(SECTIONS)} are not as "
+                              f"`ddl analyze` writes them ({type(e).__name__}: {e})") from None
+        draw(runs, Path(args.out))
+    except (Refused, ValueError, OSError) as e:  # bad input: one line, never a traceback
+        raise SystemExit(f"why_figure.py: {e}") from None
+    print(f"wrote {args.out}")
+    return 0
+
+
+def draw(runs: list[tuple[str, dict[str, list[float]]]], out: Path) -> None:
+    """The three panels, one line per report, written to ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,9 +122,8 @@ def main() -> int:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
-    return 0
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -102,15 +102,22 @@ def cpu_threads(spec: str | int | None) -> int | None:
     """Intra-op CPU threads for ``--threads``: an integer, None (keep PyTorch's default), or "auto": the cores
     not already busy (cores minus :func:`busy_cores`, at least 1). On a shared machine, more OpenMP threads
     than free cores makes every step wait for a descheduled thread (measured here: 3-4x slower)."""
+    return chosen_threads(spec)[0]
+
+
+def chosen_threads(spec: str | int | None) -> tuple[int | None, str]:
+    """:func:`cpu_threads` with the reason, for a command to say: (threads or None, why), e.g. ``(1, "auto: 2
+    cores, 1.3 kept busy by other work")``."""
     if spec is None:
-        return None
+        return None, "PyTorch's own choice"
     if spec == "auto":
         cores = os.cpu_count() or 1
-        return max(1, min(cores, int(cores - busy_cores() + 0.5)))
+        busy = busy_cores()
+        return max(1, min(cores, int(cores - busy + 0.5))), f"auto: {cores} cores, {busy:.1f} kept busy by other work"
     try:
         n = int(spec)
     except (TypeError, ValueError):
         n = 0
     if n < 1:
         raise ValueError(f"`threads` got {spec!r}; allowed: an integer >= 1 or 'auto'")
-    return n
+    return n, "as given"

@@ -8,14 +8,14 @@
 #   CHECK="VARIANT=R ..." bash studies/deep12/run.sh OUT   (the merged call also trains the break-even checks)
 set -uo pipefail
 out=${1:-runs/deep12}
-ddl=${DDL:-ddl}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../commands.sh"   # $ddl: $DDL, else .venv/bin/ddl, else ddl on PATH (one line and exit 2 if none)
 source "$here/settings.sh"   # data (prepared on first use) and the common settings of every call
 mkdir -p "$out"
-$ddl compare "${common[@]}" --time-repeats 5 --variants baseline ddl-cc ddl-cc-write --out "$out/p1" > "$out/p1.log" 2>&1 &
-$ddl compare "${common[@]}" --time-repeats 5 --variants peri-ln attnres-block ddl-cc-untied --out "$out/p2" > "$out/p2.log" 2>&1 &
+"$ddl" compare "${common[@]}" --time-repeats 5 --variants baseline ddl-cc ddl-cc-write --out "$out/p1" > "$out/p1.log" 2>&1 &
+"$ddl" compare "${common[@]}" --time-repeats 5 --variants peri-ln attnres-block ddl-cc-untied --out "$out/p2" > "$out/p2.log" 2>&1 &
 wait
 mkdir -p "$out/all"
 cp -rn "$out/p1/." "$out/all/" && cp -rn "$out/p2/." "$out/all/"
-$ddl compare "${common[@]}" --time-repeats 5 --variants "${variants[@]}" ${CHECK:+--break-even-check $CHECK} \
+"$ddl" compare "${common[@]}" --time-repeats 5 --variants "${variants[@]}" ${CHECK:+--break-even-check $CHECK} \
   --out "$out/all" 2>&1 | tee "$out/all.log"

@@ -137,6 +137,65 @@ def test_eval_batches_cover_split_in_order(tmp_path):
     assert len(rows) == 18
 
 
+def _two_halves(tmp_path, T=8, windows=40):
+    """A split whose first half is token 1 and second half token 2 (``windows`` windows of ``T``)."""
+    n = windows * T + 1
+    tokens = np.where(np.arange(n) < n // 2, 1, 2)
+    write_shard(tmp_path / "val_000000.bin", tokens)
+    return tmp_path
+
+
+def test_spread_windows_reach_the_whole_split_and_first_windows_its_start(tmp_path):
+    d = _two_halves(tmp_path)
+    loader = TokenLoader(d, "val", 4, 8)
+    spread = torch.cat([x for x, _ in loader.eval_batches(max_batches=2)])
+    first = torch.cat([x for x, _ in loader.eval_batches(max_batches=2, windows="first")])
+    assert spread.shape == first.shape == (8, 8)
+    assert set(spread.unique().tolist()) == {1, 2}  # both halves evaluated
+    assert (spread[:4] == 1).all() and (spread[4:] == 2).all()  # in stream order
+    assert set(first.unique().tolist()) == {1}  # only the first half
+    # the windows are floor(i * W / N): 0, 5, 10, ..., 35 of 40
+    stream = np.fromfile(d / "val_000000.bin", dtype="<u2", offset=1024)
+    for i, row in enumerate(spread.numpy()):
+        np.testing.assert_array_equal(row, stream[5 * i * 8 : 5 * i * 8 + 8])
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("max_batches", [None, 5, 6, 100])
+def test_both_plans_give_the_same_batches_when_the_whole_split_is_read(tmp_path, world_size, max_batches):
+    d, _ = make_dir(tmp_path, sizes=(200,))
+    T = 10  # 19 windows: 5 steps of 4 (one process), 3 of 8 (two), 2 of 12 (three)
+    for rank in range(world_size):
+        loader = TokenLoader(d, "train", 4, T, rank=rank, world_size=world_size)
+        if max_batches is not None and max_batches * 4 * world_size < loader.num_windows:
+            continue  # part of the split: the plans differ
+        a = list(loader.eval_batches(max_batches))
+        b = list(loader.eval_batches(max_batches, windows="first"))
+        assert len(a) == len(b) == loader.num_eval_batches(max_batches)
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_eval_windows_are_even_and_refuse_an_unknown_plan():
+    from deep_delta.data.loader import eval_windows
+
+    assert eval_windows(10, 4, "spread").tolist() == [0, 2, 5, 7]
+    assert eval_windows(10, 4, "first").tolist() == [0, 1, 2, 3]
+    assert eval_windows(10, 99, "spread").tolist() == list(range(10))
+    big = eval_windows(10**12, 7, "spread")
+    assert big.tolist() == [i * 10**12 // 7 for i in range(7)]
+    with pytest.raises(ValueError, match="`windows` got 'middle'; allowed: spread | first"):
+        eval_windows(10, 4, "middle")
+
+
+def test_spread_evaluation_is_split_between_ranks_as_one_process_reads_it(tmp_path):
+    d = _two_halves(tmp_path, windows=41)
+    whole = torch.cat([x for x, _ in TokenLoader(d, "val", 6, 8).eval_batches(max_batches=2)])
+    parts = [list(TokenLoader(d, "val", 3, 8, rank=r, world_size=2).eval_batches(max_batches=2)) for r in range(2)]
+    stacked = torch.cat([torch.cat([parts[0][i][0], parts[1][i][0]]) for i in range(2)])
+    assert torch.equal(whole, stacked)
+
+
 def test_vocab_check_names_shard_and_ids(tmp_path):
     write_shard(tmp_path / "train_000000.bin", [1, 2, 3] * 10)
     write_shard(tmp_path / "train_000001.bin", [1, 2, 300] * 10)

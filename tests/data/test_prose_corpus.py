@@ -234,3 +234,30 @@ def test_prose_v1_is_pinned_file_by_file():
         assert p.file_name == f"{p.name}_{p.version.split(':')[-1]}_all.deb" and p.pool.endswith("/" + p.file_name)
         assert len(p.sha256) == 64 and int(p.sha256, 16) >= 0 and part.include and part.about
     assert PROSE_V1.val_fraction > 0 and PROSE_V1.test_fraction > 0
+
+
+def test_FP1_a_damaged_shard_is_named_not_nothing_to_do(tiny, tmp_path, capsys):
+    """Round 6's FP1: a prepared corpus with bytes of a shard zeroed (its size and header unchanged) was "already
+    prepared ...: nothing to do", and trained on. Now `ddl data prepare` reads every shard against its checksum (as
+    `ddl data verify` does) before it says so: a damaged shard is one error naming it and saying to prepare again;
+    `--overwrite` prepares it again."""
+    from deep_delta.data import verify_data_dir
+
+    corpus, debs = tiny
+    out = tmp_path / "o"
+    args = ["data", "prepare", "--source", corpus.name, "--val-fraction", "0", "--source-dir", str(debs), "--out",
+            str(out), "--no-progress"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0 and "nothing to do" in capsys.readouterr().out
+    shard = out / "train_000000.bin"
+    data = bytearray(shard.read_bytes())
+    data[-8:] = bytes(8)  # four tokens set to 0: the same size, a valid header, every id in the vocabulary
+    shard.write_bytes(bytes(data))
+    err = one_line_error(capsys, 2, args)
+    assert (f"{out} holds tiny-v1 prepared with these settings, but it is damaged: token shard {shard}: content "
+            "differs from its checksum") in err
+    assert "prepare it again with --overwrite" in err and "nothing to do" not in err
+    assert main([*args, "--overwrite"]) == 0
+    assert "nothing to do" not in capsys.readouterr().out  # prepared again
+    assert verify_data_dir(out).problems == [] and bytes(data) != shard.read_bytes()

@@ -179,7 +179,7 @@ def test_loader_with_records_opens_each_shard_once_on_first_use(data, monkeypatc
     loader = TokenLoader(data, "train", batch_size=3, seq_len=50, vocab_size=257)
     assert opened == []  # construction read headers only
     names = [r["file"] for r in read_meta(data)["splits"]["train"]["shards"]]
-    x, _ = next(loader.eval_batches(max_batches=1))  # the first 3 windows: tokens 0..150 of shard 0
+    x, _ = next(loader.eval_batches(max_batches=1, windows="first"))  # the first 3 windows: tokens 0..150 of shard 0
     assert opened == names[:1]
     for _ in loader.eval_batches():
         pass

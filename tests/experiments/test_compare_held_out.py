@@ -88,6 +88,16 @@ def test_a_planted_lr_is_chosen_on_val_and_reported_on_test(tmp_path, split_data
     assert selection["seeds"] == [0, 1] and "held_out" not in selection
     # the selection's own report is labelled as choosing and reporting on the same seeds and validation sample
     assert "chosen and reported on the same seeds and validation sample" in (out / "selection.md").read_text()
+    # the test windows' plan: recorded in each test.json and said in the report
+    assert summary["held_out"]["test_windows"] == "spread"
+    assert "1,024 tokens in windows spread evenly over the split, the same windows for every run" in report
+    test_file = out / "evaluation" / "seed_100" / "baseline" / "test.json"
+    assert json.loads(test_file.read_text())["eval_windows"] == "spread"
+    test_file.write_text(json.dumps({**json.loads(test_file.read_text()), "eval_windows": "first"}))
+    capsys.readouterr()
+    assert main(["compare", "--out", str(out), "--report-only", "--no-progress"]) == 2
+    assert "test.json is missing or not of this run's final step, data and windows (--eval-windows spread)" in \
+        capsys.readouterr().err
 
 
 def crash_when(monkeypatch, failing):
@@ -131,7 +141,8 @@ def test_a_killed_study_reports_its_partial_results_and_resumes(tmp_path, split_
     exact = [r["val_loss"] for r in read_metrics(run) if "val_loss" in r][-1]
     curve = [[r["step"], r["val_loss"]] for r in read_metrics(out / "evaluation" / "seed_100" / "ddl-dv1")
              if "val_loss" in r]
-    assert check["exact_loss"] == exact and check["estimate"] == dict(map(tuple, curve))[2]
+    # the estimate at a point of the curve is that point (through exp(log(loss)): equal up to rounding)
+    assert check["exact_loss"] == exact and check["estimate"] == pytest.approx(dict(map(tuple, curve))[2], rel=1e-12)
     assert check["error"] == pytest.approx(exact - dict(map(tuple, curve))[2])
     assert f"measured error (exact minus the curve's estimate) {check['error']:+.4f} nats" in printed
     row = next(r for r in summary["rows"] if r["variant"] == "ddl-dv1")

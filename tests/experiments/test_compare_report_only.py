@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -300,3 +301,75 @@ def test_a_finished_run_without_checkpoints_is_not_retrained_to_go_further(tmp_p
     err = capsys.readouterr().err
     assert "was made with other settings (steps: run has 2, now 3)" in err and "--overwrite" in err
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_packed_records_report_and_are_reused_as_the_plain_ones(seeds_study, data_dir, tmp_path, capsys):
+    """Runs kept packed (metrics.jsonl.gz, as studies/ keeps them: issue 65 item 5) give the same report, and a
+    rerun of the comparison reuses them; a run directory holding both forms is refused, naming it."""
+    from deep_delta.train.metrics import pack_metrics
+
+    out = _copy(seeds_study, tmp_path)
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    plain = json.loads((out / "compare.json").read_text())
+    for run in out.glob("seed_*/*"):
+        shutil.rmtree(run / "checkpoints")
+        pack_metrics(run)
+    assert not list(out.rglob("metrics.jsonl")) and len(list(out.rglob("metrics.jsonl.gz"))) == 4
+    capsys.readouterr()
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    assert _numbers(json.loads((out / "compare.json").read_text())) == _numbers(plain)
+    assert main(micro(out, data_dir, "--seeds", "2")) == 0
+    assert capsys.readouterr().out.count("(its record); kept") == 4
+    assert not list(out.rglob("metrics.jsonl"))  # reused, not rewritten
+    run = out / "seed_1" / "ddl-dv1"
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 1.0}\n')
+    _refused(out, capsys, f"{run} holds both metrics.jsonl and metrics.jsonl.gz, so which one is the run's metrics "
+             "is ambiguous")
+
+
+def test_SW5c_report_only_refuses_mixed_kernel_switches_and_says_mixed_threads_and_commits(seeds_study, tmp_path,
+                                                                                          capsys):
+    """Round 6's SW5c: a run retrained with a kernel switch on (DDL_INKERNEL_REDUCE=1) was brought together with runs
+    made with it off, without a word, and compare.json's machine gave the reporting process's switches and threads.
+    Now the mix is refused (as plain `ddl compare` refuses such a run against its own switches); threads and code
+    commits that differ are said in the report; the machine record is the runs' own."""
+    import torch
+
+    from deep_delta.ops import switches
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.trainer import train
+
+    out = _copy(seeds_study, tmp_path)
+    run = out / "seed_1" / "ddl-dv1"
+    cfg = TrainConfig.from_dict(json.loads((run / "run.json").read_text())["train_config"])
+    shutil.rmtree(run)
+    with switches.override(INKERNEL_REDUCE=True):
+        train(replace(cfg, out=str(run)), progress=False, quiet=True)
+    assert json.loads((run / "run.json").read_text())["kernel_switches"]["INKERNEL_REDUCE"] is True
+    _refused(out, capsys, "seed_1/ddl-dv1/run.json records kernel switch INKERNEL_REDUCE True, there False",
+             "runs made on other kernel paths are not one comparison", f"remove {run}")
+    _edit_run(run, lambda r: r["kernel_switches"].update(INKERNEL_REDUCE=False))  # as the others: one set again
+    _edit_run(run, lambda r: r["device"].update(threads=2))
+    for seed, commit in ((0, "a" * 40), (1, "b" * 40)):
+        for variant in ("baseline", "ddl-dv1"):
+            _edit_run(out / f"seed_{seed}" / variant, lambda r, c=commit: r.update(code={"commit": c, "clean": True}))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with switches.override(TC_ONE_PASS=True):  # the reporting process's own: not the runs'
+            assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    summary = json.loads((out / "compare.json").read_text())
+    m = summary["machine"]
+    assert m["kernel_switches"] == json.loads((out / "seed_0" / "baseline" / "run.json").read_text())["kernel_switches"]
+    assert m["kernel_switches"]["TC_ONE_PASS"] is False
+    assert m["torch_threads"] == {"baseline seed 0 at lr 0.002": 1, "ddl-dv1 seed 0 at lr 0.002": 1,
+                                  "baseline seed 1 at lr 0.002": 1, "ddl-dv1 seed 1 at lr 0.002": 2}
+    assert m["code"]["ddl-dv1 seed 1 at lr 0.002"]["commit"] == "b" * 40
+    assert m["report_written_on"]["torch_threads"] == 3
+    report = (out / "compare.md").read_text()
+    assert "the runs were trained with different CPU threads (" in report
+    assert "the runs were trained with different code commits (" in report and "bbbbbbbbbbbb" in report
+    assert "Machine: the runs' own, as their run.json records it: CPU only (no GPU)" in report
+    assert "kernel switches all off" in report

@@ -201,3 +201,82 @@ def test_a_run_copied_as_another_seed_is_refused_when_reused(tmp_path, data_dir,
     with (target / "metrics.jsonl").open("a") as f:
         f.write("\n")
     _rerun(out, data_dir, capsys, "hold the same metrics.jsonl: one run copied")
+
+
+def _extended_without_segments(tmp_path, data_dir):
+    """U25's runs (2 steps, then `ddl train --resume --steps 4` on each) with `segments` removed from run.json: a
+    record written before segments were."""
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.trainer import train
+
+    out = tmp_path / "short"
+    assert main(study(out, data_dir, "--seeds", "2", steps=2)) == 0
+    for run in sorted(out.glob("seed_*/*")):
+        cfg = TrainConfig.from_dict(json.loads((run / "run.json").read_text())["train_config"])
+        train(replace(cfg, steps=4), resume=True, progress=False, quiet=True)
+        _edit(run, lambda r: r.pop("segments"))
+    return out
+
+
+def test_U25b_a_run_extended_before_segments_were_recorded_is_told_by_its_lr_column(tmp_path, data_dir, capsys):
+    """Round 6's U25b: without `segments` the run was reused as a 4-step run; its metrics' lr column restarts the
+    schedule at step 3 (the step the resume with `--steps 4` began), which the refusal names, with the fix."""
+    out = _extended_without_segments(tmp_path, data_dir)
+    lrs = [r["lr"] for r in read_metrics(out / "seed_0" / "baseline") if "loss" in r]
+    assert len(lrs) == 4 and lrs[1] == lrs[2]  # step 2 ended the 2-step cosine; step 3 is the 4-step one's middle
+    _rerun(out, data_dir, capsys, "seed_0/baseline/metrics.jsonl: its lr column follows one 4-step warm-up and cosine "
+           "schedule (--warmup-steps 0, --min-lr-ratio 0.1, scaled by the lr of step 1) only from step 3",
+           "so the schedule restarted at step 3 (a run resumed with a changed --steps) and this is not one 4-step run",
+           f"to retrain this run alone, remove {out / 'seed_0' / 'baseline'} and run the study's `ddl compare` again")
+
+
+def test_U25b_a_record_without_segments_is_reused_when_its_lr_column_is_one_schedule(tmp_path, data_dir, two_seeds,
+                                                                                    capsys):
+    out = _copy(two_seeds, tmp_path)
+    for run in out.glob("seed_*/*"):
+        _edit(run, lambda r: r.pop("segments"))
+    capsys.readouterr()
+    assert main(study(out, data_dir, "--seeds", "2")) == 0
+    assert capsys.readouterr().out.count("(its record); kept") == 4
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+
+
+def test_U25b_a_record_without_segments_or_an_lr_column_is_unverifiable(tmp_path, data_dir, two_seeds, capsys):
+    out = _copy(two_seeds, tmp_path)
+    run = out / "seed_1" / "ddl-dv1"
+    _edit(run, lambda r: r.pop("segments"))
+    path = run / "metrics.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "lr"}) + "\n" for r in records))
+    _rerun(out, data_dir, capsys, "seed_1/ddl-dv1/run.json records no `segments` (written before they were), and "
+           "whether the run trained one 4-step schedule cannot be checked from its metrics either",
+           "records no usable lr at step 1): the record is unverifiable", "to retrain this run alone, remove")
+
+
+def test_U16c_the_refusals_advice_retrains_the_one_damaged_run_and_keeps_the_others(tmp_path, data_dir, capsys):
+    """Round 6's U16c: the refusal of a damaged run said "`--overwrite` retrains the run", and `--overwrite`
+    retrained every run of the grid. Now it names the run's directory: removed, the study's command trains it
+    alone, the other runs' records untouched; `--overwrite` says it retrains every run."""
+    out = tmp_path / "grid"
+    args = study(out, data_dir, "--lrs", "1e-3", "2e-3")
+    assert main(args) == 0
+    damaged = out / "lr_0.002" / "baseline"
+    (damaged / "metrics.jsonl").unlink()
+    others = {p: p.read_bytes() for p in out.rglob("metrics.jsonl")}
+    assert len(others) == 3
+    err = _refused(args, capsys, "lr_0.002/baseline/metrics.jsonl is missing",
+                   f"to retrain this run alone, remove {damaged} and run the study's `ddl compare` again (it trains "
+                   "only the runs that are missing; --overwrite would retrain every run in --out)")
+    assert "--overwrite retrains the run" not in err
+    shutil.rmtree(damaged)  # the advice
+    capsys.readouterr()
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("(its record); kept") == 3
+    assert {p: p.read_bytes() for p in others} == others
+    assert [r["step"] for r in read_metrics(damaged) if "loss" in r] == [1, 2, 3, 4]
+    from deep_delta.cli.main import build_parser
+
+    compare = build_parser()._subparsers._group_actions[0].choices["compare"]
+    help_text = next(a.help for a in compare._actions if "--overwrite" in a.option_strings)
+    assert "retrain every run already in OUT" in help_text and "to retrain one run alone, remove its directory" in \
+        help_text

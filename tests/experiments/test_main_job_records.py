@@ -4,8 +4,9 @@
 studies/main_job/ holds the run records (run.json, metrics.jsonl) of `ddl compare` with its defaults, seed 0, one
 CPU thread. The numbers docs/evidence.md (section 1), docs/training.md ("Measured") and README quote of it must be
 those records'; the report comes back from the records alone (`--report-only`); and today's code, trained with each
-record's own settings on the same prepared data, gives the records' first steps to the last bit (on the machine
-that made them; to 1e-5 on another CPU, as tests/train/test_pinned_results.py)."""
+record's own settings on the same prepared data, gives the records' first steps to the last bit (on a machine
+whose probe shows it computes as the one that made them; to 1e-5 relative elsewhere: tests/helpers.py,
+``same_as_pinned``, as tests/train/test_pinned_results.py)."""
 
 from __future__ import annotations
 
@@ -80,13 +81,14 @@ def one_thread():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_todays_code_reproduces_the_first_steps_of_the_records(variant, one_thread):
     from deep_delta.train import TrainConfig
+    from deep_delta.train.config import recorded
     from deep_delta.train.data import TrainData
     from deep_delta.train.trainer import Trainer
 
     record = json.loads((STUDY / variant / "run.json").read_text())
     data = TrainData.resolve(None)  # the embedded text the main job trains on
     assert data.fingerprint == record["data"]["fingerprint"], "the prepared embedded text is not the record's"
-    cfg = TrainConfig(**{**record["train_config"], "out": "in-memory", "data": None})
+    cfg = TrainConfig(**{**recorded(record["train_config"]), "out": "in-memory", "data": None})
     trainer = Trainer(cfg, persist=False, stop_at=PREFIX, data=data, progress=False, quiet=True)
     trainer.run()
     got = [r for r in trainer.records if "loss" in r]

@@ -32,6 +32,41 @@ def test_train_then_resume(tmp_path, data_dir, capsys):
     assert "resuming at step 3" in captured.out + captured.err
 
 
+def test_train_picks_its_threads_by_load_and_says_why(tmp_path, data_dir, capsys, monkeypatch):
+    """Not given, ``--threads`` is auto, as in ``ddl compare``: the cores other work does not keep busy (issue 66:
+    PyTorch's 2 threads on a busy 2-core machine took 34-37 s a step against 8-11 s with one), said in the first
+    line; given, as given; under torchrun (WORLD_SIZE > 1) PyTorch's own choice, its processes sharing the cores
+    (said by rank 0 only)."""
+    import torch
+
+    from deep_delta import runtime
+    from deep_delta.cli.train import _apply_threads
+
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(runtime, "busy_cores", lambda interval=0.3: 2.6)
+    assert main(_train_args(data_dir, tmp_path / "run", "--steps", "1")) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == ("ddl train: 1 CPU thread (--threads auto, the default: 4 cores, 2.6 kept busy by other work; "
+                     "--threads N sets another)")
+    assert torch.get_num_threads() == 1
+    _apply_threads("auto")
+    assert capsys.readouterr().out == "ddl train: 1 CPU thread (--threads auto: 4 cores, 2.6 kept busy by other work)\n"
+    _apply_threads("2")
+    assert capsys.readouterr().out == "ddl train: 2 CPU threads (--threads 2)\n" and torch.get_num_threads() == 2
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    torch.set_num_threads(3)  # what PyTorch (or torchrun's OMP_NUM_THREADS) chose: left alone
+    _apply_threads(None)
+    assert torch.get_num_threads() == 3
+    assert capsys.readouterr().out == ("ddl train: 3 CPU threads per process, PyTorch's own choice (under torchrun "
+                                       "its 4 processes share the cores; --threads N sets another)\n")
+    _apply_threads("1")
+    assert torch.get_num_threads() == 1 and capsys.readouterr().out == "ddl train: 1 CPU thread (--threads 1)\n"
+    monkeypatch.setenv("RANK", "1")
+    _apply_threads("2")
+    assert torch.get_num_threads() == 2 and capsys.readouterr().out == ""
+
+
 def test_train_from_a_config_file_with_overrides(tmp_path, data_dir):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"variant: baseline\ndata: {data_dir}\nsteps: 2\nbatch_size: 2\nseq_len: 16\n"

@@ -11,8 +11,10 @@ from deep_delta.train.recipes import RECIPES
 DEFAULTS = {
     "variant": "baseline", "preset": "tiny", "model": {}, "data": None, "out": "runs/train", "steps": 1000,
     "batch_size": 8, "grad_accum": 1, "global_batch_size": None, "seq_len": 256, "lr": 0.001, "min_lr_ratio": 0.1,
-    "warmup_steps": 100, "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0, "on_divergence": "raise", "eval_every": 250,
-    "eval_batches": 20, "save_every": 1000, "keep": 2, "log_every": 10, "seed": 0, "device": "auto",
+    "warmup_steps": 100, "optimizer": "adamw", "adamw_lr_ratio": 1.0, "weight_decay": 0.1, "betas": [0.9, 0.95],
+    "grad_clip": 1.0, "on_divergence": "raise", "eval_every": 250,
+    "eval_batches": 20, "eval_windows": "spread", "save_every": 1000, "keep": 2, "log_every": 10, "seed": 0,
+    "device": "auto",
     "dtype": "auto", "compile": False, "cuda_graphs": "off", "activation_checkpointing": False, "distributed": "auto",
     "tensorboard": False, "peak_flops": None, "wandb": False, "wandb_project": None, "wandb_run_name": None,
     "wandb_group": None,

@@ -110,23 +110,62 @@ def test_batches_evaluate_and_callbacks(tmp_path):
         Trainer(cfg, model=model, batches=BatchList(batches), persist=False)
 
 
+class RuinTheUpdate:
+    """A callback whose ``at``-th update ruins the model, on every machine alike, while that step's own loss was
+    finite. ``how="forward"``: the weights stay finite but from that update on every forward gives NaN logits
+    (a hook on the LM head), so only the validation loss shows it; ``how="weights"``: the update's gradients are
+    NaN, so AdamW writes NaN weights. (lr 1e10 did the first on one CPU and left finite losses on another:
+    issue 66.)"""
+
+    def __init__(self, how: str, at: int = 1):
+        self.how, self.at, self.ruined = how, at, False
+
+    def on_train_start(self, trainer):
+        trainer.model.lm_head.register_forward_hook(
+            lambda module, args, output: output * float("nan") if self.ruined else output)
+
+    def on_before_update(self, trainer):
+        if trainer.step + 1 != self.at:  # the step being taken is trainer.step + 1
+            return
+        if self.how == "forward":
+            self.ruined = True
+        else:
+            for p in trainer.model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("how", ["forward", "weights"])
 @pytest.mark.parametrize("save_every", [3, 1])
-def test_on_divergence_stop_never_passes_off_ruined_weights_as_good(tmp_path, data_dir, capsys, save_every):
-    """lr 1e10: the first update ruins the weights while its own loss was finite, and the second step's loss is
-    NaN. "stop" used to checkpoint step 1 as the last good step, a checkpoint that validates to NaN. Now the
-    step-1 weights are not checkpointed (save every 3) or, where the step's own checkpoint already holds them
-    (save every step), the lines say so; a checkpoint kept as good validates to a finite loss."""
+def test_on_divergence_stop_never_passes_off_ruined_weights_as_good(tmp_path, data_dir, capsys, monkeypatch,
+                                                                    save_every, how):
+    """The first update ruins the weights while its own loss was finite (:class:`RuinTheUpdate`, into the trainer
+    ``ddl train`` builds), and the second step's loss is NaN. "stop" used to checkpoint step 1 as the last good
+    step, a checkpoint that validates to NaN. Now the step-1 weights are not checkpointed (save every 3) or,
+    where the step's own checkpoint already holds them (save every step), the lines say so; a checkpoint kept as
+    good validates to a finite loss. Both ways of ruin: finite weights that validate to NaN (only the validation
+    loss can tell) and non-finite weights."""
+    import deep_delta.train.trainer as trainer_module
+
+    class Ruined(trainer_module.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, callbacks=[RuinTheUpdate(how)], **kwargs)
+
+    monkeypatch.setattr(trainer_module, "Trainer", Ruined)
     out = tmp_path / "run"
     assert main(["train", "--config", "debug", "--variant", "ddl-cc", "--data", str(data_dir), "--out", str(out),
-                 "--device", "cpu", "--no-progress", "--on-divergence", "stop", "--lr", "1e10", "--grad-clip", "0",
-                 "--warmup-steps", "1", "--steps", "6", "--save-every", str(save_every)]) == 0
-    captured = capsys.readouterr()
-    err = captured.err
-    assert "stopped at step 1" in err and "the weights of step 1 are not good" in err, err
+                 "--device", "cpu", "--no-progress", "--on-divergence", "stop", "--steps", "6",
+                 "--save-every", str(save_every)]) == 0
+    records = read_metrics(out)
+    # the case as built: step 1's loss finite, its weights validating to a non-finite loss, step 2's loss NaN
+    assert [r["step"] for r in records if "loss" in r] == [1] and math.isfinite(records[0]["loss"])
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert vals and not math.isfinite(vals[-1]), vals
+    err = capsys.readouterr().err
+    assert "(non-finite loss (loss nan" in err and "at step 2) and stopped at step 1" in err, err
+    assert "the weights of step 1 are not good" in err, err
     kept = latest_checkpoint(out)
     if save_every == 1:
         assert kept.name == "step_0000001" and f"its checkpoint {kept} holds them; do not resume or use it" in err
     else:
         assert kept is None and "not checkpointed; the last checkpoint is none" in err
-    vals = [r["val_loss"] for r in read_metrics(out) if "val_loss" in r]
-    assert vals and not math.isfinite(vals[-1])  # what the step-1 weights validate to

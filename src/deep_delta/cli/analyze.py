@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     seq_len = args.seq_len or min(256, model.config.max_position_embeddings)
     loader = TokenLoader(data, args.split, args.batch_size, seq_len, vocab_size=model.config.vocab_size)
     device = next(model.parameters()).device
-    report = analyze_model(model, loader.eval_batches(args.batches), device=device, progress=not args.no_progress)
+    # the first windows of the split, as the analyses docs/evidence.md and docs/rivals.md quote were made
+    batches = loader.eval_batches(args.batches, windows="first")
+    report = analyze_model(model, batches, device=device, progress=not args.no_progress)
     report.update(model=str(args.model), data=str(data), split=args.split, seq_len=seq_len)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "analysis.json", json.dumps(report, indent=2))

@@ -65,8 +65,9 @@ def add_parser(sub) -> None:
                    "those), each point with its own seeds and lr grid, for a study run in parts; or, for an OUT "
                    "without such points, OUT/compare.md, compare.json and curves.png (and an lr grid's best-lr "
                    "report) from the finished run directories there, e.g. runs made on several machines and "
-                   "brought together without their checkpoints (each run's device is recorded; each run is what its "
-                   "own run.json says and must stand where `ddl compare` puts it, once). The points or runs "
+                   "brought together without their checkpoints (each run's device is recorded, and the report's "
+                   "machine is the runs' own: their kernel switches, which must agree, threads and commit; each run is "
+                   "what its own run.json says and must stand where `ddl compare` puts it, once). The points or runs "
                    "must share every setting but width, length, variant, lr, steps and seeds, and the data. "
                    "Refused with the options that train")
     p.add_argument("--time-repeats", type=options.integer, default=5, metavar="R",
@@ -77,7 +78,10 @@ def add_parser(sub) -> None:
                    help="start from this YAML file or recipe (small/baseline) instead of the recipe compare, "
                    "whose values the (default ...) of the settings below show (their flags still apply)")
     options.add_set(p)
-    p.add_argument("--overwrite", action="store_true", help="retrain runs already in OUT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="retrain every run already in OUT from step 0, the finished ones too (a study's every lr, "
+                   "seed and evaluation run); to retrain one run alone, remove its directory (OUT/.../VARIANT) and "
+                   "run the same command again: only the runs that are missing train")
     options.add_progress(p)
     options.add_settings(p.add_argument_group("evaluation seeds and the test split (with --lrs)"), HeldOutSettings)
     options.add_settings(p.add_argument_group("settings of every run (override the recipe compare or --config)"),

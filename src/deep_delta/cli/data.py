@@ -48,6 +48,10 @@ def add_parser(sub) -> None:
     )
     pi.add_argument("dir", metavar="DIR", help="a directory made by `ddl data prepare` (or any llm.c .bin shards)")
     pi.add_argument("--json", action="store_true", help="print meta.json and the shard headers as JSON")
+    pi.add_argument("--overlap", action="store_true",
+                    help="also the share of each held-out split's aligned 64-token chunks that occur verbatim anywhere "
+                    "in train (reads all of train; seconds reported), over the whole split and over the windows a "
+                    "`ddl compare` with its defaults evaluates")
     pi.set_defaults(func=run_info)
 
     pv = data_sub.add_parser(
@@ -67,9 +71,11 @@ def add_parser(sub) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     import time
+    import warnings
 
     from deep_delta.cli.main import UsageError
     from deep_delta.data import DataUnavailableError, PrepareSettings, find_prepared, prepare_from
+    from deep_delta.data.prepare import has_source_runs, lacks_source_runs
 
     settings = PrepareSettings(**options.given_settings(args, options.setting_names(PrepareSettings)))
     found = find_prepared(settings)
@@ -78,12 +84,30 @@ def run_prepare(args: argparse.Namespace) -> int:
               f"tokens; meta.json and the shard headers agree): nothing to do")
         _print_splits(found)
         return 0
+    adding = lacks_source_runs(settings)
     start = time.perf_counter()
+    said = []
     try:
-        meta = prepare_from(settings)
+        if adding:  # source runs that could not be added (no package files here): one line, the data kept
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                meta = prepare_from(settings)
+        else:
+            meta = prepare_from(settings)
     except (DataUnavailableError, FileExistsError, ImportError) as e:
         raise UsageError(str(e)) from e
     seconds = time.perf_counter() - start
+    for w in said:
+        print(f"note: {w.message}")
+    if adding and not has_source_runs(meta):
+        _print_splits(meta)
+        return 0
+    if adding:
+        print(f"{settings.out} held {meta['source']} prepared with these settings before preparation recorded where "
+              f"each source's tokens lie: prepared again beside it, the same shards (their checksums), so only its "
+              f"meta.json was rewritten, now with the source runs of each split ({seconds:.1f} s)")
+        _print_splits(meta)
+        return 0
     print(f"prepared {meta['num_tokens']:,} tokens ({meta['num_documents']:,} documents) from {meta['source']} "
           f"with the {meta['tokenizer']} tokenizer (vocab_size {meta['vocab_size']}, eot {meta['eot_token']})"
           f"{' [cut at --max-tokens]' if meta['truncated'] else ''}")
@@ -116,8 +140,9 @@ def run_prepare(args: argparse.Namespace) -> int:
 def _print_splits(meta: dict) -> None:
     for split, info in meta["splits"].items():
         n = len(info["shards"])
+        names = len({name for _, name in info.get("sources", [])})
         print(f"  {split:<6} {info['num_tokens']:>14,} tokens {info['num_documents']:>10,} documents "
-              f"{n:>4} shard{'s' if n != 1 else ''}")
+              f"{n:>4} shard{'s' if n != 1 else ''}" + (f", {names} sources" if names else ""))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -129,8 +154,10 @@ def run_info(args: argparse.Namespace) -> int:
     d = Path(args.dir)
     report = inspect_data_dir(d)
     problems = list(dict.fromkeys(str(p) for p in report.problems))  # each once, in the order found
+    overlap = _overlap(d, report.meta) if args.overlap and not problems else None
     if args.json:
-        print(json.dumps({"meta": report.raw_meta, "shards": report.shards, "problems": problems}, indent=2))
+        print(json.dumps({"meta": report.raw_meta, "shards": report.shards, "problems": problems,
+                          **({"overlap": overlap[0].to_dict()} if overlap else {})}, indent=2))
         return 1 if problems else 0
     meta = report.meta
     if meta is not None and isinstance(meta.get("splits"), dict):
@@ -145,7 +172,54 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"problem: {p}")
     if not problems:
         print("ok: meta.json and shard headers agree")
+    if overlap:
+        _print_overlap(*overlap)
+    elif args.overlap and problems:
+        print("overlap: not measured (fix the problems above first)")
     return 1 if problems else 0
+
+
+def _overlap(d, meta: dict):
+    """:func:`~deep_delta.data.overlap.held_out_overlap` of ``d``, with the windows a ``ddl compare`` of its defaults
+    (the recipe ``compare`` over TrainConfig's) evaluates: validation's ``eval_batches`` and the test split's
+    default tokens; returns it and those settings."""
+    from deep_delta.data.loader import eval_windows
+    from deep_delta.data.overlap import held_out_overlap
+    from deep_delta.experiments.test_split import DEFAULT_TEST_TOKENS, measured_batches
+    from deep_delta.train.config import TrainConfig
+    from deep_delta.train.recipes import compare
+
+    s = {**TrainConfig.defaults(), **compare()}
+    seq, batch, plan = s["seq_len"], s["batch_size"], s["eval_windows"]
+    counts = {name: info.get("num_tokens", 0) for name, info in (meta.get("splits") or {}).items()}
+    windows = {}
+    for split, count in (("val", s["eval_batches"] * batch), ("test", None)):
+        total = (counts.get(split, 0) - 1) // seq
+        if total < 1:
+            continue
+        if count is None:  # the test measurement: its default tokens, in whole batches
+            count = measured_batches(min(DEFAULT_TEST_TOKENS, total * seq), seq, batch) * batch
+        windows[split] = (seq, eval_windows(total, count, plan))
+    return held_out_overlap(d, windows=windows), {"seq_len": seq, "batch_size": batch, "eval_batches":
+                                                  s["eval_batches"], "eval_windows": plan,
+                                                  "test_tokens": DEFAULT_TEST_TOKENS}
+
+
+def _print_overlap(report, study: dict) -> None:
+    print(f"overlap with train: aligned {report.chunk}-token chunks of each held-out split that occur verbatim in "
+          f"train ({report.train_positions:,} train positions searched in {report.seconds:.1f} s)")
+    for s in report.splits:
+        line = f"  {s.split:<6} {s.chunks:>12,} chunks {s.found:>12,} in train ({100 * s.share:.2f}%)"
+        if s.windows_chunks:
+            line += (f"; in the windows a default `ddl compare` evaluates: {s.windows_chunks:,} chunks, "
+                     f"{s.windows_found:,} in train ({100 * s.windows_share:.2f}%)")
+        print(line)
+    if not report.splits:
+        print("  no held-out split (val, test) to compare")
+    if any(s.windows_chunks for s in report.splits):
+        print(f"  (a default `ddl compare`: windows of {study['seq_len']} tokens, {study['eval_windows']}; validation "
+              f"{study['eval_batches']} batches of {study['batch_size']}; the test split's {study['test_tokens']:,} "
+              "tokens of `--eval-seeds`, or all of it where it holds fewer)")
 
 
 def run_verify(args: argparse.Namespace) -> int:

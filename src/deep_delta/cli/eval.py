@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
     lo.add_argument("--data", required=True, metavar="DIR", help="prepared data directory")
     lo.add_argument("--split", default="val", help="split to evaluate (default val)")
     lo.add_argument("--max-batches", type=options.integer, default=None, metavar="N", help="evaluate at most N batches")
+    add_eval_windows(lo)
+    lo.add_argument("--by-source", action="store_true",
+                    help="also the loss of each named source of the data (prose-v1: each package), where meta.json "
+                    "records where their tokens lie (said in one line where it does not)")
     options.add_batch(lo, "sequences per batch (default 8)", "tokens per sequence (default: the model's context)",
                       batch_default=8)
     options.add_device(lo)
@@ -73,6 +77,16 @@ def add_parser(sub) -> None:
     lm.set_defaults(func=run_lm_eval)
 
 
+def add_eval_windows(p: argparse.ArgumentParser) -> None:
+    """``--eval-windows``: TrainConfig's field (its choices and default), for a pass of part of a split."""
+    from deep_delta.train.config import TrainConfig
+
+    field = TrainConfig.__dataclass_fields__["eval_windows"]
+    p.add_argument("--eval-windows", choices=field.metadata["choices"], default=field.default,
+                   help="with --max-batches: which windows of the split, spread (evenly over the whole split) or first "
+                   f"(its first windows, as runs before this option read them) (default {field.default})")
+
+
 def _missing(p: argparse.ArgumentParser) -> int:
     p.print_help()
     return 2
@@ -87,15 +101,23 @@ def run_loss(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, require_tokenizer=False)
     _check_data_tokenizer(args.data, loaded)
     res = evaluate_loss(loaded.model, args.data, split=args.split, batch_size=args.batch_size,
-                        seq_len=args.seq_len, max_batches=args.max_batches, progress=sys.stderr.isatty())
+                        seq_len=args.seq_len, max_batches=args.max_batches, eval_windows=args.eval_windows,
+                        by_source=args.by_source, progress=sys.stderr.isatty())
     if args.json:
         print(json.dumps({"model": str(loaded.source.model_dir), **res.to_dict()}, indent=2))
     else:
         print(f"model       {loaded.source.model_dir}")
         print(f"data        {args.data} (split {res.split}, {res.batches} batches x seq_len {res.seq_len}, "
-              f"{res.tokens:,} tokens)")
+              f"{res.tokens:,} tokens, {res.windows})")
         print(f"val loss    {res.loss:.4f}")
         print(f"perplexity  {res.perplexity:.4f}")
+        if res.sources_note:
+            print(f"no loss per source: split {res.split} of {args.data} records no sources ({res.sources_note})")
+        elif res.sources:
+            width = max(len("source"), *map(len, res.sources))
+            print(f"\n{'source':<{width}}  {'tokens':>12}  {'loss':>7}")
+            for name, x in res.sources.items():
+                print(f"{name:<{width}}  {x['tokens']:>12,}  {x['loss']:>7.4f}")
     return 0
 
 

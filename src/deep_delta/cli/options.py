@@ -105,9 +105,11 @@ def add_dtype(p, *, weights: bool, default: str = "auto",
     return p.add_argument("--dtype", default=default, choices=list(choices), help=f"{what}{auto} (default {default})")
 
 
-def add_threads(p: argparse.ArgumentParser, default: str | None = "auto") -> None:
+def add_threads(p: argparse.ArgumentParser, default: str | None = "auto", shown: str | None = None) -> None:
+    """``--threads``; ``shown``: what the help says the default is, where the command resolves a None default
+    itself (``ddl train``: auto, except under torchrun)."""
     p.add_argument("--threads", default=default, metavar="N|auto",
-                   help=THREADS_HELP.format(default=default or "PyTorch's own choice"))
+                   help=THREADS_HELP.format(default=shown or default or "PyTorch's own choice"))
 
 
 def apply_threads(spec: str | None) -> int | None:

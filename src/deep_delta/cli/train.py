@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--stop-at", type=options.integer, metavar="N",
                    help="end this session after step N (checkpointed) without shortening the schedule")
     options.add_progress(p)
-    options.add_threads(p, default=None)  # torchrun processes share the cores: PyTorch's choice unless asked
+    options.add_threads(p, default=None, shown="auto; under torchrun PyTorch's own choice, its processes sharing "
+                        "the cores")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--list-configs", action="store_true", help="list the shipped config names and exit")
     options.add_settings(p.add_argument_group("settings (override the config file)"), TrainConfig)
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     from deep_delta.train.trainer import train
 
-    options.apply_threads(args.threads)
+    _apply_threads(args.threads)
     # a divergence under `on_divergence` raise is the one error handler's (cli/main.py): one line, exit 1
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, stop_at=args.stop_at,
                    progress=not args.no_progress)
@@ -72,3 +73,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddl train: the run diverged ({result.diverged}) and stopped at step {result.step} "
               f"(--on-divergence stop); {kept}", file=sys.stderr)
     return 0
+
+
+def _apply_threads(spec: str | None) -> None:
+    """``--threads``, and the line that says what it chose and why. Not given: ``auto`` (the cores other work does
+    not keep busy, as ``ddl compare``), except under torchrun, whose processes share the cores: there PyTorch's
+    own choice (torchrun sets OMP_NUM_THREADS=1 per process unless it is set). Said by rank 0 only."""
+    import os
+
+    import torch
+
+    from deep_delta.runtime import chosen_threads
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    under_torchrun = world.isdigit() and int(world) > 1
+    threads, why = chosen_threads("auto" if spec is None and not under_torchrun else spec)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if os.environ.get("RANK", "0") != "0":
+        return
+    n = torch.get_num_threads()
+    count = f"{n} CPU thread{'s' if n > 1 else ''}"
+    if threads is None:
+        said = (f"{count} per process, {why} (under torchrun its {world} processes share the cores; --threads N "
+                "sets another)")
+    elif spec is None:  # why: "auto: C cores, B kept busy by other work"
+        said = f"{count} (--threads auto, the default{why[len('auto'):]}; --threads N sets another)"
+    else:
+        said = f"{count} (--threads {spec}{why[len('auto'):] if spec == 'auto' else ''})"
+    print(f"ddl train: {said}", flush=True)

@@ -68,6 +68,43 @@ def token_id_error(path: Path, top: int, model_vocab: int | None, meta: dict | N
     return None
 
 
+EVAL_WINDOWS = ("spread", "first")  # which windows an evaluation of part of a split reads (eval_windows)
+
+
+def eval_windows(num_windows: int, count: int, windows: str) -> np.ndarray:
+    """The indices, in the order read, of ``count`` of a split's ``num_windows`` windows: ``"first"`` its first
+    ``count``; ``"spread"`` ``floor(i * num_windows / count)`` for ``i`` in ``0 .. count - 1``, evenly over the
+    whole split (a split made of documents in source order is read in every part of it), the same for every run.
+    ``count >= num_windows``: every window in file order, for either."""
+    if windows not in EVAL_WINDOWS:
+        raise ValueError(f"`windows` got {windows!r}; allowed: {' | '.join(EVAL_WINDOWS)}")
+    count = min(count, num_windows)
+    i = np.arange(count, dtype=np.int64)
+    if windows == "first" or count == num_windows:
+        return i
+    q, r = divmod(num_windows, count)  # i * num_windows // count without the product (r < count)
+    return i * q + (i * r) // count
+
+
+def split_sources(meta: dict | None, split: str) -> list[tuple[int, str]] | None:
+    """Where each named source's tokens lie in ``split`` of a data directory's ``meta``
+    (``splits.<split>.sources``): ``(first token, name)`` runs in stream order, or None where it records none."""
+    runs = ((meta or {}).get("splits", {}).get(split) or {}).get("sources")
+    return None if not runs else [(int(start), str(name)) for start, name in runs]
+
+
+def no_sources_reason(meta: dict | None) -> str:
+    """Why data with ``meta`` records no source runs, in a few words: a named corpus prepared before they were
+    recorded (and how to add them), or a source without named sources."""
+    from deep_delta.data.corpora import named_corpus
+
+    source = (meta or {}).get("source")
+    if named_corpus(source) is not None:
+        return (f"it was prepared from {source} before `ddl data prepare` recorded where each source's tokens lie; "
+                f"the same `ddl data prepare --source {source} ...` command again adds them")
+    return f"its source ({source or 'unknown'}) names no sources"
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"TokenLoader: {name} must be an integer >= {minimum}, got {value!r}")
@@ -352,31 +389,83 @@ class TokenLoader:
         self._epoch, self._position = epoch, position
 
     # ------------------------------------------------------------------ evaluation pass
-    def _eval_plan(self, max_batches: int | None) -> list[tuple[int, int]]:
-        """(first window of the step, rows per rank) of each evaluation batch."""
+    def _eval_plan(self, max_batches: int | None, windows: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The windows an evaluation reads, in order (:func:`eval_windows`), and (first position in that order,
+        rows per rank) of each of its batches."""
         if max_batches is not None:
             _check_int("max_batches", max_batches, 1)
+        per_step = self.batch_size * self.world_size
+        count = self.num_windows if max_batches is None else min(self.num_windows, max_batches * per_step)
+        order = eval_windows(self.num_windows, count, windows)
         plan, start = [], 0
-        while start < self.num_windows and (max_batches is None or len(plan) < max_batches):
-            rows = min(self.batch_size * self.world_size, self.num_windows - start) // self.world_size
+        while start < count:
+            rows = min(per_step, count - start) // self.world_size
             if rows == 0:
                 break
             plan.append((start, rows))
             start += rows * self.world_size
-        return plan
+        return order, plan
 
     def num_eval_batches(self, max_batches: int | None = None) -> int:
-        """How many batches :meth:`eval_batches` yields."""
-        return len(self._eval_plan(max_batches))
+        """How many batches :meth:`eval_batches` yields (the same for either choice of windows)."""
+        return len(self._eval_plan(max_batches, "first")[1])
 
-    def eval_batches(self, max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One deterministic pass over the split for validation: windows in file order, ``batch_size *
-        world_size`` per step, rank ``r`` taking the ``r``-th block. The last step may have fewer rows (the same
-        number on every rank; at most ``world_size - 1`` trailing windows are left out). Does not touch the
-        training position."""
-        for start, rows in self._eval_plan(max_batches):
+    def num_eval_windows(self, max_batches: int | None = None) -> int:
+        """How many windows :meth:`eval_batches` reads over all ranks (:attr:`num_windows` for the whole split, but
+        for at most ``world_size - 1`` trailing ones)."""
+        return sum(rows * self.world_size for _, rows in self._eval_plan(max_batches, "first")[1])
+
+    def eval_batches(self, max_batches: int | None = None, *, windows: str = "spread",
+                     sources: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
+        """One deterministic pass over (part of) the split for validation: at most ``max_batches`` steps of
+        ``batch_size * world_size`` windows, rank ``r`` taking the ``r``-th block of each step. ``windows``
+        (:data:`EVAL_WINDOWS`) says which windows when the steps hold fewer than the split has: ``"spread"``
+        evenly over the whole split, ``"first"`` its first ones (:func:`eval_windows`); the whole split is read in
+        file order either way. The last step may have fewer rows (the same number on every rank; at most
+        ``world_size - 1`` trailing windows are left out). Does not touch the training position.
+
+        With ``sources`` the batches are ``(x, y, source)``: ``source`` (B, T) int64, the index in
+        :attr:`source_names` of the source of each target token ``y`` (a split prepared with named sources, see
+        :attr:`sources`; an error for one without)."""
+        if sources and self.sources is None:
+            raise ValueError(f"`sources` got True, but split '{self.split}' of {self.data_dir} records no sources "
+                             f"({self.no_sources_reason()}); allowed: sources=False")
+        order, plan = self._eval_plan(max_batches, windows)
+        for start, rows in plan:
             first = start + self.rank * rows
-            yield self._batch(range(first, first + rows))
+            picked = order[first : first + rows]
+            x, y = self._batch(picked)
+            yield (x, y, self._target_sources(picked)) if sources else (x, y)
+
+    # ------------------------------------------------------------------ sources
+    @property
+    def sources(self) -> list[tuple[int, str]] | None:
+        """Where each source's tokens lie in the split, as ``ddl data prepare`` recorded them (meta.json's
+        ``splits.<split>.sources``): ``(first token, name)`` runs in stream order; None when the data records
+        none (a source without names, or data prepared before sources were recorded)."""
+        return split_sources(self.meta, self.split)
+
+    @property
+    def source_names(self) -> list[str]:
+        """The names of the split's sources, in the order they first appear in it (empty without sources)."""
+        return list(dict.fromkeys(name for _, name in self.sources or []))
+
+    def no_sources_reason(self) -> str:
+        """Why the split records no sources, in a few words (for the one line that says so)."""
+        return no_sources_reason(self.meta)
+
+    def _target_sources(self, windows: np.ndarray) -> torch.Tensor:
+        """(len(windows), T) int64: the index in :attr:`source_names` of the source of each window's target
+        tokens (positions ``i*T + 1 .. i*T + T`` of the stream)."""
+        import torch
+
+        runs = self.sources
+        names = self.source_names
+        starts = np.array([start for start, _ in runs], dtype=np.int64)
+        index = np.array([names.index(name) for _, name in runs], dtype=np.int64)
+        positions = np.asarray(windows, dtype=np.int64)[:, None] * self.seq_len + 1 + np.arange(self.seq_len)
+        run = np.searchsorted(starts, positions, side="right") - 1
+        return torch.from_numpy(index[np.maximum(run, 0)])
 
     def __repr__(self) -> str:
         return (

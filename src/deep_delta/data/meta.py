@@ -109,6 +109,24 @@ def _validate_splits(splits, path, bad) -> None:
             total += count
         if total != info["num_tokens"]:
             raise bad(f"{where}.num_tokens", info["num_tokens"], f"the sum of its shards' num_tokens, {total}")
+        if "sources" in info:
+            _validate_sources(info["sources"], info["num_tokens"], f"{where}.sources", bad)
+
+
+def _validate_sources(runs, num_tokens: int, where: str, bad) -> None:
+    """``splits.<split>.sources``: where each named source's tokens lie, ``[first token, name]`` runs from token 0,
+    their first tokens increasing and inside the split."""
+    allowed = (f"[first token, name] runs in stream order: the first at 0, each later one after it and below "
+               f"{num_tokens}, a non-empty name")
+    if not isinstance(runs, list) or not runs:
+        raise bad(where, runs, allowed)
+    previous = -1
+    for i, run in enumerate(runs):
+        ok = (isinstance(run, list) and len(run) == 2 and _is_int(run[0]) and isinstance(run[1], str) and run[1]
+              and previous < run[0] < max(num_tokens, 1) and (i or run[0] == 0))
+        if not ok:
+            raise bad(f"{where}[{i}]", run, allowed)
+        previous = run[0]
 
 
 SHARD_RECORD = ("bytes", "max_token_id", "sha256")  # written by prepare since deep_delta.tokens/3

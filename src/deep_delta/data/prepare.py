@@ -30,12 +30,14 @@ by tokens cuts the stream of train, validation and test documents twice.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from deep_delta.data.corpora import named_corpus
-from deep_delta.data.errors import DataError
+from deep_delta.data.errors import DataError, DataUnavailableError
 from deep_delta.data.loader import available_splits, split_shards, token_id_error
 from deep_delta.data.meta import META_FILE, read_meta, require_data_dir, validate_meta
 from deep_delta.data.settings import (
@@ -66,8 +68,8 @@ from deep_delta.data.tokenizers import TOKENIZERS, Tokenizer, get_tokenizer
 from deep_delta.data.workers import check_num_proc, default_num_proc, encoded_chunks
 from deep_delta.fsutil import atomic_write, dir_lock, lock_held, refuse_replaced_dir, remove_stale, swap_in
 
-__all__ = ["META_FILE", "check_data_dir", "find_prepared", "inspect_data_dir", "prepare", "prepare_from",
-           "read_meta", "write_dataset"]
+__all__ = ["META_FILE", "check_data_dir", "find_prepared", "has_source_runs", "inspect_data_dir",
+           "lacks_source_runs", "prepare", "prepare_from", "read_meta", "write_dataset"]
 
 META_FORMAT = "deep_delta.tokens/3"  # /2: closest-share validation rule; /3: per-shard bytes, max id, sha256
 _OUTPUT_NAME = re.compile(r"(meta\.json|[A-Za-z0-9.-]+_\d{6}\.bin)")
@@ -86,7 +88,10 @@ class _SplitWriter:
     """Accumulates the tokens of one split and writes a shard each time ``shard_tokens`` are buffered.
 
     For resuming, :meth:`persist` saves the buffered tokens (those of no finished shard yet) to a pending file:
-    appending what was added since the last call, or into a new file after a shard was written."""
+    appending what was added since the last call, or into a new file after a shard was written.
+
+    ``runs``: where each named source's tokens lie in the split, ``[first token, name]`` in stream order (a new run
+    where the source of the documents added changes; none for documents without a source)."""
 
     def __init__(self, directory: Path, split: str, shard_tokens: int) -> None:
         self.directory, self.split, self.shard_tokens = directory, split, shard_tokens
@@ -98,8 +103,11 @@ class _SplitWriter:
         self.unsaved: list[np.ndarray] = []  # added since the last persist
         self.pending: str | None = None  # file holding the saved part of the buffer
         self.generation = 0
+        self.runs: list[list] = []
 
-    def add(self, tokens: np.ndarray, documents: int = 1) -> None:
+    def add(self, tokens: np.ndarray, documents: int = 1, source: str | None = None) -> None:
+        if source is not None and len(tokens) and (not self.runs or self.runs[-1][1] != source):
+            self.runs.append([self.num_tokens, source])
         self.parts.append(tokens)
         self.unsaved.append(tokens)
         self.buffered += len(tokens)
@@ -133,7 +141,7 @@ class _SplitWriter:
             os.fsync(f.fileno())
         self.unsaved = []
         return {"shards": self.shards, "pending": self.pending, "buffered": self.buffered,
-                "num_tokens": self.num_tokens, "num_documents": self.num_documents}
+                "num_tokens": self.num_tokens, "num_documents": self.num_documents, "sources": self.runs}
 
     def restore(self, rec: dict) -> None:
         self.shards, self.pending = list(rec["shards"]), rec["pending"]
@@ -141,13 +149,15 @@ class _SplitWriter:
         saved = np.fromfile(self.directory / self.pending, dtype=np.uint16, count=rec["buffered"])
         self.parts, self.unsaved, self.buffered = ([saved] if len(saved) else []), [], rec["buffered"]
         self.num_tokens, self.num_documents = rec["num_tokens"], rec["num_documents"]
+        self.runs = [list(run) for run in rec.get("sources", [])]
         with open(self.directory / self.pending, "r+b") as f:  # drop what was appended after the record
             f.truncate(2 * rec["buffered"])
 
     def close(self) -> dict:
         if self.buffered:
             self._flush(self.buffered)
-        return {"num_tokens": self.num_tokens, "num_documents": self.num_documents, "shards": self.shards}
+        return {"num_tokens": self.num_tokens, "num_documents": self.num_documents, "shards": self.shards,
+                **({"sources": self.runs} if self.runs else {})}
 
 
 def _joins(split_tokens: int, total: int, n: int, fraction: float) -> bool:
@@ -178,11 +188,14 @@ def _check_options(tokenizer: Tokenizer, val_fraction: float, shard_tokens: int,
 class _Assembler:
     """The sequential part of preparation: each tokenized document goes to test, val or train in source order
     (:data:`HELD_OUT`, :func:`_joins`), the ``max_tokens`` cut, and (with ``resume``) a progress record after
-    every finished shard."""
+    every finished shard. ``sources``: the documents' named sources, ``(name, documents)`` in order, whose runs
+    each split records (:class:`_SplitWriter`)."""
 
     def __init__(self, directory: Path, fractions: dict[str, float], shard_tokens: int, max_tokens: int | None,
-                 settings: dict | None) -> None:
+                 settings: dict | None, sources: list[tuple[str, int]] | None = None) -> None:
         self.directory, self.fractions, self.max_tokens = directory, fractions, max_tokens
+        self.source_names = [name for name, _ in sources or []]
+        self.source_ends = list(itertools.accumulate(n for _, n in sources or []))  # documents before each ends
         self.settings = settings  # None: no progress record (not resumable)
         self.writers = {split: _SplitWriter(directory, split, shard_tokens) for split in SPLITS}
         self.train = self.writers["train"]
@@ -206,7 +219,7 @@ class _Assembler:
                            if _joins(self.writers[s].num_tokens, self.total, len(piece), self.fractions[s])),
                           self.train)
             shards = len(writer.shards)
-            writer.add(piece)
+            writer.add(piece, source=self.source_of(self.doc))
             self.doc += 1
             self.total += len(piece)
             if self.settings is not None and len(writer.shards) != shards:
@@ -214,6 +227,16 @@ class _Assembler:
             if self.full:
                 break
         return self.total - before
+
+    def source_of(self, doc: int) -> str | None:
+        """The name of document ``doc``'s source (None without named sources)."""
+        if not self.source_names:
+            return None
+        i = bisect.bisect_right(self.source_ends, doc)
+        if i == len(self.source_names):
+            raise ValueError(f"`sources` name {self.source_ends[-1]} documents, but the source gave more; allowed: "
+                             "(name, documents) runs that count every document of the source")
+        return self.source_names[i]
 
     def checkpoint(self) -> None:
         """Record the finished shards, the buffered tokens of both splits and the next document's number."""
@@ -302,9 +325,15 @@ def write_dataset(
     num_proc: int = 1,
     resume: bool = False,
     source_stamp=None,
+    sources: list[tuple[str, int]] | None = None,
 ) -> dict:
     """Tokenize ``documents`` into shards and ``meta.json`` in ``directory`` (created if needed, written in
     place: use :func:`prepare` for the atomic, overwrite-safe version). Returns the metadata written.
+
+    ``sources``: the documents come from named sources in runs, ``(name, number of documents)`` in order (a named
+    corpus: its packages); each split then records where each source's tokens lie, ``splits.<split>.sources``:
+    ``[first token, name]`` runs in stream order (what the loss per source reads; the shards and the data
+    fingerprint do not change with it). Without it nothing is recorded.
 
     ``val_fraction`` and ``test_fraction`` are the shares of the held-out splits ``val`` and ``test`` (whole
     documents; a ``test`` split is written only when ``test_fraction`` > 0). ``max_tokens`` caps the total (all
@@ -318,13 +347,17 @@ def write_dataset(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     source_info = source_info or {"source": "python iterable"}
+    sources = _check_sources(sources)
     settings = None
     if resume:
         settings = {"format": META_FORMAT, "tokenizer": [tokenizer.name, int(tokenizer.vocab_size),
                     int(tokenizer.eot_token)], "source": source_info, "stamp": source_stamp,
                     "val_fraction": val_fraction, "test_fraction": test_fraction, "shard_tokens": shard_tokens,
                     "max_tokens": max_tokens}
-    asm = _Assembler(directory, {"val": val_fraction, "test": test_fraction}, shard_tokens, max_tokens, settings)
+        if sources:  # a progress record written without source runs cannot give them: such a build starts over
+            settings["sources"] = [[name, n] for name, n in sources]
+    asm = _Assembler(directory, {"val": val_fraction, "test": test_fraction}, shard_tokens, max_tokens, settings,
+                     sources)
     if resume:
         state = _load_progress(directory, settings)
         if state is not None:
@@ -333,10 +366,28 @@ def write_dataset(
         _encode_stream(documents, tokenizer, asm, num_proc, progress)
     if asm.total == 0:
         raise ValueError("the source holds no documents (nothing to tokenize)")
+    if sources and not asm.full and asm.doc != asm.source_ends[-1]:
+        raise ValueError(f"`sources` name {asm.source_ends[-1]} documents, but the source gave {asm.doc}; allowed: "
+                         "(name, documents) runs that count every document of the source")
     (directory / _PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a rerun starts over
     for path in directory.glob(".pending-*.bin"):
         path.unlink()
     return _finish(directory, tokenizer, asm, source_info, shard_tokens)
+
+
+def _check_sources(sources) -> list[tuple[str, int]] | None:
+    """``sources`` as (name, documents) pairs, checked: names non-empty strings, counts integers >= 0."""
+    if sources is None:
+        return None
+    checked = []
+    for item in sources:
+        ok = isinstance(item, (tuple, list)) and len(item) == 2
+        name, n = item if ok else (None, None)
+        if not (ok and isinstance(name, str) and name and isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+            raise ValueError(f"`sources` got {item!r}; allowed: (name, number of documents) pairs, a non-empty "
+                             "name and an integer >= 0")
+        checked.append((name, n))
+    return checked
 
 
 def _finish(directory: Path, tokenizer: Tokenizer, asm: _Assembler, source_info: dict, shard_tokens: int) -> dict:
@@ -389,6 +440,8 @@ def _split_by_tokens(directory: Path, streams: dict[str, _SplitWriter], fraction
     writers."""
     parts = [streams[s].close() for s in SPLITS]
     total = sum(p["num_tokens"] for p in parts)
+    offsets = itertools.accumulate((p["num_tokens"] for p in parts), initial=0)
+    runs = [[offset + start, name] for p, offset in zip(parts, offsets) for start, name in p.get("sources", [])]
     documents = sum(p["num_documents"] for p in parts)
     counts = {s: max(1, round(fractions[s] * total)) if fractions[s] > 0 else 0 for s in HELD_OUT}
     counts["train"] = total - sum(counts.values())
@@ -428,7 +481,18 @@ def _split_by_tokens(directory: Path, streams: dict[str, _SplitWriter], fraction
     # a document belongs to each split it has tokens in: one cut in two is counted in both
     for s in SPLITS:
         writers[s].num_documents = eots[s] + (last[s] != eot)
+        writers[s].runs = _runs_within(runs, ends[s] - counts[s], ends[s])
     return writers
+
+
+def _runs_within(runs: list[list], lo: int, hi: int) -> list[list]:
+    """The source runs (``[first token, name]`` of a stream) of its tokens ``lo .. hi - 1``, counted from ``lo``."""
+    within = []
+    for i, (start, name) in enumerate(runs):
+        end = runs[i + 1][0] if i + 1 < len(runs) else hi
+        if start < hi and end > lo and (not within or within[-1][1] != name):
+            within.append([max(start, lo) - lo, name])
+    return within
 
 
 @dataclass
@@ -604,14 +668,23 @@ def prepare(
     found = find_prepared(s)
     if found is not None:
         return found
+    earlier = _prepared(s)  # this preparation, made before source runs were recorded: they are added
     tok = get_tokenizer(s.tokenizer, bpe_file=s.bpe_file) if isinstance(tokenizer, str) else tokenizer
     _check_options(tok, s.val_fraction, s.shard_tokens, s.max_tokens, s.test_fraction)
     num_proc = default_num_proc() if s.num_proc is None else s.num_proc
     out = Path(s.out).expanduser()
     refuse_replaced_dir(out, "out_dir", itself=False)  # data inside a run's checkpoints or a model is lost with it
-    _check_output(out, s.overwrite)
+    _check_output(out, s.overwrite or earlier is not None)
     staging = partial_dir(out)
-    src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging), source_dir=s.source_dir)
+    try:
+        src = resolve_source(s.source, s.text_suffixes, exclude=(out, staging), source_dir=s.source_dir)
+    except DataUnavailableError as e:
+        if earlier is None:
+            raise
+        # the corpus there stays usable as it is: only the loss per source needs the runs
+        warnings.warn(f"{out} holds {s.source} prepared before source runs were recorded, and they were not added: "
+                      f"{e}", stacklevel=2)
+        return earlier
     try:
         remove_stale(out)
         staging.mkdir(parents=True, exist_ok=True)
@@ -621,10 +694,16 @@ def prepare(
                                  test_fraction=s.test_fraction,
                                  shard_tokens=s.shard_tokens, max_tokens=s.max_tokens, source_info=src.info,
                                  progress=s.progress, num_proc=num_proc, resume=True,
-                                 source_stamp=_source_stamp(src.info))
-            _check_output(out, s.overwrite)  # the directory may have been filled while we worked
-            (staging / _LOCK_FILE).unlink()
-            swap_in(staging, out)
+                                 source_stamp=_source_stamp(src.info), sources=src.parts)
+            if earlier is not None and _same_shards(earlier, meta):
+                # the shards there are the ones made again (their checksums): meta.json alone gains the source runs
+                atomic_write(out / META_FILE, json.dumps(meta, indent=2) + "\n")
+            else:
+                _check_output(out, s.overwrite)  # the directory may have been filled while we worked
+                (staging / _LOCK_FILE).unlink()
+                swap_in(staging, out)
+        if staging.exists():  # meta.json rewritten in place: the shards made again are not needed
+            shutil.rmtree(staging)
     except OSError as e:
         _discard(staging)
         error = _output_error(e, out, staging)
@@ -640,9 +719,46 @@ def prepare(
 def find_prepared(settings: PrepareSettings) -> dict | None:
     """The metadata of ``settings.out`` when it already holds what :func:`prepare` would write there: a complete
     preparation of the same named corpus (its package files pinned by checksum, so the text cannot have changed)
-    with the byte tokenizer and the same split, shard and cap settings, whose shard headers agree with its
-    ``meta.json``. None otherwise: other sources (local files, the Hub) and the gpt2 tokenizer (its BPE file is not
-    recorded) are always prepared again."""
+    with the byte tokenizer and the same split, shard and cap settings, every shard of which is what ``meta.json``
+    records (headers, sizes, largest ids and SHA-256, read in full as ``ddl data verify`` reads them: a fraction of
+    a second for the prose corpus), and which records where each package's tokens lie in each split
+    (``splits.<split>.sources``). None otherwise: other sources (local files, the Hub) and the gpt2 tokenizer (its
+    BPE file is not recorded) are always prepared again; a preparation made before source runs were recorded has
+    them added by :func:`prepare` (:func:`lacks_source_runs`). Such a preparation whose shards are damaged is
+    prepared again with ``overwrite`` (which replaces it) and otherwise refused (a :class:`DataError` naming the
+    shard): the data a recipe promises is never taken from a damaged copy, nor replaced unasked."""
+    meta = _prepared(settings)
+    return meta if meta is not None and has_source_runs(meta) else None
+
+
+def lacks_source_runs(settings: PrepareSettings) -> bool:
+    """Whether ``settings.out`` holds this preparation of a named corpus but made before preparation recorded where
+    each source's tokens lie: :func:`prepare` then prepares it again beside it and, the shards being the same
+    (their checksums), rewrites only its ``meta.json``, with the source runs (no ``overwrite`` needed)."""
+    meta = _prepared(settings)
+    return meta is not None and not has_source_runs(meta)
+
+
+def has_source_runs(meta: dict) -> bool:
+    """Whether every split of ``meta`` that holds tokens records its source runs (``splits.<split>.sources``)."""
+    splits = [info for info in (meta.get("splits") or {}).values() if info.get("num_tokens")]
+    return bool(splits) and all("sources" in info for info in splits)
+
+
+def _same_shards(old: dict, new: dict) -> bool:
+    """Whether two preparations wrote the same shards: the same records (names, counts, sizes, largest ids,
+    checksums) in every split."""
+    def shards(meta: dict) -> dict:
+        return {name: info.get("shards") for name, info in (meta.get("splits") or {}).items()}
+
+    return shards(old) == shards(new)
+
+
+def _prepared(settings: PrepareSettings) -> dict | None:
+    """The metadata of ``settings.out`` when it holds a complete, undamaged preparation of ``settings``
+    (:func:`find_prepared` without the source runs)."""
+    from deep_delta.data.verify import verify_data_dir
+
     corpus = named_corpus(settings.source)
     out = Path(settings.out).expanduser()
     if corpus is None or settings.tokenizer != "byte" or not (out / META_FILE).is_file():
@@ -652,11 +768,20 @@ def find_prepared(settings: PrepareSettings) -> dict | None:
     wanted = {"format": META_FORMAT, "source": corpus.name, "tokenizer": settings.tokenizer,
               "val_fraction": settings.val_fraction, "test_fraction": settings.test_fraction,
               "shard_tokens": settings.shard_tokens, "max_tokens": settings.max_tokens}
-    if report.problems or meta is None or any(meta.get(k) != v for k, v in wanted.items()):
+    if meta is None or any(meta.get(k) != v for k, v in wanted.items()):
         return None
     pinned = [{k: p.get(k) for k in ("name", "version", "file", "sha256")} for p in meta.get("packages") or []
               if isinstance(p, dict)]
-    return meta if pinned == corpus.pinned() else None
+    if pinned != corpus.pinned():
+        return None
+    problems = [str(p) for p in report.problems] or verify_data_dir(out).problems
+    if not problems:
+        return meta
+    if settings.overwrite:
+        return None  # prepared again, and swapped in for the damaged one
+    more = f" (and {len(problems) - 1} more: `ddl data verify {out}` lists them)" if len(problems) > 1 else ""
+    raise DataError(f"{out} holds {corpus.name} prepared with these settings, but it is damaged: {problems[0]}{more}; "
+                    f"prepare it again with `overwrite` (it replaces {out} with a fresh preparation)")
 
 
 def prepare_from(settings: PrepareSettings) -> dict:

@@ -28,10 +28,13 @@ TEXT_FIELD = "text"
 
 @dataclass
 class Source:
-    """Documents (an iterable of str, possibly a one-shot stream) and what ``meta.json`` says about them."""
+    """Documents (an iterable of str, possibly a one-shot stream) and what ``meta.json`` says about them; ``parts``:
+    the named sources the documents come from, ``(name, number of documents)`` in order (a named corpus: its
+    packages), or None (text without named sources: nothing recorded)."""
 
     documents: Iterable[str]
     info: dict = field(default_factory=dict)
+    parts: list[tuple[str, int]] | None = None
 
 
 def default_texts() -> list[str]:
@@ -393,7 +396,7 @@ def resolve_source(spec: str | os.PathLike, text_suffixes: Iterable[str] = (),
     check_source_dir(text, source_dir)
     if corpus is not None:
         documents, info = corpus_documents(corpus, source_dir)
-        return Source(documents, info)
+        return Source(documents, info, [(p["name"], p["documents"]) for p in info["packages"]])
     if text == "default":
         texts = default_texts()
         return Source(

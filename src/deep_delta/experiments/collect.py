@@ -19,8 +19,8 @@ from deep_delta.experiments.compare_report import (
     summarize_runs,
     write_comparison,
 )
-from deep_delta.experiments.finished_runs import FinishedRun
-from deep_delta.train.config import TrainConfig
+from deep_delta.experiments.finished_runs import FinishedRun, runs_machine
+from deep_delta.train.config import TrainConfig, recorded
 
 
 def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[str, Any]:
@@ -30,7 +30,9 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     own run.json says (variant, seed, lr, steps, settings, its end and whether it diverged), checked against where
     it stands, its metrics and the other runs (:mod:`deep_delta.experiments.finished_runs`); any disagreement is
     refused, naming the run and the field. The step times an earlier ``ddl compare`` measured for these runs (its
-    compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary. ``write``
+    compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary, and the
+    summary's machine is the runs' own (their kernel switches, one set, threads, torch and commit:
+    :func:`~deep_delta.experiments.finished_runs.runs_machine`), not this process's. ``write``
     False: the summary only, no file written (the width study recomputing a point from its runs)."""
     from deep_delta.experiments.finished_runs import check_together, find_runs, lr_of_folder
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, choose_lrs
@@ -83,12 +85,14 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     chosen = choose_lrs(points, variants, grids, higher_is_better=False)
     timing, note = kept_timing(out / ("selection.json" if held else "compare.json"), all_runs)
     summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit, grids)
+    summary["machine"], differ = runs_machine(all_runs)
+    notes = [note] if note else []
     summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
                    devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
-                   **({"notes": [note]} if note else {}))
+                   **({"notes": notes + differ} if notes or differ else {}))
     if write:
         write_comparison(out, summary, "selection" if held else "compare")
-    return collect_held_out(out, base, summary) if held else summary
+    return collect_held_out(out, base, summary, all_runs) if held else summary
 
 
 def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | None, str | None] | None) -> dict[str, Any]:
@@ -110,6 +114,8 @@ def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | No
             "this is not reported as an equal-cost comparison (`ddl compare --step-costs` records the costs it was "
             "given in its compare.json)")
     summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
+    summary["machine"], differ = runs_machine(runs)  # the runs' own, not this process's
+    notes += differ
     data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
     summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
                    devices={_name(r.cfg.variant, r.cfg.seed if len(seeds) > 1 else None):
@@ -185,7 +191,7 @@ def kept_timing(path: Path, runs: list[FinishedRun]) -> tuple[dict | None, str |
         return None, (f"the step times in {path} were not kept: they do not time every variant of these runs "
                       f"({', '.join(variants)})")
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
-    diff = differences(old.get("settings") or {}, runs[0].cfg.to_dict(), skip=free, has="it was timed with")
+    diff = differences(recorded(old.get("settings") or {}), runs[0].cfg.to_dict(), skip=free, has="it was timed with")
     if diff:
         return None, (f"the step times in {path} were not kept: they were measured for other settings than these "
                       f"runs' ({'; '.join(diff)})")

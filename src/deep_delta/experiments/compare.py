@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from deep_delta.experiments.compare_report import (
-    REUSE_REMEDY,
     cost_steps,
     grid_summary,
     lm_grid_points,
     log_comparison,
     reference_variant,
+    reuse_remedy,
     summarize_runs,
     write_comparison,
 )
 from deep_delta.settings import MAX_SEEDS
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.data import TrainData
 from deep_delta.variants import DEFAULT_VARIANTS
 
@@ -117,8 +117,10 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
     and from the same data, and a finished one must pass the one check of a finished run
     (:func:`~deep_delta.experiments.finished_runs.check_finished`: its metrics, its schedule, its checkpoint's own
     record, its model); else it is refused, one line naming the file and the differences, before anything
-    trains. ``overwrite`` retrains it instead. ``data_dir``: where the data is now (for the message)."""
-    from deep_delta.experiments.finished_runs import read_run
+    trains, and saying how this run alone is retrained (its directory removed: the study trains what is missing) and
+    what ``overwrite`` retrains instead (every run of the study). ``data_dir``: where the data is now (for the
+    message)."""
+    from deep_delta.experiments.finished_runs import NeedsRetraining, read_run, retrain_remedy
     from deep_delta.train.provenance import check_belongs, check_same_data, differences
     from deep_delta.train.run_dir import (
         RESULT_NEUTRAL,
@@ -136,29 +138,32 @@ def check_reusable(cfg: TrainConfig, data_fingerprint: str, *, overwrite: bool,
     try:
         run = read_run_file(cfg.out)
     except ValueError as e:
-        raise ValueError(f"{e}; retrain the run with `overwrite`") from None
+        raise ValueError(f"{e}; {retrain_remedy(cfg.out)}") from None
     what = f"the run in {cfg.out}"
+    remedy = reuse_remedy(cfg.out)
     data = run.get("data") if isinstance(run.get("data"), dict) else {}
     # the data is compared by its fingerprint, not by how its path was spelled
-    check_belongs(run["train_config"], cfg.to_dict(), what=what, remedy=REUSE_REMEDY,
+    check_belongs(recorded(run["train_config"]), cfg.to_dict(), what=what, remedy=remedy,
                   skip=RESULT_NEUTRAL | {"data"}, has="run has")
     if isinstance(run.get("kernel_switches"), dict):  # the kernel paths it trained on (older records do not say)
         switched = differences(run["kernel_switches"], kernel_switches(), has="run has")
         if switched:
             raise ValueError(f"{what} was made with other kernel paths (kernel switch {'; '.join(switched)}: "
-                             f"deep_delta.ops.switches); {REUSE_REMEDY}")
+                             f"deep_delta.ops.switches); {remedy}")
     if not check_same_data(data.get("fingerprint"), data_fingerprint, what=what, data_dir=data_dir or cfg.data or
-                           "the default data", remedy=REUSE_REMEDY, stored_dir=data.get("dir")):
+                           "the default data", remedy=remedy, stored_dir=data.get("dir")):
         raise ValueError(f"{run_file} records no data fingerprint, so whether the run was made from "
-                         f"{cfg.data or 'the default data'} cannot be checked; retrain it with `overwrite`")
+                         f"{cfg.data or 'the default data'} cannot be checked; {retrain_remedy(cfg.out)}")
     try:
         run_end(cfg.out, run)
     except RunNotFinished:
         return  # continued from its checkpoint, which the trainer checks
     try:
         read_run(Path(cfg.out))
+    except NeedsRetraining:
+        raise  # its message says how the run is retrained
     except (ValueError, FileNotFoundError) as e:
-        raise ValueError(f"{e}; `overwrite` retrains the run") from None
+        raise ValueError(f"{e}; {retrain_remedy(cfg.out)}") from None
 
 
 def _check_layout_of(run: Path) -> None:
@@ -361,7 +366,8 @@ def _remember_group(out: Path, group: str) -> None:
         write_wandb_file(out, group=group)
 
 
-STEP_FIELDS = ("compile", "cuda_graphs", "activation_checkpointing", "grad_clip", "lr", "weight_decay", "betas")
+STEP_FIELDS = ("compile", "cuda_graphs", "activation_checkpointing", "grad_clip", "lr", "weight_decay", "betas",
+               "optimizer", "adamw_lr_ratio")
 
 
 def step_settings(base: TrainConfig) -> dict:

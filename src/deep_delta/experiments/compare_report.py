@@ -22,13 +22,24 @@ from deep_delta.experiments.report import ci_text, fmt, log_study, machine, writ
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.experiments.test_split import TEST_FILE, read_test
 from deep_delta.fsutil import save_figure
-from deep_delta.train.config import TrainConfig
-from deep_delta.train.metrics import read_metrics
+from deep_delta.train.config import TrainConfig, recorded
+from deep_delta.train.metrics import metrics_file, read_metrics
 from deep_delta.train.run_dir import read_run_file
 from deep_delta.variants import paper_name
 
-REUSE_REMEDY = ("a comparison never mixes results made with different settings or data: rerun with the settings "
-                "it was made with, `overwrite` to retrain it, or another `out`")
+
+def reuse_remedy(run_dir: Path | str) -> str:
+    """What a comparison refusing a stored run of other settings or data says can be done: each choice with what it
+    retrains (the run alone, or every run of the study)."""
+    return (f"a comparison never mixes results made with different settings or data: rerun with the settings it was "
+            f"made with; or retrain this run alone (remove {run_dir} and run again: only the runs that are missing "
+            "train); or `overwrite`, which retrains every run in `out`; or another `out`")
+
+
+def windows_text(plan: str | None) -> str:
+    """How an evaluation of part of a split chose its windows (``eval_windows``), as a report says it."""
+    return {"spread": "windows spread evenly over the split", "first": "the split's first windows"}.get(
+        plan, "windows not recorded")
 
 
 def reference_variant(variants: list[str]) -> str:
@@ -60,8 +71,8 @@ def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: in
         from deep_delta.train.provenance import StoredResultMismatch
 
         raise StoredResultMismatch(
-            f"{run_dir / 'metrics.jsonl'} holds validation losses measured on {' and '.join(map(str, measured))} "
-            f"batches, this comparison on {eval_batches} (`eval_batches`); {REUSE_REMEDY}")
+            f"{metrics_file(run_dir)} holds validation losses measured on {' and '.join(map(str, measured))} "
+            f"batches, this comparison on {eval_batches} (`eval_batches`); {reuse_remedy(run_dir)}")
     run = read_run_file(run_dir) if (run_dir / "run.json").is_file() else {}
     bad = diverged is not None
     test = read_test(run_dir) if split == "test" and not bad else None
@@ -231,6 +242,34 @@ def comparison_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def source_section(summary: dict[str, Any]) -> list[str]:
+    """compare.md's test loss per source of a study with evaluation seeds (``held_out.sources``, one row per source:
+    the reference's mean, each other variant's paired difference to it), or the one line that says why there is
+    none; [] for a study whose data names no sources."""
+    held = summary.get("held_out") or {}
+    if held.get("sources_note"):
+        return ["", f"Test loss per source: {held['sources_note']}."]
+    rows = held.get("sources")
+    if not rows:
+        return []
+    ref = summary["reference"]
+    others = [r["variant"] for r in summary["rows"] if r["variant"] != ref]
+    lines = ["", "## Test loss per source", "",
+             f"| source | tokens | {ref} loss | " + " | ".join(f"{v} d loss (95% CI)" for v in others) + " |",
+             "| --- | ---: | ---: |" + " ---: |" * len(others)]
+    for row in rows:
+        cells = [f"{fmt(row['variants'][v].get('d'), '.4f', True)} {ci_text(row['variants'][v].get('ci95'))}"
+                 if row["variants"][v].get("d") is not None else "-" for v in others]
+        lines.append(f"| {row['source']} | {fmt(row['tokens'], ',d')} | {fmt(row['variants'][ref]['loss'], '.4f')} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Each test token counted for the source of its target token (a window that straddles two sources "
+              "split between them), on the same test windows as the table above; loss: the mean over the evaluation "
+              "seeds; d loss: the variant's minus the reference's, paired by seed, with its 95% t-interval. A source "
+              "with few tokens has a wide interval, and the intervals are not corrected for reading many sources at "
+              "once: a single interval that excludes 0 among them is weak evidence by itself."]
+    return lines
+
+
 def _times(ratio: float | None) -> str:
     return "-" if fmt(ratio, ".2f") == "-" else f"{ratio:.2f}x"
 
@@ -296,19 +335,38 @@ def lr_sentence(summary: dict[str, Any]) -> str:
     chosen and reported on the same seeds and validation sample (labelled so); or a grid chosen on the selection
     split and seeds, reported on fresh evaluation seeds and the test split (``held_out``)."""
     s, grid, held = summary.get("settings") or {}, summary.get("lr_selection"), summary.get("held_out")
+    muon = _muon_sentence(s)
     if grid is None:
-        return shared_lr_sentence(s.get("lr"))
+        return shared_lr_sentence(s.get("lr")) + muon
     chosen = selection_sentence(grid["lrs"], "final validation loss", grid.get("grids"))
     if held is None:
         return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
                 "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
-                "reports fresh seeds on the test split instead).")
+                "reports fresh seeds on the test split instead)." + muon)
     return (f"Learning rate: each variant at its own best lr of {grid_text(grid['lrs'], grid.get('grids'))}, "
             f"chosen on the final validation loss of the `val` split (the selection split, {held['selection_tokens']:,} "
-            f"tokens) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
+            f"tokens in {windows_text(recorded(s).get('eval_windows'))}) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
-            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens, "
-            "the same windows for every run), paired by seed: no number below chose an lr.")
+            f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens "
+            f"in {windows_text(held.get('test_windows'))}, the same windows for every run), paired by seed: no number "
+            "below chose an lr." + muon)
+
+
+def optimizer_text(settings: dict[str, Any]) -> str:
+    """The runs' optimizer in a few words (``settings``: their TrainConfig as a dict; a record made before the
+    field existed trained with AdamW)."""
+    if settings.get("optimizer", "adamw") != "muon":
+        return "optimizer AdamW"
+    return (f"optimizer Muon on the hidden matrices (match_rms_adamw) with AdamW on the rest at "
+            f"{settings.get('adamw_lr_ratio', 1.0):g} x lr")
+
+
+def _muon_sentence(settings: dict[str, Any]) -> str:
+    """Under Muon, what the lr means: Muon's, with AdamW's group at a fixed ratio to it."""
+    if settings.get("optimizer", "adamw") != "muon":
+        return ""
+    return (f" Optimizer: Muon on the hidden matrices and AdamW on the rest; every lr here is Muon's, AdamW's is "
+            f"{settings.get('adamw_lr_ratio', 1.0):g} x it (docs/training.md, 'Optimizers').")
 
 
 def terminal_report(summary: dict[str, Any]) -> str:
@@ -368,6 +426,7 @@ def comparison_report(summary: dict[str, Any], curves: str = "curves.png") -> st
            "(sequential runs: a busy machine distorts it; `--time-repeats` measures the steps interleaved instead); "
            "run-avg speed: its ratio to the reference's."),
     ]
+    lines += source_section(summary)
     table = break_even_table(summary)
     if table:
         lines += ["", "## Break-even step-cost ratio", "", *table, "", NOTE.format(method=METHOD)]
@@ -408,18 +467,55 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         "",
         f"Seed s means the same initialisation seed and the same data order for every variant. Data "
         f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {lr_text} (warm-up "
-        f"{s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on {s.get('eval_batches')} "
-        f"batches every {s.get('eval_every')} steps.{cost_sentence(summary)}",
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {optimizer_text(s)}, {lr_text} "
+        f"(warm-up {s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on "
+        f"{s.get('eval_batches')} batches ({windows_text(recorded(s).get('eval_windows'))}) every "
+        f"{s.get('eval_every')} steps.{cost_sentence(summary)}",
         "",
-        f"Machine: {m['device'] if m['device'] != 'cpu' else 'CPU only (no GPU)'}, {m['cpu_count']} CPU cores "
-        f"({m['processor']}), torch {m['torch']} with {m['torch_threads']} thread(s). {_wall_sentence(summary)}"
-        f"{_devices_sentence(summary)}",
+        f"{machine_sentence(m)} {_wall_sentence(summary)}{_devices_sentence(summary)}",
         "",
         f"![training and validation loss]({curves})",
         "",
     ]
     return lines
+
+
+def machine_sentence(m: dict[str, Any]) -> str:
+    """The machine record of a report in words: the process that trained and wrote it, or, for runs brought together
+    (``--report-only``: a record with ``report_written_on``), what the runs' own run.json records (where the runs
+    differ, each run's), then the machine that wrote the report."""
+    if "report_written_on" not in m:
+        return (f"Machine: {_device_text(m['device'])}, {m['cpu_count']} CPU cores ({m['processor']}), torch "
+                f"{m['torch']} with {m['torch_threads']} thread(s).")
+    w = m["report_written_on"]
+    switches = m.get("kernel_switches")
+    on = [k for k, v in (switches or {}).items() if v]
+    switch_text = ("not recorded" if switches is None else f"on: {', '.join(on)}" if on else "all off")
+    code = m.get("code")
+    code_text = "" if code is None else f"; code {_recorded_text(code)}"
+    threads = m.get("torch_threads")
+    threads_text = ("CPU threads not recorded" if threads is None else f"CPU threads {_recorded_text(threads)}"
+                    if isinstance(threads, dict) else f"{threads} CPU thread(s)")
+    return (f"Machine: the runs' own, as their run.json records it: {_recorded_text(m.get('device'), _device_text)}, "
+            f"torch {_recorded_text(m.get('torch'))}, {threads_text}, kernel switches {switch_text}{code_text}. This "
+            f"report was written on {w['cpu_count']} CPU cores ({w['processor']}), torch {w['torch']}.")
+
+
+def _device_text(name: Any) -> str:
+    return "CPU only (no GPU)" if name == "cpu" else str(name)
+
+
+def _recorded_text(value: Any, show=None) -> str:
+    """A value the runs record: itself where they agree, each run's where they differ ({run: value})."""
+    def one(v: Any) -> str:
+        if v is None:
+            return "not recorded"
+        if isinstance(v, dict) and "commit" in v:
+            return f"{str(v['commit'])[:12]}{'' if v.get('clean', True) else ' (uncommitted changes)'}"
+        return show(v) if show is not None else str(v)
+    if isinstance(value, dict) and not (value and "commit" in value):
+        return "per run (" + "; ".join(f"{run}: {one(v)}" for run, v in value.items()) + ")"
+    return one(value)
 
 
 def _wall_sentence(summary: dict[str, Any]) -> str:
@@ -432,16 +528,15 @@ def _wall_sentence(summary: dict[str, Any]) -> str:
 
 
 def _devices_sentence(summary: dict[str, Any]) -> str:
-    """For a report brought together from finished runs (``--report-only``): which device made which runs (the
-    machine above is the one that wrote the report)."""
+    """For a report brought together from finished runs (``--report-only``): which device made which runs."""
     devices = summary.get("devices")
     if not devices:
         return ""
     by_device: dict[str, list[str]] = {}
     for run, name in devices.items():
         by_device.setdefault(name, []).append(run)
-    return " The runs were brought together from finished run directories (`--report-only`; the machine above " \
-           "wrote this report): " + "; ".join(f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
+    return " The runs were brought together from finished run directories (`--report-only`): " + "; ".join(
+        f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
 
 
 def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:

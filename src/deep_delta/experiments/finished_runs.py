@@ -11,10 +11,13 @@ and its data. Then each run is checked:
   ``lr_4e-3`` for the lr it names ``lr_0.004``) is refused (and :func:`deep_delta.experiments.compare.
   collect_comparison` checks that each run stands exactly where ``ddl compare`` puts it);
 - against itself: its metrics.jsonl must be there, complete (every line a record) and end where run.json says the
-  run ended, with the validation loss run.json records;
+  run ended, with the validation loss run.json records; it trained one warm-up and cosine schedule of its length (as
+  run.json's ``segments`` record it, or, in a record written before segments were, as its metrics' lr column shows);
 - against the others: each (variant, seed, lr) once, and never two copies of one run (the same run.json's
   identity in two places, or the same metrics in two runs); every result-changing setting but variant, seed, lr
-  and steps and the data shared; one step count per variant; every variant with every seed (and at every lr).
+  and steps and the data shared, and the kernel switches (where recorded); one step count per variant; every
+  variant with every seed (and at every lr). What differs without changing a loss (the CPU threads, the torch, the
+  code's commit) is said in the report (:func:`runs_machine`), whose machine record is the runs' own.
 
 Any disagreement is one refusal naming the run and the field.
 """
@@ -29,11 +32,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded
 
 SEED_DIR = re.compile(r"seed_(0|[1-9][0-9]*)")
 # the train_config fields a run's identity is read from (the defaults never stand in for them)
 IDENTITY = ("variant", "seed", "lr", "steps")
+
+
+def retrain_remedy(run_dir: Path | str) -> str:
+    """How one run is trained again, and only that one: what a refusal of a run that only retraining mends ends
+    with (``overwrite`` retrains every run of the study, the finished ones too)."""
+    return (f"to retrain this run alone, remove {run_dir} and run the study's `ddl compare` again (it trains only the "
+            "runs that are missing; `overwrite` would retrain every run in `out`)")
+
+
+class NeedsRetraining(ValueError):
+    """A finished run whose record cannot be reused as it is (another schedule than its length, a checkpoint it
+    contradicts, a schedule that cannot be checked): its message ends with :func:`retrain_remedy`."""
 
 
 @dataclass
@@ -131,7 +146,7 @@ def read_run(run_dir: Path, folder_seed: int | None = None, folder_lr: float | N
         raise ValueError(f"{path}: train_config has no {', '.join(missing)}; allowed: a run "
                          "record naming its variant, seed, lr and steps, as `ddl train` writes it")
     try:
-        cfg = TrainConfig.from_dict(settings)
+        cfg = TrainConfig.from_dict(recorded(settings))  # a field it predates: as runs were made then
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     run = FinishedRun(run_dir, cfg, record, end, folder_seed)
@@ -142,9 +157,9 @@ def read_run(run_dir: Path, folder_seed: int | None = None, folder_lr: float | N
         from deep_delta.experiments.lr_grid import lr_name
 
         here.append((folder_lr, cfg.lr, "lr", f"{lr_name(folder_lr)}/"))
-    for where, recorded, field, folder in here:
-        if where != recorded:
-            raise ValueError(f"{path} records {field} {recorded!r} (train_config.{field}), but the run stands in "
+    for where, stored, field, folder in here:
+        if where != stored:
+            raise ValueError(f"{path} records {field} {stored!r} (train_config.{field}), but the run stands in "
                              f"{folder}; allowed: each run in the folders of its own variant, seed and lr, as `ddl "
                              "compare` wrote it (a run copied or linked into another's place is refused)")
     check_finished(run)
@@ -179,7 +194,10 @@ def check_finished(run: FinishedRun) -> list[dict[str, Any]]:
         except ValueError as e:
             raise ValueError(f"{e} (a run trained before the check, under another variant's name, is reported as what "
                              "it is only by training it again under its own)") from None
-    return check_metrics(run)
+    records = check_metrics(run)
+    if run.record.get("segments") is None:  # a record written before segments were: its lr column tells
+        _check_lr_column(run, records)
+    return records
 
 
 def _check_segments(run: FinishedRun) -> None:
@@ -187,7 +205,7 @@ def _check_segments(run: FinishedRun) -> None:
     segments contiguous from step 0 to the run's end."""
     segments = run.record.get("segments")
     if segments is None:
-        return  # a run recorded before segments were: nothing tells its schedule
+        return  # a run recorded before segments were: its metrics' lr column tells (_check_lr_column)
     path, steps = run.dir / "run.json", run.cfg.steps
     ok = isinstance(segments, list) and segments and all(isinstance(s, dict) for s in segments)
     if ok:
@@ -200,9 +218,66 @@ def _check_segments(run: FinishedRun) -> None:
     other = [s for s in segments if s.get("steps") != steps]
     if other:
         parts = ", ".join(f"steps {s['from']}-{s['to']} on a {s.get('steps')}-step schedule" for s in segments)
-        raise ValueError(f"{path}: the run trained {parts}: resumed with a changed `steps`, which restarts the "
-                         f"warm-up and cosine schedule, so it is not one {steps}-step run; allowed: a run trained on "
-                         f"one {steps}-step schedule (retrain it, `overwrite`)")
+        raise NeedsRetraining(f"{path}: the run trained {parts}: resumed with a changed `steps`, which restarts the "
+                              f"warm-up and cosine schedule, so it is not one {steps}-step run; allowed: a run trained "
+                              f"on one {steps}-step schedule; {retrain_remedy(run.dir)}")
+
+
+# how close a recorded lr must be to the schedule's (both are one float64 product; the slack is for rounding only)
+LR_TOLERANCE = 1e-9
+
+
+def _check_lr_column(run: FinishedRun, records: list[dict[str, Any]]) -> None:
+    """A run recorded without ``segments`` (before they were) trained one schedule of its length when its metrics'
+    lr column is the warm-up and cosine of ``train_config`` (``warmup_steps``, ``steps``, ``min_lr_ratio``;
+    :class:`~deep_delta.train.optim.WarmupCosine`) at every recorded step, scaled by the lr of its first step (the
+    optimizer's first group may carry a multiplier; a ratio is what the schedule fixes). A column that leaves it is
+    refused, naming the step where the schedule restarted (a run resumed with a changed ``steps``) or, where no tail
+    of it fits, the first step that does not; one that cannot be checked is refused as unverifiable."""
+    from deep_delta.train.metrics import metrics_file
+    from deep_delta.train.optim import WarmupCosine
+
+    path, run_file, steps = metrics_file(run.dir), run.dir / "run.json", run.cfg.steps
+    settings = run.record["train_config"]
+    trained = [r for r in records if "loss" in r]
+    why = None
+    missing = [k for k in ("warmup_steps", "min_lr_ratio") if k not in settings]
+    if missing:
+        why = f"its train_config records no {' or '.join(missing)}"
+    elif not trained:
+        why = f"{path} records no training step"
+    else:
+        bad = next((r["step"] for r in trained if isinstance(r.get("lr"), bool)
+                    or not isinstance(r.get("lr"), (int, float)) or not math.isfinite(r["lr"]) or r["lr"] < 0), None)
+        if bad is not None:
+            why = f"{path} records no usable lr at step {bad}"
+        elif trained[0]["lr"] == 0:
+            why = f"{path} records lr 0 at its first step, {trained[0]['step']}: nothing to scale the schedule by"
+    if why is not None:
+        raise NeedsRetraining(f"{run_file} records no `segments` (written before they were), and whether the run "
+                              f"trained one {steps}-step schedule cannot be checked from its metrics either ({why}): "
+                              f"the record is unverifiable; allowed: a run whose record shows one schedule of its "
+                              f"length; {retrain_remedy(run.dir)}")
+    schedule = WarmupCosine(run.cfg.warmup_steps, steps, run.cfg.min_lr_ratio)
+    first = trained[0]
+    scale = first["lr"] / schedule(first["step"] - 1)  # record k holds the lr of the update of step k - 1 -> k
+    expected = {r["step"]: scale * schedule(r["step"] - 1) for r in trained}
+    off = [r for r in trained if not math.isclose(r["lr"], expected[r["step"]], rel_tol=LR_TOLERANCE, abs_tol=0.0)]
+    if not off:
+        return
+    shape = (f"one {steps}-step warm-up and cosine schedule (`warmup_steps` {run.cfg.warmup_steps}, `min_lr_ratio` "
+             f"{run.cfg.min_lr_ratio}, scaled by the lr of step {first['step']})")
+    last = off[-1]
+    if last["step"] < trained[-1]["step"]:
+        restart = next(r["step"] for r in trained if r["step"] > last["step"])
+        what = (f"its lr column follows {shape} only from step {restart}: at step {last['step']} it has "
+                f"{last['lr']!r} where that schedule has {expected[last['step']]!r}, so the schedule restarted at step "
+                f"{restart} (a run resumed with a changed `steps`) and this is not one {steps}-step run")
+    else:
+        what = (f"its lr at step {off[0]['step']} ({off[0]['lr']!r}) is not the one of {shape} "
+                f"({expected[off[0]['step']]!r}): not the record of one {steps}-step run")
+    raise NeedsRetraining(f"{path}: {what} ({run_file} records no `segments`, written before they were); allowed: a "
+                          f"run trained on one {steps}-step schedule; {retrain_remedy(run.dir)}")
 
 
 def _check_checkpoint(run: FinishedRun) -> None:
@@ -223,7 +298,7 @@ def _check_checkpoint(run: FinishedRun) -> None:
     saved = meta.get("train_config") if isinstance(meta, dict) else None
     if not isinstance(saved, dict):
         raise ValueError(f"{latest / 'train_meta.json'} records no train_config; allowed: a checkpoint `ddl train` wrote")
-    mine = run.cfg.to_dict()
+    saved, mine = recorded(saved), run.cfg.to_dict()
     # its identity (what a resumed run may not change) and its length, which a finished run's last checkpoint shares
     diff = differences({**run_identity(saved, ""), "steps": saved.get("steps")},
                        {**run_identity(mine, ""), "steps": mine["steps"]}, skip={"data"}, has="the checkpoint has")
@@ -232,26 +307,24 @@ def _check_checkpoint(run: FinishedRun) -> None:
     if stored is not None and run.fingerprint is not None and stored != run.fingerprint:
         diff.append("the data (its fingerprint)")
     if diff:
-        raise ValueError(f"{run.dir / 'run.json'} does not describe its own checkpoint {latest} ({'; '.join(diff)}): "
-                         "the record was changed after training; allowed: a run's own record (retrain it, "
-                         "`overwrite`)")
+        raise NeedsRetraining(f"{run.dir / 'run.json'} does not describe its own checkpoint {latest} "
+                              f"({'; '.join(diff)}): the record was changed after training; allowed: a run's own "
+                              f"record; {retrain_remedy(run.dir)}")
 
 
 def check_metrics(run: FinishedRun) -> list[dict[str, Any]]:
-    """The records of the run's metrics.jsonl, every line of which must be one (a torn or truncated file is
-    refused), the last training step the one run.json records as the run's end and the last validation loss the
-    one it records there. Returns the records."""
-    from deep_delta.train.metrics import METRICS_FILE
+    """The records of the run's metrics (``metrics.jsonl``, or the same packed, ``metrics.jsonl.gz``), every line of
+    which must be one (a torn or truncated file is refused), the last training step the one run.json records as the
+    run's end and the last validation loss the one it records there. Returns the records."""
+    from deep_delta.train.metrics import METRICS_FILE, PACKED_METRICS_FILE, metrics_file, metrics_text
     from deep_delta.train.run_dir import RUN_FILE
 
-    path = run.dir / METRICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; a finished run is reported from its metrics.jsonl: copy it with "
+    path = metrics_file(run.dir)
+    if path is None:
+        raise FileNotFoundError(f"{run.dir / METRICS_FILE} is missing (and so is its packed form, "
+                                f"{PACKED_METRICS_FILE}); a finished run is reported from its metrics: copy them with "
                                 "the run's run.json")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}): not a run's metrics") from None
+    text = metrics_text(path)
     records = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -320,6 +393,7 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
             raise ValueError(f"the run of {run.name} stands twice, in {other.dir} and {run.dir} (copies or links of "
                              "one run); allowed: each variant, seed and lr once")
     check_copies(runs)
+    check_switches(runs)
     reference = runs[0]
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
     for run in runs:
@@ -354,15 +428,86 @@ def check_together(runs: list[FinishedRun], where: Path) -> None:
 def check_copies(runs: list[FinishedRun]) -> None:
     """No two runs with the same metrics (their records, not their bytes: a blank line or a reformatting does not
     make a copy another run's): one run copied and its run.json changed is refused, naming both."""
+    from deep_delta.train.metrics import metrics_file, metrics_text
+
     digests: dict[str, FinishedRun] = {}
     for run in runs:
-        lines = (run.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        lines = metrics_text(metrics_file(run.dir)).splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
         digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
         other = digests.setdefault(digest, run)
         if other is not run:
             raise ValueError(f"{run.dir} and {other.dir} hold the same metrics.jsonl: one run copied, its run.json "
                              f"changed to {run.name}; allowed: each run trained once")
+
+
+def check_switches(runs: list[FinishedRun]) -> None:
+    """The kernel switches each run trained with (run.json's ``kernel_switches``; older records do not say) agree
+    across the runs brought together: a run made with a kernel path on beside one made with it off is refused, as
+    plain ``ddl compare`` refuses such a run against its own process's switches. A ``ValueError`` names both runs
+    and the switch."""
+    recorded = [r for r in runs if isinstance(r.record.get("kernel_switches"), dict)]
+    if not recorded:
+        return
+    first = recorded[0]
+    for run in recorded[1:]:
+        mine, theirs = run.record["kernel_switches"], first.record["kernel_switches"]
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if keys:
+            switched = "; ".join(f"{k} {mine.get(k)!r}, there {theirs.get(k)!r}" for k in keys)
+            raise ValueError(f"{run.dir / 'run.json'} records kernel switch {switched} ({first.dir / 'run.json'}; "
+                             "deep_delta.ops.switches): runs made on other kernel paths are not one comparison; "
+                             "allowed: runs made with one set of kernel switches (retrain the ones made with the "
+                             f"other: {retrain_remedy(run.dir)}, with the switches set as the others had them)")
+
+
+def _recorded(runs: list[FinishedRun], field: str) -> dict[str, Any]:
+    """{run name: what its run.json records of ``field`` ("threads", "torch", "name": its ``device``'s; "code": its
+    ``code``, the commit it trained at where recorded)}; None where a run does not say."""
+    def get(run: FinishedRun) -> Any:
+        if field == "code":
+            return run.record.get("code") if isinstance(run.record.get("code"), dict) else None
+        device = run.record.get("device")
+        return device.get(field) if isinstance(device, dict) else None
+    return {run.name: get(run) for run in runs}
+
+
+def _one(values: dict[str, Any]) -> Any:
+    """The one value every run records (None: none records it), or {run: value} where they differ."""
+    distinct = {json.dumps(v, sort_keys=True) for v in values.values()}
+    return next(iter(values.values())) if len(distinct) == 1 else dict(values)
+
+
+def runs_machine(runs: list[FinishedRun]) -> tuple[dict[str, Any], list[str]]:
+    """The machine record of a report brought together from finished runs (``--report-only``): what the runs' own
+    run.json records (their kernel switches, which :func:`check_switches` made one set; their CPU threads, torch,
+    device and the code's commit, each one value where they agree, else {run: value}), not what the reporting
+    process has; that process's platform is kept apart (``report_written_on``). Returns it with the notes the
+    report shows where the runs differ in threads, torch or commit (a difference that changes no loss, said, not
+    refused)."""
+    from deep_delta.experiments.report import machine
+
+    switches = next((r.record["kernel_switches"] for r in runs if isinstance(r.record.get("kernel_switches"), dict)),
+                    None)
+    fields = {"torch_threads": _recorded(runs, "threads"), "torch": _recorded(runs, "torch"),
+              "device": _recorded(runs, "name"), "code": _recorded(runs, "code")}
+    record = {"of": "the runs (their run.json)", "kernel_switches": switches,
+              **{k: _one(v) for k, v in fields.items()}, "report_written_on": machine()}
+    notes = []
+    for key, what in (("torch_threads", "CPU threads"), ("torch", "torch versions"), ("code", "code commits")):
+        if isinstance(record[key], dict) and not (key == "code" and not any(record[key].values())):
+            shown = "; ".join(f"{name}: {_shown_value(v)}" for name, v in fields[key].items())
+            notes.append(f"the runs were trained with different {what} ({shown}); each run's losses are its own, but "
+                         "its speed (tokens/s) and its bits are those of its own setting")
+    return record, notes
+
+
+def _shown_value(value: Any) -> str:
+    if value is None:
+        return "not recorded"
+    if isinstance(value, dict) and "commit" in value:
+        return f"{str(value['commit'])[:12]}{'' if value.get('clean', True) else ' (with uncommitted changes)'}"
+    return str(value)
 
 
 # model_config entries that describe the file, not the model (a transformers upgrade between two runs changes them)
@@ -388,5 +533,6 @@ def check_models(runs: list[FinishedRun]) -> None:
                              "copied from another variant and relabelled is refused)")
 
 
-__all__ = ["FinishedRun", "check_copies", "check_models", "check_finished", "check_metrics", "check_together", "find_runs", "lr_of_folder",
-           "read_run"]
+__all__ = ["FinishedRun", "NeedsRetraining", "check_copies", "check_models", "check_finished", "check_metrics",
+           "check_switches", "check_together", "find_runs", "lr_of_folder", "read_run", "retrain_remedy",
+           "runs_machine"]

@@ -100,7 +100,7 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     """The study of the module docstring; returns the evaluation's summary (also ``OUT/compare.json``). Everything
     that can be refused (the test split and its size, the evaluation seeds, the checks) is refused before anything
     trains."""
-    from deep_delta.experiments.test_split import measure_test, resolve_test_tokens
+    from deep_delta.experiments.test_split import measure_test, resolve_test_tokens, sources_note
     from deep_delta.fsutil import refuse_unwritable_results
 
     out = Path(out)
@@ -112,6 +112,7 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     refuse_unwritable_results(out / name for name in SELECTION_OUTPUTS)
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     t0 = time.perf_counter()
+    note = sources_note(data)
 
     def evaluate(selection: dict) -> dict:
         chosen = {v: selection["lr_selection"]["chosen"][v]["lr"] for v in variants}
@@ -126,6 +127,8 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
         partial = _partial_report(out, base, selection, live, eval_seeds, cfgs, t0)
         say(f"evaluation seeds {', '.join(map(str, eval_seeds))} at the chosen lrs "
             f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {tokens:,} test tokens: {where}")
+        if note:
+            say(note)
         diverged = train_runs(cfgs, where, data, overwrite=overwrite, progress=progress, quiet=quiet,
                               lock="ddl compare --eval-seeds", after_each=partial,
                               after_run=lambda key, cfg: measure_test(cfg, data, tokens, step=cfg.steps, say=say))
@@ -176,7 +179,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     evaluation seeds, or those of them ``complete``) on test, paired by seed, a variant without an lr (diverged at
     every lr) as its selection row says, the selection it comes from and the break-even checks (``checks``:
     {variant: r})."""
-    from deep_delta.experiments.test_split import read_test
+    from deep_delta.experiments.test_split import measured_windows, read_test
 
     seeds = complete or eval_seeds
     several = (out / EVAL_DIR / f"seed_{seeds[0]}").is_dir()  # seed folders: a study of several evaluation seeds
@@ -186,17 +189,24 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     rows = {r["variant"]: {**r, "lr": chosen[r["variant"]]["lr"]} for r in summary["rows"]}
     for r in selection["rows"]:  # a variant with no lr free of divergence: its selection row says why
         rows.setdefault(r["variant"], r)
-    per_run = [read_test(_run_dir(out, v, s, several)) for v in live for s in seeds
-               if not diverged.get((v, s))]
+    tests = {(v, s): read_test(_run_dir(out, v, s, several)) for v in live for s in seeds if not diverged.get((v, s))}
+    per_run = list(tests.values())
     test_tokens = sorted({t["tokens"] for t in per_run if t})
     if len(test_tokens) > 1:
         raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on different test tokens "
                          f"({', '.join(map(str, test_tokens))}); allowed: every run on the same test windows (run the "
                          "study again: it measures each run with the study's `test_tokens`)")
+    plans = sorted({measured_windows(t) for t in per_run if t})
+    if len(plans) > 1:
+        raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on test windows of different plans "
+                         f"({', '.join(plans)}); allowed: every run on the same test windows (run the study again: it "
+                         "measures each run with the study's `eval_windows`)")
     s = selection["settings"]
     held = {"selection_seeds": selection["seeds"], "eval_seeds": eval_seeds, "selection_split": "val",
             "report_split": "test", "selection_tokens": s["eval_batches"] * s["batch_size"] * s["seq_len"],
-            "test_tokens": test_tokens[0] if test_tokens else None, "runs": EVAL_DIR}
+            "test_tokens": test_tokens[0] if test_tokens else None, "test_windows": plans[0] if plans else None,
+            "runs": EVAL_DIR, **source_rows(tests, [r["variant"] for r in summary["rows"]], seeds,
+                                            summary["reference"], s)}
     summary.update(rows=[rows[r["variant"]] for r in selection["rows"]], seeds=seeds, held_out=held,
                    settings=s, lr_selection=selection["lr_selection"], lr_grid=selection["lr_grid"],
                    data_fingerprint=selection.get("data_fingerprint"),
@@ -210,14 +220,71 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     return summary
 
 
-def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str, Any]:
+def source_rows(tests: dict[tuple[str, int], dict | None], variants: list[str], seeds: list[int], reference: str,
+                settings: dict) -> dict[str, Any]:
+    """The test loss per source (``test.json``'s ``sources``) of the evaluation runs ``tests`` ({(variant, seed):
+    record}): ``{"sources": [{"source", "tokens", "variants": {variant: {"loss": mean over seeds, "d": mean paired
+    difference to the reference, "ci95", "n"}}}]}`` in the order the records list them; when some runs' records hold
+    none (measured before they were recorded, or data without source runs), ``{"sources_note": why there is no
+    table}`` instead; ``{}`` when none does and the data (``settings["data"]``) names no sources."""
+    from deep_delta.experiments.stats import mean_sd, paired_difference
+
+    have = [t for t in tests.values() if t and isinstance(t.get("sources"), dict)]
+    if not have or len(have) < len(tests):
+        why = _no_sources(settings, len(tests) - len(have), len(tests))
+        return {"sources_note": why} if why else {}
+    names = list(dict.fromkeys(name for t in have for name in t["sources"]))
+
+    def losses(v: str, name: str) -> list[float | None]:
+        return [((tests.get((v, s)) or {}).get("sources") or {}).get(name, {}).get("loss") for s in seeds]
+
+    rows = []
+    for name in names:
+        tokens = sorted({t["sources"][name]["tokens"] for t in have if name in t["sources"]})
+        per_variant = {}
+        for v in variants:
+            mean = mean_sd(losses(v, name))[0]
+            d = paired_difference(losses(v, name), losses(reference, name)) if v != reference else None
+            per_variant[v] = {"loss": mean, **({"d": d["mean"], "ci95": d["ci95"], "n": d["n"]} if d else {})}
+        rows.append({"source": name, "tokens": tokens[0] if len(tokens) == 1 else None, "variants": per_variant})
+    return {"sources": rows}
+
+
+def _no_sources(settings: dict, missing: int, runs: int) -> str | None:
+    """Why the report has no test loss per source: ``missing`` of the ``runs`` evaluation runs' test.json hold none
+    (measured before it was recorded), or the data, a named corpus, records no sources; None when none holds one and
+    the data (``settings["data"]``) names no sources, or is not here to look at."""
+    from deep_delta.data.corpora import named_corpus
+    from deep_delta.data.loader import no_sources_reason, split_sources
+    from deep_delta.data.meta import read_meta
+
+    measured_before = (f"no test loss per source: {missing} of the {runs} evaluation runs' test.json record none "
+                       "(measured before it was recorded; remove them and run the study's `ddl compare` again to "
+                       "measure them from each run's final checkpoint)")
+    if missing < runs:
+        return measured_before
+    data = settings.get("data")
+    try:
+        meta = read_meta(data) if data else None
+    except (OSError, ValueError):
+        return None
+    if meta is None or named_corpus(meta.get("source")) is None:
+        return None
+    if split_sources(meta, "test") is not None:
+        return measured_before
+    return f"no test loss per source: the test split records no sources ({no_sources_reason(meta)})"
+
+
+def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()) -> dict[str, Any]:
     """``--report-only`` of a study with evaluation seeds: its evaluation runs (``OUT/evaluation``) and break-even
     checks read from their records, checked against the selection (each variant at its chosen lr, the selection's
     settings and data, evaluation seeds apart from the selection seeds) and their test records (the run's final
     step, its data, the same test windows for every run), then reported as the live study reports them. An
-    evaluation seed that some variant has not finished is left out, and the report says it is partial."""
-    from deep_delta.experiments.finished_runs import read_run
-    from deep_delta.experiments.test_split import read_test
+    evaluation seed that some variant has not finished is left out, and the report says it is partial. The kernel
+    switches of every run (``grid_runs``, the selection's, among them) agree, and the report's machine record is the
+    runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`)."""
+    from deep_delta.experiments.finished_runs import check_switches, read_run, runs_machine
+    from deep_delta.experiments.test_split import measured_windows, read_test
     from deep_delta.train.provenance import differences
     from deep_delta.train.run_dir import RESULT_NEUTRAL, RunNotFinished, read_run_file, run_end
 
@@ -242,8 +309,9 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
     for (v, s), run in runs.items():
         if run.cfg.lr != chosen[v]:
             raise ValueError(f"{run.dir / 'run.json'} records lr {run.cfg.lr:g}, but the grid chooses {chosen[v]:g} "
-                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (rerun the "
-                             "study with `overwrite` to retrain them)")
+                             f"for {v} ({out / 'selection.md'}); allowed: evaluation runs at the chosen lr (remove "
+                             f"{where} and run the study's `ddl compare` again: it trains the evaluation runs at the "
+                             "chosen lrs and keeps the grid's; `overwrite` would retrain the grid too)")
         if s in selection["seeds"]:
             raise ValueError(f"{run.dir} is an evaluation run of seed {s}, a selection seed; allowed: evaluation "
                              "seeds apart from the selection seeds")
@@ -255,23 +323,30 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict) -> dict[str,
                              "allowed: evaluation runs of this study")
         test = read_test(run.dir) if not run.diverged else None
         if not run.diverged and (test is None or test.get("step") != run.end["step"]
-                                 or test.get("data_fingerprint") != run.fingerprint):
-            raise ValueError(f"{run.dir / 'test.json'} is missing or not of this run's final step and data; run the "
-                             "study's `ddl compare` again (it measures what is missing)")
+                                 or test.get("data_fingerprint") != run.fingerprint
+                                 or measured_windows(test) != run.cfg.eval_windows):
+            raise ValueError(f"{run.dir / 'test.json'} is missing or not of this run's final step, data and windows "
+                             f"(`eval_windows` {run.cfg.eval_windows}); run the study's `ddl compare` again (it "
+                             "measures what is missing)")
     eval_seeds = sorted({s for _, s in runs})
     complete = [s for s in eval_seeds if all((v, s) in runs for v in live)]
     if not complete:
         raise FileNotFoundError(f"{where} holds no evaluation seed that every variant ({', '.join(live)}) has "
                                 "finished; finish the study with the `ddl compare` that started it")
     diverged = {k: r.diverged for k, r in runs.items() if r.diverged and k[1] in complete}
-    checks = {}
+    checks, check_runs = {}, []
     for folder in sorted((out / CHECK_DIR).glob("r_*")) if (out / CHECK_DIR).is_dir() else []:
         for v in live:
             if (folder / v / "run.json").is_file():
-                read_run(folder / v)
+                check_runs.append(read_run(folder / v))
                 checks[v] = float(folder.name[2:])
+    every = [*grid_runs, *runs.values(), *check_runs]
+    check_switches(every)
     summary = held_out_summary(out, base, selection, live, eval_seeds, diverged, checks,
                                complete=complete if len(complete) < len(eval_seeds) else None)
+    summary["machine"], differ = runs_machine(every)
+    if differ:
+        summary["notes"] = [*summary.get("notes", []), *differ]
     summary["wall_s"] = selection.get("wall_s", 0) + sum(r.end["wall_s"] for r in runs.values())
     write_comparison(out, summary)
     return summary

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
-from deep_delta.train.config import TrainConfig
+from deep_delta.train.config import TrainConfig, recorded
 
 
 def _check_sizes(name: str, values: list[int], low: int) -> list[int]:
@@ -210,7 +210,7 @@ def check_point_runs(point: Path, summary: dict) -> bool:
     from deep_delta.experiments.compare import check_reusable, compare_config
     from deep_delta.experiments.lr_grid import lr_dir
 
-    settings = dict(summary.get("settings") or {})
+    settings = recorded(summary.get("settings") or {})
     seeds, costs = summary.get("seeds") or [settings.get("seed")], summary.get("step_costs") or {}
     grid = (summary.get("lr_selection") or {}).get("lrs")
     where = {lr: lr_dir(point, lr) for lr in grid} if grid else {settings.get("lr"): point}
@@ -241,7 +241,7 @@ def _check_points_agree(studies: dict[tuple[int, int], dict]) -> None:
     (w0, n0), first = next(iter(studies.items()))
 
     def comparable(s: dict) -> dict:
-        settings = s.get("settings") or {}
+        settings = recorded(s.get("settings") or {})  # a point recorded before a setting existed: as it trained
         model = {k: v for k, v in (settings.get("model") or {}).items() if k != "hidden_size"}
         return {**{k: v for k, v in settings.items() if k not in RESULT_NEUTRAL | _POINTS_MAY_DIFFER},
                 "model (but hidden_size)": model, "reference": s.get("reference"),

@@ -9,6 +9,7 @@ Unknown keys are refused (the error names the key and lists the allowed ones); t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from deep_delta.data.loader import EVAL_WINDOWS
 from deep_delta.settings import MAX_INT, check_count, check_fields, parse_assignments, setting
 from deep_delta.train.recipes import RECIPES
 from deep_delta.variants import PRESETS, VARIANTS, check_variant
@@ -24,6 +26,11 @@ DTYPES = ("auto", "float32", "bfloat16")
 DISTRIBUTED = ("auto", "none", "ddp", "fsdp")
 ON_DIVERGENCE = ("raise", "stop")
 CUDA_GRAPHS = ("off", "blocks", "model")  # deep_delta.train.distributed.parallelize
+OPTIMIZERS = ("adamw", "muon")  # deep_delta.train.optim.build_optimizer
+# Settings added after runs were first recorded, with the value every run recorded before the field existed trained
+# with: a stored run.json or checkpoint without one is read as that value (`recorded`), so that adding a setting
+# leaves every earlier run resumable and reusable.
+ADDED_FIELDS: dict[str, Any] = {"optimizer": "adamw", "adamw_lr_ratio": 1.0, "eval_windows": "first"}
 WANDB_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # characters W&B refuses in a project name
 
 
@@ -40,8 +47,10 @@ class TrainConfig:
     number of processes.
 
     Schedule: linear warm-up over ``warmup_steps`` to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at
-    ``steps``. AdamW(``betas``) with ``weight_decay`` on matrices (dim >= 2) only; gradients clipped to
-    ``grad_clip`` (0 disables).
+    ``steps``. ``optimizer`` "adamw": AdamW(``betas``) with ``weight_decay`` on matrices (dim >= 2) only;
+    "muon": Muon (momentum 0.95, Nesterov, ``weight_decay``, its update scaled to AdamW's RMS) on the hidden
+    matrices at ``lr`` and AdamW as above on the rest at ``lr * adamw_lr_ratio`` (docs/training.md,
+    "Optimizers"). Gradients clipped to ``grad_clip`` (0 disables).
 
     Memory: ``activation_checkpointing`` keeps only each block's input for backward and runs the block's forward
     again there (transformers' ``activation_checkpointing_enable()``): activation memory of about one block
@@ -71,7 +80,15 @@ class TrainConfig:
     lr: float = setting(1e-3, "peak learning rate")
     min_lr_ratio: float = setting(0.1, "final learning rate as a fraction of --lr")
     warmup_steps: int = setting(100, "linear warm-up steps")
-    weight_decay: float = setting(0.1, "AdamW weight decay on matrices")
+    optimizer: str = setting("adamw", "adamw: AdamW on every parameter; muon: torch.optim.Muon on the hidden "
+                             "matrices (attention q, k, v, o and the MLP's gate, up, down) and AdamW on the rest "
+                             "(docs/training.md, 'Optimizers')", choices=OPTIMIZERS)
+    adamw_lr_ratio: float = setting(1.0, "with optimizer muon: the AdamW group's peak lr as a fraction of --lr "
+                                    "(Muon's). 1 by default because Muon's update is scaled to AdamW's RMS "
+                                    "(0.2 sqrt(max(A, B)), Moonlight's 'Muon is Scalable for LLM Training'), which "
+                                    "lets both groups use one lr and weight decay; refused with adamw unless 1",
+                                    metavar="R")
+    weight_decay: float = setting(0.1, "weight decay on matrices (AdamW's; with muon, Muon's too)")
     betas: tuple[float, float] = setting((0.9, 0.95), "AdamW betas", metavar=("B1", "B2"))
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0: off)")
     on_divergence: str = setting("raise", "a non-finite loss or gradient norm: raise (an error naming the step; "
@@ -79,6 +96,10 @@ class TrainConfig:
                                  "checkpoint it, and report the run as diverged)", choices=ON_DIVERGENCE)
     eval_every: int = setting(250, "validate every N steps (0: only at the end)")
     eval_batches: int = setting(20, "validation batches per evaluation")
+    eval_windows: str = setting("spread", "which windows of the split an evaluation of part of it reads (validation, "
+                                "and the test split of `ddl compare --eval-seeds`): spread (evenly over the whole "
+                                "split, the same for every run) or first (its first windows, as runs before this "
+                                "setting did); the whole split is the same for both", choices=EVAL_WINDOWS)
     save_every: int = setting(1000, "checkpoint every N steps (0: only at the end)")
     keep: int = setting(2, "keep the newest K checkpoints")
     log_every: int = setting(10, "print / update the progress bar every N steps (0: never)")
@@ -148,6 +169,14 @@ class TrainConfig:
             raise _bad("weight_decay", self.weight_decay, "a float >= 0")
         if self.grad_clip < 0:
             raise _bad("grad_clip", self.grad_clip, "a float >= 0 (0 disables clipping)")
+        if not (math.isfinite(self.adamw_lr_ratio) and self.adamw_lr_ratio > 0):
+            raise _bad("adamw_lr_ratio", self.adamw_lr_ratio, "a finite float > 0")
+        if self.optimizer != "muon" and self.adamw_lr_ratio != 1.0:
+            raise _bad("adamw_lr_ratio", self.adamw_lr_ratio, "1.0 unless `optimizer` is muon (with adamw every "
+                       "parameter trains at `lr`)")
+        if self.optimizer == "muon" and self.distributed == "fsdp":
+            raise _bad("optimizer", self.optimizer, "adamw under `distributed` fsdp (Muon orthogonalises each whole "
+                       "matrix, and FSDP shards them across processes; not implemented): use `distributed` ddp")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise _bad("betas", list(self.betas), "two floats in [0, 1)")
         if self.peak_flops is not None and not self.peak_flops > 0:
@@ -232,6 +261,15 @@ class TrainConfig:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def recorded(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings as a stored record holds them (run.json's ``train_config`` or ``identity``, a checkpoint's
+    ``train_meta.json``, a study's summary's ``settings``), with each field of :data:`ADDED_FIELDS` that a record
+    written before it existed lacks set to the value such a run was made with (``optimizer`` adamw, ``eval_windows``
+    first: every run validated on the split's first windows until it existed), not today's default; what the record
+    holds is kept as it is."""
+    return {**{k: v for k, v in ADDED_FIELDS.items() if k not in values}, **values}
 
 
 # ---------------------------------------------------------------------- recipes shipped with the package

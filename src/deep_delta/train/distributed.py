@@ -228,15 +228,26 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The unsharded optimizer state keyed by parameter names (a collective under FSDP)."""
+def full_optimizer_state(model: nn.Module, optimizer) -> dict:
+    """The unsharded optimizer state keyed by parameter names (a collective under FSDP); of
+    ``optim.MuonWithAdamW``, both optimizers' in one (their groups in order, their tensors' states by name)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(model, _torch_optimizers(optimizer),
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
     """Load a state from :func:`full_optimizer_state` (every rank passes the full state)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(model, _torch_optimizers(optimizer), optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def _torch_optimizers(optimizer):
+    """The torch optimizer, or the list of those ``optim.MuonWithAdamW`` combines (the state-dict helpers take
+    either)."""
+    from deep_delta.train.optim import MuonWithAdamW
+
+    return optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else optimizer

@@ -6,6 +6,9 @@ settings that made them and, where they read prepared data, a fingerprint of tha
 them). Before a stored result is continued or reused, :func:`check_belongs` compares what was stored with what is
 asked now and refuses, naming each difference, when any setting that changes the result differs: a rerun never
 puts numbers made under other settings, or from other data, beside new ones.
+
+A run also records the code it trained at (:func:`code_record`: the commit of the package's git checkout and
+whether its tree was clean), so that a number can be traced to the code that made it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -84,4 +88,34 @@ def check_same_data(stored: str | None, current: str, *, what: str, data_dir: st
     return True
 
 
-__all__ = ["StoredResultMismatch", "check_belongs", "check_same_data", "data_fingerprint", "differences"]
+# seconds each git call may take: a hung git (a network file system, a lock) never holds up a run
+GIT_TIMEOUT_S = 10.0
+
+
+def code_record(source: str | os.PathLike | None = None, timeout: float = GIT_TIMEOUT_S) -> dict[str, Any] | None:
+    """The code a run trains at: ``{"commit": <HEAD's sha>, "clean": <no change to a tracked file, no untracked file
+    outside .gitignore>}`` of the git checkout holding the package (``source``: its directory, default this
+    package's), or None when there is none to name: the package is not tracked by a git checkout (an installed
+    wheel; a copy inside another repository's ignored directory), git is missing, fails, or takes longer than
+    ``timeout`` seconds for a call."""
+    where = str(Path(source) if source is not None else Path(__file__).resolve().parents[1])
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", where, *args], capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    # the package must be tracked here: a directory inside some other checkout (an ignored venv) names its commit
+    if git("ls-files", "--error-unmatch", "--", "__init__.py") is None:
+        return None
+    commit, status = git("rev-parse", "--verify", "HEAD"), git("status", "--porcelain")
+    if commit is None or status is None:
+        return None
+    return {"commit": commit.strip(), "clean": not status.strip()}
+
+
+__all__ = ["StoredResultMismatch", "check_belongs", "check_same_data", "code_record", "data_fingerprint",
+           "differences"]

@@ -19,8 +19,8 @@ from typing import Any
 
 from deep_delta.train import checkpoint as ckpt
 from deep_delta.train import provenance
-from deep_delta.train.config import TrainConfig
-from deep_delta.train.metrics import METRICS_FILE
+from deep_delta.train.config import TrainConfig, recorded
+from deep_delta.train.metrics import METRICS_FILE, PACKED_METRICS_FILE
 from deep_delta.train.wandb_sink import WANDB_FILE
 
 RUN_FILE = "run.json"
@@ -44,8 +44,10 @@ _CONFIG_BOOKKEEPING = frozenset({"transformers_version", "architectures", "dtype
 
 
 def run_identity(cfg: TrainConfig | dict, data_dir: Path | str) -> dict[str, Any]:
-    """The settings (and data directory) a run in OUT is made of, without what a resumed run may change."""
-    d = dict(cfg) if isinstance(cfg, dict) else cfg.to_dict()
+    """The settings (and data directory) a run in OUT is made of, without what a resumed run may change; of a
+    stored record (a dict), with the settings added since it was written as such a run had them
+    (:func:`~deep_delta.train.config.recorded`)."""
+    d = recorded(cfg) if isinstance(cfg, dict) else cfg.to_dict()
     d["data"] = str(data_dir)
     return {k: v for k, v in d.items() if k not in RESUMABLE_CHANGES}
 
@@ -55,7 +57,7 @@ def _differences(saved: dict, mine: dict, skip: frozenset = frozenset()) -> list
 
 
 def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in (RUN_FILE, METRICS_FILE, ckpt.CHECKPOINTS))
+    return any((out / name).exists() for name in (RUN_FILE, METRICS_FILE, PACKED_METRICS_FILE, ckpt.CHECKPOINTS))
 
 
 def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -81,13 +83,16 @@ def check_out_dir(cfg: TrainConfig, data_dir: Path, *, resume: bool, overwrite: 
             saved = read_run_file(out).get("identity", {})
         except ValueError as e:
             raise ValueError(f"{e}; replace the run with `overwrite`") from None
-        refuse_other_run(out, _differences(saved if isinstance(saved, dict) else {}, run_identity(cfg, data_dir)))
+        saved = recorded(saved) if isinstance(saved, dict) else {}
+        refuse_other_run(out, _differences(saved, run_identity(cfg, data_dir)))
 
 
 def read_run_file(out: str | os.PathLike) -> dict[str, Any]:
     """``OUT/run.json``, the run's record, checked to be one: a JSON object with the run's settings
     (``train_config``). A file that is missing, not UTF-8, not JSON, not an object or without settings is an
-    error naming the file."""
+    error naming the file. Its ``train_config`` and ``identity`` are read with the settings added since it was
+    written as such a run had them (:func:`~deep_delta.train.config.recorded`: a run.json without ``optimizer``
+    trained with adamw)."""
     from deep_delta.fsutil import read_json_file
 
     path = Path(out) / RUN_FILE
@@ -98,6 +103,9 @@ def read_run_file(out: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(run.get("train_config"), dict):
         raise ValueError(f"{path}: `train_config` got {_shown(run.get('train_config'))}; allowed: the run's settings "
                          "(an object, as `ddl train` writes them): it is not a run record")
+    run["train_config"] = recorded(run["train_config"])
+    if isinstance(run.get("identity"), dict):
+        run["identity"] = recorded(run["identity"])
     return run
 
 
@@ -175,7 +183,8 @@ def check_checkpoint_matches(path: Path, meta: dict, cfg: TrainConfig, data_dir:
     diff = _differences(saved_model, model_config.to_dict(), _CONFIG_BOOKKEEPING)
     refuse_other_run(Path(cfg.out), [f"model.{d}" for d in diff], f"a checkpoint of another model ({path})")
     if "train_config" in meta:
-        saved = run_identity(meta["train_config"], meta.get("data_dir", meta["train_config"].get("data")))
+        saved = run_identity(recorded(meta["train_config"]),
+                             meta.get("data_dir", meta["train_config"].get("data")))
         refuse_other_run(Path(cfg.out), _differences(saved, run_identity(cfg, data_dir)),
                          f"a checkpoint of another run ({path})")
     if "kernel_switches" in meta:  # the kernel paths the run trained on (older checkpoints do not say)
@@ -213,7 +222,7 @@ def clear_run(out: Path) -> None:
     """What ``overwrite`` removes: only the files a training run writes (a user's other files stay; a
     ``checkpoints/`` holding anything else is refused, :func:`check_clearable`)."""
     check_clearable(out)
-    for name in (RUN_FILE, METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
+    for name in (RUN_FILE, METRICS_FILE, PACKED_METRICS_FILE, "tensorboard", WANDB_FILE, ckpt.CHECKPOINTS):
         p = out / name
         if p.is_dir():
             shutil.rmtree(p)
@@ -222,10 +231,13 @@ def clear_run(out: Path) -> None:
 
 
 def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: int, parameters: int,
-                   device) -> None:
+                   device, optimizer: dict[str, Any] | None = None, code: dict[str, Any] | None = None) -> None:
     """``OUT/run.json`` (atomically): the run's identity, settings, model, data (``data``: a
-    :class:`~deep_delta.train.data.TrainData`, or None for a run on batches of its own), processes, size and the
-    device it trains on (a study assembled from runs made on several machines says which ran where)."""
+    :class:`~deep_delta.train.data.TrainData`, or None for a run on batches of its own), processes, size, the
+    device it trains on (a study assembled from runs made on several machines says which ran where), its
+    optimizer's groups (``optimizer``: :func:`~deep_delta.train.optim.optimizer_record`, which tensor trains in
+    which group at which lr) and the code this process trains at (``code``:
+    :func:`~deep_delta.train.provenance.code_record`; each segment of a resumed run records its own)."""
     ckpt.write_text_atomic(out / RUN_FILE, json.dumps({
         "identity": run_identity(cfg, data.dir if data is not None else "batches given to the trainer"),
         "train_config": cfg.to_dict(),
@@ -235,6 +247,8 @@ def write_run_file(out: Path, cfg: TrainConfig, data, model_config, world_size: 
         "parameters": parameters,
         "device": device_record(device),
         "kernel_switches": kernel_switches(),
+        "optimizer": optimizer,
+        "code": code,
     }, indent=2, sort_keys=True))
 
 
@@ -290,10 +304,12 @@ def load_weights_of(path: Path, model_config):
     return model
 
 
-def segment(start: int, to: int, steps: int, wall_s: float | None) -> dict[str, Any]:
+def segment(start: int, to: int, steps: int, wall_s: float | None, code: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     """One process's part of a run: steps ``start`` to ``to`` on a schedule of ``steps`` steps (warm-up and
-    cosine over ``steps``), in ``wall_s`` seconds (None: not recorded)."""
-    return {"from": start, "to": to, "steps": steps, "wall_s": wall_s}
+    cosine over ``steps``), in ``wall_s`` seconds (None: not recorded), at the code ``code``
+    (:func:`~deep_delta.train.provenance.code_record`; None: not in a git checkout, or not recorded)."""
+    return {"from": start, "to": to, "steps": steps, "wall_s": wall_s, "code": code}
 
 
 def prior_segments(meta: dict[str, Any], step: int) -> list[dict[str, Any]]:

@@ -99,8 +99,8 @@ __all__ = ["OptimizerStep"]
 
 @dataclass
 class TrainStep:
-    """What :func:`build_step` assembled: the module the forward runs through (``train_model``), the optimizer,
-    the step, and whether it trains in bf16 autocast."""
+    """What :func:`build_step` assembled: the module the forward runs through (``train_model``), the optimizer
+    (a torch optimizer, or ``optim.MuonWithAdamW``), the step, and whether it trains in bf16 autocast."""
 
     train_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -114,7 +114,8 @@ def build_step(model: torch.nn.Module, cfg: TrainConfig, info: distr.DistInfo | 
     checkpointing (before compile and FSDP wrap the blocks), the blocks compiled and replayed as CUDA graphs
     (``cfg.compile``, ``cfg.cuda_graphs``) and wrapped for DDP / FSDP (``distributed.parallelize``), bf16
     autocast by the one rule (``runtime.trains_in_bf16``; FSDP's mixed precision instead under FSDP on CUDA),
-    AdamW (fused on CUDA without FSDP) with ``cfg``'s lr, weight decay and betas, and the gradient clip. The
+    the optimizer ``cfg.optimizer`` (``optim.build_optimizer``: AdamW, fused on CUDA without FSDP, or Muon with
+    AdamW) with ``cfg``'s lr, weight decay and betas, and the gradient clip. The
     trainer, ``ddl bench`` and ``ddl compare``'s step times all build their step here. ``autocast``: a context
     in place of the rule's (a benchmark of fp16 autocast, which training does not offer)."""
     from deep_delta.runtime import training_autocast, trains_in_bf16
@@ -128,7 +129,8 @@ def build_step(model: torch.nn.Module, cfg: TrainConfig, info: distr.DistInfo | 
     train_model = distr.parallelize(model, info, compile=cfg.compile, bf16=bf16 and fsdp and info.device.type == "cuda",
                                     cuda_graphs=cfg.cuda_graphs)
     fused = True if info.device.type == "cuda" and not fsdp else None
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, fused=fused)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, fused=fused, optimizer=cfg.optimizer,
+                                adamw_lr_ratio=cfg.adamw_lr_ratio)
     step = OptimizerStep(model, optimizer, train_model=train_model,
                          autocast=autocast if autocast is not None else training_autocast(cfg.dtype, info.device,
                                                                                           fsdp=fsdp),

@@ -127,6 +127,7 @@ class Trainer:
         self.prior_segments: list[dict[str, Any]] = []
         self.start_step, self.t_start = 0, time.perf_counter()
         self.last_eval: dict[str, Any] = {}
+        self.code: dict[str, Any] | None = None  # the code this process trains at (run.json, its segment)
         self.diverged: str | None = None
         self.bad_weights: str | None = None  # why a divergence left the last step's weights unfit, and what was kept
 
@@ -257,11 +258,16 @@ class Trainer:
 
         distr.barrier(self.info)
         if self.info.is_main:
+            from deep_delta.train.optim import optimizer_record
+            from deep_delta.train.provenance import code_record
+
             if self.overwrite:
                 run_dir.clear_run(self.out)
-            truncate_metrics(self.out / METRICS_FILE, self.step)
+            truncate_metrics(self.out, self.step)
+            self.code = code_record()
             run_dir.write_run_file(self.out, self.cfg, self.data, self.model_config, self.info.world_size,
-                                   self.n_params, self.info.device)
+                                   self.n_params, self.info.device,
+                                   optimizer_record(self.optimizer, self.model, self.cfg.optimizer), self.code)
         distr.barrier(self.info)
         from deep_delta.train.wandb_sink import start_run_sink
 
@@ -271,8 +277,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one optimizer step
     def train_step(self) -> dict[str, Any] | None:
-        """Forward, backward over ``accum`` micro-batches, clip, AdamW; returns the step's metrics record (None
-        when the step diverged and ``on_divergence`` is "stop": no update, ``self.diverged`` says why)."""
+        """Forward, backward over ``accum`` micro-batches, clip, the optimizer's update; returns the step's metrics
+        record (None when the step diverged and ``on_divergence`` is "stop": no update, ``self.diverged`` says
+        why)."""
         info, t0, seen = self.info, time.perf_counter(), {}
 
         def before_update(loss_t: torch.Tensor, grad_norm: torch.Tensor) -> None:
@@ -358,22 +365,24 @@ class Trainer:
 
     def segments(self, to: int) -> list[dict[str, Any]]:
         """The run's schedule segments up to step ``to``: those of the processes before this one (from the
-        checkpoint it resumed) and this process's, from its first step to ``to`` on a schedule of ``cfg.steps``."""
+        checkpoint it resumed) and this process's, from its first step to ``to`` on a schedule of ``cfg.steps``, at
+        the code it trains at."""
         return [*self.prior_segments, run_dir.segment(self.start_step, to, self.cfg.steps,
-                                                      time.perf_counter() - self.t_start)]
+                                                      time.perf_counter() - self.t_start, self.code)]
 
     # ------------------------------------------------------------------ evaluate, save, log
     def evaluate(self) -> dict[str, Any] | None:
         """The run's evaluation: ``evaluate(model)`` when given, else the validation loss and perplexity over
-        ``cfg.eval_batches`` batches of the val split (all ranks); None when the run has neither."""
+        ``cfg.eval_batches`` batches of the val split (``cfg.eval_windows``: which windows; all ranks); None when the
+        run has neither."""
         if self.evaluator is not None:
             return dict(self.evaluator(self.model))
         if self.val_loader is None:
             return None
         from deep_delta.train.validation import validation_numbers
 
-        return validation_numbers(self.train_model, self.val_loader.eval_batches(self.cfg.eval_batches), self.info,
-                                  autocast=self.autocast)
+        batches = self.val_loader.eval_batches(self.cfg.eval_batches, windows=self.cfg.eval_windows)
+        return validation_numbers(self.train_model, batches, self.info, autocast=self.autocast)
 
     def save(self, at: int) -> None:
         """Checkpoint step ``at`` atomically (a collective under FSDP: every rank calls it); nothing for a run

@@ -196,6 +196,24 @@ class DDLPreTrainedModel(PreTrainedModel):
                 out.update({f"{prefix}{p}": 1.0 / cfg.mup_width_mult for p in cfg.design.mup_readouts(module)})
         return out
 
+    def muon_lr_multipliers(self) -> dict[str, float]:
+        """The tensors Muon trains (``TrainConfig.optimizer="muon"``, ``deep_delta.train.optim``), each with its
+        learning-rate multiplier.
+
+        Muon trains the hidden matrices: the 2-D weights of the sublayers themselves, every :class:`Attention`'s
+        (q, k, v, o) and :class:`SwiGLU`'s (gate, up, down), whose two dimensions both grow with the width. AdamW
+        trains everything else: the embeddings and the LM head, norms, the residuals' own parameters (the gates,
+        the value and key maps, compressor and EC taps, AttnRes's pseudo-queries, the hyper-connections'
+        coefficients: readouts, per-feature or width-independent, not hidden matrices). Multiplier 1 under "sp";
+        under muP 1 / sqrt(m) (m = ``config.mup_width_mult``): Muon's update, scaled to AdamW's RMS, has a
+        spectral norm ~ lr 0.2 sqrt(max(A, B)) ~ lr sqrt(m), and the spectral condition asks for
+        sqrt(fan_out / fan_in), constant for these matrices (docs/mup.md, "Muon").
+        """
+        cfg = self.config
+        r = 1.0 / math.sqrt(cfg.mup_width_mult) if cfg.parametrization == "mup" else 1.0
+        return {f"{name}.{p_name}": r for name, module in self.named_modules()
+                if isinstance(module, (Attention, SwiGLU)) for p_name, p in module.named_parameters() if p.dim() == 2}
+
     def _initialize_weights(self, module: nn.Module, *args, **kwargs) -> None:
         """transformers' per-module step of ``initialize_weights`` without its branch for custom code.
 
