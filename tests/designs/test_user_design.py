@@ -19,6 +19,23 @@ from deep_delta.cli.main import main
 from deep_delta.designs.registry import design_names, get_design
 
 DESIGN_FILE = str(Path(__file__).with_name("rezero_design.py").resolve())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registry_as_it_was():
+    """What these tests register (the design, its variant and its table name) is gone after them, so that the
+    tests run after them in the same process see the shipped designs only."""
+    from deep_delta.designs import registry
+    from deep_delta.variants import PAPER_NAMES, VARIANTS
+
+    saved = [dict(d) for d in (VARIANTS, PAPER_NAMES, registry._DESIGNS, registry._MODULE_OF, registry._LOADED,
+                                registry._module_names)]
+    yield
+    for d, old in zip((VARIANTS, PAPER_NAMES, registry._DESIGNS, registry._MODULE_OF, registry._LOADED,
+                       registry._module_names), saved):
+        for key in set(d) - set(old):
+            if key not in registry.BUILTIN:  # a shipped design first imported meanwhile stays registered
+                del d[key]
 SMALL = ["--set", "model.hidden_size=32", "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=2",
          "--set", "model.max_position_embeddings=64", "--set", f"model.design_module={DESIGN_FILE}",
          "--set", "model.design_settings={alpha_init: 0.1}"]
@@ -77,7 +94,7 @@ def test_train_compare_analyze_export_load_generate(tmp_path, data_dir, capsys):
     from deep_delta.hf import load_model
 
     here = load_model(run).model.eval()
-    assert name == "ReZeroResidual" and float(alpha) == pytest.approx(float(here.model.layers[0].attn.alpha))
+    assert name == "ReZeroResidual" and float(alpha) == pytest.approx(float(here.model.layers[0].attn.alpha.detach()))
     with torch.no_grad():
         want = here(torch.tensor([[1, 2, 3, 4, 5]])).logits[0, -1, :4].tolist()
     assert json.loads(out.stdout.splitlines()[1]) == pytest.approx(want, rel=1e-5, abs=1e-6)

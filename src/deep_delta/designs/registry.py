@@ -118,8 +118,8 @@ def get_design(name: str, module: str | None = None) -> ResidualDesign:
     if name in _DESIGNS:
         return _DESIGNS[name]
     if name in BUILTIN:
-        importlib.import_module(BUILTIN[name])
-        return _DESIGNS[name]
+        module = importlib.import_module(BUILTIN[name])
+        return _DESIGNS.setdefault(name, module.DESIGN)  # its module registers it (DESIGN) when first imported
     if module:
         load_design_module(module)
         if name in _DESIGNS:
