@@ -495,7 +495,8 @@ def runs_machine(runs: list[FinishedRun]) -> tuple[dict[str, Any], list[str]]:
               **{k: _one(v) for k, v in fields.items()}, "report_written_on": machine()}
     notes = []
     for key, what in (("torch_threads", "CPU threads"), ("torch", "torch versions"), ("code", "code commits")):
-        if isinstance(record[key], dict) and not (key == "code" and not any(record[key].values())):
+        distinct = {json.dumps(v, sort_keys=True) for v in fields[key].values()}
+        if len(distinct) > 1 and not (key == "code" and not any(fields[key].values())):
             shown = "; ".join(f"{name}: {_shown_value(v)}" for name, v in fields[key].items())
             notes.append(f"the runs were trained with different {what} ({shown}); each run's losses are its own, but "
                          "its speed (tokens/s) and its bits are those of its own setting")
