@@ -14,7 +14,7 @@ parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_updat
 
 ``update_rule="untied"`` gives the erase and the write gates of their own, ``x + k (beta_w v^T - beta_e k^T x)``: the
 gate has two outputs (:class:`BetaGate` ``outputs=2``, erase then write) that start equal, so the module starts as
-its delta rule (:func:`deep_delta.ops.delta.untied_update`). With ``switches.FUSED_RULES`` on (issue 59) the two
+its delta rule (:func:`deep_delta.ops.delta.untied_update`). With the ``fused_rules`` switch on (issue 59) the two
 other rules run the delta rule's kernels in a mode of their own and fuse exactly where the delta rule does; off,
 their lean update, never fused with the next sublayer.
 
@@ -94,7 +94,7 @@ class DeltaResidual(nn.Module):
         update_rule: "delta" (the paper's update), "write" (the write-only control ``x + beta k v^T``: the same
             residual without the read, for the ablation the authors name) or "untied" (the erase and the write
             each with its own gate); the last two fused with the next sublayer's read or norm only with
-            ``deep_delta.ops.switches.FUSED_RULES`` on (:meth:`fuses_inputs`, :meth:`fuses_norm_of`).
+            the ``fused_rules`` switch on (:mod:`deep_delta.ops.switches`; :meth:`fuses_inputs`, :meth:`fuses_norm_of`).
         backend: delta-update backend, "auto", "torch" or "triton".
         norm_output: the dtype the branch gets c in. "module": the norm weight's (``nn.RMSNorm``'s output);
             "autocast": under autocast, the autocast dtype (bf16, say), rounded once after the norm. Right for a
@@ -137,7 +137,7 @@ class DeltaResidual(nn.Module):
             return
         self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(RULE_GATES[update_rule]))
         # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
-        # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with switches.FUSED_RULES on: fuses_inputs);
+        # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with the fused_rules switch on: fuses_inputs);
         # False runs the modules (``ddl analyze`` hooks them)
         self.fuse_inputs = residual_map == "k" and gate == "linear"
         if residual_map == "k":
@@ -225,27 +225,27 @@ class DeltaResidual(nn.Module):
 
     def fuses_inputs(self) -> bool:
         """Whether this sublayer's norm, gate and value can come from one op (``fuse_inputs``: the k-Map with the
-        linear gate): a gate of one output, or the untied rule's two with ``switches.FUSED_RULES`` on."""
-        return self.fuse_inputs and (self.gate.outputs == 1 or switches.FUSED_RULES)
+        linear gate): a gate of one output, or the untied rule's two with the ``fused_rules`` switch on."""
+        return self.fuse_inputs and (self.gate.outputs == 1 or switches.get().fused_rules)
 
     def _fused_rule(self) -> bool:
         """Whether this residual's rule fuses with the next sublayer: the delta rule always, the write-only and untied
-        rules with ``switches.FUSED_RULES`` on (before it, they ran their lean update, then the next read)."""
-        return self.update_rule == "delta" or switches.FUSED_RULES
+        rules with the ``fused_rules`` switch on (before it, they ran their lean update, then the next read)."""
+        return self.update_rule == "delta" or switches.get().fused_rules
 
     def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
         (``emit="inputs"``): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
         gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
         read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; both with the delta rule, or any rules with
-        ``switches.FUSED_RULES`` on (:meth:`fuses_inputs`); and the fusion switched on
-        (``deep_delta.ops.switches.FUSE_NEXT_NORM``, off until it has passed on a GPU)."""
+        the ``fused_rules`` switch on (:meth:`fuses_inputs`); and the fusion switched on
+        (the ``fuse_next_norm`` switch of :mod:`deep_delta.ops.switches`, off until it has passed on a GPU)."""
         if read is None:
             shape_ok = self.value_channels == 1
         else:
             shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
                         and (read.dim, read.value_channels) == (self.dim, self.value_channels))
-        return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual) and not self.additive
+        return (switches.get().fuse_next_norm and shape_ok and isinstance(nxt, DeltaResidual) and not self.additive
                 and not nxt.additive and self._fused_rule() and nxt._fused_rule()
                 and nxt.value_channels == self.value_channels and nxt.fuses_inputs() and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
@@ -276,7 +276,7 @@ class DeltaResidual(nn.Module):
         """The update of state x by (k, v, beta) and what ``emit`` asks for, from one fused op where there is one:
         ``"read"``: the read of the new state by ``emit.read`` (:func:`deep_delta.ops.delta.update_and_channel_read`,
         :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only and untied rules with
-        ``switches.FUSED_RULES`` off update, then read);
+        the ``fused_rules`` switch off update, then read);
         ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.delta.update_and_norm`,
         through ``emit.read`` for d_v > 1; :meth:`fuses_norm_of` must hold)."""
         if emit.what == "nothing":

@@ -12,7 +12,7 @@ functions take the next sublayer's compressor weights; their unfused paths call 
 The update rules (``UPDATE_RULES``, ``DDLConfig.update_rule``) share one dispatch shape: every update entry point
 takes the rule's gates as one tensor, beta (..., 1), or (..., 2) = (erase, write) for "untied" (``RULE_GATES``), and
 the fused ones a ``rule`` argument. The write-only and untied rules run the delta rule's kernels in a mode of
-their own (:mod:`.triton`'s ``ERASE``) where the backend resolves to Triton and ``switches.FUSED_RULES`` is on
+their own (:mod:`.triton`'s ``ERASE``) where the backend resolves to Triton and ``switches.get().fused_rules`` is on
 (:func:`fused_rule`); otherwise their lean path, as before the switch existed.
 """
 
@@ -96,11 +96,11 @@ RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write
 
 def fused_rule(rule: str, impl: str) -> bool:
     """Whether an update by ``rule`` on the resolved backend ``impl`` runs the fused kernels: the delta rule wherever
-    the backend is Triton; the write-only and untied rules there only with ``switches.FUSED_RULES`` on (off: their
+    the backend is Triton; the write-only and untied rules there only with ``switches.get().fused_rules`` on (off: their
     lean path, never fused with the next sublayer)."""
     if rule not in UPDATE_RULES:
         raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
-    return impl == "triton" and (rule == "delta" or switches.FUSED_RULES)
+    return impl == "triton" and (rule == "delta" or switches.get().fused_rules)
 
 
 def _check_rule_inputs(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -136,7 +136,7 @@ def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     model, state, compressor, EC, gate and init, only the update differs (``DDLConfig.update_rule = "write"``).
 
     Arguments as :func:`delta_update`. The lean path (:func:`.lean.write_update_lean`, one ``addcmul``), or with
-    ``switches.FUSED_RULES`` on where the backend resolves to Triton the delta update's kernels in their write-only
+    ``switches.get().fused_rules`` on where the backend resolves to Triton the delta update's kernels in their write-only
     mode (no read of the state: :func:`fused_rule`).
     """
     beta = _check_inputs(x, k, v, beta)
@@ -153,7 +153,7 @@ def untied_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase:
     is :func:`delta_update`; ``beta_erase == 0`` is :func:`write_update` (``DDLConfig.update_rule = "untied"``).
 
     Arguments as :func:`delta_update`, the gates each (...) or (..., 1). The lean path (the delta update's autograd
-    Function in its untied mode, :func:`.lean.untied_update_lean`), or with ``switches.FUSED_RULES`` on where the
+    Function in its untied mode, :func:`.lean.untied_update_lean`), or with ``switches.get().fused_rules`` on where the
     backend resolves to Triton the delta update's kernels in their untied mode (:func:`fused_rule`; the gates joined
     as (..., 2), the form :func:`apply_update` passes them in).
     """

@@ -255,7 +255,7 @@ def _delta_bwd_worker(
       ops.delta.triton_token's second kernel's. The rows g_in[t .. t+3] are a window carried from token to
       token: one new row per token (row t+3, loaded with the token's other inputs), the other three kept from
       the tokens before; rows past the fourth tap are loaded where used. Without TAP_GRADS (the one-pass
-      backward switched off: ``switches.TC_ONE_PASS``) only G's part: the second kernel sums every tap's
+      backward switched off: ``switches.get().tc_one_pass``) only G's part: the second kernel sums every tap's
       gradient.
 
     PREFETCH: token n+1's inputs are loaded before token n's math (their latency behind it, for the registers

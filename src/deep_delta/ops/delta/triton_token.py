@@ -208,7 +208,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False,
 
 def saves_new_state(ks: int, one_pass: bool) -> bool:
     """Whether the backward reads x' as the forward stored it (the taps' second kernel runs): K > 4, or the
-    one-pass backward switched off (``switches.TC_ONE_PASS``)."""
+    one-pass backward switched off (``switches.get().tc_one_pass``)."""
     return ks > TAP_GROUP or not one_pass
 
 
@@ -217,7 +217,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
     None for zero); out = x', the forward's new state, read by the taps' second kernel (None when it does not run:
     :func:`saves_new_state`); other shapes as :func:`token_read_forward`'s inputs. With the one-pass backward
-    (``switches.TC_ONE_PASS``), one launch for K <= 4: the update's backward with the read's gradient added per
+    (``switches.get().tc_one_pass``), one launch for K <= 4: the update's backward with the read's gradient added per
     token and the taps' gradient from x' recomputed in registers, on a bounded persistent grid (ops.delta.triton's
     kernel); for K > 4 a second launch on the same grid adds the other taps' gradient from the saved x'. Without
     it, the update's backward adds the read's gradient only and the second launch sums every tap's gradient.
@@ -229,7 +229,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     groups = triton.cdiv(ks, TAP_GROUP)
-    one_pass = switches.TC_ONE_PASS if one_pass is None else one_pass
+    one_pass = switches.get().tc_one_pass if one_pass is None else one_pass
     first = 1 if one_pass else 0  # the first group of taps the second kernel sums
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
@@ -271,7 +271,7 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
         # x' too where the taps' second kernel reads it (K > 4, or the one-pass backward off): the next update's
         # input, saved by it anyway (the extra memory is the model's last state only); else recomputed in registers
-        ctx.one_pass = switches.TC_ONE_PASS
+        ctx.one_pass = switches.get().tc_one_pass
         ctx.save_for_backward(x, out if saves_new_state(w.shape[0], ctx.one_pass) else None, k, v, beta, w)
         ctx.k_eps, ctx.rule = k_eps, rule
         return out, xin
