@@ -38,9 +38,9 @@ from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import resolve_backend, switches
 from deep_delta.ops.compress import channel_compress, token_compress
 from deep_delta.ops.delta import (
-    RULE_GATES,
-    UPDATE_RULES,
     apply_update,
+    on_kernels,
+    rule_spec,
     update_and_channel_read,
     update_and_norm,
     update_and_token_read,
@@ -110,8 +110,7 @@ class DeltaResidual(nn.Module):
                  vmap_rank: int | None = None, additive: bool = False, backend: str = "auto",
                  norm_output: str = "module", update_rule: str = "delta"):
         super().__init__()
-        if update_rule not in UPDATE_RULES:
-            raise ValueError(f"DeltaResidual: `update_rule` must be one of {UPDATE_RULES}, got {update_rule!r}")
+        gates = rule_spec(update_rule, "DeltaResidual", "update_rule").gates
         if additive and update_rule != "delta":
             raise ValueError(f"DeltaResidual: `update_rule` must be 'delta' with additive=True (the additive residual "
                              f"has no update rule), got {update_rule!r}")
@@ -135,7 +134,7 @@ class DeltaResidual(nn.Module):
         self.branch = branch
         if additive:
             return
-        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(RULE_GATES[update_rule]))
+        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(gates))
         # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
         # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with the fused_rules switch on: fuses_inputs);
         # False runs the modules (``ddl analyze`` hooks them)
@@ -231,7 +230,7 @@ class DeltaResidual(nn.Module):
     def _fused_rule(self) -> bool:
         """Whether this residual's rule fuses with the next sublayer: the delta rule always, the write-only and untied
         rules with the ``fused_rules`` switch on (before it, they ran their lean update, then the next read)."""
-        return self.update_rule == "delta" or switches.get().fused_rules
+        return on_kernels(self.update_rule)
 
     def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass

@@ -15,7 +15,7 @@ from deep_delta.layers.gate import GATE_KINDS
 from deep_delta.layers.hyper_connections import HYPER_KINDS
 from deep_delta.models.ddl.cache import CACHE_NAMES
 from deep_delta.ops import BACKENDS
-from deep_delta.ops.delta import UPDATE_RULES
+from deep_delta.ops.delta import rule_spec
 from deep_delta.settings import check_fields
 from deep_delta.variants import PRESETS, VARIANTS
 
@@ -185,9 +185,10 @@ class DDLConfig(PreTrainedConfig):
         """The residual fields: kinds, d_v and its compressor, the gate range, HC streams."""
         for name, allowed in (("residual", _RESIDUALS), ("residual_map", RESIDUAL_MAPS),
                               ("compressor", _COMPRESSORS), ("state_init", STATE_INITS),
-                              ("gate", GATE_KINDS), ("delta_backend", BACKENDS), ("update_rule", UPDATE_RULES)):
+                              ("gate", GATE_KINDS), ("delta_backend", BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise _bad(name, getattr(self, name), " | ".join(allowed))
+        rule_spec(self.update_rule, "DDLConfig", "update_rule")
         if self.state_dtype not in STATE_DTYPES:
             raise _bad("state_dtype", self.state_dtype, " | ".join(STATE_DTYPES))
         if self.value_channels < 1:

@@ -9,11 +9,12 @@ told to run the kernels (:func:`deep_delta.ops.backend.through_registered_op`). 
 functions take the next sublayer's compressor weights; their unfused paths call the compressors of
 :mod:`deep_delta.ops.compress` (imported inside them, so that ``ops.compress`` never waits on this package).
 
-The update rules (``UPDATE_RULES``, ``DDLConfig.update_rule``) share one dispatch shape: every update entry point
-takes the rule's gates as one tensor, beta (..., 1), or (..., 2) = (erase, write) for "untied" (``RULE_GATES``), and
-the fused ones a ``rule`` argument. The write-only and untied rules run the delta rule's kernels in a mode of
-their own (:mod:`.triton`'s ``ERASE``) where the backend resolves to Triton and ``switches.get().fused_rules`` is on
-(:func:`fused_rule`); otherwise their lean path, as before the switch existed.
+The update rules (``DDLConfig.update_rule``) are named once, in :mod:`.rules` (``rule_spec``: a rule's gates, its
+kernels' mode ``ERASE``, whether it is behind the ``fused_rules`` switch; the one check of a rule's name). Every
+update entry point takes the rule's gates as one tensor, beta (..., 1), or (..., 2) = (erase, write) for "untied",
+and the fused ones a ``rule`` argument. The write-only and untied rules run the delta rule's kernels in their mode
+where the backend resolves to Triton and the ``fused_rules`` switch is on (:func:`.rules.on_kernels`); otherwise
+their lean path, as before the switch existed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import math
 
 import torch
 
-from deep_delta.ops import switches
 from deep_delta.ops.backend import resolve_backend, through_registered_op
 from deep_delta.ops.delta.lean import delta_update_lean, untied_update_lean, write_update_lean
 from deep_delta.ops.delta.naive import (
@@ -31,6 +31,7 @@ from deep_delta.ops.delta.naive import (
     unit_direction,
     update_and_norm_reference,
 )
+from deep_delta.ops.delta.rules import RULE_GATES, RULES, UPDATE_RULES, UpdateRule, on_kernels, rule_spec
 
 
 def _shape_error(name: str, expected: str, got: torch.Tensor, hint: str = "") -> ValueError:
@@ -89,29 +90,22 @@ def delta_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     return delta_update_lean(x, k, v, beta, k_eps=k_eps)
 
 
-UPDATE_RULES = ("delta", "write", "untied")
-# the gates an update rule takes, in the order of its gate projection's outputs (``BetaGate(outputs=...)``)
-RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write")}
-
-
 def fused_rule(rule: str, impl: str) -> bool:
-    """Whether an update by ``rule`` on the resolved backend ``impl`` runs the fused kernels: the delta rule wherever
-    the backend is Triton; the write-only and untied rules there only with ``switches.get().fused_rules`` on (off: their
-    lean path, never fused with the next sublayer)."""
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
-    return impl == "triton" and (rule == "delta" or switches.get().fused_rules)
+    """Whether an update by ``rule`` on the resolved backend ``impl`` runs the fused kernels: wherever the backend is
+    Triton and the rule may (:func:`.rules.on_kernels`)."""
+    return impl == "triton" and on_kernels(rule)
 
 
-def _check_rule_inputs(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       beta: torch.Tensor) -> torch.Tensor:
-    """Validate shapes for an update by ``rule``; return its gates as (..., 1), or (..., 2) for "untied"."""
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
-    if rule != "untied":
+def _check_rule_inputs(spec: UpdateRule, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                       where: str = "delta update") -> torch.Tensor:
+    """Validate shapes for an update by the rule ``spec``; return its gates as (..., 1), or (..., 2) for a rule of
+    two gates (the untied rule's erase and write)."""
+    gates = len(spec.gates)
+    if gates == 1:
         return _check_inputs(x, k, v, beta)
-    if beta.dim() < 1 or beta.shape[-1] != 2:
-        raise ValueError(f"delta update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
+    if beta.dim() < 1 or beta.shape[-1] != gates:
+        raise ValueError(f"{where}: the {spec.name} rule takes beta (..., {gates}) ({', '.join(spec.gates)}), got "
+                         f"{tuple(beta.shape)}")
     _check_inputs(x, k, v, beta[..., :1])
     return beta
 
@@ -136,7 +130,7 @@ def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     model, state, compressor, EC, gate and init, only the update differs (``DDLConfig.update_rule = "write"``).
 
     Arguments as :func:`delta_update`. The lean path (:func:`.lean.write_update_lean`, one ``addcmul``), or with
-    ``switches.get().fused_rules`` on where the backend resolves to Triton the delta update's kernels in their write-only
+    the ``fused_rules`` switch on where the backend resolves to Triton the delta update's kernels in their write-only
     mode (no read of the state: :func:`fused_rule`).
     """
     beta = _check_inputs(x, k, v, beta)
@@ -153,7 +147,7 @@ def untied_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase:
     is :func:`delta_update`; ``beta_erase == 0`` is :func:`write_update` (``DDLConfig.update_rule = "untied"``).
 
     Arguments as :func:`delta_update`, the gates each (...) or (..., 1). The lean path (the delta update's autograd
-    Function in its untied mode, :func:`.lean.untied_update_lean`), or with ``switches.get().fused_rules`` on where the
+    Function in its untied mode, :func:`.lean.untied_update_lean`), or with the ``fused_rules`` switch on where the
     backend resolves to Triton the delta update's kernels in their untied mode (:func:`fused_rule`; the gates joined
     as (..., 2), the form :func:`apply_update` passes them in).
     """
@@ -169,18 +163,14 @@ def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
                  k_eps: float = 1e-5, backend: str = "auto") -> torch.Tensor:
     """The update named by ``rule``: "delta" (:func:`delta_update`), "write" (:func:`write_update`) or "untied"
     (:func:`untied_update`; beta (..., 2): the erase gate, then the write gate, as ``RULE_GATES`` orders them)."""
-    if rule == "delta":
-        return delta_update(x, k, v, beta, k_eps=k_eps, backend=backend)
-    if rule == "write":
-        return write_update(x, k, v, beta, k_eps=k_eps, backend=backend)
-    if rule == "untied":
-        if beta.shape[-1] != 2:
-            raise ValueError(f"apply_update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
-        impl = resolve_backend(backend, x.device)
-        if fused_rule("untied", impl):  # the gates as they are: no split and join
-            return _fused_update("untied", x, k, v, _check_rule_inputs(rule, x, k, v, beta), k_eps, backend, impl)
-        return untied_update(x, k, v, beta[..., :1], beta[..., 1:], k_eps=k_eps, backend=backend)
-    raise ValueError(f"apply_update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    spec = rule_spec(rule, "apply_update")
+    if not spec.erase_gate:
+        return (delta_update if spec.reads else write_update)(x, k, v, beta, k_eps=k_eps, backend=backend)
+    beta = _check_rule_inputs(spec, x, k, v, beta, "apply_update")
+    impl = resolve_backend(backend, x.device)
+    if fused_rule(rule, impl):  # the gates as they are: no split and join
+        return _fused_update(rule, x, k, v, beta, k_eps, backend, impl)
+    return untied_update(x, k, v, beta[..., :1], beta[..., 1:], k_eps=k_eps, backend=backend)
 
 
 def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) -> torch.Tensor:
@@ -212,9 +202,10 @@ def update_and_channel_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     """
     from deep_delta.ops.compress.lean import channel_compress_lean
 
-    beta = _check_rule_inputs(rule, x, k, v, beta)
+    spec = rule_spec(rule, "update_and_channel_read")
+    beta = _check_rule_inputs(spec, x, k, v, beta, "update_and_channel_read")
     impl = resolve_backend(backend, x.device)
-    if rule != "delta" and not fused_rule(rule, impl):  # the lean update, then the read
+    if spec.switched and not fused_rule(rule, impl):  # the lean update, then the read
         from deep_delta.ops.compress import channel_compress
 
         out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
@@ -244,7 +235,7 @@ def update_and_token_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bet
     """
     from deep_delta.ops.compress import token_compress
 
-    beta = _check_rule_inputs(rule, x, k, v, beta)
+    beta = _check_rule_inputs(rule_spec(rule, "update_and_token_read"), x, k, v, beta, "update_and_token_read")
     if x.dim() != 4 or weight.dim() != 3 or tuple(weight.shape[1:]) != tuple(x.shape[2:]):
         raise ValueError(f"update_and_token_read: expected x (B, T, d, d_v) and weight (K, d, d_v), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
@@ -303,20 +294,19 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
             else the update and the input stage apart). The next sublayer's gate may have two outputs
             (gate_weight (2, d): beta' (..., 2)).
     """
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"update_and_norm: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    gates = len(rule_spec(rule, "update_and_norm").gates)
     if read is None:
         if x.dim() < 1 or tuple(k.shape) != tuple(x.shape):
             raise ValueError(f"update_and_norm: `x` and `k` must have the same shape (..., d) without `read`, got "
                              f"{tuple(x.shape)} and {tuple(k.shape)}")
-        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (len(RULE_GATES[rule]),)))
+        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (gates,)))
         src = x
     else:
         if x.dim() < 2 or tuple(k.shape) != tuple(x.shape[:-1]):
             raise ValueError(f"update_and_norm: with `read`, `x` must have shape (..., d, d_v) and `k` (..., d), got "
                              f"{tuple(x.shape)} and {tuple(k.shape)}")
         lead, dv = tuple(x.shape[:-2]), x.shape[-1]
-        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (len(RULE_GATES[rule]),)),
+        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (gates,)),
                   ("read", read, tuple(x.shape[-2:])))
         src = x[..., 0]
     for name, t, shape in shapes:
@@ -356,9 +346,13 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
 
 __all__ = [
+    "RULES",
     "RULE_GATES",
-    "fused_rule",
     "UPDATE_RULES",
+    "UpdateRule",
+    "fused_rule",
+    "on_kernels",
+    "rule_spec",
     "update_and_norm",
     "update_and_norm_reference",
     "apply_update",

@@ -43,7 +43,8 @@ import triton.language as tl
 
 from deep_delta.ops import partials, switches
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.delta.triton import _delta_bwd_kernel, erase_mode, token_load, token_math
+from deep_delta.ops.delta.rules import rule_spec
+from deep_delta.ops.delta.triton import _delta_bwd_kernel, token_load, token_math
 from deep_delta.ops.launch import check_device, delta_warps, launch, reduction_grid, state_blocks
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
@@ -201,7 +202,7 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False,
         _delta_tc_fwd_kernel, (bsz, triton.cdiv(t, chunk)),
         (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(5, 6, 7), HAS_DELTA=want_delta, KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk,
-        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, ERASE=erase_mode(rule), num_warps=delta_warps(bd * bv),
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, ERASE=rule_spec(rule).erase, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
@@ -243,7 +244,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
         (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part if one_pass else gx, gw, red.counters, n,
          chunk, progs, red.total, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=False, TAPS=ks, TAP_GRADS=one_pass, BLOCK_D=bd, DV=dv,
-        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ERASE=erase_mode(rule), **(red.meta() if one else none),
+        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ERASE=rule_spec(rule).erase, **(red.meta() if one else none),
         num_warps=delta_warps(2 * bd * bv),  # the tiles of four taps and their gradient besides the state's
     )
     if not one:
@@ -292,7 +293,8 @@ def delta_update_token_read_triton(x, k, v, beta, weight, *, k_eps: float = 1e-5
     """
     check_device("update_and_token_read", x)
     bsz, t = x.shape[:2]
-    gates = (bsz, t, 2) if rule == "untied" else (bsz, t)
+    gates = len(rule_spec(rule).gates)
+    gates = (bsz, t) if gates == 1 else (bsz, t, gates)
     out, xin = DeltaUpdateTokenRead.apply(x.contiguous(), k.contiguous(), v.contiguous(),
                                           beta.reshape(gates).contiguous(), weight.contiguous(), float(k_eps), rule)
     return out, xin
