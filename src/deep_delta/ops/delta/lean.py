@@ -196,6 +196,20 @@ def untied_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_e
     return out.view(x.shape)
 
 
+def update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
+                rule: str = "delta") -> torch.Tensor:
+    """The lean update by ``rule`` (the ``"torch"`` route of every update), gates as one tensor: beta (..., 1), or
+    (..., 2) = (erase, write) for the untied rule; shapes validated. The rule's lean function: the write-only
+    control's :func:`write_update_lean`, the untied gates' :func:`untied_update_lean`, else the delta rule's
+    :func:`delta_update_lean`."""
+    spec = rule_spec(rule)
+    if not spec.reads:
+        return write_update_lean(x, k, v, beta, k_eps)
+    if spec.erase_gate:
+        return untied_update_lean(x, k, v, beta[..., :1], beta[..., 1:], k_eps)
+    return delta_update_lean(x, k, v, beta, k_eps)
+
+
 def rule_forward(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                  k_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`lean_forward` of an update rule with its gate tensor as the kernels take it (:func:`rule_gates`)."""
