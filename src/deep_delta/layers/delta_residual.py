@@ -36,7 +36,6 @@ from torch import nn
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import resolve_backend, switches
-from deep_delta.ops.compress import channel_compress, token_compress
 from deep_delta.ops.delta import (
     apply_update,
     on_kernels,
@@ -274,8 +273,8 @@ class DeltaResidual(nn.Module):
               emit: Emit) -> tuple[torch.Tensor, Carry]:
         """The update of state x by (k, v, beta) and what ``emit`` asks for, from one fused op where there is one:
         ``"read"``: the read of the new state by ``emit.read`` (:func:`deep_delta.ops.delta.update_and_channel_read`,
-        :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only and untied rules with
-        the ``fused_rules`` switch off update, then read);
+        :func:`~deep_delta.ops.delta.update_and_token_read`, which run the update, then the read, where they do not
+        fuse them: the write-only and untied rules with the ``fused_rules`` switch off);
         ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.delta.update_and_norm`,
         through ``emit.read`` for d_v > 1; :meth:`fuses_norm_of` must hold)."""
         if emit.what == "nothing":
@@ -284,11 +283,6 @@ class DeltaResidual(nn.Module):
             return new, Carry()
         if emit.what == "read":
             read = emit.read
-            if not self._fused_rule():  # the rules apart from the kernels: the update, then the read
-                new = self._update(x, k, v, beta)
-                if isinstance(read, ChannelCompressor):
-                    return new, Carry(read=channel_compress(new, read.weight, backend=self.backend))
-                return new, Carry(read=token_compress(new, read.folded_weight(), None, backend=self.backend))
             rule = self.update_rule
             if isinstance(read, ChannelCompressor):
                 new, x_in = update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend,
