@@ -23,6 +23,7 @@ their lean path, as before the switch existed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -136,7 +137,7 @@ def _update_then_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: t
                                   c_dtype=c_dtype, backend=backend))
 
 
-def _any_lead(fused):
+def _any_lead(fused: Callable) -> Callable:
     """``fused`` (the kernels' or the custom op's update + input stage on flattened contiguous tensors) at any
     leading shape: its inputs flattened, its outputs back at x's."""
 
@@ -148,7 +149,7 @@ def _any_lead(fused):
     return run
 
 
-def _rule_dispatch(op: str, spec: UpdateRule, backend: str, x: torch.Tensor, auto_library: bool = False):
+def _rule_dispatch(op: str, spec: UpdateRule, backend: str, x: torch.Tensor, auto_library: bool = False) -> Callable:
     """The implementation of the update op ``op`` by the rule ``spec`` (:func:`deep_delta.ops.backend.dispatch`):
     the kernels only where the rule may (:func:`.rules.on_kernels`); with ``auto_library``, ``"auto"`` off the
     Triton path through the custom op (its lean kernel: one node under ``torch.compile``), for the rules not behind
