@@ -37,6 +37,19 @@ def _threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def set_switches():
+    """Sets kernel switches for one test by their field names, ``set_switches(fused_rules=True)``
+    (``deep_delta.ops.switches.override``), all restored after it; later calls inside the test stack on earlier
+    ones."""
+    import contextlib
+
+    from deep_delta.ops import switches
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(switches.override(**values))
+
+
 class OfflineWandb:
     """The W&B runs written offline under ``root`` (``WANDB_DIR``), read back from their ``run-ID.wandb`` files:
     wandb 0.31 writes no config.yaml or wandb-summary.json offline, only that record log (a LevelDB-style log of

@@ -2,7 +2,7 @@
 
 Every backward that sums a weight gradient over its tokens runs at the small preset's shapes (d = 768, d_v = 4,
 K = 4 taps, n = 4 streams, 32 x 1024 tokens; bf16 state) with the partial rows summed inside the launch
-(``switches.INKERNEL_REDUCE`` on) and by torch (off), and the probe records per case:
+(the ``inkernel_reduce`` switch on) and by torch (off), and the probe records per case:
 
 - ``rel_diff``: the largest relative difference of any input's gradient between the two (the same partial rows,
   summed in another order: about 1e-6 for fp32 sums);
@@ -80,7 +80,7 @@ def cases(s: dict, device: torch.device) -> dict:
                               ("update + TC read, K = 4, two passes", w4, False),
                               ("update + TC read, K = 5, one pass", w5, True)):
         def tc(x, k, v, bb, w, one_pass=one_pass):
-            with switches.override(TC_ONE_PASS=one_pass):
+            with switches.override(tc_one_pass=one_pass):
                 return update_and_token_read(x, k, v, bb, w, backend="triton")
         out[name] = ([x, k, v, bb, w], tc)
     out["CC read"] = ([x, c], lambda x, c: channel_compress(x, c, backend="triton"))
@@ -139,10 +139,10 @@ def timed(fn, device: torch.device, reps: int) -> float | None:
 
 
 def probe_case(leaves, forward, device, poison_mib: int, reps: int, big_per_sm: int) -> dict:
-    with switches.override(INKERNEL_REDUCE=False):
+    with switches.override(inkernel_reduce=False):
         want, upstream = grads_of(leaves, forward)
     poison(device, poison_mib)
-    with switches.override(INKERNEL_REDUCE=True):
+    with switches.override(inkernel_reduce=True):
         got, _ = grads_of(leaves, forward, upstream)
         poison(device, poison_mib)
         again, _ = grads_of(leaves, forward, upstream)
@@ -155,7 +155,7 @@ def probe_case(leaves, forward, device, poison_mib: int, reps: int, big_per_sm: 
         finally:
             ops_launch.max_programs = default
         ms_in = timed(lambda: grads_of(leaves, forward, upstream), device, reps)
-    with switches.override(INKERNEL_REDUCE=False):
+    with switches.override(inkernel_reduce=False):
         ms_torch = timed(lambda: grads_of(leaves, forward, upstream), device, reps)
     pairs = [(g, w) for g, w in zip(got, want) if g is not None]
     if device.type == "cuda":
@@ -185,7 +185,7 @@ def graph_case(s: dict, device: torch.device) -> dict:
     x, k, v, beta, c = rnd(n, d, dv), rnd(n, d), rnd(n, dv, dtype=torch.float32), rnd(n, dtype=torch.float32), rnd(
         d, dv, dtype=torch.float32)
     g, gin = rnd(n, d, dv), rnd(n, d)
-    with switches.override(INKERNEL_REDUCE=True):
+    with switches.override(inkernel_reduce=True):
         eager = delta_triton.triton_backward(g, gin, x, k, v, beta, c, 1e-5)
         cached = {key: t.clone() for key, t in partials.cached_counters().items()}
         stream = torch.cuda.Stream()

@@ -82,7 +82,7 @@ def test_tune_kernels_inputs_have_the_dtypes_the_model_passes(dv, variants):
     a = tune.inputs(2, 8, 16, dv, 4, torch.device("cpu"))
     timed: dict[str, set[tuple]] = {}
     # the kernels tune_kernels.py times include the paths behind the switches (issue 47): counted with them on
-    with switches.override(INKERNEL_REDUCE=True, FUSE_NEXT_NORM=True, TC_ONE_PASS=True):
+    with switches.override(inkernel_reduce=True, fuse_next_norm=True, tc_one_pass=True):
         for v in variants:
             for la in step_launches(v, "tiny", 1, 8, "bfloat16").triton:
                 model.setdefault(la.kernel, set()).add(la.dtypes)

@@ -24,11 +24,10 @@ DDL = ("ddl-dv1", "ddl-tc", "ddl-cc")
 
 
 @pytest.fixture(autouse=True)
-def switched_on(monkeypatch):
+def switched_on(set_switches):
     """The counts here are of the fused paths (the in-kernel sums, the next norm inside the update, TC's one-pass
     backward), which are off by default until a GPU run has passed (``deep_delta.ops.switches``, issue 47)."""
-    for name in switches.NAMES:
-        monkeypatch.setattr(switches, name, True)
+    set_switches(**dict.fromkeys(switches.VARIABLES, True))
 
 
 @pytest.mark.parametrize(("op", "launches"), [
@@ -156,11 +155,10 @@ def test_ddl_bench_kernels_launches_cli(tmp_path, capsys):
     assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
-def test_the_default_paths_launch_the_unfused_kernels_and_torch_sums(monkeypatch):
+def test_the_default_paths_launch_the_unfused_kernels_and_torch_sums(set_switches):
     """With the switches off (the default until a GPU run has passed), no update computes the next norm and the
     partial rows are summed by torch (ATen sums in the backward); the bound above is for the switched-on paths."""
-    for name in switches.NAMES:
-        monkeypatch.setattr(switches, name, False)
+    set_switches(**dict.fromkeys(switches.VARIABLES, False))
     for v in DDL:
         res = step_launches(v, "tiny", 1, 8)
         kernels = res.by_name()

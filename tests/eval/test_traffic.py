@@ -24,11 +24,10 @@ N, S, VEC, V, B, C = 4, 128, 32, 16, 4, 128
 
 
 @pytest.fixture(autouse=True)
-def switched_on(monkeypatch):
+def switched_on(set_switches):
     """The counts here are of the fused paths (the in-kernel sums, the next norm inside the update, TC's one-pass
     backward), which are off by default until a GPU run has passed (``deep_delta.ops.switches``, issue 47)."""
-    for name in switches.NAMES:
-        monkeypatch.setattr(switches, name, True)
+    set_switches(**dict.fromkeys(switches.VARIABLES, True))
 
 
 def test_traffic_of_a_step_matches_a_hand_count():
@@ -147,7 +146,7 @@ def test_a_fused_dv1_update_records_the_next_norm_apart():
 
 
 def test_the_twins_and_untied_updates_are_counted_with_their_switch_on():
-    """``FUSED_RULES`` on (this file's fixture): the write-only and untied models launch ddl-dv1's kernels, in the same
+    """The ``fused_rules`` switch on (this file's fixture): the write-only and untied models launch ddl-dv1's kernels, in the same
     order, and their records differ from ddl-dv1's by what the rule moves: the write-only update's own backward reads
     no state (N d-vectors less), the untied update reads its two gates (N x 4 bytes more each way) and writes their
     gradients (N x 4 more), and the next sublayer's input stage its gate of two outputs."""
@@ -170,10 +169,10 @@ def test_the_twins_and_untied_updates_are_counted_with_their_switch_on():
     assert all(res.update_in_kernels() for res in (delta, write, untied))
 
 
-def test_an_update_in_torch_is_not_a_kernel_not_zero_bytes(monkeypatch):
-    """The probe's T7: with ``FUSED_RULES`` off a write-only update runs in torch; its row says so ("not a kernel",
+def test_an_update_in_torch_is_not_a_kernel_not_zero_bytes(set_switches):
+    """The probe's T7: with the ``fused_rules`` switch off a write-only update runs in torch; its row says so ("not a kernel",
     the ratios n/a) where it read "0 ... 0.00x the ideal"; the delta variant's row keeps its figures."""
-    monkeypatch.setattr(switches, "FUSED_RULES", False)
+    set_switches(fused_rules=False)
     results = [step_traffic(v, "tiny", batch_size=1, seq_len=N, **TINY) for v in ("ddl-dv1", "ddl-dv1-write")]
     assert results[0].update_in_kernels() and not results[1].update_in_kernels()
     table = traffic_markdown(results, "tiny", "float32")

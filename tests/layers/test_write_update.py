@@ -81,7 +81,7 @@ def test_with_the_same_weights_the_two_updates_differ_by_the_erased_part(dv):
 
 
 def test_the_rule_is_refused_where_it_does_not_apply():
-    with pytest.raises(ValueError, match="`update_rule` must be one of"):
+    with pytest.raises(ValueError, match="DeltaResidual: `update_rule` got 'erase'; allowed: delta | write"):
         DeltaResidual(8, nn.Identity(), update_rule="erase")
     with pytest.raises(ValueError, match="`update_rule` got 'write'; allowed: its default \\('delta'\\) with "
                        "residual='additive': it is a setting of the design 'delta'"):

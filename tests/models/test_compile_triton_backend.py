@@ -32,7 +32,6 @@ import pytest  # noqa: E402
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.designs.delta import fusion  # noqa: E402
 from deep_delta.layers.delta_residual import Carry, Emit  # noqa: E402
-from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
 from helpers import DEBUG  # noqa: E402
 
@@ -74,12 +73,12 @@ def test_whole_model_compiles_on_the_triton_backend(variant):
 
 
 @pytest.mark.parametrize("variant", ["ddl-dv1-write", "ddl-dv1-untied"])
-def test_the_other_update_rules_compile_through_the_custom_ops(variant, monkeypatch):
-    """The write-only and untied rules on the kernels (``switches.FUSED_RULES``, with the next norm inside the update):
+def test_the_other_update_rules_compile_through_the_custom_ops(variant, set_switches):
+    """The write-only and untied rules on the kernels (the ``fused_rules`` switch, with the next norm inside the update):
     their custom ops take the rule, the untied sublayer's norm, gate and value op its two gates, and the whole model
     compiles with the eager model's values, gradients and launches."""
-    monkeypatch.setattr(switches, "FUSED_RULES", True)
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+    set_switches(fused_rules=True)
+    set_switches(fuse_next_norm=True)
     compiled_against_eager(variant)
 
 

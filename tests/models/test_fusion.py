@@ -20,7 +20,6 @@ from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.designs.delta import fusion  # noqa: E402
 from deep_delta.layers.carry import unfused as unfused_plan  # noqa: E402
 from deep_delta.models.ddl.cache import DDLCache  # noqa: E402
-from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.delta.recompute import StateTape  # noqa: E402
 
 LAYERS = 3
@@ -66,8 +65,8 @@ TRAINING = {
 
 
 @pytest.mark.parametrize(("variant", "backend", "fuse_norm"), list(TRAINING), ids=str)
-def test_the_plan_of_a_training_forward(variant, backend, fuse_norm, monkeypatch):
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", fuse_norm)
+def test_the_plan_of_a_training_forward(variant, backend, fuse_norm, set_switches):
+    set_switches(fuse_next_norm=fuse_norm)
     model = _model(variant, backend)
     assert _code(_plan(model)) == TRAINING[(variant, backend, fuse_norm)]
     read = model.model.layers
@@ -79,7 +78,7 @@ def test_the_plan_of_a_training_forward(variant, backend, fuse_norm, monkeypatch
         assert plan[0][0].nxt is read[0].mlp and plan[0][1].nxt is read[1].attn
 
 
-# the write-only and untied rules: with switches.FUSED_RULES on the plan of their delta variant (fused exactly where it
+# the write-only and untied rules: with the fused_rules switch on the plan of their delta variant (fused exactly where it
 # is); off, as before the switch (the plan still names the reads, which the update then takes apart: _emit)
 RULES = {
     ("ddl-dv1-write", True): "II II I-", ("ddl-dv1-write", False): "-- -- --",
@@ -91,9 +90,9 @@ RULES = {
 
 
 @pytest.mark.parametrize(("variant", "fused_rules"), list(RULES), ids=str)
-def test_the_plan_of_the_other_rules(variant, fused_rules, monkeypatch):
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
-    monkeypatch.setattr(switches, "FUSED_RULES", fused_rules)
+def test_the_plan_of_the_other_rules(variant, fused_rules, set_switches):
+    set_switches(fuse_next_norm=True)
+    set_switches(fused_rules=fused_rules)
     assert _code(_plan(_model(variant, "triton"))) == RULES[(variant, fused_rules)]
     assert _code(_plan(_model(variant, "torch"))) == ("-- -- --" if "dv1" in variant else "RR RR RR")
 
@@ -107,22 +106,22 @@ def test_the_plan_of_the_other_rules(variant, fused_rules, monkeypatch):
     ("ddl-dv1", True, False, "II II I-"),
     ("ddl-dv1", False, True, "II II I-"),  # d_v = 1 has no read to mask
 ], ids=str)
-def test_cache_and_pads(variant, cached, pads, want, monkeypatch):
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+def test_cache_and_pads(variant, cached, pads, want, set_switches):
+    set_switches(fuse_next_norm=True)
     model = _model(variant, "triton")
     assert _code(_plan(model, DDLCache() if cached else None, pads)) == want
 
 
-def test_a_recording_state_tape_turns_the_fused_norms_off(monkeypatch):
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+def test_a_recording_state_tape_turns_the_fused_norms_off(set_switches):
+    set_switches(fuse_next_norm=True)
     for variant, want in (("ddl-dv1", "-- -- --"), ("ddl-cc", "RR RR RR")):
         model = _model(variant, "triton")
         with StateTape():
             assert _code(_plan(model)) == want, variant
 
 
-def test_the_switches_of_model_and_blocks(monkeypatch):
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+def test_the_switches_of_model_and_blocks(set_switches):
+    set_switches(fuse_next_norm=True)
     model = _model("ddl-cc", "triton")
     model.model.fuse_reads = False  # nothing across blocks (FSDP: each block reads inside its own unit)
     assert _code(_plan(model)) == "I- I- I-"

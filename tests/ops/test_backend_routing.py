@@ -2,7 +2,8 @@
 ops while ``torch.compile`` traces, both of them (``"triton"`` tells the op to run the kernels, on CPU tensors under
 the Triton interpreter too); ``"auto"`` also off the Triton path and for fp64; the kernels' autograd Functions in
 eager on the Triton path (the same kernels without the custom op's Python dispatch). ``"auto"``'s Triton path is
-forced on CPU tensors here (``resolve_backend`` patched; the kernels run under ``TRITON_INTERPRET=1``)."""
+forced on CPU tensors here (``resolve_backend`` patched; the kernels run under ``TRITON_INTERPRET=1``). Every public
+op reaches its implementation through the one table of :func:`deep_delta.ops.backend.dispatch`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest  # noqa: E402
 
 import deep_delta.ops.delta as delta_ops  # noqa: E402
 import deep_delta.ops.norm as norm_ops  # noqa: E402
-from deep_delta.ops.backend import through_registered_op  # noqa: E402
+from deep_delta.ops import backend as ops_backend  # noqa: E402
+from deep_delta.ops.backend import IMPLEMENTATIONS, through_registered_op  # noqa: E402
 from deep_delta.ops.delta import library as delta_library  # noqa: E402
 from deep_delta.ops.delta import triton as delta_triton  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
@@ -60,10 +62,9 @@ def test_the_triton_path_calls_the_function_in_eager_and_the_op_when_compiling(m
     """``"auto"`` resolved to Triton and ``"triton"`` take the same route. The op is told the backend: with
     ``"triton"`` its kernel launches the Triton kernels (on CPU tensors too); with ``"auto"`` its CPU kernel is the
     lean math (its CUDA kernel the Triton one)."""
-    if backend == "auto":
-        for module in (delta_ops, norm_ops):
-            monkeypatch.setattr(module, "resolve_backend", lambda backend, device: "triton" if backend != "torch"
-                                else "torch")
+    if backend == "auto":  # the one resolution of every op's route
+        monkeypatch.setattr(ops_backend, "resolve_backend", lambda backend, device: "triton" if backend != "torch"
+                            else "torch")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     calls = []
     for module, name in ((delta_library, "update_with_op"), (delta_triton, "delta_update_triton"),
@@ -95,7 +96,7 @@ def test_the_triton_path_calls_the_function_in_eager_and_the_op_when_compiling(m
     torch.testing.assert_close(out_read, want, rtol=1e-5, atol=1e-6)
 
 
-# ---------------------------------------------------------------- compress and hyper: one dispatcher (ops.backend.pick)
+# ---------------------------------------------------------------- one dispatch (ops.backend.dispatch), one table
 COMPRESS_AND_HYPER = [
     # (package, op, its arguments for a small case)
     ("compress", "channel_compress", lambda: (torch.randn(2, 3, 8, 4), torch.randn(8, 4))),
@@ -108,21 +109,79 @@ COMPRESS_AND_HYPER = [
 ]
 
 
-def test_pick_loads_the_kernels_only_when_the_backend_resolves_to_triton():
-    from deep_delta.ops.backend import pick
-
+def test_lazy_loads_the_kernels_only_when_their_route_is_taken(monkeypatch):
+    """A route's kernels' module is imported when the route is taken, not before (a machine without Triton never
+    imports it); an unknown backend is refused before anything is chosen."""
     loaded = []
 
     def load():
         loaded.append(1)
-        return "kernels"
+        return type("Kernels", (), {"op_triton": staticmethod(lambda t: "kernels")})
 
-    cpu = torch.device("cpu")
-    assert pick("auto", cpu, "lean", load) == "lean" and pick("torch", cpu, "lean", load) == "lean"
+    monkeypatch.setitem(IMPLEMENTATIONS, "test_op", {})
+    ops_backend.register("test_op", torch=lambda t: "lean", triton=ops_backend.lazy(load, "op_triton"))
+    t = torch.zeros(1)
+    assert ops_backend.dispatch("test_op", "auto", t)(t) == "lean" and ops_backend.dispatch("test_op", "torch", t)(t) == "lean"
     assert not loaded
-    assert pick("triton", cpu, "lean", load) == "kernels" and loaded == [1]
+    assert ops_backend.dispatch("test_op", "triton", t)(t) == "kernels" and loaded == [1]
     with pytest.raises(ValueError, match=r"`backend` must be one of .* got 'cuda'"):
-        pick("cuda", cpu, "lean", load)
+        ops_backend.dispatch("test_op", "cuda", t)
+    with pytest.raises(ValueError, match="exactly one of `torch`"):
+        ops_backend.register("test_op", triton=lambda t: t)
+
+
+def _small_calls() -> list:
+    """Every public op with a ``backend``, on small CPU tensors: (its name in ``deep_delta.ops`` or
+    ``deep_delta.ops.delta``, its table entry, the routes ``"torch"`` and ``"auto"`` take on CPU, its arguments and
+    keywords)."""
+    gen = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    x, k, v, beta, c, w = r(2, 3, 8, 4), r(2, 3, 8), r(2, 3, 4), r(2, 3, 1).sigmoid(), r(8, 4), r(3, 8, 4)
+    norm = (torch.ones(8), r(1, 8), r(1), r(4, 8), r(4))
+    consts = dict(eps=1e-5, beta_max=2.0, value_scale=4.0)
+    lean, parts = ("torch", "torch"), ("unfused", "unfused")
+    return [  # "auto" off the Triton path: the delta rule's custom op (its lean kernel), the other rules' lean path
+        ("delta_update", "update", ("torch", "library"), (x, k, v, beta), {}),
+        ("write_update", "update", lean, (x, k, v, beta), {}),
+        ("untied_update", "update", lean, (x, k, v, beta, beta / 2), {}),
+        ("apply_update", "update", lean, ("write", x, k, v, beta), {}),
+        ("update_and_channel_read", "update_and_channel_read", ("unfused", "library"), (x, k, v, beta, c), {}),
+        ("update_and_token_read", "update_and_token_read", parts, (x, k, v, beta, w), {}),
+        ("update_and_norm", "update_and_norm", parts, (x, k, v, beta, *norm), dict(read=c, k_eps=1e-5, **consts)),
+        ("channel_compress", "channel_compress", lean, (x, c), {}),
+        ("token_compress", "token_compress", lean, (x, w), {}),
+        ("embed_conv", "embed_conv", lean, (k, w), {}),
+        ("stream_read", "stream_read", lean, (x, torch.softmax(r(4), 0)), {}),
+        ("stream_write", "stream_write", lean, (x, r(4, 4), r(4), k), {}),
+        ("sinkhorn_knopp", "sinkhorn_knopp", lean, (r(5, 4, 4),), {}),
+        ("depth_attention", "depth_attention", lean, ([k, k + 1], r(8), torch.ones(8)), {}),
+        ("norm_gate_value", "norm_gate_value", lean, (k, *norm), consts),
+    ]
+
+
+def test_every_public_op_is_reached_through_the_one_table(monkeypatch):
+    """Each public op with a ``backend`` checks its inputs, then takes its implementation from the one table by
+    (op, route) (:func:`deep_delta.ops.backend.dispatch`): the route's entry is what runs. Off the kernels the
+    updates fused with the next sublayer's read or input stage run their parts ("unfused"), each dispatched with
+    the caller's backend: the update's own route is taken inside."""
+    from deep_delta import ops
+
+    calls = _small_calls()
+    assert {op for _, op, _, _, _ in calls} == set(IMPLEMENTATIONS)
+    public = {name for name in ops.__all__ if name != "resolve_backend" and callable(getattr(ops, name))
+              and "backend" in inspect.signature(getattr(ops, name)).parameters}
+    assert public <= {name for name, *_ in calls}, public  # every public op with a backend is called here
+    taken = []
+    for op, routes in IMPLEMENTATIONS.items():
+        for route, implementation in routes.items():
+            spy = lambda *a, _op=op, _route=route, _impl=implementation, **kw: taken.append((_op, _route)) or \
+                _impl(*a, **kw)  # noqa: E731
+            monkeypatch.setitem(routes, route, spy)
+    for name, op, want, args, kwargs in calls:
+        for backend, route in zip(("torch", "auto"), want):
+            taken.clear()
+            (getattr(ops, name, None) or getattr(delta_ops, name))(*args, backend=backend, **kwargs)
+            assert taken and taken[0] == (op, route), (name, backend, taken)
 
 
 @pytest.mark.parametrize("package, op, make", COMPRESS_AND_HYPER, ids=[c[1] for c in COMPRESS_AND_HYPER])
@@ -134,7 +193,9 @@ def test_compress_and_hyper_ops_dispatch_to_lean_or_kernels(monkeypatch, package
     pkg = importlib.import_module(f"deep_delta.ops.{package}")
     kernels = importlib.import_module(f"deep_delta.ops.{package}.triton")
     calls = []
-    spy(monkeypatch, pkg, f"{op}_lean", calls)
+    lean = IMPLEMENTATIONS[op]["torch"]
+    assert lean is getattr(pkg, f"{op}_lean")  # the table's lean entry is the package's lean function
+    monkeypatch.setitem(IMPLEMENTATIONS[op], "torch", lambda *a: calls.append((f"{op}_lean", None)) or lean(*a))
     spy(monkeypatch, kernels, f"{op}_triton", calls)
     torch.manual_seed(0)
     args = make()
@@ -148,7 +209,7 @@ def test_compress_and_hyper_ops_dispatch_to_lean_or_kernels(monkeypatch, package
 
 @pytest.mark.parametrize("package, op, make", COMPRESS_AND_HYPER, ids=[c[1] for c in COMPRESS_AND_HYPER])
 def test_compress_and_hyper_dispatch_compiles_whole(package, op, make):
-    """The dispatch (``pick`` and its lambda) traces without a graph break: ``fullgraph=True`` on the lean path
+    """The dispatch (``dispatch``, the table and the lazy kernels' entry) traces without a graph break: ``fullgraph=True`` on the lean path
     (the CPU's ``"auto"``), equal to eager."""
     import importlib
 

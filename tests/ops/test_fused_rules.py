@@ -1,4 +1,4 @@
-"""The write-only and untied update rules on the delta rule's fused kernels (issue 59, item 1; ``switches.FUSED_RULES``).
+"""The write-only and untied update rules on the delta rule's fused kernels (issue 59, item 1; the ``fused_rules`` switch).
 
 Each fused update kernel has the rule as a mode (``ERASE`` in ops/delta/triton.py: 1 the delta rule, 0 the write-only
 control, which reads no state, 2 the untied gates, beta (..., 2) = (erase, write)), and the sublayer's norm, gate and
@@ -43,7 +43,6 @@ from tests.ops.test_update_and_norm import (  # noqa: E402
 
 from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.ops import launch as ops_launch  # noqa: E402
-from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.compress.naive import channel_compress_reference, token_compress_reference  # noqa: E402
 from deep_delta.ops.delta import (  # noqa: E402
     apply_update,
@@ -63,10 +62,10 @@ DTYPE_IDS = ["fp32", "bf16"]
 
 
 @pytest.fixture(autouse=True)
-def fused_rules(monkeypatch):
+def fused_rules(set_switches):
     """The rules' kernels switched on (off by default until a GPU run has passed), the next norm fusion too."""
-    monkeypatch.setattr(switches, "FUSED_RULES", True)
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+    set_switches(fused_rules=True)
+    set_switches(fuse_next_norm=True)
 
 
 def gates(rule, beta, seed=11):
@@ -118,9 +117,9 @@ def test_untied_update_takes_its_gates_apart():
 
 
 @pytest.mark.parametrize("rule", ["write", "untied"])
-def test_switched_off_the_rules_run_their_lean_path(rule, monkeypatch):
-    """``FUSED_RULES`` off: no kernel, the lean functions' bits, the model's plain updates (as before the switch)."""
-    monkeypatch.setattr(switches, "FUSED_RULES", False)
+def test_switched_off_the_rules_run_their_lean_path(rule, set_switches):
+    """The ``fused_rules`` switch off: no kernel, the lean functions' bits, the model's plain updates (as before the switch)."""
+    set_switches(fused_rules=False)
     x, k, v, beta = delta_inputs((2, 3), 12, 4, torch.float32, seed=3)
     both = gates(rule, beta)
     with count_traffic() as counter:
@@ -153,12 +152,12 @@ def test_the_update_with_the_next_cc_read(rule, dtype, monkeypatch):
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "two-kernels"])
 @pytest.mark.parametrize("taps", [4, 5])
 @pytest.mark.parametrize("rule", ["write", "untied"])
-def test_the_update_with_the_next_tc_read(rule, taps, one_pass, monkeypatch):
+def test_the_update_with_the_next_tc_read(rule, taps, one_pass, monkeypatch, set_switches):
     """Chunks of 4 tokens (the halo crosses chunks), a backward grid of 3 programs (its window crosses sequences),
     bf16 state."""
     from deep_delta.ops.delta import triton_token
 
-    monkeypatch.setattr(switches, "TC_ONE_PASS", one_pass)
+    set_switches(tc_one_pass=one_pass)
     monkeypatch.setattr(triton_token, "CHUNK", 4)
     monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 3)
     x, k, v, beta = delta_inputs((2, 7), 9, 3, torch.bfloat16, seed=taps)
@@ -177,11 +176,11 @@ def test_the_update_with_the_next_tc_read(rule, taps, one_pass, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("next_gates", [1, 2], ids=["next-1-gate", "next-2-gates"])
 @pytest.mark.parametrize("rule", RULES)
-def test_the_update_with_the_next_norm(rule, next_gates, dtype, monkeypatch):
+def test_the_update_with_the_next_norm(rule, next_gates, dtype, monkeypatch, set_switches):
     """d_v = 1 (``update_norm_*``) and d_v = 3 through the next CC read (``update_read_norm_*``), more tokens than
     programs (4), the weight gradients summed in the launch: x', the next sublayer's (c, beta', v') and every gradient
     against the reference (the next sublayer reading the kernel's stored x', as tests/ops/test_update_and_norm.py)."""
-    monkeypatch.setattr(switches, "INKERNEL_REDUCE", True)
+    set_switches(inkernel_reduce=True)
     monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     compare(triton_fn, make_inputs((3, 5), 17, 1, dtype, seed=3, rule=rule, gates=next_gates), rule=rule)
     compare_read(read_triton_fn, make_read_inputs((3, 5), 12, 3, dtype, seed=4, rule=rule, gates=next_gates),
@@ -239,10 +238,10 @@ def test_the_lean_paths_and_closed_forms_in_fp64(rule):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize(("lead", "d", "dv"), [((7,), 33, 1), ((3, 5), 48, 4)], ids=["n7-d33-dv1", "n15-d48-dv4"])
-def test_norm_gate_value_with_two_gates(lead, d, dv, dtype, monkeypatch):
+def test_norm_gate_value_with_two_gates(lead, d, dv, dtype, monkeypatch, set_switches):
     """The untied sublayer's input stage: the gate (2, d), beta (..., 2), on the kernels (more tokens than
     programs, the reductions in the launch) and the lean path, against the reference."""
-    monkeypatch.setattr(switches, "INKERNEL_REDUCE", True)
+    set_switches(inkernel_reduce=True)
     monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     src, nw, _, _, wv, bv = norm_inputs(lead, d, dv, dtype, seed=d)
     gen = torch.Generator().manual_seed(5)
@@ -328,13 +327,13 @@ def model_step(model, ids):
 
 
 @pytest.mark.parametrize("variant", list(MODEL_KERNELS))
-def test_a_model_fuses_where_the_delta_rule_does_and_equals_its_unfused_self(variant, monkeypatch):
+def test_a_model_fuses_where_the_delta_rule_does_and_equals_its_unfused_self(variant, set_switches):
     """The switch on: every update of the twin or untied model runs a fused kernel where its delta variant's does
     (the update with the next read or the next norm, the last with the final read), the same kernels as the delta
     variant's step; forward and backward equal the model with the switch off (its lean updates, then the separate
     reads and norms): logits and loss 1e-5, every gradient 1e-5 relative as one vector (a small one, on its own,
     1e-3: tests/ops/test_kernels_fused_model.py's TC bound)."""
-    monkeypatch.setattr(switches, "TC_ONE_PASS", True)
+    set_switches(tc_one_pass=True)
     cfg = DDLConfig.from_variant(variant, "tiny", delta_backend="triton", **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE)
     with torch.no_grad():  # off the init, where every tap but the first is zero and the untied gates equal
@@ -345,7 +344,7 @@ def test_a_model_fuses_where_the_delta_rule_does_and_equals_its_unfused_self(var
     delta_kernels = model_step(DDLForCausalLM(DDLConfig.from_variant(variant.rsplit("-", 1)[0], "tiny",
                                                                      delta_backend="triton", **DEBUG)).to(DEVICE),
                                ids)[3]
-    monkeypatch.setattr(switches, "FUSED_RULES", False)
+    set_switches(fused_rules=False)
     loss_u, logits_u, grads_u, kernels_u = model_step(model, ids)
     for name, count in MODEL_KERNELS[variant].items():
         assert kernels_f[name] == count, (name, kernels_f)

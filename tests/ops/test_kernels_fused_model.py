@@ -27,7 +27,6 @@ from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.delta_residual import DeltaResidual, Emit  # noqa: E402
 from deep_delta.models.ddl.configuration_ddl import DDLConfig  # noqa: E402
 from deep_delta.models.ddl.modeling_ddl import DDLForCausalLM  # noqa: E402
-from deep_delta.ops import switches  # noqa: E402
 from helpers import DEBUG, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,10 +69,10 @@ def count_norm_fused(monkeypatch):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("variant", ["ddl-cc", "ddl-cc-noec"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_fused_reads_equal_unfused(variant, backend, padded, fuse_norm, count_fused, count_norm_fused, monkeypatch):
+def test_fused_reads_equal_unfused(variant, backend, padded, fuse_norm, count_fused, count_norm_fused, set_switches):
     """The model with every read fused into the update before it equals the model without, with the next norm
-    inside the update switched on and off (``switches.FUSE_NEXT_NORM``)."""
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", fuse_norm)
+    inside the update switched on and off (the ``fuse_next_norm`` switch)."""
+    set_switches(fuse_next_norm=fuse_norm)
     cfg = DDLConfig.from_variant(variant, "tiny", delta_backend=backend, **DEBUG)
     model = DDLForCausalLM(cfg).to(DEVICE)
     ids = torch.randint(0, 64, (2, 5), device=DEVICE)  # few tokens: the interpreter runs a program per token

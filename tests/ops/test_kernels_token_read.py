@@ -55,7 +55,7 @@ def small_grid(monkeypatch):
     monkeypatch.setattr(ops_launch, "MAX_PROGRAMS", 3)
 
 
-PATHS = [{}, {"TC_ONE_PASS": True, "INKERNEL_REDUCE": True}]  # the defaults; the switched-on paths (issue 47)
+PATHS = [{}, {"tc_one_pass": True, "inkernel_reduce": True}]  # the defaults; the switched-on paths (issue 47)
 
 
 @pytest.mark.parametrize("paths", PATHS, ids=["default", "one-pass+inkernel"])
@@ -97,12 +97,12 @@ def test_forward_with_and_without_the_prefetch(small_grid, monkeypatch, prefetch
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ks", [4, 5])
-def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks, one_pass):
+def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks, one_pass, set_switches):
     """The backward's token loop in its other form (the launch knob ``BWD_PREFETCH``: token n+1's inputs and
     g_in row loaded before token n's math) gives the reference's gradients too, with the one-pass backward and
     without it."""
     monkeypatch.setattr(tt, "BWD_PREFETCH", not tt.BWD_PREFETCH)
-    monkeypatch.setattr(switches, "TC_ONE_PASS", one_pass)
+    set_switches(tc_one_pass=one_pass)
     args = _inputs(2, 19, 37, 3, ks, dtype)
     ref_args = [a.detach().clone().requires_grad_() for a in args]
     out, xin = update_and_token_read(*args, backend="triton")
@@ -119,7 +119,7 @@ def test_backward_with_the_prefetch(small_grid, monkeypatch, dtype, ks, one_pass
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("ks", [3, 4, 5])
 def test_backward_is_one_pass_over_the_state(ks, one_pass):
-    """With the one-pass backward (``switches.TC_ONE_PASS``), for K <= 4 the backward is one launch that reads x,
+    """With the one-pass backward (the ``tc_one_pass`` switch), for K <= 4 the backward is one launch that reads x,
     G, k, v, beta and g_in once and writes every gradient once (the taps' gradient from x' recomputed in
     registers, into one partial per program), then the partials' sum; past four taps a second kernel reads the
     saved x' for the other taps. Switched off, the second kernel always runs and sums every tap's gradient from
@@ -145,7 +145,7 @@ def test_saves_the_new_state_only_where_the_second_kernel_reads_it(one_pass):
     fifth tap's gradient reads it; without it, always (the second kernel reads it for every tap)."""
     for ks in (4, 5):
         x, k, v, beta, w = _inputs(1, 6, 8, 2, ks, torch.float32)
-        with switches.override(TC_ONE_PASS=one_pass):
+        with switches.override(tc_one_pass=one_pass):
             out, _ = update_and_token_read(x, k, v, beta, w, backend="triton")
         saved = out.grad_fn.saved_tensors
         kept = ks > 4 or not one_pass

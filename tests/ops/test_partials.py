@@ -31,7 +31,7 @@ from tests.ops.test_norm_gate_value import CONSTS, compare, norm_inputs, outputs
 
 from deep_delta.eval.launches import AtenLaunches, kernel_name  # noqa: E402
 from deep_delta.ops import launch as ops_launch  # noqa: E402
-from deep_delta.ops import partials, switches  # noqa: E402
+from deep_delta.ops import partials  # noqa: E402
 from deep_delta.ops.compress import channel_compress, embed_conv, token_compress  # noqa: E402
 from deep_delta.ops.compress.naive import (  # noqa: E402
     channel_compress_reference,
@@ -54,10 +54,10 @@ ISSUED: list[torch.Tensor] = []  # every set of counters handed to a launch in t
 
 
 @pytest.fixture(autouse=True)
-def inkernel(monkeypatch):
+def inkernel(monkeypatch, set_switches):
     """The in-kernel reduction switched on (off by default until a GPU run has passed: ``switches``), and every set
     of counters it hands out kept, so that the tests can check each is back at zero."""
-    monkeypatch.setattr(switches, "INKERNEL_REDUCE", True)
+    set_switches(inkernel_reduce=True)
     ISSUED.clear()
     issue = partials.counters
 
@@ -143,11 +143,11 @@ D, DV = 7, 3  # odd sizes: a (d, d_v) weight of 21 values, 3 reducers of 8 colum
 
 @pytest.mark.parametrize("inkernel_sum", [True, False], ids=["inkernel-sum", "torch-sum"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_every_weight_gradient_with_several_reducers(small_reduction, dtype, inkernel_sum, monkeypatch):
+def test_every_weight_gradient_with_several_reducers(small_reduction, dtype, inkernel_sum, set_switches):
     """Every reducing kernel against its plain reference: values and the gradient of every input (fp32 and bf16
     inputs, fp32 weights), with the partial rows summed in the launch (the counters at zero after each) and by
-    torch (``switches.INKERNEL_REDUCE`` off: no counters handed out)."""
-    monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel_sum)
+    torch (the ``inkernel_reduce`` switch off: no counters handed out)."""
+    set_switches(inkernel_reduce=inkernel_sum)
     x, k, v, beta = delta_inputs((B, T), D, DV, dtype, seed=1)
     xs, e, w, c, _past, _past_e, gx, gin = state_inputs(B, T, D, DV, 4, dtype, seed=2)
     w5 = torch.randn(5, D, DV, device=DEVICE) / DV
@@ -231,9 +231,8 @@ def test_negative_tickets_write_nothing_outside_the_buffers(planted):
     root = Path(__file__).resolve().parents[2]
     code = (
         "import torch\n"
-        "from deep_delta.ops import launch as ops_launch, partials, switches\n"
+        "from deep_delta.ops import launch as ops_launch, partials\n"
         "from deep_delta.ops.delta import triton as dt\n"
-        "switches.INKERNEL_REDUCE = True\n"
         f"ops_launch.max_programs = lambda device, per_sm=None: {WORKERS}\n"
         f"partials.MIN_COLS = partials.MAX_COLS = {COLS}; partials.REDUCE_TILE = {COLS * ROWS}\n"
         f"partials.counters = lambda device: torch.tensor({planted}, dtype=torch.int32, device=device)\n"
@@ -245,7 +244,7 @@ def test_negative_tickets_write_nothing_outside_the_buffers(planted):
         "except partials.ReductionError as e:\n"
         "    print('ReductionError:', e)\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root / "src"))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root / "src"), DDL_INKERNEL_REDUCE="1")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, f"rc {done.returncode}: {done.stderr[-2000:]}"
     assert "ReductionError: delta_bwd_kernel: the in-kernel reduction" in done.stdout, done.stdout + done.stderr[-2000:]
@@ -259,9 +258,8 @@ def _stale_counters_trap_on_the_gpu(planted):
 
     code = (
         "import torch\n"
-        "from deep_delta.ops import partials, switches\n"
+        "from deep_delta.ops import partials\n"
         "from deep_delta.ops.delta import triton as dt\n"
-        "switches.INKERNEL_REDUCE = True\n"
         f"partials.counters = lambda device: torch.tensor({planted}, dtype=torch.int32, device=device)\n"
         "n, d, dv = 4096, 64, 4\n"
         "r = lambda *s: torch.randn(*s, device='cuda')\n"
@@ -269,7 +267,8 @@ def _stale_counters_trap_on_the_gpu(planted):
         "torch.cuda.synchronize()\n"
         "print('finished without an error')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, DDL_INKERNEL_REDUCE="1"))
     assert done.returncode != 0 and "finished without an error" not in done.stdout, done.stdout
     assert "CUDA" in done.stderr or "cuda" in done.stderr, done.stderr[-2000:]
 
@@ -345,11 +344,11 @@ def _backward_launches(forward, inputs, n_out):
     ("TC read", ["conv_bwd_input_kernel", "conv_bwd_w_kernel"]),
     ("HC write, static", ["write_bwd_kernel"]),
 ], ids=lambda a: a if isinstance(a, str) else None)
-def test_the_backward_is_its_launches_and_no_torch_op(op, kernels, monkeypatch):
+def test_the_backward_is_its_launches_and_no_torch_op(op, kernels, set_switches):
     """No sum of partials, no copy or cast of a gradient after the kernels: the ATen ops of each backward, counted
     as ``ddl bench-kernels --launches`` counts them, are none (at the small preset's width and 8 x 1024 tokens:
     the persistent grid at its full size)."""
-    monkeypatch.setattr(switches, "TC_ONE_PASS", True)  # the TC rows: the one-pass backward's launches
+    set_switches(tc_one_pass=True)  # the TC rows: the one-pass backward's launches
     bsz, t, d, dv = 8, 1024, 768, 4
     f32, bf16 = torch.float32, torch.bfloat16
 

@@ -22,21 +22,25 @@ from deep_delta.ops.delta import update_and_channel_read
 from deep_delta.ops.launch import MAX_ELEMENTS, check_sizes, count_traffic
 
 CODE = "import json; from deep_delta.ops import switches; print(json.dumps(switches.current()))"
+RECORDED = ["INKERNEL_REDUCE", "FUSE_NEXT_NORM", "TC_ONE_PASS", "FUSED_RULES"]  # the names run records keep
 
 
 def _fresh(env: dict) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in switches.NAMES.values()}
+    clean = {k: v for k, v in os.environ.items() if k not in switches.VARIABLES.values()}
     return subprocess.run([sys.executable, "-c", CODE], env={**clean, **env}, capture_output=True, text=True,
                           timeout=120)
 
 
 def test_every_switch_is_off_by_default_and_read_from_its_variable():
+    assert list(switches.VARIABLES.values()) == [f"DDL_{name}" for name in RECORDED]
     done = _fresh({})
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {name: False for name in switches.NAMES}
-    done = _fresh({variable: value for variable, value in zip(switches.NAMES.values(), ("1", "On", "yes", "TRUE"))})
+    assert json.loads(done.stdout) == dict.fromkeys(RECORDED, False)
+    done = _fresh({variable: value for variable, value in zip(switches.VARIABLES.values(), ("1", "On", "yes", "TRUE"))})
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {name: True for name in switches.NAMES}
+    assert json.loads(done.stdout) == dict.fromkeys(RECORDED, True)
+    assert switches.KernelSwitches.from_env({"DDL_FUSED_RULES": "off", "DDL_TC_ONE_PASS": "1"}) == \
+        switches.KernelSwitches(tc_one_pass=True)
 
 
 def test_a_bad_value_names_the_variable():
@@ -46,16 +50,24 @@ def test_a_bad_value_names_the_variable():
 
 
 def test_override_sets_and_restores():
-    before = switches.current()
-    with switches.override(INKERNEL_REDUCE=not before["INKERNEL_REDUCE"]):
-        assert switches.INKERNEL_REDUCE is (not before["INKERNEL_REDUCE"])
-    assert switches.current() == before
+    before = switches.get()
+    with switches.override(inkernel_reduce=not before.inkernel_reduce) as inside:
+        assert switches.get() is inside and inside.inkernel_reduce is (not before.inkernel_reduce)
+        assert switches.current()["INKERNEL_REDUCE"] is (not before.inkernel_reduce)
+        with switches.override(fused_rules=True):
+            assert switches.get().fused_rules and switches.get().inkernel_reduce is inside.inkernel_reduce
+        assert switches.get() is inside
+    assert switches.get() is before
     with pytest.raises(ValueError, match="unknown switch 'FAST'"):
         with switches.override(FAST=True):
             pass
-    with pytest.raises(ValueError, match="TC_ONE_PASS must be True or False, got 1"):
-        with switches.override(TC_ONE_PASS=1):
+    with pytest.raises(ValueError, match="unknown switch 'TC_ONE_PASS'"):  # the field's name, not the record's
+        with switches.override(TC_ONE_PASS=True):
             pass
+    with pytest.raises(ValueError, match="`tc_one_pass` must be True or False, got 1"):
+        with switches.override(tc_one_pass=1):
+            pass
+    assert switches.get() is before
 
 
 def test_tensors_past_32_bit_offsets_are_refused_before_launching():

@@ -34,7 +34,6 @@ from deep_delta import DDLConfig, DDLForCausalLM  # noqa: E402
 from deep_delta.layers.delta_residual import Emit  # noqa: E402
 from deep_delta.models.ddl.cache import output_cache  # noqa: E402
 from deep_delta.ops import launch as ops_launch  # noqa: E402
-from deep_delta.ops import switches  # noqa: E402
 from deep_delta.ops.delta import update_and_norm, update_and_norm_reference  # noqa: E402
 from deep_delta.ops.delta.lean_norm import update_norm_backward_lean  # noqa: E402
 from deep_delta.ops.launch import count_traffic  # noqa: E402
@@ -147,17 +146,17 @@ def test_triton_matches_reference(lead, d, dv, dtype):
 
 
 @pytest.fixture(autouse=True)
-def fused_norms(monkeypatch):
+def fused_norms(set_switches):
     """This file tests the next sublayer's norm inside the update: switched on (off by default until a GPU run
     has passed; ``deep_delta.ops.switches``)."""
-    monkeypatch.setattr(switches, "FUSE_NEXT_NORM", True)
+    set_switches(fuse_next_norm=True)
 
 
 @pytest.mark.parametrize("inkernel", [False, True], ids=["torch-sum", "inkernel-sum"])
-def test_triton_with_more_tokens_than_programs(monkeypatch, inkernel):
+def test_triton_with_more_tokens_than_programs(monkeypatch, inkernel, set_switches):
     """Chunks of 4, 4, 4 and 3 tokens on a grid of 4 programs, the reductions spread over 4 reducers (summed in the
-    launch, or by torch: ``switches.INKERNEL_REDUCE``), c in bf16."""
-    monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel)
+    launch, or by torch: the ``inkernel_reduce`` switch), c in bf16."""
+    set_switches(inkernel_reduce=inkernel)
     monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     compare(triton_fn, make_inputs((3, 5), 33, 1, torch.bfloat16, seed=3), c_dtype=torch.bfloat16)
 
@@ -352,8 +351,8 @@ def test_read_triton_matches_reference(lead, d, dv, dtype):
 
 
 @pytest.mark.parametrize("inkernel", [False, True], ids=["torch-sum", "inkernel-sum"])
-def test_read_triton_with_more_tokens_than_programs(monkeypatch, inkernel):
-    monkeypatch.setattr(switches, "INKERNEL_REDUCE", inkernel)
+def test_read_triton_with_more_tokens_than_programs(monkeypatch, inkernel, set_switches):
+    set_switches(inkernel_reduce=inkernel)
     monkeypatch.setattr(ops_launch, "max_programs", lambda device, per_sm=None: 4)
     compare_read(read_triton_fn, make_read_inputs((3, 5), 24, 4, torch.bfloat16, seed=4), c_dtype=torch.bfloat16)
 

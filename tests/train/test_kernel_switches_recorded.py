@@ -17,21 +17,21 @@ from deep_delta.train.trainer import Trainer
 
 def test_a_run_records_its_switches_and_resumes_only_with_them(tmp_path, make_config):
     cfg = make_config(tmp_path / "run", steps=4, save_every=2, eval_every=0)
-    with switches.override(TC_ONE_PASS=True):
+    with switches.override(tc_one_pass=True):
         Trainer(cfg, progress=False, quiet=True, stop_at=2).run()
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["kernel_switches"] == {**switches.current(), "TC_ONE_PASS": True}
     meta = load_checkpoint(latest_checkpoint(tmp_path / "run"))["meta"]
     assert meta["kernel_switches"]["TC_ONE_PASS"] is True
-    with switches.override(TC_ONE_PASS=False), pytest.raises(FileExistsError, match=r"other kernel paths .*"
+    with switches.override(tc_one_pass=False), pytest.raises(FileExistsError, match=r"other kernel paths .*"
                                                                   r"kernel switch TC_ONE_PASS: run has True, now False"):
         Trainer(cfg, progress=False, quiet=True, resume=True).run()
-    with switches.override(TC_ONE_PASS=True):
+    with switches.override(tc_one_pass=True):
         assert Trainer(cfg, progress=False, quiet=True, resume=True).run().step == 4
 
 
 def test_a_comparison_and_a_bench_record_the_switches(tmp_path, data_dir):
-    with switches.override(INKERNEL_REDUCE=True):
+    with switches.override(inkernel_reduce=True):
         assert main(["compare", "--config", "debug", "--variants", "baseline", "--data", str(data_dir), "--out",
                      str(tmp_path / "cmp"), "--steps", "2", "--time-repeats", "1", "--threads", "1", "--device",
                      "cpu", "--no-progress"]) == 0
@@ -46,9 +46,9 @@ def test_a_comparison_and_a_bench_record_the_switches(tmp_path, data_dir):
     again = ["compare", "--config", "debug", "--variants", "baseline", "--data", str(data_dir), "--out",
              str(tmp_path / "cmp"), "--steps", "2", "--time-repeats", "0", "--threads", "1", "--device", "cpu",
              "--no-progress"]
-    with switches.override(INKERNEL_REDUCE=False):
+    with switches.override(inkernel_reduce=False):
         assert main(again) == 2
-    with switches.override(INKERNEL_REDUCE=True):
+    with switches.override(inkernel_reduce=True):
         assert main(again) == 0
     assert json.loads((tmp_path / "cmp" / "baseline" / "run.json").read_text())["kernel_switches"]["INKERNEL_REDUCE"]
     assert json.loads(out.with_suffix(".json").read_text())["kernel_switches"]["INKERNEL_REDUCE"] is True

@@ -65,7 +65,7 @@ class StepTraffic:
         return total / self.tokens
 
     def update_in_kernels(self) -> bool:
-        """Whether the step's updates ran as kernels (a write-only or untied update with ``switches.FUSED_RULES``
+        """Whether the step's updates ran as kernels (a write-only or untied update with the ``fused_rules`` switch
         off runs in torch: nothing of it is counted)."""
         return any(la.kernel.startswith(UPDATE_KERNELS) for la in self.launches)
 

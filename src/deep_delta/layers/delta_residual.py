@@ -14,7 +14,7 @@ parameters and initialisation (issue 48; :func:`deep_delta.ops.delta.write_updat
 
 ``update_rule="untied"`` gives the erase and the write gates of their own, ``x + k (beta_w v^T - beta_e k^T x)``: the
 gate has two outputs (:class:`BetaGate` ``outputs=2``, erase then write) that start equal, so the module starts as
-its delta rule (:func:`deep_delta.ops.delta.untied_update`). With ``switches.FUSED_RULES`` on (issue 59) the two
+its delta rule (:func:`deep_delta.ops.delta.untied_update`). With the ``fused_rules`` switch on (issue 59) the two
 other rules run the delta rule's kernels in a mode of their own and fuse exactly where the delta rule does; off,
 their lean update, never fused with the next sublayer.
 
@@ -37,11 +37,10 @@ from deep_delta.layers.carry import EMITS, Carry, Emit
 from deep_delta.layers.compressors import ChannelCompressor, TokenConvCompressor
 from deep_delta.layers.gate import BetaGate
 from deep_delta.ops import resolve_backend, switches
-from deep_delta.ops.compress import channel_compress, token_compress
 from deep_delta.ops.delta import (
-    RULE_GATES,
-    UPDATE_RULES,
     apply_update,
+    on_kernels,
+    rule_spec,
     update_and_channel_read,
     update_and_norm,
     update_and_token_read,
@@ -71,7 +70,7 @@ class DeltaResidual(nn.Module):
         update_rule: "delta" (the paper's update), "write" (the write-only control ``x + beta k v^T``: the same
             residual without the read, for the ablation the authors name) or "untied" (the erase and the write
             each with its own gate); the last two fused with the next sublayer's read or norm only with
-            ``deep_delta.ops.switches.FUSED_RULES`` on (:meth:`fuses_inputs`, :meth:`fuses_norm_of`).
+            the ``fused_rules`` switch on (:mod:`deep_delta.ops.switches`; :meth:`fuses_inputs`, :meth:`fuses_norm_of`).
         backend: delta-update backend, "auto", "torch" or "triton".
         norm_output: the dtype the branch gets c in. "module": the norm weight's (``nn.RMSNorm``'s output);
             "autocast": under autocast, the autocast dtype (bf16, say), rounded once after the norm. Right for a
@@ -87,8 +86,7 @@ class DeltaResidual(nn.Module):
                  vmap_rank: int | None = None, backend: str = "auto",
                  norm_output: str = "module", update_rule: str = "delta"):
         super().__init__()
-        if update_rule not in UPDATE_RULES:
-            raise ValueError(f"DeltaResidual: `update_rule` must be one of {UPDATE_RULES}, got {update_rule!r}")
+        gates = rule_spec(update_rule, "DeltaResidual", "update_rule").gates
         self.update_rule = update_rule
         if norm_output not in NORM_OUTPUTS:
             raise ValueError(f"DeltaResidual: `norm_output` must be one of {NORM_OUTPUTS}, got {norm_output!r}")
@@ -102,9 +100,9 @@ class DeltaResidual(nn.Module):
         self.norm_output = norm_output
         self.norm = nn.RMSNorm(dim, eps=norm_eps)
         self.branch = branch
-        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(RULE_GATES[update_rule]))
+        self.gate = BetaGate(dim, gate, gate_hidden_size, beta_init, beta_max, outputs=len(gates))
         # k-Map with the linear gate: on the Triton backend c, beta and v come from one op
-        # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with switches.FUSED_RULES on: fuses_inputs);
+        # (deep_delta.ops.norm.norm_gate_value; a gate of two outputs with the fused_rules switch on: fuses_inputs);
         # False runs the modules (``ddl analyze`` hooks them)
         self.fuse_inputs = residual_map == "k" and gate == "linear"
         if residual_map == "k":
@@ -141,7 +139,7 @@ class DeltaResidual(nn.Module):
                     nn.init.zeros_(lin.bias)
 
     def extra_repr(self) -> str:
-        rule = "" if self.update_rule == "delta" else f", update_rule={self.update_rule}"
+        rule = "" if rule_spec(self.update_rule).paper else f", update_rule={self.update_rule}"
         return f"dim={self.dim}, value_channels={self.value_channels}, map={self.residual_map}{rule}"
 
     def _check(self, x: torch.Tensor, x_in: torch.Tensor | None) -> None:
@@ -182,27 +180,27 @@ class DeltaResidual(nn.Module):
 
     def fuses_inputs(self) -> bool:
         """Whether this sublayer's norm, gate and value can come from one op (``fuse_inputs``: the k-Map with the
-        linear gate): a gate of one output, or the untied rule's two with ``switches.FUSED_RULES`` on."""
-        return self.fuse_inputs and (self.gate.outputs == 1 or switches.FUSED_RULES)
+        linear gate): a gate of one output, or the untied rule's two with the ``fused_rules`` switch on."""
+        return self.fuse_inputs and (self.gate.outputs == 1 or switches.get().fused_rules)
 
     def _fused_rule(self) -> bool:
         """Whether this residual's rule fuses with the next sublayer: the delta rule always, the write-only and untied
-        rules with ``switches.FUSED_RULES`` on (before it, they ran their lean update, then the next read)."""
-        return self.update_rule == "delta" or switches.FUSED_RULES
+        rules with the ``fused_rules`` switch on (before it, they ran their lean update, then the next read)."""
+        return on_kernels(self.update_rule)
 
     def fuses_norm_of(self, nxt: nn.Module, x: torch.Tensor, read: nn.Module | None = None) -> bool:
         """Whether this sublayer's update of state x can compute ``nxt``'s norm, gate and value in the same pass
         (``emit="inputs"``): two delta residuals of one width and d_v, ``nxt`` with the k-Map and the linear
         gate, both on the Triton backend, no state rebuild recording (``recompute_states``); for d_v = 1 without a
         read, for d_v > 1 through ``read``, ``nxt``'s ChannelCompressor; both with the delta rule, or any rules with
-        ``switches.FUSED_RULES`` on (:meth:`fuses_inputs`); and the fusion switched on
-        (``deep_delta.ops.switches.FUSE_NEXT_NORM``, off until it has passed on a GPU)."""
+        the ``fused_rules`` switch on (:meth:`fuses_inputs`); and the fusion switched on
+        (the ``fuse_next_norm`` switch of :mod:`deep_delta.ops.switches`, off until it has passed on a GPU)."""
         if read is None:
             shape_ok = self.value_channels == 1
         else:
             shape_ok = (self.value_channels > 1 and isinstance(read, ChannelCompressor)
                         and (read.dim, read.value_channels) == (self.dim, self.value_channels))
-        return (switches.FUSE_NEXT_NORM and shape_ok and isinstance(nxt, DeltaResidual)
+        return (switches.get().fuse_next_norm and shape_ok and isinstance(nxt, DeltaResidual)
                 and self._fused_rule() and nxt._fused_rule()
                 and nxt.value_channels == self.value_channels and nxt.fuses_inputs() and nxt.dim == self.dim
                 and resolve_backend(self.backend, x.device) == "triton"
@@ -230,8 +228,8 @@ class DeltaResidual(nn.Module):
               emit: Emit) -> tuple[torch.Tensor, Carry]:
         """The update of state x by (k, v, beta) and what ``emit`` asks for, from one fused op where there is one:
         ``"read"``: the read of the new state by ``emit.read`` (:func:`deep_delta.ops.delta.update_and_channel_read`,
-        :func:`~deep_delta.ops.delta.update_and_token_read`; the write-only and untied rules with
-        ``switches.FUSED_RULES`` off update, then read);
+        :func:`~deep_delta.ops.delta.update_and_token_read`, which run the update, then the read, where they do not
+        fuse them: the write-only and untied rules with the ``fused_rules`` switch off);
         ``"inputs"``: ``emit.nxt``'s norm, gate and value of the new state (:func:`deep_delta.ops.delta.update_and_norm`,
         through ``emit.read`` for d_v > 1; :meth:`fuses_norm_of` must hold)."""
         if emit.what == "nothing":
@@ -240,11 +238,6 @@ class DeltaResidual(nn.Module):
             return new, Carry()
         if emit.what == "read":
             read = emit.read
-            if not self._fused_rule():  # the rules apart from the kernels: the update, then the read
-                new = self._update(x, k, v, beta)
-                if isinstance(read, ChannelCompressor):
-                    return new, Carry(read=channel_compress(new, read.weight, backend=self.backend))
-                return new, Carry(read=token_compress(new, read.folded_weight(), None, backend=self.backend))
             rule = self.update_rule
             if isinstance(read, ChannelCompressor):
                 new, x_in = update_and_channel_read(x, k, v, beta, read.weight, k_eps=self.k_eps, backend=self.backend,

@@ -1,18 +1,29 @@
-"""Backend names and their resolution, shared by the dispatchers of every op (delta, compress, hyper, norm).
+"""Backend names, their resolution and the one dispatch of every op (delta, compress, hyper, depth, norm).
 
-``"torch"`` is the lean PyTorch path, ``"triton"`` forces the Triton kernels, ``"auto"`` picks the kernels
-for CUDA tensors when Triton imports and the lean path otherwise. The ops with a ``torch.library`` custom op
-(the delta update, :mod:`deep_delta.ops.delta.library`; the norm, gate and value,
-:mod:`deep_delta.ops.norm.library`) go through it where :func:`through_registered_op` says so: always while
-``torch.compile`` traces, ``"auto"`` or ``"triton"``, which the op is told so that its kernel makes the same
-choice.
+``"torch"`` is the lean PyTorch path, ``"triton"`` forces the Triton kernels, ``"auto"`` picks the kernels for CUDA
+tensors when Triton imports and the lean path otherwise (:func:`resolve_backend`).
+
+Every public op reaches its implementation the same way: it checks its inputs, then :func:`dispatch` resolves the
+backend once, picks the op's route (:func:`route`) and looks the implementation up in one table, by (op, route),
+which each op package fills with :func:`register`:
+
+- ``"torch"``: the lean PyTorch path (an autograd Function, or autograd's own);
+- ``"triton"``: the kernels' autograd Function (its module imported only when taken: :func:`lazy`);
+- ``"library"``: the op's ``torch.library`` custom op (:mod:`deep_delta.ops.delta.library`,
+  :mod:`deep_delta.ops.norm.library`), told the caller's backend so that its kernel makes the same choice: always
+  while ``torch.compile`` traces, ``"auto"`` with fp64 (:func:`through_registered_op`), and for ``"auto"`` off the
+  Triton path where the caller asks (its kernel off CUDA is the lean math: one node under ``torch.compile``);
+- ``"unfused"``: an op fused from others with no lean path of its own (the update and the next sublayer's read or
+  input stage) runs them one after the other, each dispatched with the caller's backend.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
@@ -63,13 +74,59 @@ def through_registered_op(backend: str, impl: str, dtype: torch.dtype) -> bool:
     return backend == "auto" and (impl != "triton" or dtype == torch.float64)
 
 
-def pick(backend: str, device: torch.device, lean: Callable, load_triton: Callable[[], Callable]) -> Callable:
-    """The implementation an op dispatches to for ``backend`` on ``device``: ``load_triton()`` (which imports the
-    kernels' module, so a machine without Triton never does) when it resolves to Triton, else ``lean``."""
-    return load_triton() if resolve_backend(backend, device) == "triton" else lean
+ROUTES = ("torch", "triton", "library", "unfused")
+_TOLD_BACKEND = ("library", "unfused")  # the routes whose implementation takes the caller's ``backend``
+IMPLEMENTATIONS: dict[str, dict[str, Callable]] = {}  # op -> route -> implementation, filled by register()
 
 
-__all__ = ["BACKENDS", "pick", "resolve_backend", "through_registered_op"]
+def register(op: str, **implementations: Callable) -> None:
+    """The implementations of ``op`` by route (:data:`ROUTES`), each called with the op's checked arguments (and
+    ``backend=`` on the ``"library"`` and ``"unfused"`` routes): a lean path, ``torch``, or ``unfused``, exactly one;
+    ``triton`` and ``library`` where the op has them. The one table :func:`dispatch` looks up."""
+    unknown = sorted(set(implementations) - set(ROUTES))
+    if unknown:
+        raise ValueError(f"register({op!r}): unknown route {unknown[0]!r}; allowed: {', '.join(ROUTES)}")
+    if ("torch" in implementations) == ("unfused" in implementations):
+        raise ValueError(f"register({op!r}): give exactly one of `torch` (a lean path) and `unfused`")
+    IMPLEMENTATIONS[op] = dict(implementations)
+
+
+def lazy(load: Callable[[], ModuleType], name: str) -> Callable:
+    """The function ``name`` of the module that ``load()`` imports (a function-local import statement), looked up
+    at every call: a kernels' module is imported only when its route is taken (a machine without Triton never
+    imports it), and ``torch.compile`` traces the import."""
+
+    def call(*args, **kwargs):
+        return getattr(load(), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def route(op: str, backend: str, like: torch.Tensor, *, kernels: bool = True, auto_library: bool = False) -> str:
+    """The route of ``op`` for ``backend`` on ``like``'s device and dtype, among the routes it has:
+
+    - where the backend resolves to Triton and ``kernels`` (False: an update rule behind its switch), the custom op
+      where :func:`through_registered_op` says so and the op has one, else the kernels;
+    - elsewhere, the custom op for ``"auto"`` where ``auto_library`` (its kernel off CUDA the lean math), else the
+      op's lean path (``"torch"``) or its parts (``"unfused"``)."""
+    routes = IMPLEMENTATIONS[op]
+    impl = resolve_backend(backend, like.device)
+    through = "library" in routes and through_registered_op(backend, impl, like.dtype)
+    if impl == "triton" and kernels and "triton" in routes:
+        return "library" if through else "triton"
+    if auto_library and through:
+        return "library"
+    return "torch" if "torch" in routes else "unfused"
+
+
+def dispatch(op: str, backend: str, like: torch.Tensor, *, kernels: bool = True,
+             auto_library: bool = False) -> Callable:
+    """The implementation of ``op`` to call for ``backend`` on tensors like ``like`` (:func:`route`, one lookup in
+    the table :func:`register` fills), with the caller's ``backend`` bound where its route takes it."""
+    taken = route(op, backend, like, kernels=kernels, auto_library=auto_library)
+    implementation = IMPLEMENTATIONS[op][taken]
+    return functools.partial(implementation, backend=backend) if taken in _TOLD_BACKEND else implementation
 
 
 def _use_triton_for(t: torch.Tensor) -> bool:
@@ -115,3 +172,7 @@ def register_op(name: str, prototype: Callable, lean: Callable, triton: Callable
     op.register_kernel("cuda")(cuda)
     op.register_fake(fake)
     return op
+
+
+__all__ = ["BACKENDS", "IMPLEMENTATIONS", "ROUTES", "compute_dtype", "dispatch", "lazy", "register", "register_op",
+           "resolve_backend", "route", "through_registered_op"]

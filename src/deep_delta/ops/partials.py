@@ -38,7 +38,7 @@ graph's private memory is ever shared with a launch outside it); elsewhere (the 
 launch. Under the Triton interpreter the programs run one after another in grid order, so the workers finish
 before the first reducer starts.
 
-**Off by default.** The in-kernel reduction has not yet run on a GPU: ``switches.INKERNEL_REDUCE`` (environment
+**Off by default.** The in-kernel reduction has not yet run on a GPU: ``switches.get().inkernel_reduce`` (environment
 ``DDL_INKERNEL_REDUCE``) turns it on. Off, a launch is its P workers and torch sums their rows
 (:meth:`Reduction.finish`), as until 2026-11-27.
 
@@ -111,8 +111,8 @@ def plan(spread: int, *widths: int) -> ReducePlan:
 
 
 def inkernel() -> bool:
-    """Whether weight gradients are summed inside their launches now (``switches.INKERNEL_REDUCE``)."""
-    return bool(switches.INKERNEL_REDUCE)
+    """Whether weight gradients are summed inside their launches now (``switches.get().inkernel_reduce``)."""
+    return switches.get().inkernel_reduce
 
 
 @dataclass(frozen=True)

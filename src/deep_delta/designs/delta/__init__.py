@@ -8,7 +8,7 @@ each block reading it back to (..., d) with its compressor (CC: a mix of the cha
 tokens), shared by its two sublayers, and a final compressor reading the last state.
 
 The update rules (``update_rule``; :data:`deep_delta.ops.delta.UPDATE_RULES`, validated by
-:func:`deep_delta.ops.delta.check_rule`): ``delta`` (the paper's), ``write`` (the write-only control ``x + beta k
+:func:`deep_delta.ops.delta.rule_spec`): ``delta`` (the paper's), ``write`` (the write-only control ``x + beta k
 v^T``: no read, nothing erased; the ``-write`` variants) and ``untied`` (the erase and the write gated apart, ``x + k
 (beta_w v^T - beta_e k^T x)``; the ``-untied`` variants). A sublayer's update can compute what the next one takes
 from the new state (the fusion plan, :mod:`deep_delta.designs.delta.fusion`).
@@ -42,7 +42,7 @@ from deep_delta.layers.compressors import (
 )
 from deep_delta.layers.delta_residual import RESIDUAL_MAPS, DeltaResidual
 from deep_delta.layers.gate import GATE_KINDS, BetaGate
-from deep_delta.ops.delta import check_rule
+from deep_delta.ops.delta import rule_spec
 
 _COMPRESSORS = ("none",) + COMPRESSORS
 
@@ -72,7 +72,7 @@ class DeltaDesign(ResidualDesign):
                               ("state_init", STATE_INITS), ("gate", GATE_KINDS)):
             if getattr(config, name) not in allowed:
                 raise _bad(name, getattr(config, name), " | ".join(allowed))
-        check_rule(config.update_rule, owner="DDLConfig")
+        rule_spec(config.update_rule, "DDLConfig", "update_rule")
         dv = config.value_channels
         if dv < 1:
             raise _bad("value_channels", dv, "an integer >= 1 (d_v)")

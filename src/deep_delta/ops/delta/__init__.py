@@ -1,36 +1,41 @@
 """The delta update and the Delta Operator, with backend dispatch; the update fused with the next sublayer's read.
 
-``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`. ``"torch"`` is the lean PyTorch path
-(:mod:`.lean`, tested against the plain reference :mod:`.naive`); ``"triton"`` forces the fused kernels
-(:mod:`.triton`, :mod:`.triton_token`); ``"auto"`` calls the ``torch.library`` custom op (:mod:`.library`),
-whose CUDA kernel is the Triton one when Triton is importable and whose kernel elsewhere is the lean math:
-one opaque node under ``torch.compile``. While ``torch.compile`` traces, ``"triton"`` calls the custom op too,
-told to run the kernels (:func:`deep_delta.ops.backend.through_registered_op`). The fused update + read
-functions take the next sublayer's compressor weights; their unfused paths call the compressors of
-:mod:`deep_delta.ops.compress` (imported inside them, so that ``ops.compress`` never waits on this package).
+``backend`` follows :func:`deep_delta.ops.backend.resolve_backend`. Every public function here checks its inputs
+and reaches its implementation through the one dispatch of the ops (:func:`deep_delta.ops.backend.dispatch`; the
+routes each op has are registered at the end of this module): ``"torch"``, the lean PyTorch path (:mod:`.lean`,
+tested against the plain reference :mod:`.naive`); ``"triton"``, the kernels' autograd Functions (:mod:`.triton`,
+:mod:`.triton_token`, :mod:`.triton_norm`); ``"auto"``, the kernels on CUDA and elsewhere the ``torch.library``
+custom op (:mod:`.library`), whose kernel there is the lean math: one opaque node under ``torch.compile``. While
+``torch.compile`` traces, ``"auto"`` and ``"triton"`` call the custom op, told which kernels to run
+(:func:`deep_delta.ops.backend.through_registered_op`). The fused update + read and update + input stage take the
+next sublayer's weights; off the kernels they run the update and the next op one after the other (the one unfused
+fallback, ``_update_then_*`` here: the compressors of :mod:`deep_delta.ops.compress` imported inside, so that
+``ops.compress`` never waits on this package).
 
-The update rules (``UPDATE_RULES``, ``DDLConfig.update_rule``) share one dispatch shape: every update entry point
-takes the rule's gates as one tensor, beta (..., 1), or (..., 2) = (erase, write) for "untied" (``RULE_GATES``), and
-the fused ones a ``rule`` argument. The write-only and untied rules run the delta rule's kernels in a mode of
-their own (:mod:`.triton`'s ``ERASE``) where the backend resolves to Triton and ``switches.FUSED_RULES`` is on
-(:func:`fused_rule`); otherwise their lean path, as before the switch existed.
+The update rules (``DDLConfig.update_rule``) are named once, in :mod:`.rules` (``rule_spec``: a rule's gates, its
+kernels' mode ``ERASE``, whether it is behind the ``fused_rules`` switch; the one check of a rule's name). Every
+update entry point takes the rule's gates as one tensor, beta (..., 1), or (..., 2) = (erase, write) for "untied",
+and the fused ones a ``rule`` argument. The write-only and untied rules run the delta rule's kernels in their mode
+where the backend resolves to Triton and the ``fused_rules`` switch is on (:func:`.rules.on_kernels`); otherwise
+their lean path, as before the switch existed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-from deep_delta.ops import switches
-from deep_delta.ops.backend import resolve_backend, through_registered_op
-from deep_delta.ops.delta.lean import delta_update_lean, untied_update_lean, write_update_lean
+from deep_delta.ops.backend import dispatch, lazy, register
+from deep_delta.ops.delta.lean import update_lean
 from deep_delta.ops.delta.naive import (
     delta_operator_reference,
     delta_update_reference,
     unit_direction,
     update_and_norm_reference,
 )
+from deep_delta.ops.delta.rules import RULE_GATES, RULES, UPDATE_RULES, UpdateRule, on_kernels, rule_spec
 
 
 def _shape_error(name: str, expected: str, got: torch.Tensor, hint: str = "") -> ValueError:
@@ -58,6 +63,111 @@ def _check_inputs(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     return beta
 
 
+def _check_rule_inputs(spec: UpdateRule, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                       where: str = "delta update") -> torch.Tensor:
+    """Validate shapes for an update by the rule ``spec``; return its gates as (..., 1), or (..., 2) for a rule of
+    two gates (the untied rule's erase and write)."""
+    gates = len(spec.gates)
+    if gates == 1:
+        return _check_inputs(x, k, v, beta)
+    if beta.dim() < 1 or beta.shape[-1] != gates:
+        raise ValueError(f"{where}: the {spec.name} rule takes beta (..., {gates}) ({', '.join(spec.gates)}), got "
+                         f"{tuple(beta.shape)}")
+    _check_inputs(x, k, v, beta[..., :1])
+    return beta
+
+
+def _kernels():
+    from deep_delta.ops.delta import triton
+
+    return triton
+
+
+def _token_kernels():
+    from deep_delta.ops.delta import triton_token
+
+    return triton_token
+
+
+def _norm_kernels():
+    from deep_delta.ops.delta import triton_norm
+
+    return triton_norm
+
+
+def _library():
+    from deep_delta.ops.delta import library
+
+    return library
+
+
+def _update_then_channel_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                              weight: torch.Tensor, *, k_eps: float, rule: str,
+                              backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The update, then the CC read of the new state: two ops, each dispatched with ``backend``."""
+    from deep_delta.ops.compress import channel_compress
+
+    out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
+    return out, channel_compress(out, weight, backend=backend)
+
+
+def _update_then_token_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                            weight: torch.Tensor, *, k_eps: float, rule: str,
+                            backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The update, then the TC read of the new state (no token history): two ops, each dispatched with ``backend``."""
+    from deep_delta.ops.compress import token_compress
+
+    out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
+    return out, token_compress(out, weight, None, backend=backend)
+
+
+def _update_then_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *weights: torch.Tensor,
+                      read: torch.Tensor | None, k_eps: float, eps: float, beta_max: float, value_scale: float,
+                      c_dtype: torch.dtype | None, rule: str, backend: str) -> tuple[torch.Tensor, ...]:
+    """The update (with the CC read through ``read``), then the next sublayer's input stage of the new state (or
+    of the read): each op dispatched with ``backend``."""
+    from deep_delta.ops.norm import norm_gate_value
+
+    if read is None:
+        out = apply_update(rule, x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
+        x_in = out
+    else:
+        out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend, rule=rule)
+    return (out, *norm_gate_value(x_in, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
+                                  c_dtype=c_dtype, backend=backend))
+
+
+def _any_lead(fused: Callable) -> Callable:
+    """``fused`` (the kernels' or the custom op's update + input stage on flattened contiguous tensors) at any
+    leading shape: its inputs flattened, its outputs back at x's."""
+
+    def run(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *weights: torch.Tensor,
+            read: torch.Tensor | None, **consts) -> tuple[torch.Tensor, ...]:
+        outs = fused(*_flatten(x, k, v, beta, read), read, *weights, **consts)
+        return _unflatten(outs, x, weights[3].shape[0])
+
+    return run
+
+
+def _rule_dispatch(op: str, spec: UpdateRule, backend: str, x: torch.Tensor, auto_library: bool = False) -> Callable:
+    """The implementation of the update op ``op`` by the rule ``spec`` (:func:`deep_delta.ops.backend.dispatch`):
+    the kernels only where the rule may (:func:`.rules.on_kernels`); with ``auto_library``, ``"auto"`` off the
+    Triton path through the custom op (its lean kernel: one node under ``torch.compile``), for the rules not behind
+    the switch (the delta rule's, as before issue 59; the others keep their lean path there)."""
+    return dispatch(op, backend, x, kernels=on_kernels(spec.name), auto_library=auto_library and not spec.switched)
+
+
+def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+                 k_eps: float = 1e-5, backend: str = "auto") -> torch.Tensor:
+    """The update named by ``rule`` (:mod:`.rules`): "delta" (:func:`delta_update`), "write" (:func:`write_update`)
+    or "untied" (:func:`untied_update`; beta (..., 2): the erase gate, then the write gate, as the rule names its
+    gates). Arguments as :func:`delta_update`; every update reaches its implementation here."""
+    spec = rule_spec(rule, "apply_update")
+    beta = _check_rule_inputs(spec, x, k, v, beta, "apply_update")
+    update = _rule_dispatch("update", spec, backend, x, auto_library=True)
+    return update(x, k, v, beta, k_eps=k_eps, rule=rule)
+
+
 def delta_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
                  backend: str = "auto") -> torch.Tensor:
     """Deep Delta update ``x + beta k (v^T - k^T x)`` (eq. 2.5) with k normalised inside.
@@ -76,64 +186,7 @@ def delta_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     Returns:
         the new state, (..., d, d_v), in x's dtype.
     """
-    beta = _check_inputs(x, k, v, beta)
-    impl = resolve_backend(backend, x.device)
-    if through_registered_op(backend, impl, x.dtype):  # one node under torch.compile
-        from deep_delta.ops.delta.library import update_with_op
-
-        return update_with_op(x, k, v, beta, None, k_eps, backend)
-    if impl == "triton":
-        from deep_delta.ops.delta.triton import delta_update_triton
-
-        return delta_update_triton(x, k, v, beta, k_eps=k_eps)
-    return delta_update_lean(x, k, v, beta, k_eps=k_eps)
-
-
-UPDATE_RULES = ("delta", "write", "untied")
-# the gates an update rule takes, in the order of its gate projection's outputs (``BetaGate(outputs=...)``)
-RULE_GATES = {"delta": ("beta",), "write": ("beta",), "untied": ("erase", "write")}
-
-
-def check_rule(rule: str, owner: str = "delta update") -> str:
-    """``rule`` if it is an update rule (:data:`UPDATE_RULES`), else a ``ValueError`` naming it and the rules."""
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"{owner}: `update_rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
-    return rule
-
-
-def fused_rule(rule: str, impl: str) -> bool:
-    """Whether an update by ``rule`` on the resolved backend ``impl`` runs the fused kernels: the delta rule wherever
-    the backend is Triton; the write-only and untied rules there only with ``switches.FUSED_RULES`` on (off: their
-    lean path, never fused with the next sublayer)."""
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
-    return impl == "triton" and (rule == "delta" or switches.FUSED_RULES)
-
-
-def _check_rule_inputs(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       beta: torch.Tensor) -> torch.Tensor:
-    """Validate shapes for an update by ``rule``; return its gates as (..., 1), or (..., 2) for "untied"."""
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"delta update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
-    if rule != "untied":
-        return _check_inputs(x, k, v, beta)
-    if beta.dim() < 1 or beta.shape[-1] != 2:
-        raise ValueError(f"delta update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
-    _check_inputs(x, k, v, beta[..., :1])
-    return beta
-
-
-def _fused_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, k_eps: float,
-                  backend: str, impl: str) -> torch.Tensor:
-    """The update by ``rule`` on the kernels (:func:`fused_rule` holds): the custom op while compiling, the kernels'
-    autograd Function in eager."""
-    if through_registered_op(backend, impl, x.dtype):
-        from deep_delta.ops.delta.library import update_with_op
-
-        return update_with_op(x, k, v, beta, None, k_eps, backend, rule)
-    from deep_delta.ops.delta.triton import delta_update_triton
-
-    return delta_update_triton(x, k, v, beta, k_eps=k_eps, rule=rule)
+    return apply_update("delta", x, k, v, beta, k_eps=k_eps, backend=backend)
 
 
 def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
@@ -143,14 +196,10 @@ def write_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.
     model, state, compressor, EC, gate and init, only the update differs (``DDLConfig.update_rule = "write"``).
 
     Arguments as :func:`delta_update`. The lean path (:func:`.lean.write_update_lean`, one ``addcmul``), or with
-    ``switches.FUSED_RULES`` on where the backend resolves to Triton the delta update's kernels in their write-only
-    mode (no read of the state: :func:`fused_rule`).
+    the ``fused_rules`` switch on where the backend resolves to Triton the delta update's kernels in their write-only
+    mode (no read of the state: :func:`.rules.on_kernels`).
     """
-    beta = _check_inputs(x, k, v, beta)
-    impl = resolve_backend(backend, x.device)
-    if fused_rule("write", impl):
-        return _fused_update("write", x, k, v, beta, k_eps, backend, impl)
-    return write_update_lean(x, k, v, beta, k_eps=k_eps)
+    return apply_update("write", x, k, v, beta, k_eps=k_eps, backend=backend)
 
 
 def untied_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase: torch.Tensor,
@@ -159,35 +208,14 @@ def untied_update(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_erase:
     state along k is erased and how much of v is written, each with its own gate. ``beta_erase == beta_write``
     is :func:`delta_update`; ``beta_erase == 0`` is :func:`write_update` (``DDLConfig.update_rule = "untied"``).
 
-    Arguments as :func:`delta_update`, the gates each (...) or (..., 1). The lean path (the delta update's autograd
-    Function in its untied mode, :func:`.lean.untied_update_lean`), or with ``switches.FUSED_RULES`` on where the
-    backend resolves to Triton the delta update's kernels in their untied mode (:func:`fused_rule`; the gates joined
-    as (..., 2), the form :func:`apply_update` passes them in).
+    Arguments as :func:`delta_update`, the gates each (...) or (..., 1), joined as (..., 2) for
+    :func:`apply_update`. The lean path (the delta update's autograd Function in its untied mode,
+    :func:`.lean.untied_update_lean`), or with the ``fused_rules`` switch on where the backend resolves to Triton
+    the delta update's kernels in their untied mode (:func:`.rules.on_kernels`).
     """
     beta_write = _check_inputs(x, k, v, beta_write)
     beta_erase = _check_inputs(x, k, v, beta_erase)
-    impl = resolve_backend(backend, x.device)
-    if fused_rule("untied", impl):
-        return _fused_update("untied", x, k, v, torch.cat([beta_erase, beta_write], dim=-1), k_eps, backend, impl)
-    return untied_update_lean(x, k, v, beta_erase, beta_write, k_eps=k_eps)
-
-
-def apply_update(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
-                 k_eps: float = 1e-5, backend: str = "auto") -> torch.Tensor:
-    """The update named by ``rule``: "delta" (:func:`delta_update`), "write" (:func:`write_update`) or "untied"
-    (:func:`untied_update`; beta (..., 2): the erase gate, then the write gate, as ``RULE_GATES`` orders them)."""
-    if rule == "delta":
-        return delta_update(x, k, v, beta, k_eps=k_eps, backend=backend)
-    if rule == "write":
-        return write_update(x, k, v, beta, k_eps=k_eps, backend=backend)
-    if rule == "untied":
-        if beta.shape[-1] != 2:
-            raise ValueError(f"apply_update: the untied rule takes beta (..., 2) (erase, write), got {tuple(beta.shape)}")
-        impl = resolve_backend(backend, x.device)
-        if fused_rule("untied", impl):  # the gates as they are: no split and join
-            return _fused_update("untied", x, k, v, _check_rule_inputs(rule, x, k, v, beta), k_eps, backend, impl)
-        return untied_update(x, k, v, beta[..., :1], beta[..., 1:], k_eps=k_eps, backend=backend)
-    raise ValueError(f"apply_update: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    return apply_update("untied", x, k, v, torch.cat([beta_erase, beta_write], dim=-1), k_eps=k_eps, backend=backend)
 
 
 def delta_operator(k: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5) -> torch.Tensor:
@@ -215,27 +243,13 @@ def update_and_channel_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     x: (..., d, d_v), k: (..., d), v: (..., d_v), beta: (..., 1) ((..., 2) for the untied rule), weight: (d, d_v) the
     next sublayer's channel compressor; ``rule`` the update rule. Equals ``x' = apply_update(rule, x, k, v, beta)``,
     ``x_in = channel_compress(x', weight)``; the Triton kernel computes x_in from the tile it has just written (no
-    second pass over x'). A rule other than the delta rule off the kernels (:func:`fused_rule`) runs the two apart.
+    second pass over x'). Off the kernels (a backend other than Triton, or a rule behind its switch:
+    :func:`.rules.on_kernels`) the two ops run one after the other, each with ``backend``.
     """
-    from deep_delta.ops.compress.lean import channel_compress_lean
-
-    beta = _check_rule_inputs(rule, x, k, v, beta)
-    impl = resolve_backend(backend, x.device)
-    if rule != "delta" and not fused_rule(rule, impl):  # the lean update, then the read
-        from deep_delta.ops.compress import channel_compress
-
-        out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
-        return out, channel_compress(out, weight, backend=backend)
-    if through_registered_op(backend, impl, x.dtype):  # the custom op (deep_delta.ops.delta.library)
-        from deep_delta.ops.delta.library import update_with_op
-
-        return update_with_op(x, k, v, beta, weight, k_eps, backend, rule)
-    if impl == "triton":
-        from deep_delta.ops.delta.triton import delta_update_read_triton
-
-        return delta_update_read_triton(x, k, v, beta, weight, k_eps=k_eps, rule=rule)
-    out = delta_update(x, k, v, beta, k_eps=k_eps, backend="torch")
-    return out, channel_compress_lean(out, weight)
+    spec = rule_spec(rule, "update_and_channel_read")
+    beta = _check_rule_inputs(spec, x, k, v, beta, "update_and_channel_read")
+    fused = _rule_dispatch("update_and_channel_read", spec, backend, x, auto_library=True)
+    return fused(x, k, v, beta, weight, k_eps=k_eps, rule=rule)
 
 
 def update_and_token_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
@@ -247,20 +261,15 @@ def update_and_token_read(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bet
     (K, d, d_v) the next sublayer's folded TC taps; ``rule`` the update rule. Equals
     ``x' = apply_update(rule, x, k, v, beta)``, ``x_in = token_compress(x', weight)``; the Triton kernels
     (:mod:`deep_delta.ops.delta.triton_token`) make one pass over the state each way (a rule other than the delta
-    rule only where :func:`fused_rule` holds).
+    rule only where :func:`.rules.on_kernels` holds; elsewhere the two ops one after the other).
     """
-    from deep_delta.ops.compress import token_compress
-
-    beta = _check_rule_inputs(rule, x, k, v, beta)
+    spec = rule_spec(rule, "update_and_token_read")
+    beta = _check_rule_inputs(spec, x, k, v, beta, "update_and_token_read")
     if x.dim() != 4 or weight.dim() != 3 or tuple(weight.shape[1:]) != tuple(x.shape[2:]):
         raise ValueError(f"update_and_token_read: expected x (B, T, d, d_v) and weight (K, d, d_v), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if fused_rule(rule, resolve_backend(backend, x.device)):
-        from deep_delta.ops.delta.triton_token import delta_update_token_read_triton
-
-        return delta_update_token_read_triton(x, k, v, beta, weight, k_eps=k_eps, rule=rule)
-    out = apply_update(rule, x, k, v, beta, k_eps=k_eps, backend=backend)
-    return out, token_compress(out, weight, None, backend=backend)
+    fused = _rule_dispatch("update_and_token_read", spec, backend, x)
+    return fused(x, k, v, beta, weight, k_eps=k_eps, rule=rule)
 
 
 def _flatten(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, read: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -306,24 +315,24 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         read: the next sublayer's channel compressor weight (d, d_v) for a d_v > 1 state, else None.
         k_eps: this update's direction normalisation guard.
         backend: "auto", "torch" or "triton" (:func:`deep_delta.ops.norm.norm_gate_value`'s rules).
-        rule: the update rule, "delta", "write" or "untied" (the kernels' mode only where :func:`fused_rule` holds;
+        rule: the update rule, "delta", "write" or "untied" (the kernels' mode only where :func:`.rules.on_kernels` holds;
             else the update and the input stage apart). The next sublayer's gate may have two outputs
             (gate_weight (2, d): beta' (..., 2)).
     """
-    if rule not in UPDATE_RULES:
-        raise ValueError(f"update_and_norm: `rule` got {rule!r}; allowed: {' | '.join(UPDATE_RULES)}")
+    spec = rule_spec(rule, "update_and_norm")
+    gates = len(spec.gates)
     if read is None:
         if x.dim() < 1 or tuple(k.shape) != tuple(x.shape):
             raise ValueError(f"update_and_norm: `x` and `k` must have the same shape (..., d) without `read`, got "
                              f"{tuple(x.shape)} and {tuple(k.shape)}")
-        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (len(RULE_GATES[rule]),)))
+        shapes = (("v", v, tuple(x.shape[:-1]) + (1,)), ("beta", beta, tuple(x.shape[:-1]) + (gates,)))
         src = x
     else:
         if x.dim() < 2 or tuple(k.shape) != tuple(x.shape[:-1]):
             raise ValueError(f"update_and_norm: with `read`, `x` must have shape (..., d, d_v) and `k` (..., d), got "
                              f"{tuple(x.shape)} and {tuple(k.shape)}")
         lead, dv = tuple(x.shape[:-2]), x.shape[-1]
-        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (len(RULE_GATES[rule]),)),
+        shapes = (("v", v, lead + (dv,)), ("beta", beta, lead + (gates,)),
                   ("read", read, tuple(x.shape[-2:])))
         src = x[..., 0]
     for name, t, shape in shapes:
@@ -337,36 +346,30 @@ def update_and_norm(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     from deep_delta.ops.norm import check_norm_inputs
 
     check_norm_inputs(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
-    weights = (norm_weight, gate_weight, gate_bias, value_weight, value_bias)
-    consts = dict(k_eps=k_eps, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
-    impl = resolve_backend(backend, x.device)
-    if fused_rule(rule, impl):  # the kernels, on flattened tensors: through the custom op while compiling (one node)
-        flat = _flatten(x, k, v, beta, read)
-        if through_registered_op(backend, impl, x.dtype):
-            from deep_delta.ops.delta.library import update_norm_with_op
+    fused = _rule_dispatch("update_and_norm", spec, backend, x)
+    return fused(x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, read=read, k_eps=k_eps,
+                 eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype, rule=rule)
 
-            outs = update_norm_with_op(*flat, read, *weights, backend=backend, rule=rule, **consts)
-        else:
-            from deep_delta.ops.delta.triton_norm import update_and_norm_triton
 
-            outs = update_and_norm_triton(*flat, read, *weights, rule=rule, **consts)
-        return _unflatten(outs, x, value_weight.shape[0])
-    from deep_delta.ops.norm import norm_gate_value
-
-    if read is None:
-        out = apply_update(rule, x.unsqueeze(-1), k, v, beta, k_eps=k_eps, backend=backend).squeeze(-1)
-        x_in = out
-    else:
-        out, x_in = update_and_channel_read(x, k, v, beta, read, k_eps=k_eps, backend=backend, rule=rule)
-    return (out, *norm_gate_value(x_in, *weights, eps=eps, beta_max=beta_max, value_scale=value_scale,
-                                  c_dtype=c_dtype, backend=backend))
+# every update by a rule, alone and fused with the next sublayer's read or input stage: its routes in the table of
+# deep_delta.ops.backend.dispatch (the lean update runs the rule's lean function: .lean.update_lean)
+register("update", torch=update_lean, triton=lazy(_kernels, "delta_update_triton"),
+         library=lazy(_library, "update_with_op"))
+register("update_and_channel_read", unfused=_update_then_channel_read,
+         triton=lazy(_kernels, "delta_update_read_triton"), library=lazy(_library, "update_with_op"))
+register("update_and_token_read", unfused=_update_then_token_read,
+         triton=lazy(_token_kernels, "delta_update_token_read_triton"))
+register("update_and_norm", unfused=_update_then_norm, triton=_any_lead(lazy(_norm_kernels, "update_and_norm_triton")),
+         library=_any_lead(lazy(_library, "update_norm_with_op")))
 
 
 __all__ = [
+    "RULES",
     "RULE_GATES",
-    "check_rule",
-    "fused_rule",
     "UPDATE_RULES",
+    "UpdateRule",
+    "on_kernels",
+    "rule_spec",
     "update_and_norm",
     "update_and_norm_reference",
     "apply_update",

@@ -34,6 +34,7 @@ import torch
 from deep_delta.ops.backend import compute_dtype
 from deep_delta.ops.delta.naive import unit_direction
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
+from deep_delta.ops.delta.rules import rule_spec
 
 
 def _project(u: torch.Tensor, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
@@ -58,16 +59,18 @@ def _gated(beta: torch.Tensor, v: torch.Tensor, p: torch.Tensor, beta_erase: tor
 
 def rule_gates(rule: str, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
     """(beta_write, beta_erase or None, erase) of an update rule's gate tensor as the kernels take it: beta (N, 1)
-    for "delta" and "write" (erase False), (N, 2) = (beta_e, beta_w) for "untied"."""
-    if rule == "untied":
+    for "delta" and "write" (erase False: the rule reads nothing), (N, 2) = (beta_e, beta_w) for "untied"
+    (:mod:`.rules`)."""
+    spec = rule_spec(rule)
+    if spec.erase_gate:
         return beta[:, 1:], beta[:, :1], True
-    return beta, None, rule != "write"
+    return beta, None, spec.reads
 
 
 def rule_grads(rule: str, grads: tuple) -> tuple:
     """:func:`lean_backward`'s gradients as the rule's inputs take them: (grad_x, grad_k, grad_v, grad_beta), the
     untied rule's two gate gradients joined as (N, 2) = (erase, write)."""
-    if rule != "untied":
+    if not rule_spec(rule).erase_gate:
         return grads
     *first, grad_write, grad_erase = grads
     return (*first, torch.cat([grad_erase, grad_write], dim=-1))
@@ -191,6 +194,20 @@ def untied_update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_e
         beta_erase.reshape(n, 1),
     )
     return out.view(x.shape)
+
+
+def update_lean(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, k_eps: float = 1e-5,
+                rule: str = "delta") -> torch.Tensor:
+    """The lean update by ``rule`` (the ``"torch"`` route of every update), gates as one tensor: beta (..., 1), or
+    (..., 2) = (erase, write) for the untied rule; shapes validated. The rule's lean function: the write-only
+    control's :func:`write_update_lean`, the untied gates' :func:`untied_update_lean`, else the delta rule's
+    :func:`delta_update_lean`."""
+    spec = rule_spec(rule)
+    if not spec.reads:
+        return write_update_lean(x, k, v, beta, k_eps)
+    if spec.erase_gate:
+        return untied_update_lean(x, k, v, beta[..., :1], beta[..., 1:], k_eps)
+    return delta_update_lean(x, k, v, beta, k_eps)
 
 
 def rule_forward(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,

@@ -196,8 +196,8 @@ delta_update_read_op.register_autograd(_delta_update_read_grad, setup_context=_s
 
 
 def update_with_op(
-    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor | None, k_eps: float, backend: str = "auto",
-    rule: str = "delta",
+    x: Tensor, k: Tensor, v: Tensor, beta: Tensor, c: Tensor | None = None, k_eps: float = 1e-5,
+    backend: str = "auto", rule: str = "delta",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The update through the custom ops, at any leading shape: x (..., d, d_v), k (..., d), v (..., d_v),
     beta (..., 1) ((..., 2) for the untied ``rule``); returns x' (..., d, d_v), or (x', x_in (..., d)) with c (d, d_v)

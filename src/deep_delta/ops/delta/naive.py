@@ -10,6 +10,7 @@ import math
 import torch
 
 from deep_delta.ops.backend import compute_dtype
+from deep_delta.ops.delta.rules import rule_spec
 
 
 def unit_direction(
@@ -70,10 +71,12 @@ def delta_update_reference(
 def rule_reference(rule: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                    k_eps: float = 1e-5) -> torch.Tensor:
     """:func:`delta_update_reference` of an update rule (``DDLConfig.update_rule``) with its gates as one tensor, as
-    the fused ops take them: beta (..., 1) for "delta" and "write", (..., 2) = (erase, write) for "untied"."""
-    if rule == "untied":
+    the fused ops take them: beta (..., 1) for "delta" and "write", (..., 2) = (erase, write) for "untied"
+    (:mod:`deep_delta.ops.delta.rules`)."""
+    spec = rule_spec(rule)
+    if spec.erase_gate:
         return delta_update_reference(x, k, v, beta[..., 1:], k_eps, beta_erase=beta[..., :1])
-    return delta_update_reference(x, k, v, beta, k_eps, erase=rule != "write")
+    return delta_update_reference(x, k, v, beta, k_eps, erase=spec.reads)
 
 
 def delta_operator_reference(k: torch.Tensor, beta: torch.Tensor, k_eps: float = 1e-5) -> torch.Tensor:

@@ -39,6 +39,7 @@ import triton.language as tl
 
 from deep_delta.ops import partials
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
+from deep_delta.ops.delta.rules import rule_spec
 from deep_delta.ops.launch import check_device, delta_rows, delta_warps, launch, reduction_grid, state_blocks
 
 # The fused CC read's backward (a loop over a chunk of tokens): token n+1 loaded while token n is computed, on
@@ -48,19 +49,11 @@ READ_BWD_PER_SM = 2
 READ_BWD_PREFETCH = True
 
 
-# ERASE, a compile-time constant of every update kernel: the update rule's erase term (DDLConfig.update_rule; the
-# one reference is ops.delta.naive.delta_update_reference). 1 (the delta rule, "delta"): x + beta u (v - u^T x)^T;
-# 0 (the write-only control, "write"): x + beta u v^T, the read u^T x and its gradient terms skipped; 2 (the untied
-# gates, "untied"): x + u (beta_w v - beta_e u^T x)^T, with BETA (N, 2) holding (beta_e, beta_w) per token
-# (RULE_GATES' order) and GBETA their gradients. Written as integer literals in the kernels.
-ERASE_MODES = {"write": 0, "delta": 1, "untied": 2}
-
-
-def erase_mode(rule: str) -> int:
-    """The kernels' ``ERASE`` constant of an update rule (``ERASE_MODES``)."""
-    if rule not in ERASE_MODES:
-        raise ValueError(f"delta update kernels: `rule` got {rule!r}; allowed: {' | '.join(ERASE_MODES)}")
-    return ERASE_MODES[rule]
+# ERASE, a compile-time constant of every update kernel: the update rule's erase term, its ``rule_spec(rule).erase``
+# (ops/delta/rules.py; the one reference is ops.delta.naive.delta_update_reference). 1 (the delta rule):
+# x + beta u (v - u^T x)^T; 0 (the write-only control): x + beta u v^T, the read u^T x and its gradient terms
+# skipped; 2 (the untied gates): x + u (beta_w v - beta_e u^T x)^T, with BETA (N, 2) holding (beta_e, beta_w) per
+# token (the rule's gates' order) and GBETA their gradients. Written as integer literals in the kernels.
 
 
 @triton.jit
@@ -255,7 +248,7 @@ def _delta_bwd_worker(
       ops.delta.triton_token's second kernel's. The rows g_in[t .. t+3] are a window carried from token to
       token: one new row per token (row t+3, loaded with the token's other inputs), the other three kept from
       the tokens before; rows past the fourth tap are loaded where used. Without TAP_GRADS (the one-pass
-      backward switched off: ``switches.TC_ONE_PASS``) only G's part: the second kernel sums every tap's
+      backward switched off: ``switches.get().tc_one_pass``) only G's part: the second kernel sums every tap's
       gradient.
 
     PREFETCH: token n+1's inputs are loaded before token n's math (their latency behind it, for the registers
@@ -344,14 +337,16 @@ def _delta_bwd_worker(
 
 
 def _flat(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, rule: str = "delta"):
-    """x, k, v and the gates with one leading dimension, contiguous: beta (N,), or (N, 2) for the untied rule."""
+    """x, k, v and the gates with one leading dimension, contiguous: beta (N,), or (N, 2) for the untied rule's two
+    gates."""
     *lead, d, dv = x.shape
     n = math.prod(lead)
+    gates = len(rule_spec(rule).gates)
     return (
         x.reshape(n, d, dv).contiguous(),
         k.reshape(n, d).contiguous(),
         v.reshape(n, dv).contiguous(),
-        beta.reshape(n, 2).contiguous() if rule == "untied" else beta.reshape(n).contiguous(),
+        beta.reshape((n,) if gates == 1 else (n, gates)).contiguous(),
     )
 
 
@@ -376,7 +371,7 @@ def triton_forward(
         _delta_fwd_kernel, (triton.cdiv(n, rows),),
         (x, k, v, beta, out, c.contiguous() if has_read else x, out if xin is None else xin,
          out if delta is None else delta, n, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)), writes=(4, 6, 7),
-        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, ERASE=erase_mode(rule),
+        HAS_READ=has_read, HAS_DELTA=want_delta, ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv, ERASE=rule_spec(rule).erase,
         num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
@@ -415,13 +410,13 @@ def triton_backward(
     else:  # unused placeholders
         gin, gc_part, c_arg, gc, count, reducing = g, g, g, g, g, 0
         meta = dict(REDUCE=False, **partials.plan(1, d * dv).meta())
-    x_arg = g if rule == "write" and not has_read else x  # the write-only rule reads no state
+    x_arg = x if has_read or rule_spec(rule).reads else g  # the write-only rule reads no state
     launch(
         _delta_bwd_kernel, (progs + reducing,),
         (x_arg, k, v, beta, g, gin, c_arg, gx, gk, gv, gbeta, gc_part, gc, count, n, chunk, progs, reducing, 1, d,
          k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=has_read, TAPS=0, TAP_GRADS=False, BLOCK_D=bd, DV=dv,
-        BLOCK_V=bv, PREFETCH=has_read and READ_BWD_PREFETCH, ERASE=erase_mode(rule), num_warps=delta_warps(bd * bv),
+        BLOCK_V=bv, PREFETCH=has_read and READ_BWD_PREFETCH, ERASE=rule_spec(rule).erase, num_warps=delta_warps(bd * bv),
         **meta,
     )
     if not has_read:

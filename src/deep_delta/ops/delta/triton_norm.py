@@ -33,6 +33,7 @@ import triton.language as tl
 from deep_delta.ops import partials
 from deep_delta.ops.delta import triton as delta_triton
 from deep_delta.ops.delta.lean_norm import missing_update_grads
+from deep_delta.ops.delta.rules import rule_spec
 from deep_delta.ops.launch import (
     MAX_WIDTH,
     NORM_SHARE,
@@ -344,7 +345,7 @@ def triton_forward(
         (x, k, v, beta, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d, dv,
          k_eps * k_eps / d, 1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(9, 10, 11, 12), apart=(4, 5, 6, 7, 8, 10, 11, 12), BLOCK_D=bd, BLOCK_V=bv,
-        ERASE=delta_triton.erase_mode(rule), GATES=gates, num_warps=_warps(bd * bv),
+        ERASE=rule_spec(rule).erase, GATES=gates, num_warps=_warps(bd * bv),
     )
     # the next sublayer's share of the launch, recorded on its own: what the update alone would not move
     record("update_norm_fwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias),
@@ -377,7 +378,7 @@ def triton_backward(
          red.counters, n, chunk, progs, r_d, r_v, red.total, d, dv, k_eps * k_eps / d,
          1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(13, 14, 15, 16, 17, 18, 19), apart=(4, 5, 6, 7, 8, 10, 11, 12, 17, 18, 19, 20, 21, 22, 23, 24, 25),
-        BLOCK_D=bd, BLOCK_V=bv, ERASE=delta_triton.erase_mode(rule), GATES=gates, num_warps=_warps(bd * bv),
+        BLOCK_D=bd, BLOCK_V=bv, ERASE=rule_spec(rule).erase, GATES=gates, num_warps=_warps(bd * bv),
         **red.meta(),
     )
     record("update_norm_bwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight, value_bias, gc,
@@ -408,7 +409,7 @@ def read_triton_forward(
         (x, k, v, beta, read, norm_weight, gate_weight, gate_bias, value_weight, value_bias, out, c, beta2, v2, n, d,
          k_eps * k_eps / d, 1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(10, 11, 12, 13), apart=(5, 6, 7, 8, 9, 11, 12, 13), ROWS=rows, BLOCK_D=bd, DV=dv, BLOCK_V=bv,
-        ERASE=delta_triton.erase_mode(rule), GATES=gates, num_warps=_warps(bd * bv),
+        ERASE=rule_spec(rule).erase, GATES=gates, num_warps=_warps(bd * bv),
     )
     record("update_read_norm_fwd_kernel" + NORM_SHARE, (norm_weight, gate_weight, gate_bias, value_weight,
                                                         value_bias), (c, beta2, v2))
@@ -441,7 +442,7 @@ def read_triton_backward(
          1.0 / math.sqrt(d), float(eps), float(beta_max), float(value_scale)),
         writes=(14, 15, 16, 17, 18, 19, 20, 21),
         apart=(5, 6, 7, 8, 9, 11, 12, 13, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28),
-        BLOCK_D=bd, DV=dv, BLOCK_V=bv, ERASE=delta_triton.erase_mode(rule), GATES=gates,
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, ERASE=rule_spec(rule).erase, GATES=gates,
         num_warps=_warps(bd * bv, 2), **red.meta(),
     )
     # the read's sum is the update's share (a partial sum belongs to the record before it), the norm's the norm's

@@ -43,7 +43,8 @@ import triton.language as tl
 
 from deep_delta.ops import partials, switches
 from deep_delta.ops.delta.recompute import active_tape, delta_rebuild
-from deep_delta.ops.delta.triton import _delta_bwd_kernel, erase_mode, token_load, token_math
+from deep_delta.ops.delta.rules import rule_spec
+from deep_delta.ops.delta.triton import _delta_bwd_kernel, token_load, token_math
 from deep_delta.ops.launch import check_device, delta_warps, launch, reduction_grid, state_blocks
 
 CHUNK = 32  # forward tokens per program: halo overhead (K-1)/CHUNK, 8 x 1024 tokens -> 256 programs
@@ -201,14 +202,14 @@ def token_read_forward(x, k, v, beta, w, k_eps: float, want_delta: bool = False,
         _delta_tc_fwd_kernel, (bsz, triton.cdiv(t, chunk)),
         (x, k, v, beta, w, out, xin, out if delta is None else delta, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(5, 6, 7), HAS_DELTA=want_delta, KS=ks, BLOCK_K=triton.next_power_of_2(ks), CHUNK=chunk,
-        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, ERASE=erase_mode(rule), num_warps=delta_warps(bd * bv),
+        BLOCK_D=bd, DV=dv, BLOCK_V=bv, PREFETCH=PREFETCH, ERASE=rule_spec(rule).erase, num_warps=delta_warps(bd * bv),
     )
     return out, xin, delta
 
 
 def saves_new_state(ks: int, one_pass: bool) -> bool:
     """Whether the backward reads x' as the forward stored it (the taps' second kernel runs): K > 4, or the
-    one-pass backward switched off (``switches.TC_ONE_PASS``)."""
+    one-pass backward switched off (``switches.get().tc_one_pass``)."""
     return ks > TAP_GROUP or not one_pass
 
 
@@ -217,7 +218,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     """(grad_x, grad_k, grad_v, grad_beta, grad_w) for the upstream gradients g (of x') and gin (of x_in, or
     None for zero); out = x', the forward's new state, read by the taps' second kernel (None when it does not run:
     :func:`saves_new_state`); other shapes as :func:`token_read_forward`'s inputs. With the one-pass backward
-    (``switches.TC_ONE_PASS``), one launch for K <= 4: the update's backward with the read's gradient added per
+    (``switches.get().tc_one_pass``), one launch for K <= 4: the update's backward with the read's gradient added per
     token and the taps' gradient from x' recomputed in registers, on a bounded persistent grid (ops.delta.triton's
     kernel); for K > 4 a second launch on the same grid adds the other taps' gradient from the saved x'. Without
     it, the update's backward adds the read's gradient only and the second launch sums every tap's gradient.
@@ -229,7 +230,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
     gin = torch.zeros(bsz, t, d, dtype=x.dtype, device=x.device) if gin is None else gin.contiguous()
     gx, gk, gv, gbeta = torch.empty_like(x), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     groups = triton.cdiv(ks, TAP_GROUP)
-    one_pass = switches.TC_ONE_PASS if one_pass is None else one_pass
+    one_pass = switches.get().tc_one_pass if one_pass is None else one_pass
     first = 1 if one_pass else 0  # the first group of taps the second kernel sums
     progs, chunk = reduction_grid(n, x.device, per_program_axis=groups, per_sm=BWD_PER_SM)
     gw_part = torch.empty(progs, ks, d, dv, dtype=torch.float32, device=x.device)
@@ -243,7 +244,7 @@ def token_read_backward(g, gin, x, out, k, v, beta, w, k_eps: float, one_pass: b
         (x, k, v, beta, g.contiguous(), gin, w, gx, gk, gv, gbeta, gw_part if one_pass else gx, gw, red.counters, n,
          chunk, progs, red.total, t, d, k_eps * k_eps / d, 1.0 / math.sqrt(d)),
         writes=(7, 8, 9, 10, 11), apart=(12, 13), HAS_READ=False, TAPS=ks, TAP_GRADS=one_pass, BLOCK_D=bd, DV=dv,
-        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ERASE=erase_mode(rule), **(red.meta() if one else none),
+        BLOCK_V=bv, PREFETCH=BWD_PREFETCH, ERASE=rule_spec(rule).erase, **(red.meta() if one else none),
         num_warps=delta_warps(2 * bd * bv),  # the tiles of four taps and their gradient besides the state's
     )
     if not one:
@@ -271,7 +272,7 @@ class DeltaUpdateTokenRead(torch.autograd.Function):
             tape.record(x, out, delta_rebuild(k.reshape(-1, k.shape[-1]), delta.reshape(-1, delta.shape[-1]), k_eps))
         # x' too where the taps' second kernel reads it (K > 4, or the one-pass backward off): the next update's
         # input, saved by it anyway (the extra memory is the model's last state only); else recomputed in registers
-        ctx.one_pass = switches.TC_ONE_PASS
+        ctx.one_pass = switches.get().tc_one_pass
         ctx.save_for_backward(x, out if saves_new_state(w.shape[0], ctx.one_pass) else None, k, v, beta, w)
         ctx.k_eps, ctx.rule = k_eps, rule
         return out, xin
@@ -292,7 +293,8 @@ def delta_update_token_read_triton(x, k, v, beta, weight, *, k_eps: float = 1e-5
     """
     check_device("update_and_token_read", x)
     bsz, t = x.shape[:2]
-    gates = (bsz, t, 2) if rule == "untied" else (bsz, t)
+    gates = len(rule_spec(rule).gates)
+    gates = (bsz, t) if gates == 1 else (bsz, t, gates)
     out, xin = DeltaUpdateTokenRead.apply(x.contiguous(), k.contiguous(), v.contiguous(),
                                           beta.reshape(gates).contiguous(), weight.contiguous(), float(k_eps), rule)
     return out, xin

@@ -6,7 +6,8 @@ their RMS-normalised values.
 - :mod:`.lean` (``backend="torch"``): a custom autograd Function that keeps the sources as they are (no stacked
   copy) and only the weights beside them.
 
-No Triton kernel: on every device and backend the lean path runs (``backend`` is validated). The layer that
+No Triton kernel: on every device and backend the lean path runs (``backend`` is validated), the op's one route
+in the table of :func:`deep_delta.ops.backend.dispatch`. The layer that
 uses it is :class:`deep_delta.layers.AttnResidual`.
 """
 
@@ -16,11 +17,13 @@ from collections.abc import Sequence
 
 import torch
 
-from deep_delta.ops.backend import resolve_backend
+from deep_delta.ops.backend import dispatch, register
 from deep_delta.ops.depth.lean import depth_attention_lean
 from deep_delta.ops.depth.naive import depth_attention_reference, depth_weights_reference
 
 __all__ = ["depth_attention", "depth_attention_reference", "depth_weights_reference"]
+
+register("depth_attention", torch=depth_attention_lean)
 
 
 def depth_attention(sources: Sequence[torch.Tensor], query: torch.Tensor, norm_weight: torch.Tensor, *,
@@ -52,5 +55,4 @@ def depth_attention(sources: Sequence[torch.Tensor], query: torch.Tensor, norm_w
     for name, t in (("query", query), ("norm_weight", norm_weight)):
         if tuple(t.shape) != (d,):
             raise ValueError(f"depth_attention: `{name}` must have shape ({d},), got {tuple(t.shape)}")
-    resolve_backend(backend, first.device)
-    return depth_attention_lean(sources, query, norm_weight, eps)
+    return dispatch("depth_attention", backend, first)(sources, query, norm_weight, eps)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from deep_delta.ops.backend import pick
+from deep_delta.ops.backend import dispatch, lazy, register
 from deep_delta.ops.hyper.lean import sinkhorn_knopp_lean, stream_read_lean, stream_write_lean
 from deep_delta.ops.hyper.naive import (
     hc_coefficients_reference,
@@ -49,6 +49,11 @@ def _kernels():
     return triton
 
 
+register("stream_read", torch=stream_read_lean, triton=lazy(_kernels, "stream_read_triton"))
+register("stream_write", torch=stream_write_lean, triton=lazy(_kernels, "stream_write_triton"))
+register("sinkhorn_knopp", torch=sinkhorn_knopp_lean, triton=lazy(_kernels, "sinkhorn_knopp_triton"))
+
+
 def _check_coef(op: str, name: str, c: torch.Tensor, lead: tuple[int, ...], tail: tuple[int, ...]) -> None:
     """``c`` is (*tail) (static) or broadcasts to (*lead, *tail)."""
     ok = c.dim() >= len(tail) and tuple(c.shape[c.dim() - len(tail):]) == tail
@@ -74,7 +79,7 @@ def stream_read(h: torch.Tensor, a: torch.Tensor, *, backend: str = "auto") -> t
     """``h_in = h a``: h (..., d, n), a (n,) or (..., n) -> (..., d) in h's dtype (fp32 math)."""
     lead, _, n = _check_state("stream_read", h)
     _check_coef("stream_read", "a", a, lead, (n,))
-    return pick(backend, h.device, stream_read_lean, lambda: _kernels().stream_read_triton)(h, a)
+    return dispatch("stream_read", backend, h)(h, a)
 
 
 def stream_write(
@@ -87,11 +92,11 @@ def stream_write(
     _check_coef("stream_write", "b", b, lead, (n,))
     if tuple(f.shape) != lead + (d,):
         raise ValueError(f"stream_write: `f` must have shape {lead + (d,)}, got {tuple(f.shape)}")
-    return pick(backend, h.device, stream_write_lean, lambda: _kernels().stream_write_triton)(h, r, b, f)
+    return dispatch("stream_write", backend, h)(h, r, b, f)
 
 
 def sinkhorn_knopp(logits: torch.Tensor, iters: int = 20, eps: float = 1e-6, *, backend: str = "auto") -> torch.Tensor:
     """Sinkhorn-Knopp of (..., n, n) logits (:func:`.naive.sinkhorn_knopp_reference`), fp32 (fp64 stays)."""
     if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2]:
         raise ValueError(f"sinkhorn_knopp: `logits` must have shape (..., n, n), got {tuple(logits.shape)}")
-    return pick(backend, logits.device, sinkhorn_knopp_lean, lambda: _kernels().sinkhorn_knopp_triton)(logits, iters, eps)
+    return dispatch("sinkhorn_knopp", backend, logits)(logits, iters, eps)

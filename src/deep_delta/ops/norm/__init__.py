@@ -8,7 +8,8 @@ src or c again). ``backend`` follows :func:`deep_delta.ops.backend.resolve_backe
 only under the Triton interpreter), ``"auto"`` the custom op (:mod:`.library`, one node under ``torch.compile``)
 where it resolves to Triton (CUDA) while compiling, the kernels' Function in eager there, and the lean path
 elsewhere. ``"triton"`` goes through the custom op while compiling too, which it tells to run the kernels
-(:func:`deep_delta.ops.backend.through_registered_op`). The plain reference is :mod:`.naive`.
+(:func:`deep_delta.ops.backend.through_registered_op`). The three routes are the op's entries in the table of
+:func:`deep_delta.ops.backend.dispatch`. The plain reference is :mod:`.naive`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,27 @@ import math
 
 import torch
 
-from deep_delta.ops.backend import resolve_backend, through_registered_op
+from deep_delta.ops.backend import dispatch, lazy, register
 from deep_delta.ops.norm.lean import norm_gate_value_lean
 from deep_delta.ops.norm.naive import norm_gate_value_reference
 
 Tensor = torch.Tensor
+
+
+def _kernels():
+    from deep_delta.ops.norm import triton
+
+    return triton
+
+
+def _library():
+    from deep_delta.ops.norm import library
+
+    return library
+
+
+register("norm_gate_value", torch=norm_gate_value_lean, triton=lazy(_kernels, "norm_gate_value_triton"),
+         library=lazy(_library, "norm_gate_value_with_op"))
 
 
 def check_norm_inputs(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, value_weight: Tensor,
@@ -79,17 +96,11 @@ def norm_gate_value(src: Tensor, norm_weight: Tensor, gate_weight: Tensor, gate_
         dtype, as ``nn.Linear`` does, and the kernels' in fp32.
     """
     check_norm_inputs(src, norm_weight, gate_weight, gate_bias, value_weight, value_bias, eps, beta_max, value_scale, c_dtype)
-    args = (src, norm_weight, gate_weight, gate_bias, value_weight, value_bias)
-    impl = resolve_backend(backend, src.device)
-    if impl == "triton" and through_registered_op(backend, impl, src.dtype):  # the registered op: one node under compile
-        from deep_delta.ops.norm.library import norm_gate_value_with_op
-
-        return norm_gate_value_with_op(*args, eps, beta_max, value_scale, c_dtype, backend)
-    if impl == "triton":
-        from deep_delta.ops.norm.triton import norm_gate_value_triton
-
-        return norm_gate_value_triton(*args, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
-    return norm_gate_value_lean(*args, eps=eps, beta_max=beta_max, value_scale=value_scale, c_dtype=c_dtype)
+    # off the Triton path always the lean ops ("auto" too: their autograd is the module's gradients bit for bit,
+    # which the custom op's closed-form backward is not)
+    return dispatch("norm_gate_value", backend, src)(src, norm_weight, gate_weight, gate_bias, value_weight,
+                                                     value_bias, eps=eps, beta_max=beta_max,
+                                                     value_scale=value_scale, c_dtype=c_dtype)
 
 
 __all__ = ["check_norm_inputs", "norm_gate_value", "norm_gate_value_lean", "norm_gate_value_reference"]
