@@ -41,8 +41,7 @@ def test_the_rows_defaults_are_the_configs():
     ("ddl-cc", {"update_rule": "write"}, "ddl-cc-write"),                    # T11
     ("attnres", {"attnres_blocks": 8}, "attnres-block"),                     # B4
     ("attnres-block", {"attnres_blocks": None}, "attnres"),                  # B4
-    ("attnres-block", {"attnres_blocks": 1}, None),
-    ("ddl-tc", {"value_channels": 8}, None),
+    ("ddl-dv1", {"value_channels": 4}, None),
 ])
 def test_a_run_is_the_design_its_name_says(variant, fields, other):
     """Issue 66 item 1 (round 6's V1, V3, B4 and T11's siblings): a defining setting against the named variant's is
@@ -60,5 +59,7 @@ def test_recipe_settings_and_the_variants_own_values_pass():
     check_variant("baseline", {"embed_norm": True, "hidden_size": 64})  # a recipe setting: the strong baseline
     check_variant("peri-ln", {"embed_norm": False})  # Peri-LN as recorded before its embedding norm
     check_variant("ddl-cc", {"value_channels": 4, "compressor": "channel", "beta_init": 0.5})
+    check_variant("ddl-tc", {"value_channels": 8})  # the same variant with a wider state (README's example)
+    check_variant("attnres-block", {"attnres_blocks": 2})  # Block AttnRes of 2 blocks
     assert variant_of({**ROW_DEFAULTS, "output_norm": True}) == "peri-ln"
     assert variant_differences("ddl-cc-write", {"update_rule": "write"}) == []

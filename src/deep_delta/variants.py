@@ -105,15 +105,26 @@ def defining_fields() -> list[str]:
     return sorted(names - set(RECIPE_FIELDS))
 
 
+# Fields whose value says which variant a model is only through its kind: a d_v > 1 state (any d_v), Block AttnRes
+# (any number of blocks) against Full (None); another value of the same kind is the same variant at another size.
+_KIND = {"value_channels": lambda v: isinstance(v, int) and v > 1, "attnres_blocks": lambda v: v is not None}
+
+
+def _same(name: str, a: Any, b: Any) -> bool:
+    kind = _KIND.get(name)
+    return kind(a) == kind(b) if kind else a == b
+
+
 def variant_differences(variant: str, fields: dict[str, Any]) -> list[str]:
     """How the model settings ``fields`` (a config's fields, or a run's overrides over its variant's row) differ from
     what ``variant`` is defined with, one ``field got X, but VARIANT has Y`` each; [] when the model is the variant.
-    A defining field not in ``fields`` counts as the variant's own. The one check that a run is the design its name
+    A defining field not in ``fields`` counts as the variant's own; d_v and the number of AttnRes blocks count by
+    their kind (a d_v > 1 state, Block AttnRes), so that the same variant at another size stays itself. The one check that a run is the design its name
     says (``ddl train``, ``ddl compare`` live and ``--report-only``, export)."""
     row = {**ROW_DEFAULTS, **VARIANTS.get(variant, {})}
     out = []
     for name in defining_fields():
-        if name in fields and fields[name] != row.get(name):
+        if name in fields and not _same(name, fields[name], row.get(name)):
             out.append(f"`{name}` got {fields[name]!r}, but {variant!r} ({paper_name(variant)}) has {row.get(name)!r}")
     return out
 

@@ -82,7 +82,8 @@ def test_the_readout_sees_the_embedding_and_one_source_per_block(blocks, sources
     """4 layers = 8 sublayers: Full AttnRes ends with the embedding and 8 outputs, Block AttnRes with the embedding and
     one sum per block; the readout is the depth attention over them with its own query."""
     torch.manual_seed(0)
-    cfg = DDLConfig.from_variant("attnres", "tiny", **{**DEBUG, "num_hidden_layers": 4, "attnres_blocks": blocks})
+    cfg = DDLConfig.from_variant("attnres" if blocks is None else "attnres-block", "tiny",
+                                 **{**DEBUG, "num_hidden_layers": 4, "attnres_blocks": blocks})
     model = DDLForCausalLM(cfg).eval()
     seen = {}
     readout = model.model.final_compressor

@@ -172,7 +172,7 @@ def test_a_named_variants_update_rule_is_not_overridden(tmp_path, capsys):
 @pytest.mark.parametrize("variant, sets, names", [
     ("baseline", ["model.output_norm=true"], "'peri-ln' by name"),                       # V1
     ("baseline", ["model.residual=delta"], "'ddl-dv1' by name"),                         # V3
-    ("attnres", ["model.attnres_blocks=1"], "no variant has these settings"),            # B4
+    ("attnres", ["model.attnres_blocks=1"], "'attnres-block' by name"),                # B4
     ("attnres-block", ["model.attnres_blocks=null"], "'attnres' by name"),               # B4
 ])
 def test_a_design_under_another_name_is_refused_by_ddl_train(tmp_path, capsys, variant, sets, names):
