@@ -39,6 +39,18 @@ def load_tool(name: str):
     return mod
 
 
+def tool_refusal(name: str, *argv) -> str:
+    """The one line a benchmarks tool (``benchmarks/tools/NAME.py``, its ``main``) exits with on bad input: a
+    SystemExit with one line naming the tool, printed on stderr, exit 1."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        load_tool(name).main([str(a) for a in argv])
+    said = e.value.code
+    assert isinstance(said, str) and "\n" not in said and said.startswith(f"{name}.py: "), said
+    return said
+
+
 def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     """|got - ref| / |ref| (Frobenius norms, in fp64): the tolerance measure of the kernel and dtype tests."""
     return ((got.double() - ref.double()).norm() / (ref.double().norm() + 1e-30)).item()

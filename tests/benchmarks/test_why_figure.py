@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from helpers import TOOLS, load_tool
+from helpers import TOOLS, load_tool, tool_refusal
 
 TOOL = TOOLS / "why_figure.py"
 ENV = dict(os.environ, PYTHONPATH=str(TOOLS.parents[1] / "src"))  # this tree's library (fsutil's JSON reader)
@@ -60,11 +60,7 @@ def test_the_figure_is_written_and_a_missing_report_refused(tmp_path):
 
 def refused(*argv) -> str:
     """The one line why_figure.py exits with (SystemExit: printed on stderr, exit 1)."""
-    with pytest.raises(SystemExit) as e:
-        load_tool("why_figure").main([str(a) for a in argv])
-    said = e.value.code
-    assert isinstance(said, str) and "\n" not in said and said.startswith("why_figure.py: "), said
-    return said
+    return tool_refusal("why_figure", *argv)
 
 
 def test_wf1_a_report_that_is_not_json_or_not_an_object_is_refused(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from tests.experiments.test_compare_held_out import PLANTED, held_out, plant, split_data  # noqa: F401 (fixture)
 
 from deep_delta.cli.main import main
-from helpers import load_tool
+from helpers import load_tool, tool_refusal
 
 
 def test_the_grid_on_test_shows_the_planted_lr(tmp_path, split_data, capsys, monkeypatch):  # noqa: F811
@@ -70,11 +70,7 @@ def copy(study, tmp_path):
 
 def refused(*argv) -> str:
     """The one line grid_test_loss.py exits with (SystemExit: printed on stderr, exit 1)."""
-    with pytest.raises(SystemExit) as e:
-        load_tool("grid_test_loss").main([str(a) for a in argv])
-    said = e.value.code
-    assert isinstance(said, str) and "\n" not in said and said.startswith("grid_test_loss.py: "), said
-    return said
+    return tool_refusal("grid_test_loss", *argv)
 
 
 def measured(out):
