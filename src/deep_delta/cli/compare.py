@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         from deep_delta.experiments.compare import run_lr_grid
 
         summary = run_lr_grid(base, variants, args.out, lrs, **kw)
-    return _print_report(args.out, summary, step_costs)
+    return _print_report(args.out, summary)
 
 
 def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float]) -> None:
@@ -192,20 +192,17 @@ def _banner(args, base, variants: list[str], seeds: list[int], lrs, step_costs: 
             f"{args.out}")
 
 
-def _print_report(out: str, summary: dict, step_costs: dict[str, float] | None = None) -> int:
+def _print_report(out: str, summary: dict) -> int:
     """The report on the terminal (as compare.md has it), the runs that diverged on stderr, the files written;
     returns the exit code (1 when a run diverged)."""
     import sys
 
-    from deep_delta.experiments.compare_report import terminal_report
+    from deep_delta.experiments.compare_report import terminal_report, tokens_text
 
     rows = summary["rows"]
     print()
-    tokens = max(r["tokens"] for r in rows)
-    each = (" per variant" if not step_costs else f" for {summary['reference']} (" + ", ".join(
-        f"{r['variant']} {r['tokens']:,}" for r in rows if r["variant"] in step_costs) + ")")
     wall = f"; wall time of this call {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else ""
-    print(f"{tokens:,} training tokens{each}; differences against {summary['reference']}{wall}")
+    print(f"{tokens_text(summary)}; differences against {summary['reference']}{wall}")
     print(terminal_report(summary))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:

@@ -326,8 +326,53 @@ def conclusion(summary: dict[str, Any]) -> str:
         parts.append(f"{r['name']} {found}{cost}")
     seeds = "one seed, so no interval: an anecdote" if n == 1 else f"{n} paired seeds"
     timed = " (step times measured interleaved on this machine)" if any(r.get("time_ratio") for r in rows) else ""
-    return (f"Found ({seeds}): at equal steps, against the {ref_name}'s {loss} loss, " + "; ".join(parts)
+    return (f"Found ({seeds}): {lengths_text(summary)}, against the {ref_name}'s {loss} loss, " + "; ".join(parts)
             + f"{timed}.")
+
+
+def run_lengths(summary: dict[str, Any]) -> dict[str, int]:
+    """The optimizer steps each variant's runs trained ({variant: steps}), those that diverged left out (a run
+    stopped by its divergence is shorter by that)."""
+    return {r["variant"]: r["steps"] for r in summary["rows"] if not r.get("diverged")}
+
+
+def lengths_text(summary: dict[str, Any]) -> str:
+    """How the compared runs' lengths relate, as the closing sentence says it: "at equal steps"; at equal cost by
+    the step costs given (``step_costs``: each such variant's steps at its cost); or, for runs of other lengths that
+    no given cost accounts for (runs brought together by ``--report-only``), each variant's steps, called neither."""
+    steps = run_lengths(summary)
+    ref = summary["reference"]
+    if len(set(steps.values())) <= 1 or ref not in steps:
+        return "at equal steps"
+    if unequal_lengths(summary):
+        return ("at unequal lengths (" + ", ".join(f"{v} {n} steps" for v, n in steps.items())
+                + ": neither equal steps nor an equal cost given)")
+    costs = summary["step_costs"]
+    return (f"at equal cost by the step costs given ({ref} {steps[ref]} steps; "
+            + ", ".join(f"{v} {n} at {costs[v]:g}x" for v, n in steps.items() if n != steps[ref]) + ")")
+
+
+def unequal_lengths(summary: dict[str, Any]) -> bool:
+    """Whether some variant trained another number of steps than the reference with no step cost given for it
+    (``step_costs``) that accounts for it: runs of unequal lengths, compared neither at equal steps nor at cost."""
+    steps, ref = run_lengths(summary), summary["reference"]
+    costs = summary.get("step_costs") or {}
+    return ref in steps and any(n != steps[ref] and v not in costs for v, n in steps.items())
+
+
+def tokens_text(summary: dict[str, Any]) -> str:
+    """The training tokens of the compared runs in a few words: "N training tokens per variant" when every variant
+    trained as many; the reference's, then those of the variants with a step cost, at equal cost; else each
+    variant's."""
+    tokens = {r["variant"]: r["tokens"] for r in summary["rows"] if not r.get("diverged")} or {
+        r["variant"]: r["tokens"] for r in summary["rows"]}
+    ref, costs = summary["reference"], summary.get("step_costs") or {}
+    if len(set(tokens.values())) == 1:
+        return f"{next(iter(tokens.values())):,} training tokens per variant"
+    if ref in tokens and costs and not unequal_lengths(summary):
+        return f"{tokens[ref]:,} training tokens for {ref} (" + ", ".join(
+            f"{v} {n:,}" for v, n in tokens.items() if v in costs) + ")"
+    return "training tokens per variant: " + ", ".join(f"{v} {n:,}" for v, n in tokens.items())
 
 
 def lr_sentence(summary: dict[str, Any]) -> str:
@@ -463,11 +508,15 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
             "validation loss each variant had reached when the reference finished its steps, at this step time "
             "(interpolated on its validation curve; '-' where that falls before its first validation).",
         ]
+    steps_text, tokens_said = f"{s.get('steps')} steps", f"{tokens:,} tokens"
+    if unequal_lengths(summary):  # runs brought together: each variant's own length, none of them "the" steps
+        steps_text = "steps per variant (" + ", ".join(f"{v} {n}" for v, n in run_lengths(summary).items()) + ")"
+        tokens_said = tokens_text(summary)
     lines += [
         "",
         f"Seed s means the same initialisation seed and the same data order for every variant. Data "
-        f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {optimizer_text(s)}, {lr_text} "
+        f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {steps_text} x "
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens_said}), {optimizer_text(s)}, {lr_text} "
         f"(warm-up {s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on "
         f"{s.get('eval_batches')} batches ({windows_text(recorded(s).get('eval_windows'))}) every "
         f"{s.get('eval_every')} steps.{cost_sentence(summary)}",
