@@ -87,9 +87,10 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit, grids)
     summary["machine"], differ = runs_machine(all_runs)
     notes = [note] if note else []
+    notes = [*summary.get("notes", []), *notes, *differ]
     summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
                    devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
-                   **({"notes": notes + differ} if notes or differ else {}))
+                   **({"notes": notes} if notes else {}))
     if write:
         write_comparison(out, summary, "selection" if held else "compare")
     return collect_held_out(out, base, summary, all_runs) if held else summary
@@ -115,7 +116,7 @@ def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | No
             "given in its compare.json)")
     summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
     summary["machine"], differ = runs_machine(runs)  # the runs' own, not this process's
-    notes += differ
+    notes = [*summary.get("notes", []), *notes, *differ]
     data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
     summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
                    devices={_name(r.cfg.variant, r.cfg.seed if len(seeds) > 1 else None):

@@ -122,9 +122,26 @@ def summarize_runs(out: str | os.PathLike, variants: list[str], base: TrainConfi
     ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
     for r in rows:
         compare_rows(r, ref, step_times)
+    notes = design_notes(base, variants)
     return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
             "settings": base.to_dict() if base is not None else None, "timing": step_times,
-            "machine": machine(), "reported_split": split}
+            "machine": machine(), "reported_split": split, **({"notes": notes} if notes else {})}
+
+
+def design_notes(base: TrainConfig | None, variants: list[str]) -> list[str]:
+    """A note for each compared variant whose design has a caveat at the runs' settings
+    (:meth:`~deep_delta.designs.base.ResidualDesign.caveat`: Block AttnRes with as many blocks as sublayers is Full
+    AttnRes), saying what its residual is (the design's own one line, ``describe``)."""
+    if base is None:
+        return []
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    notes = []
+    for v in variants:
+        cfg = DDLConfig.from_variant(v, base.preset, **base.model)
+        if cfg.design.caveat(cfg):
+            notes.append(f"{v} ({paper_name(v)}) at these settings: {cfg.design.describe(cfg)}")
+    return notes
 
 
 def loss_keys(split: str) -> dict[str, str]:
@@ -759,9 +776,10 @@ def grid_summary(base: TrainConfig, variants: list[str], seeds: list[int], lrs: 
     ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
     for r in rows:
         compare_rows(r, ref, timing)
+    notes = design_notes(base, variants)
     return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
             "settings": {**base.to_dict(), "lr": None},  # no one lr: each row has its own
-            "timing": timing, "machine": machine(),
+            "timing": timing, "machine": machine(), **({"notes": notes} if notes else {}),
             "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
                              **({} if shared_grid(grids) is not None else {"grids": grids}),
                              "divergence_limit": limit, "chosen": chosen},
