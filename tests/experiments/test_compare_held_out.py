@@ -172,3 +172,20 @@ def test_data_without_a_test_split_is_refused(tmp_path, data_dir, capsys):
     assert main(held_out(tmp_path / "none", data_dir)) == 2
     assert "has no test split (no test_*.bin shards)" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--lrs", "1e-3", "2e-3"], ["--report-only"]],
+                         ids=["one-lr", "grid", "report-only"])
+def test_a_first_evaluation_seed_without_evaluation_seeds_is_refused(tmp_path, data_dir, capsys, extra):
+    """Round 6's H8b: ``--eval-seed-start 5`` without ``--eval-seeds`` ran a plain comparison, the flag ignored
+    without a word; refused as ``--test-tokens`` without ``--eval-seeds`` is (H8), before anything trains."""
+    from tests.experiments.test_compare_scaling import micro
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--out", str(out), "--report-only"] if extra == ["--report-only"] else micro(out, data_dir,
+                                                                                                   *extra)
+    assert main([*argv, "--eval-seed-start", "5"]) == 2
+    err = capsys.readouterr().err
+    assert ("--report-only trains nothing, but got --eval-seed-start" if extra == ["--report-only"] else
+            "--eval-seed-start got a value without --eval-seeds; allowed: with --eval-seeds") in err, err
+    assert not out.exists()

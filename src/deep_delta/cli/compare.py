@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.train.config import TrainConfig, load_config
 
     given = options.given_settings(args, options.setting_names(TrainConfig, PER_RUN))
-    held = HeldOutSettings(**options.given_settings(args, options.setting_names(HeldOutSettings)))
+    held_given = options.given_settings(args, options.setting_names(HeldOutSettings))
+    held = HeldOutSettings(**held_given)
     if args.report_only:
-        return _report_only(args, given, held)
+        return _report_only(args, {**given, **held_given}, held)
     lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
     # the recipe `compare` by default; checked as the first variant compared (each run's own is checked too), so that a
     # setting is refused naming a variant of the comparison
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         check_step_costs(step_costs, variants, args.lengths or [base.steps],
                          "lengths" if args.lengths else "steps")
     checks = parse_step_costs(args.break_even_checks, "break_even_checks")
-    _check_held_out(args, held, lrs, checks)
+    _check_held_out(args, held, lrs, checks, given=set(held_given))
     print(_banner(args, base, variants, seeds, lrs, step_costs, held, torch.get_num_threads()), flush=True)
     if lrs is not None:
         from deep_delta.experiments.lr_grid import gap_warning
@@ -155,9 +156,13 @@ def run(args: argparse.Namespace) -> int:
     return _print_report(args.out, summary)
 
 
-def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float]) -> None:
-    """The evaluation seeds go with an lr grid (they report its choice), not with the width / length study; the
-    break-even checks with the evaluation seeds."""
+def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float],
+                    given: set[str] = frozenset()) -> None:
+    """The evaluation seeds go with an lr grid (they report its choice), not with the width / length study; their
+    first seed (``given``: the HeldOutSettings fields given) and the break-even checks with the evaluation seeds."""
+    if "eval_seed_start" in given and held.eval_seeds is None:
+        raise ValueError("`eval_seed_start` got a value without `eval_seeds`; allowed: with `eval_seeds` (the first "
+                         "of the evaluation seeds; without them no evaluation seed is trained)")
     if held.eval_seeds is not None and lrs is None:
         raise ValueError("`eval_seeds` reports fresh seeds at each variant's chosen lr, but no lr grid was given; "
                          "allowed: with `lrs` (e.g. --lrs 1e-3 2e-3 4e-3)")
@@ -281,9 +286,7 @@ def _report_only(args: argparse.Namespace, given: dict, held) -> int:
     trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
               "--time-repeats": args.time_repeats != 5, "--step-costs": args.step_costs is not None,
               "--lrs": args.lrs is not None, "--seeds": args.seeds is not None, "--config": args.config is not None,
-              "--overwrite": args.overwrite, "--eval-seeds": held.eval_seeds is not None,
-              "--eval-seed-start": held.eval_seed_start != 100, "--test-tokens": held.test_tokens is not None,
-              "--break-even-check": args.break_even_checks is not None}
+              "--overwrite": args.overwrite, "--break-even-check": args.break_even_checks is not None}
     refused = [flag for flag, on in trains.items() if on] + ["--" + k.replace("_", "-") for k in given]
     if refused:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "
