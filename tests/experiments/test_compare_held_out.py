@@ -123,8 +123,14 @@ def test_a_killed_study_reports_its_partial_results_and_resumes(tmp_path, split_
     capsys.readouterr()
     partial = json.loads((out / "compare.json").read_text())
     assert partial["seeds"] == [100] and any("PARTIAL: 1 of 2 evaluation seeds" in n for n in partial["notes"])
+    assert any("the study goes on and rewrites this report" in n for n in partial["notes"])  # while it trains
     assert main(["compare", "--out", str(out), "--report-only", "--no-progress"]) == 0
-    assert "PARTIAL: 1 of 2 evaluation seeds" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PARTIAL: 1 of 2 evaluation seeds" in printed
+    # round 6's HP: --report-only trains nothing, and the one seed is an evaluation seed
+    assert "goes on" not in printed and "(this report trained nothing); the `ddl compare` that started the study " \
+        "finishes them and rewrites this report" in printed
+    assert "an anecdote, not evidence (use --eval-seeds 3 or more)" in printed and "--seeds 3" not in printed
     kept = {p: p.read_text() for p in out.glob("**/metrics.jsonl") if "seed_101" not in str(p) or "baseline" in str(p)}
     tests = {p: p.read_text() for p in out.glob("evaluation/**/test.json")}
     monkeypatch.undo()

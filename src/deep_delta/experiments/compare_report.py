@@ -298,12 +298,13 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     split = summary.get("reported_split", "val")
     k = loss_keys(split)
     on = " on test" if split == "test" else ""
+    more = "--eval-seeds 3" if summary.get("held_out") else "--seeds 3"  # the seeds the numbers come from
     for r in summary["rows"]:
         if r["variant"] == ref or r.get(k["d"]) is None:
             continue
         d, ci, n, wins = r[k["d"]], r.get(k["ci"]), r.get(k["n"], 0), r.get(k["wins"], 0)
         if ci is None:
-            what = f"{d:+.4f} nats{on} in one seed: an anecdote, not evidence (use --seeds 3 or more)"
+            what = f"{d:+.4f} nats{on} in one seed: an anecdote, not evidence (use {more} or more)"
         elif ci[1] < 0:
             what = f"lower{on} by {-d:.4f} nats (95% CI {ci_text(ci)}, lower in {wins}/{n} seeds)"
         elif ci[0] > 0:

@@ -173,12 +173,14 @@ def _partial_report(out: Path, base: TrainConfig, selection: dict, live: list[st
 
 
 def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[str], eval_seeds: list[int],
-                     diverged: dict, checks: dict[str, float], complete: list[int] | None = None) -> dict[str, Any]:
+                     diverged: dict, checks: dict[str, float], complete: list[int] | None = None,
+                     training: bool = True) -> dict[str, Any]:
     """The evaluation's summary (``base``: the study's settings but lr): the runs of ``OUT/evaluation`` (each
     variant of ``live`` at its chosen lr, the
     evaluation seeds, or those of them ``complete``) on test, paired by seed, a variant without an lr (diverged at
     every lr) as its selection row says, the selection it comes from and the break-even checks (``checks``:
-    {variant: r})."""
+    {variant: r}). ``training``: whether the study is training the seeds not ``complete`` yet (False for
+    ``--report-only``, which trains nothing), as the partial report's note says."""
     from deep_delta.experiments.test_split import measured_windows, read_test
 
     seeds = complete or eval_seeds
@@ -212,9 +214,12 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
                    data_fingerprint=selection.get("data_fingerprint"),
                    **({"step_costs": selection["step_costs"]} if selection.get("step_costs") else {}))
     if complete and len(complete) < len(eval_seeds):
+        rest = ("the study goes on and rewrites this report" if training else
+                "the other seeds' runs are not finished (this report trained nothing); the `ddl compare` that started "
+                "the study finishes them and rewrites this report")
         summary.setdefault("notes", []).append(
             f"PARTIAL: {len(complete)} of {len(eval_seeds)} evaluation seeds finished "
-            f"({', '.join(map(str, complete))}); the study goes on and rewrites this report")
+            f"({', '.join(map(str, complete))}); {rest}")
     summary["break_even_checks"] = [_check(out, v, r, eval_seeds[0], rows, summary["reference"])
                                     for v, r in checks.items()]
     return summary
@@ -343,7 +348,7 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()
     every = [*grid_runs, *runs.values(), *check_runs]
     check_switches(every)
     summary = held_out_summary(out, base, selection, live, eval_seeds, diverged, checks,
-                               complete=complete if len(complete) < len(eval_seeds) else None)
+                               complete=complete if len(complete) < len(eval_seeds) else None, training=False)
     summary["machine"], differ = runs_machine(every)
     if differ:
         summary["notes"] = [*summary.get("notes", []), *differ]
