@@ -195,3 +195,18 @@ def test_a_first_evaluation_seed_without_evaluation_seeds_is_refused(tmp_path, d
     assert ("--report-only trains nothing, but got --eval-seed-start" if extra == ["--report-only"] else
             "--eval-seed-start got a value without --eval-seeds; allowed: with --eval-seeds") in err, err
     assert not out.exists()
+
+
+def test_a_test_count_below_a_batch_says_the_tokens_it_measures(tmp_path, split_data, capsys):
+    """Round 6's H5e: ``--test-tokens 10`` measured a whole batch (2 windows of 16 tokens here) without a word. Said
+    before anything trains, in the evaluation's banner and in compare.md."""
+    out = tmp_path / "h5e"
+    assert main(held_out(out, split_data, lrs=(1e-3,), steps=2, eval_every=1, tokens="10")) == 0
+    printed = capsys.readouterr().out
+    rounded = "the 10 asked rounded up to whole batches of 2 windows of 16 tokens"
+    first = printed.index(f"test tokens: each evaluation run will be measured on 32 ({rounded})")
+    assert first < printed.index("[1/") and f"reported on 32 test tokens ({rounded})" in printed
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["held_out"]["test_tokens"] == 32 and summary["held_out"]["test_tokens_asked"] == 10
+    assert (f"reported on the `test` split (32 tokens in windows spread evenly over the split, the same windows for "
+            f"every run; {rounded})") in (out / "compare.md").read_text()

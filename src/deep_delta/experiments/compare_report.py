@@ -20,7 +20,7 @@ from deep_delta.experiments.lr_grid import (
 )
 from deep_delta.experiments.report import ci_text, fmt, log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
-from deep_delta.experiments.test_split import TEST_FILE, read_test
+from deep_delta.experiments.test_split import TEST_FILE, read_test, rounding_said
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.metrics import metrics_file, read_metrics
@@ -402,6 +402,9 @@ def lr_sentence(summary: dict[str, Any]) -> str:
     if grid is None:
         return shared_lr_sentence(s.get("lr")) + muon
     chosen = selection_sentence(grid["lrs"], "final validation loss", grid.get("grids"))
+    rounded = held and rounding_said(held["test_tokens"], held.get("test_tokens_asked"), s.get("seq_len"),
+                                     s.get("batch_size"))
+    rounded = f"; {rounded}" if rounded else ""
     if held is None:
         return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
                 "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
@@ -411,8 +414,8 @@ def lr_sentence(summary: dict[str, Any]) -> str:
             f"tokens in {windows_text(recorded(s).get('eval_windows'))}) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
             f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens "
-            f"in {windows_text(held.get('test_windows'))}, the same windows for every run), paired by seed: no number "
-            "below chose an lr." + muon)
+            f"in {windows_text(held.get('test_windows'))}, the same windows for every run{rounded}), paired by seed: "
+            "no number below chose an lr." + muon)
 
 
 def optimizer_text(settings: dict[str, Any]) -> str:

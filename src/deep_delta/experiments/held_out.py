@@ -100,7 +100,13 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     """The study of the module docstring; returns the evaluation's summary (also ``OUT/compare.json``). Everything
     that can be refused (the test split and its size, the evaluation seeds, the checks) is refused before anything
     trains."""
-    from deep_delta.experiments.test_split import measure_test, resolve_test_tokens, sources_note
+    from deep_delta.experiments.test_split import (
+        measure_test,
+        measured_tokens,
+        resolve_test_tokens,
+        rounding_said,
+        sources_note,
+    )
     from deep_delta.fsutil import refuse_unwritable_results
 
     out = Path(out)
@@ -111,6 +117,10 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}))
     refuse_unwritable_results(out / name for name in SELECTION_OUTPUTS)
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
+    measured = measured_tokens(data, tokens, base.seq_len, base.batch_size)
+    rounded = rounding_said(measured, tokens, base.seq_len, base.batch_size)
+    if rounded:  # said before anything trains
+        say(f"test tokens: each evaluation run will be measured on {measured:,} ({rounded})")
     t0 = time.perf_counter()
     note = sources_note(data)
 
@@ -126,7 +136,7 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
         cfgs = study_configs(base, live, eval_seeds, where, step_costs, lrs=chosen)
         partial = _partial_report(out, base, selection, live, eval_seeds, cfgs, t0)
         say(f"evaluation seeds {', '.join(map(str, eval_seeds))} at the chosen lrs "
-            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {tokens:,} test tokens: {where}")
+            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {measured:,} test tokens{f' ({rounded})' if rounded else ''}: {where}")
         if note:
             say(note)
         diverged = train_runs(cfgs, where, data, overwrite=overwrite, progress=progress, quiet=quiet,
@@ -198,6 +208,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
         raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on different test tokens "
                          f"({', '.join(map(str, test_tokens))}); allowed: every run on the same test windows (run the "
                          "study again: it measures each run with the study's `test_tokens`)")
+    asked = sorted({t.get("tokens_asked") for t in per_run if t and isinstance(t.get("tokens_asked"), int)})
     plans = sorted({measured_windows(t) for t in per_run if t})
     if len(plans) > 1:
         raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on test windows of different plans "
@@ -207,6 +218,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     held = {"selection_seeds": selection["seeds"], "eval_seeds": eval_seeds, "selection_split": "val",
             "report_split": "test", "selection_tokens": s["eval_batches"] * s["batch_size"] * s["seq_len"],
             "test_tokens": test_tokens[0] if test_tokens else None, "test_windows": plans[0] if plans else None,
+            "test_tokens_asked": asked[0] if len(asked) == 1 else None,
             "runs": EVAL_DIR, **source_rows(tests, [r["variant"] for r in summary["rows"]], seeds,
                                             summary["reference"], s)}
     summary.update(rows=[rows[r["variant"]] for r in selection["rows"]], seeds=seeds, held_out=held,
