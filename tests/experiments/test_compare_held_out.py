@@ -166,7 +166,19 @@ def test_a_killed_study_reports_its_partial_results_and_resumes(tmp_path, split_
     (dict(tokens="100k"), "--test-tokens got 100,000, but the test split of"),
     (dict(start=1), "which share 1 with the selection seeds (0, 1)"),
     (dict(extra=["--break-even-check", "baseline=2"]), "--break-even-check names 'baseline'"),
-])
+    # round 6's BE5: ratios whose exact run cannot fall on the curve (here steps 3 to 6) trained, then said so
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=0.5"]),
+     "--break-even-check for 'ddl-dv1' got 0.5: below 1, its exact run (N / r = 12 steps) would reach past the "
+     "variant's 6-step curve: its curve gives no estimate to check there; allowed: a ratio in [1, 2.1]"),
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=20"]),
+     "got 20: its exact run of 1 step(s) would fall before the variant's first validation, at step 3"),
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=4"]), "got 4: its exact run of 2 step(s) would fall before"),
+    # round 6's BE6: 6 / 1.1 trains 5 steps, 5.5 of the reference's 6: not equal cost (the 5% of --step-costs)
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=1.1"]),
+     "got 1.1: its exact run would train 5 step(s), which cost 5.5 of the reference's 6 steps (off by 8%, more than "
+     "5%): not at equal cost; allowed: a ratio whose whole steps cost 6 within 5%, the nearest up to 1.05 (6 steps) "
+     "or from 1.14 (5 steps)"),
+], ids=["test-tokens", "eval-seed-start", "reference", "BE5-below-1", "BE5-too-few-steps", "BE5-4", "BE6"])
 def test_a_held_out_study_is_refused_before_anything_trains(tmp_path, split_data, capsys, extra, expected):
     out = tmp_path / "bad"
     assert main(held_out(out, split_data, *extra.pop("extra", []), **extra)) == 2

@@ -58,7 +58,10 @@ def add_parser(sub) -> None:
                    "chosen lr and the first evaluation seed, trained round(STEPS / RATIO) steps with its own schedule "
                    "(as --step-costs trains it) in OUT/break_even/r_RATIO/VARIANT; the report prints its final "
                    "validation loss minus the estimate of VARIANT's STEPS-step curve at that step (the truncated-"
-                   "curve approximation's error); choose RATIO near the r* an earlier report printed")
+                   "curve approximation's error); choose RATIO near the r* an earlier report printed. Refused before "
+                   "anything trains: a RATIO below 1 or whose steps fall before the curve's first validation (no "
+                   "estimate to check), and one whose whole steps cost STEPS off by more than 5%% (as --step-costs "
+                   "refuses; the refusal names the nearest ratios that fit)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write OUT/scaling.md, scaling.json and scaling.png from the finished points "
                    "already in OUT (every d<W>_s<STEPS>/ of earlier --widths runs; with --widths / --lengths only "

@@ -68,10 +68,11 @@ def eval_seed_list(count: int, start: int, selection: list[int]) -> list[int]:
     return seeds
 
 
-def check_break_even_checks(checks: dict[str, float] | None, variants: list[str],
-                            step_costs: dict[str, float]) -> dict[str, float]:
+def check_break_even_checks(checks: dict[str, float] | None, variants: list[str], step_costs: dict[str, float],
+                            steps: int | None = None, eval_every: int = 0) -> dict[str, float]:
     """``checks`` ({variant: r}) validated: each a compared variant other than the reference, trained the
-    reference's steps (not an equal-cost variant), with r in [MIN_STEP_COST, MAX_STEP_COST]."""
+    reference's steps (not an equal-cost variant), with r in [MIN_STEP_COST, MAX_STEP_COST]; given the runs'
+    ``steps`` N and ``eval_every``, each r one whose exact run can be checked (:func:`check_on_curve`)."""
     checks = dict(checks or {})
     reference = reference_variant(variants)
     for variant, r in checks.items():
@@ -82,7 +83,62 @@ def check_break_even_checks(checks: dict[str, float] | None, variants: list[str]
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not MIN_STEP_COST <= r <= MAX_STEP_COST:
             raise ValueError(f"`break_even_checks` for {variant!r} got {r!r}; allowed: a ratio in "
                              f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (near the variant's r*)")
+        if steps is not None:
+            check_on_curve(variant, r, steps, eval_every)
     return checks
+
+
+def check_on_curve(variant: str, r: float, steps: int, eval_every: int) -> None:
+    """Refuse a break-even check whose exact run cannot check the curve, before anything trains: its
+    :func:`~deep_delta.experiments.compare_report.cost_steps` ``n`` of N = ``steps`` must fall on the variant's
+    validation curve (from its first validation, at ``eval_every``, to N: r in [1, N / first]; r < 1 never does),
+    and cost N within ``STEP_BUDGET_TOLERANCE``, as ``step_costs`` must (6 steps at r = 1.1 train 5, which cost 5.5:
+    not equal cost); the refusal names the nearest ratios that fit."""
+    from deep_delta.experiments.compare import STEP_BUDGET_TOLERANCE
+
+    first = min(eval_every, steps) if eval_every else steps
+    n = cost_steps(steps, r)
+    if r < 1 or not first <= n <= steps:
+        fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
+        run = (f"below 1, its exact run (N / r = {steps / r:.4g} steps) would reach past the variant's {steps}-step "
+               "curve" if r < 1 else f"its exact run of {n} step(s) would fall before the variant's first "
+               f"validation, at step {first} (`eval_every` {eval_every}" + (")" if eval_every else
+                                                                             ": none before the end)"))
+        raise ValueError(
+            f"`break_even_checks` for {variant!r} got {r:g}: {run}: its curve gives no estimate to check there; "
+            f"allowed: a ratio in [1, {max((hi for _, _, hi in fits), default=1):g}] (N / r steps on the curve, "
+            f"from step {first} to {steps})")
+    if abs(n * r - steps) <= STEP_BUDGET_TOLERANCE * steps * (1 + 1e-9):
+        return
+    fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
+    below = max(((hi, m) for m, lo, hi in fits if hi < r), default=None)
+    above = min(((lo, m) for m, lo, hi in fits if lo > r), default=None)
+    near = " or ".join(f"{what} {x:g} ({m} steps)" for what, pick in (("up to", below), ("from", above)) if pick
+                       for x, m in [pick])
+    raise ValueError(
+        f"`break_even_checks` for {variant!r} got {r:g}: its exact run would train {n} step(s), which cost "
+        f"{n * r:g} of the reference's {steps} steps (off by {abs(n * r - steps) / steps:.0%}, more than "
+        f"{STEP_BUDGET_TOLERANCE:.0%}): not at equal cost; allowed: a ratio whose whole steps cost {steps} within "
+        f"{STEP_BUDGET_TOLERANCE:.0%}, the nearest {near}")
+
+
+def _fitting_ratios(steps: int, first: int, tolerance: float) -> list[tuple[int, float, float]]:
+    """Each step count ``n`` on the curve (``first`` to ``steps``) with the ratios r >= 1 that train it and cost
+    ``steps`` within ``tolerance``: ``(n, lo, hi)``, the ends rounded inward to 3 decimals (each end fits)."""
+    import math
+
+    out = []
+    for n in range(first, steps + 1):
+        lo = max(1.0, steps * (1 - tolerance) / n, steps / (n + 0.5))
+        hi = min(steps * (1 + tolerance) / n, steps / (n - 0.5) if n > 0.5 else math.inf)
+        lo, hi = math.ceil(lo * 1000 - 1e-9) / 1000, math.floor(hi * 1000 + 1e-9) / 1000
+        while lo <= hi and cost_steps(steps, lo) != n:
+            lo = round(lo + 0.001, 3)
+        while hi >= lo and (cost_steps(steps, hi) != n or abs(n * hi - steps) > tolerance * steps * (1 + 1e-9)):
+            hi = round(hi - 0.001, 3)
+        if lo <= hi:
+            out.append((n, lo, hi))
+    return out
 
 
 def check_dir(out: Path, variant: str, ratio: float, seed: int, base: TrainConfig, lr: float) -> TrainConfig:
@@ -114,7 +170,7 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     data = data if data is not None else TrainData.resolve(base.data)
     tokens = resolve_test_tokens(data, test_tokens, base.seq_len)
     eval_seeds = eval_seed_list(eval_seeds, eval_seed_start, seeds)
-    checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}))
+    checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}), base.steps, base.eval_every)
     refuse_unwritable_results(out / name for name in SELECTION_OUTPUTS)
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     measured = measured_tokens(data, tokens, base.seq_len, base.batch_size)
