@@ -205,11 +205,13 @@ def _print_report(out: str, summary: dict) -> int:
     returns the exit code (1 when a run diverged)."""
     import sys
 
-    from deep_delta.experiments.compare_report import terminal_report, tokens_text
+    from deep_delta.experiments.compare_report import runs_training_s, terminal_report, tokens_text
 
     rows = summary["rows"]
     print()
-    wall = f"; wall time of this call {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else ""
+    trained = runs_training_s(summary)
+    wall = (f"; the runs' training time {trained:.0f} s (their run.json)" if trained is not None else "") + (
+        f"; wall time of this call {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else "")
     print(f"{tokens_text(summary)}; differences against {summary['reference']}{wall}")
     print(terminal_report(summary))
     failed = [r for r in rows if r.get("diverged")]

@@ -191,12 +191,73 @@ def compare_rows(r: dict, ref: dict, step_times: dict | None) -> None:
         return
     t_v, t_ref = step_times["step_time_s"][r["variant"]], step_times["step_time_s"][ref["variant"]]
     r["step_time_s"], r["time_ratio"] = t_v, t_v / t_ref
+    r["time_ratio_spread"] = ratio_spread(step_times.get("step_time_rounds_s"), r["variant"], ref["variant"])
+    r["time_rounds"] = len((step_times.get("step_time_rounds_s") or {}).get(r["variant"]) or [])
+    earlier = (step_times.get("earlier") or {}).get("step_time_s") or {}
+    if isinstance(earlier.get(r["variant"]), (int, float)) and isinstance(earlier.get(ref["variant"]), (int, float)):
+        r["earlier_time_ratio"] = earlier[r["variant"]] / earlier[ref["variant"]]
     at = [value_at(x["val_curve"], x["steps"] * t_ref / t_v) if x["steps"] else None for x in mine]
     for x, v in zip(mine, at):
         x["val_loss_at_reference_time"] = v
     r["equal_time_val_loss"] = mean_sd(at)[0]
     eq = paired_difference(at, [y["val_loss"] for y in theirs])
     r["equal_time_d_val_loss"], r["equal_time_ci95"], r["equal_time_wins"] = eq["mean"], eq["ci95"], eq["wins"]
+
+
+def with_earlier(timing: dict | None, path: Path, settings: dict[str, Any]) -> dict | None:
+    """``timing`` (step times just measured) with ``earlier``: the step times that the report in ``path`` (a
+    comparison's compare.json or selection.json, about to be replaced) had measured for the same step (every setting
+    that shapes it the same: :func:`timing_differences`), which these replace; the report then says each variant's
+    ratio then and now. ``timing`` as it is without such a report."""
+    from deep_delta.fsutil import read_json_file
+
+    if not timing or not path.is_file():
+        return timing
+    try:
+        old = read_json_file(path, "a comparison's summary (compare.json)", limit=256 << 20)
+    except ValueError:
+        return timing
+    before = old.get("timing") if isinstance(old, dict) else None
+    times = before.get("step_time_s") if isinstance(before, dict) else None
+    if not isinstance(times, dict) or timing_differences(old.get("settings") or {}, settings):
+        return timing
+    kept = {k: before[k] for k in ("step_time_s", "step_time_rounds_s", "repeats") if k in before}
+    return {**timing, "earlier": {**kept, "file": path.name}}
+
+
+def timing_differences(timed: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """How the settings a step was timed with (``timed``, a summary's ``settings``) differ from ``settings`` in what
+    shapes the step (the model, batch, sequence, device, dtype, compile, CUDA graphs, activation checkpointing,
+    ...; not the variant, seed, lr, length, data or bookkeeping): [] where the same step was timed."""
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.run_dir import RESULT_NEUTRAL
+
+    shaping = {"compile", "cuda_graphs", "activation_checkpointing"}
+    free = (RESULT_NEUTRAL - shaping) | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
+    return differences(recorded(timed), recorded(settings), skip=free, has="it was timed with")
+
+
+def ratio_spread(rounds: dict | None, variant: str, reference: str) -> list[float] | None:
+    """The lowest and highest ratio of ``variant``'s step time to the ``reference``'s over the interleaved timing
+    rounds (``rounds``: each variant's seconds per round; round i of both under one load), [low, high]; None
+    without the rounds (a record written before they were kept)."""
+    mine, theirs = (rounds or {}).get(variant), (rounds or {}).get(reference)
+    if not mine or not theirs or len(mine) != len(theirs) or not all(t > 0 for t in theirs):
+        return None
+    ratios = [a / b for a, b in zip(mine, theirs)]
+    return [min(ratios), max(ratios)]
+
+
+def spread_text(r: dict, times: str = "x") -> str:
+    """A row's measured step-time ratio with its spread over the timing rounds, as a report says it:
+    ``1.41x (1.38x-1.45x over 5 timing rounds)``; the ratio alone for a record without rounds."""
+    ratio, spread, n = r.get("time_ratio"), r.get("time_ratio_spread"), r.get("time_rounds")
+    if ratio is None:
+        return "-"
+    digits = ".2f" if times == "x" else ".3f"
+    if not spread:
+        return f"{ratio:{digits}}{times}"
+    return f"{ratio:{digits}}{times} ({spread[0]:{digits}}{times}-{spread[1]:{digits}}{times} over {n} timing rounds)"
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -340,7 +401,10 @@ def conclusion(summary: dict[str, Any]) -> str:
             found = f"{'lower' if d < 0 else 'higher'} by {abs(d):.4f} nats (95% CI {ci_text(ci)})"
         else:
             found = f"not distinguishable (d = {d:+.4f}, 95% CI {ci_text(ci)})"
-        cost = f", its step {r['time_ratio']:.2f}x the {ref_name}'s" if r.get("time_ratio") else ""
+        spread, rounds = r.get("time_ratio_spread"), r.get("time_rounds")
+        cost = (f", its step {r['time_ratio']:.2f}x the {ref_name}'s" if r.get("time_ratio") else "") + (
+            f" ({spread[0]:.2f}x-{spread[1]:.2f}x over {rounds} timing rounds)" if r.get("time_ratio") and spread
+            else "")
         parts.append(f"{r['name']} {found}{cost}")
     seeds = "one seed, so no interval: an anecdote" if n == 1 else f"{n} paired seeds"
     timed = " (step times measured interleaved on this machine)" if any(r.get("time_ratio") for r in rows) else ""
@@ -527,7 +591,8 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
             f"step ms: median of {timing['repeats']} interleaved rounds of the same optimizer step per variant "
             f"({timing['device']}, {timing['dtype']}), measured after training. val loss at ref. time: the "
             "validation loss each variant had reached when the reference finished its steps, at this step time "
-            "(interpolated on its validation curve; '-' where that falls before its first validation).",
+            "(interpolated on its validation curve; '-' where that falls before its first validation)."
+            + _retimed_sentence(summary),
         ]
     steps_text, tokens_said = f"{s.get('steps')} steps", f"{tokens:,} tokens"
     if unequal_lengths(summary):  # runs brought together: each variant's own length, none of them "the" steps
@@ -548,6 +613,19 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         "",
     ]
     return lines
+
+
+def _retimed_sentence(summary: dict[str, Any]) -> str:
+    """' ...': where these step times replace those an earlier report in the same directory had measured
+    (``timing.earlier``), each variant's ratio to the reference then and now; else ''."""
+    earlier = (summary.get("timing") or {}).get("earlier")
+    rows = [r for r in summary["rows"] if r.get("earlier_time_ratio") is not None and r.get("time_ratio")
+            and r["variant"] != summary["reference"]]
+    if not earlier or not rows:
+        return ""
+    return (f" These step times were measured again; the earlier report's ({earlier.get('file', 'its summary')}, "
+            f"{earlier.get('repeats', '?')} rounds) had the step ratio " + ", ".join(
+                f"{r['variant']} {r['earlier_time_ratio']:.2f}x (now {r['time_ratio']:.2f}x)" for r in rows) + ".")
 
 
 def machine_sentence(m: dict[str, Any]) -> str:
@@ -591,10 +669,17 @@ def _recorded_text(value: Any, show=None) -> str:
 def _wall_sentence(summary: dict[str, Any]) -> str:
     """How long it took: the runs' training, every session of an interrupted and resumed run counted (each run's
     run.json), and the call that wrote the report, which may have trained only a part of it (or nothing)."""
-    runs = [x.get("train_wall_s") for r in summary["rows"] for x in r["per_seed"]]
-    trained = (f"Training time of the runs: {sum(runs):.0f} s in all (every session of a resumed run counted). "
-               if runs and all(isinstance(x, (int, float)) for x in runs) else "")
+    runs = runs_training_s(summary)
+    trained = (f"Training time of the runs: {runs:.0f} s in all (every session of a resumed run counted). "
+               if runs is not None else "")
     return f"{trained}Wall time of the call that wrote this report: {summary.get('wall_s', 0):.0f} s."
+
+
+def runs_training_s(summary: dict[str, Any]) -> float | None:
+    """The training time of the reported runs, every session of a resumed run counted (each run's run.json); None
+    where a run does not record it."""
+    runs = [x.get("train_wall_s") for r in summary["rows"] for x in r["per_seed"]]
+    return sum(runs) if runs and all(isinstance(x, (int, float)) for x in runs) else None
 
 
 def _devices_sentence(summary: dict[str, Any]) -> str:

@@ -348,14 +348,16 @@ def _no_sources(settings: dict, missing: int, runs: int) -> str | None:
     return f"no test loss per source: the test split records no sources ({no_sources_reason(meta)})"
 
 
-def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()) -> dict[str, Any]:
+def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=(),
+                     started: float | None = None) -> dict[str, Any]:
     """``--report-only`` of a study with evaluation seeds: its evaluation runs (``OUT/evaluation``) and break-even
     checks read from their records, checked against the selection (each variant at its chosen lr, the selection's
     settings and data, evaluation seeds apart from the selection seeds) and their test records (the run's final
     step, its data, the same test windows for every run), then reported as the live study reports them. An
     evaluation seed that some variant has not finished is left out, and the report says it is partial. The kernel
     switches of every run (``grid_runs``, the selection's, among them) agree, and the report's machine record is the
-    runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`)."""
+    runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`); its ``wall_s``, this call's (since
+    ``started``, a ``time.perf_counter()``), which trained nothing."""
     from deep_delta.experiments.finished_runs import check_switches, read_run, runs_machine
     from deep_delta.experiments.test_split import measured_windows, read_test
     from deep_delta.train.provenance import differences
@@ -420,7 +422,7 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()
     summary["machine"], differ = runs_machine(every)
     if differ:
         summary["notes"] = [*summary.get("notes", []), *differ]
-    summary["wall_s"] = selection.get("wall_s", 0) + sum(r.end["wall_s"] for r in runs.values())
+    summary["wall_s"] = time.perf_counter() - (started if started is not None else time.perf_counter())
     write_comparison(out, summary)
     return summary
 
