@@ -248,18 +248,6 @@ def ratio_spread(rounds: dict | None, variant: str, reference: str) -> list[floa
     return [min(ratios), max(ratios)]
 
 
-def spread_text(r: dict, times: str = "x") -> str:
-    """A row's measured step-time ratio with its spread over the timing rounds, as a report says it:
-    ``1.41x (1.38x-1.45x over 5 timing rounds)``; the ratio alone for a record without rounds."""
-    ratio, spread, n = r.get("time_ratio"), r.get("time_ratio_spread"), r.get("time_rounds")
-    if ratio is None:
-        return "-"
-    digits = ".2f" if times == "x" else ".3f"
-    if not spread:
-        return f"{ratio:{digits}}{times}"
-    return f"{ratio:{digits}}{times} ({spread[0]:{digits}}{times}-{spread[1]:{digits}}{times} over {n} timing rounds)"
-
-
 def _diff(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
 

@@ -113,8 +113,8 @@ def check_on_curve(variant: str, r: float, steps: int, eval_every: int) -> None:
     fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
     below = max(((hi, m) for m, lo, hi in fits if hi < r), default=None)
     above = min(((lo, m) for m, lo, hi in fits if lo > r), default=None)
-    near = " or ".join(f"{what} {x:g} ({m} steps)" for what, pick in (("up to", below), ("from", above)) if pick
-                       for x, m in [pick])
+    near = " or ".join(f"{what} {pick[0]:g} ({pick[1]} steps)" for what, pick in (("up to", below), ("from", above))
+                       if pick is not None)
     raise ValueError(
         f"`break_even_checks` for {variant!r} got {r:g}: its exact run would train {n} step(s), which cost "
         f"{n * r:g} of the reference's {steps} steps (off by {abs(n * r - steps) / steps:.0%}, more than "
@@ -130,7 +130,7 @@ def _fitting_ratios(steps: int, first: int, tolerance: float) -> list[tuple[int,
     out = []
     for n in range(first, steps + 1):
         lo = max(1.0, steps * (1 - tolerance) / n, steps / (n + 0.5))
-        hi = min(steps * (1 + tolerance) / n, steps / (n - 0.5) if n > 0.5 else math.inf)
+        hi = min(steps * (1 + tolerance) / n, steps / (n - 0.5))  # n >= 1
         lo, hi = math.ceil(lo * 1000 - 1e-9) / 1000, math.floor(hi * 1000 + 1e-9) / 1000
         while lo <= hi and cost_steps(steps, lo) != n:
             lo = round(lo + 0.001, 3)
@@ -192,7 +192,8 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
         cfgs = study_configs(base, live, eval_seeds, where, step_costs, lrs=chosen)
         partial = _partial_report(out, base, selection, live, eval_seeds, cfgs, t0)
         say(f"evaluation seeds {', '.join(map(str, eval_seeds))} at the chosen lrs "
-            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {measured:,} test tokens{f' ({rounded})' if rounded else ''}: {where}")
+            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {measured:,} test tokens"
+            f"{f' ({rounded})' if rounded else ''}: {where}")
         if note:
             say(note)
         diverged = train_runs(cfgs, where, data, overwrite=overwrite, progress=progress, quiet=quiet,
