@@ -36,8 +36,11 @@ def merge(summaries: list[dict]) -> dict:
             raise SystemExit(f"merge_compare: seed(s) {sorted(set(seeds) & set(s['seeds']))} appear twice")
         seeds += s["seeds"]
     step_times = {v: statistics.median(s["timing"]["step_time_s"][v] for s in summaries) for v in variants}
-    timing = {**first["timing"], "step_time_s": step_times,
-              "repeats": sum(s["timing"]["repeats"] for s in summaries)}
+    timing = {k: v for k, v in first["timing"].items() if k not in ("step_time_rounds_s", "earlier")}
+    timing.update(step_time_s=step_times, repeats=sum(s["timing"]["repeats"] for s in summaries))
+    if all(s["timing"].get("step_time_rounds_s") for s in summaries):  # every call's rounds, each paired within it
+        timing["step_time_rounds_s"] = {v: [t for s in summaries for t in s["timing"]["step_time_rounds_s"][v]]
+                                        for v in variants}
     rows = []
     for v in variants:
         results = [x for s in summaries for r in s["rows"] if r["variant"] == v for x in r["per_seed"]]

@@ -32,6 +32,18 @@ def test_the_help_shows_the_defaults_as_the_flags_read_them():
     assert "--tokenizer {byte,gpt2} byte: UTF-8 bytes" in shown and "--out DIR output directory (created)" in shown
 
 
+def test_max_tokens_counts_every_split_as_its_help_says(tmp_path):
+    """Round 6's D8: the help said "N tokens in all (train + val)" while the test split counts too."""
+    shown = " ".join(command_parser(build_parser(), ["data", "prepare"]).format_help().split())
+    assert "--max-tokens N stop after N tokens in all, every split counted (train + val + test" in shown
+    assert "(train + val)" not in shown
+    src = tmp_path / "book.txt"
+    src.write_text("The delta rule erases what it writes over. " * 100)
+    meta = prepare(src, "byte", tmp_path / "o", val_fraction=0.1, test_fraction=0.1, max_tokens=2000, progress=False)
+    counts = [meta["splits"][s]["num_tokens"] for s in ("train", "val", "test")]
+    assert sum(counts) == 2000 and all(counts), counts
+
+
 @pytest.mark.parametrize("changes, said", [
     ({"val_fraction": 1.5}, r"`val_fraction` got 1.5; allowed: a number in \[0, 1\)"),
     ({"test_fraction": -0.1}, r"`test_fraction` got -0.1; allowed: a number in \[0, 1\)"),

@@ -123,8 +123,14 @@ def test_a_killed_study_reports_its_partial_results_and_resumes(tmp_path, split_
     capsys.readouterr()
     partial = json.loads((out / "compare.json").read_text())
     assert partial["seeds"] == [100] and any("PARTIAL: 1 of 2 evaluation seeds" in n for n in partial["notes"])
+    assert any("the study goes on and rewrites this report" in n for n in partial["notes"])  # while it trains
     assert main(["compare", "--out", str(out), "--report-only", "--no-progress"]) == 0
-    assert "PARTIAL: 1 of 2 evaluation seeds" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PARTIAL: 1 of 2 evaluation seeds" in printed
+    # round 6's HP: --report-only trains nothing, and the one seed is an evaluation seed
+    assert "goes on" not in printed and "(this report trained nothing); the `ddl compare` that started the study " \
+        "finishes them and rewrites this report" in printed
+    assert "an anecdote, not evidence (use --eval-seeds 3 or more)" in printed and "--seeds 3" not in printed
     kept = {p: p.read_text() for p in out.glob("**/metrics.jsonl") if "seed_101" not in str(p) or "baseline" in str(p)}
     tests = {p: p.read_text() for p in out.glob("evaluation/**/test.json")}
     monkeypatch.undo()
@@ -160,7 +166,19 @@ def test_a_killed_study_reports_its_partial_results_and_resumes(tmp_path, split_
     (dict(tokens="100k"), "--test-tokens got 100,000, but the test split of"),
     (dict(start=1), "which share 1 with the selection seeds (0, 1)"),
     (dict(extra=["--break-even-check", "baseline=2"]), "--break-even-check names 'baseline'"),
-])
+    # round 6's BE5: ratios whose exact run cannot fall on the curve (here steps 3 to 6) trained, then said so
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=0.5"]),
+     "--break-even-check for 'ddl-dv1' got 0.5: below 1, its exact run (N / r = 12 steps) would reach past the "
+     "variant's 6-step curve: its curve gives no estimate to check there; allowed: a ratio in [1, 2.1]"),
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=20"]),
+     "got 20: its exact run of 1 step(s) would fall before the variant's first validation, at step 3"),
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=4"]), "got 4: its exact run of 2 step(s) would fall before"),
+    # round 6's BE6: 6 / 1.1 trains 5 steps, 5.5 of the reference's 6: not equal cost (the 5% of --step-costs)
+    (dict(steps=6, extra=["--break-even-check", "ddl-dv1=1.1"]),
+     "got 1.1: its exact run would train 5 step(s), which cost 5.5 of the reference's 6 steps (off by 8%, more than "
+     "5%): not at equal cost; allowed: a ratio whose whole steps cost 6 within 5%, the nearest up to 1.05 (6 steps) "
+     "or from 1.14 (5 steps)"),
+], ids=["test-tokens", "eval-seed-start", "reference", "BE5-below-1", "BE5-too-few-steps", "BE5-4", "BE6"])
 def test_a_held_out_study_is_refused_before_anything_trains(tmp_path, split_data, capsys, extra, expected):
     out = tmp_path / "bad"
     assert main(held_out(out, split_data, *extra.pop("extra", []), **extra)) == 2
@@ -172,3 +190,35 @@ def test_data_without_a_test_split_is_refused(tmp_path, data_dir, capsys):
     assert main(held_out(tmp_path / "none", data_dir)) == 2
     assert "has no test split (no test_*.bin shards)" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--lrs", "1e-3", "2e-3"], ["--report-only"]],
+                         ids=["one-lr", "grid", "report-only"])
+def test_a_first_evaluation_seed_without_evaluation_seeds_is_refused(tmp_path, data_dir, capsys, extra):
+    """Round 6's H8b: ``--eval-seed-start 5`` without ``--eval-seeds`` ran a plain comparison, the flag ignored
+    without a word; refused as ``--test-tokens`` without ``--eval-seeds`` is (H8), before anything trains."""
+    from tests.experiments.test_compare_scaling import micro
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--out", str(out), "--report-only"] if extra == ["--report-only"] else micro(out, data_dir,
+                                                                                                   *extra)
+    assert main([*argv, "--eval-seed-start", "5"]) == 2
+    err = capsys.readouterr().err
+    assert ("--report-only trains nothing, but got --eval-seed-start" if extra == ["--report-only"] else
+            "--eval-seed-start got a value without --eval-seeds; allowed: with --eval-seeds") in err, err
+    assert not out.exists()
+
+
+def test_a_test_count_below_a_batch_says_the_tokens_it_measures(tmp_path, split_data, capsys):
+    """Round 6's H5e: ``--test-tokens 10`` measured a whole batch (2 windows of 16 tokens here) without a word. Said
+    before anything trains, in the evaluation's banner and in compare.md."""
+    out = tmp_path / "h5e"
+    assert main(held_out(out, split_data, lrs=(1e-3,), steps=2, eval_every=1, tokens="10")) == 0
+    printed = capsys.readouterr().out
+    rounded = "the 10 asked rounded up to whole batches of 2 windows of 16 tokens"
+    first = printed.index(f"test tokens: each evaluation run will be measured on 32 ({rounded})")
+    assert first < printed.index("[1/") and f"reported on 32 test tokens ({rounded})" in printed
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["held_out"]["test_tokens"] == 32 and summary["held_out"]["test_tokens_asked"] == 10
+    assert (f"reported on the `test` split (32 tokens in windows spread evenly over the split, the same windows for "
+            f"every run; {rounded})") in (out / "compare.md").read_text()

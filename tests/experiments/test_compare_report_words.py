@@ -5,6 +5,7 @@ the runs, every session of an interrupted and resumed one counted (run.json's se
 
 from __future__ import annotations
 
+import json
 import re
 
 from deep_delta.cli.main import main
@@ -69,3 +70,30 @@ def test_the_main_job_estimates_its_length_and_says_the_mfu_note_once(tmp_path, 
     assert printed.index(first[0]) < printed.index("[2/2] ddl-cc")
     before_wrote = printed[:printed.rindex("\nwrote ")].rstrip().split("\n")
     assert before_wrote[-1].startswith("Found (one seed")  # the report's last line, before the files it wrote
+
+
+def test_block_attnres_with_as_many_blocks_as_sublayers_is_said_to_be_full_attnres(tmp_path, data_dir, capsys):
+    """Round 6's N11: at 1 layer (2 sublayers) the paper's 8 blocks are Full AttnRes; the report and compare.json
+    say so for the compared Block AttnRes, from its design's own description, and nothing for the other designs."""
+    from tests.experiments.test_compare_scaling import micro
+
+    out = tmp_path / "attnres"
+    argv = micro(out, data_dir, "--steps", "2")
+    argv[argv.index("--variants") + 1: argv.index("--variants") + 3] = ["baseline", "attnres", "attnres-block"]
+    assert main(argv) == 0
+    note = ("attnres-block (Block AttnRes) at these settings: Attention Residuals, Block (2 blocks of the 2 "
+            "sublayers; as many blocks as sublayers: this is Full AttnRes, the same model)")
+    summary = json.loads((out / "compare.json").read_text())
+    assert [n for n in summary["notes"] if "AttnRes" in n] == [note]
+    assert f"- {note}" in (out / "compare.md").read_text()
+    assert f"note: {note}" in capsys.readouterr().out
+    rows = {r["variant"]: r["val_loss"] for r in summary["rows"]}
+    assert rows["attnres-block"] == rows["attnres"]  # the same model: the same numbers
+
+
+def test_ddl_info_says_when_block_attnres_is_full_attnres(capsys):  # round 6's N11
+    assert main(["info", "--variant", "attnres-block", "--preset", "tiny"]) == 0
+    assert ("residual  Attention Residuals, Block (8 blocks of the 8 sublayers; as many blocks as sublayers: this is "
+            "Full AttnRes, the same model)") in capsys.readouterr().out
+    assert main(["info", "--variant", "attnres-block", "--preset", "small"]) == 0
+    assert "(8 blocks of the 24 sublayers)\n" in capsys.readouterr().out

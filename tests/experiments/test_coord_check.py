@@ -135,3 +135,19 @@ def test_a_result_path_that_is_a_directory_is_refused_before_the_models_train(tm
     (tmp_path / "cc" / "coord_check.md").mkdir(parents=True)
     assert main(["coord-check", "--widths", "32", "64", "--out", str(tmp_path / "cc"), "--device", "cpu"]) == 2
     assert f"{tmp_path / 'cc' / 'coord_check.md'} is a directory" in capsys.readouterr().err
+
+
+def test_the_new_designs_own_parts_have_rows(one_thread):
+    """Round 6's N8: AttnRes's depth attention (what each pseudo-query reads, and the readout's) and the untied
+    rule's write gate beside its erase gate each have a row of their own; the other designs have neither."""
+    report = run_coord_check(CoordCheckSettings(variants=("attnres-block", "ddl-cc-untied", "ddl-cc"), widths=(32, 64),
+                                                parametrizations=("mup",), steps=1, layers=1, batch_size=1,
+                                                seq_len=16))
+    rows = {v: set(per["change"]) for v, per in report["slopes"]["mup"].items()}
+    assert "depth_read" in rows["attnres-block"] and not {"beta", "beta_write"} & rows["attnres-block"]
+    assert {"beta", "beta_logit", "beta_write", "beta_write_logit"} <= rows["ddl-cc-untied"]
+    assert "beta_write" not in rows["ddl-cc"] and "depth_read" not in rows["ddl-cc"]
+    init = report["results"]["mup"]["ddl-cc-untied"]["32"][0]["size"]
+    assert init["beta_write"] == pytest.approx(init["beta"])  # the two gates start equal (at beta_init)
+    table = coord_table(report)
+    assert "| attnres-block | depth_read |" in table and "| ddl-cc-untied | beta_write |" in table

@@ -158,7 +158,9 @@ def test_a_resumed_run_keeps_the_wall_time_of_every_process(tmp_path, data_dir, 
     assert read_metrics(run) == read_metrics(two_seeds / "seed_1" / "ddl-dv1")
 
 
-def test_unequal_lengths_are_not_reported_as_costs_nobody_gave(tmp_path, data_dir, capsys):  # RN1
+def test_unequal_lengths_are_not_reported_as_costs_nobody_gave(tmp_path, data_dir, capsys):  # RN1, rounds 5 and 6
+    """Round 6's RN1: no equal cost invented, and no "N training tokens per variant" or "at equal steps" either: each
+    variant's tokens and steps as they are."""
     out = tmp_path / "cost"
     assert main(study(out, data_dir, "--step-costs", "ddl-dv1=0.5")) == 0
     assert main(["compare", "--out", str(out), "--report-only"]) == 0
@@ -171,7 +173,15 @@ def test_unequal_lengths_are_not_reported_as_costs_nobody_gave(tmp_path, data_di
     report = (out / "compare.md").read_text()
     assert "step_costs" not in summary and "Equal cost" not in report
     assert "trained different numbers of steps (baseline 4, ddl-dv1 8)" in report
-    assert "trained different numbers of steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "trained different numbers of steps" in printed
+    for text in (printed, report):
+        assert "at equal steps" not in text and "tokens per variant;" not in text
+        assert "at unequal lengths (baseline 4 steps, ddl-dv1 8 steps: neither equal steps nor an equal cost given)" \
+            in text
+    assert "training tokens per variant: baseline 128, ddl-dv1 256; differences against baseline" in printed
+    assert "steps per variant (baseline 4, ddl-dv1 8) x 2 x 16 tokens (training tokens per variant: baseline 128, " \
+        "ddl-dv1 256)" in report
 
 
 @pytest.mark.parametrize("damage", ["deleted", "an LFS pointer"])

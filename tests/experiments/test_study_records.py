@@ -66,6 +66,7 @@ def test_a_committed_study_reports_its_numbers_from_its_packed_records(name, tmp
         # where the study's data is on this machine with its source runs, why there is no loss per source is said
         note = added.pop("sources_note", None)
         assert note is None or "record none (measured before it was recorded" in note, note
-        assert added == {"test_windows": "first"}, added  # every record here predates spread windows
+        # every record here predates spread windows; the count asked (each test.json's tokens_asked) is recorded since
+        assert added == {"test_windows": "first", "test_tokens_asked": 250_000}, added
     for key in ("lr_grid", "break_even_checks"):
         assert _unordered(got.get(key)) == _unordered(want.get(key)), key

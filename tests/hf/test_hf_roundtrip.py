@@ -183,3 +183,23 @@ def test_gpt2_checkpoint_offline_without_bpe_is_a_clear_cli_error(tmp_path, monk
     run, _ = make_run(tmp_path / "run", tokenizer="gpt2")
     assert main(["generate", "--model", str(run), "--prompt", "x"]) == 2
     assert "tokenizer 'gpt2'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant, design, says", [
+    ("peri-ln", "additive", "additive with a norm on each sublayer's output (Peri-LN)"),
+    ("attnres-block", "attnres", "Attention Residuals, Block"),
+    ("ddl-cc-untied", "delta", "delta (the untied gates X + k (beta_w v^T - beta_e k^T X)"),
+])
+def test_the_model_card_describes_the_exported_design(tmp_path, variant, design, says):
+    """Round 6's N20: each card said "the Deep Delta Learning residual", Peri-LN's and AttnRes's too. The card now
+    names the model's own design, from the design's one line for it, and DDL's rule (the untied gates) where it is
+    DDL."""
+    run, _ = make_run(tmp_path / "run", variant=variant)
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "export")]) == 0
+    card = (tmp_path / "export" / "README.md").read_text()
+    intro = card.split("\n\n")[2]
+    assert intro.startswith(f"A decoder-only language model whose residual is {says}"), intro
+    assert "the Deep Delta Learning residual" not in card and "(the baseline)" not in intro
+    assert f"| residual design | {design} |" in card
+    if design != "delta":
+        assert "delta" not in intro.split(". Exported")[0], intro

@@ -58,7 +58,10 @@ def add_parser(sub) -> None:
                    "chosen lr and the first evaluation seed, trained round(STEPS / RATIO) steps with its own schedule "
                    "(as --step-costs trains it) in OUT/break_even/r_RATIO/VARIANT; the report prints its final "
                    "validation loss minus the estimate of VARIANT's STEPS-step curve at that step (the truncated-"
-                   "curve approximation's error); choose RATIO near the r* an earlier report printed")
+                   "curve approximation's error); choose RATIO near the r* an earlier report printed. Refused before "
+                   "anything trains: a RATIO below 1 or whose steps fall before the curve's first validation (no "
+                   "estimate to check), and one whose whole steps cost STEPS off by more than 5%% (as --step-costs "
+                   "refuses; the refusal names the nearest ratios that fit)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write OUT/scaling.md, scaling.json and scaling.png from the finished points "
                    "already in OUT (every d<W>_s<STEPS>/ of earlier --widths runs; with --widths / --lengths only "
@@ -98,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.train.config import TrainConfig, load_config
 
     given = options.given_settings(args, options.setting_names(TrainConfig, PER_RUN))
-    held = HeldOutSettings(**options.given_settings(args, options.setting_names(HeldOutSettings)))
+    held_given = options.given_settings(args, options.setting_names(HeldOutSettings))
+    held = HeldOutSettings(**held_given)
     if args.report_only:
-        return _report_only(args, given, held)
+        return _report_only(args, {**given, **held_given}, held)
     lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
     # the recipe `compare` by default; checked as the first variant compared (each run's own is checked too), so that a
     # setting is refused naming a variant of the comparison
@@ -124,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         check_step_costs(step_costs, variants, args.lengths or [base.steps],
                          "lengths" if args.lengths else "steps")
     checks = parse_step_costs(args.break_even_checks, "break_even_checks")
-    _check_held_out(args, held, lrs, checks)
+    _check_held_out(args, held, lrs, checks, given=set(held_given))
     print(_banner(args, base, variants, seeds, lrs, step_costs, held, torch.get_num_threads()), flush=True)
     if lrs is not None:
         from deep_delta.experiments.lr_grid import gap_warning
@@ -152,12 +156,16 @@ def run(args: argparse.Namespace) -> int:
         from deep_delta.experiments.compare import run_lr_grid
 
         summary = run_lr_grid(base, variants, args.out, lrs, **kw)
-    return _print_report(args.out, summary, step_costs)
+    return _print_report(args.out, summary)
 
 
-def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float]) -> None:
-    """The evaluation seeds go with an lr grid (they report its choice), not with the width / length study; the
-    break-even checks with the evaluation seeds."""
+def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float],
+                    given: set[str] = frozenset()) -> None:
+    """The evaluation seeds go with an lr grid (they report its choice), not with the width / length study; their
+    first seed (``given``: the HeldOutSettings fields given) and the break-even checks with the evaluation seeds."""
+    if "eval_seed_start" in given and held.eval_seeds is None:
+        raise ValueError("`eval_seed_start` got a value without `eval_seeds`; allowed: with `eval_seeds` (the first "
+                         "of the evaluation seeds; without them no evaluation seed is trained)")
     if held.eval_seeds is not None and lrs is None:
         raise ValueError("`eval_seeds` reports fresh seeds at each variant's chosen lr, but no lr grid was given; "
                          "allowed: with `lrs` (e.g. --lrs 1e-3 2e-3 4e-3)")
@@ -192,20 +200,19 @@ def _banner(args, base, variants: list[str], seeds: list[int], lrs, step_costs: 
             f"{args.out}")
 
 
-def _print_report(out: str, summary: dict, step_costs: dict[str, float] | None = None) -> int:
+def _print_report(out: str, summary: dict) -> int:
     """The report on the terminal (as compare.md has it), the runs that diverged on stderr, the files written;
     returns the exit code (1 when a run diverged)."""
     import sys
 
-    from deep_delta.experiments.compare_report import terminal_report
+    from deep_delta.experiments.compare_report import runs_training_s, terminal_report, tokens_text
 
     rows = summary["rows"]
     print()
-    tokens = max(r["tokens"] for r in rows)
-    each = (" per variant" if not step_costs else f" for {summary['reference']} (" + ", ".join(
-        f"{r['variant']} {r['tokens']:,}" for r in rows if r["variant"] in step_costs) + ")")
-    wall = f"; wall time of this call {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else ""
-    print(f"{tokens:,} training tokens{each}; differences against {summary['reference']}{wall}")
+    trained = runs_training_s(summary)
+    wall = (f"; the runs' training time {trained:.0f} s (their run.json)" if trained is not None else "") + (
+        f"; wall time of this call {summary['wall_s']:.0f} s" if summary.get("wall_s") is not None else "")
+    print(f"{tokens_text(summary)}; differences against {summary['reference']}{wall}")
     print(terminal_report(summary))
     failed = [r for r in rows if r.get("diverged")]
     for r in failed:
@@ -284,9 +291,7 @@ def _report_only(args: argparse.Namespace, given: dict, held) -> int:
     trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
               "--time-repeats": args.time_repeats != 5, "--step-costs": args.step_costs is not None,
               "--lrs": args.lrs is not None, "--seeds": args.seeds is not None, "--config": args.config is not None,
-              "--overwrite": args.overwrite, "--eval-seeds": held.eval_seeds is not None,
-              "--eval-seed-start": held.eval_seed_start != 100, "--test-tokens": held.test_tokens is not None,
-              "--break-even-check": args.break_even_checks is not None}
+              "--overwrite": args.overwrite, "--break-even-check": args.break_even_checks is not None}
     refused = [flag for flag, on in trains.items() if on] + ["--" + k.replace("_", "-") for k in given]
     if refused:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "

@@ -47,8 +47,9 @@ class PrepareSettings:
                                    "train and val), in [0, 1), 0 for none; val and test fractions must add up to "
                                    "less than 1", metavar="F", parse="fraction")
     shard_tokens: int = setting(DEFAULT_SHARD_TOKENS, "tokens per shard file", metavar="N", parse="count")
-    max_tokens: int | None = setting(None, "stop after N tokens in all (train + val); the last document is cut "
-                                     "(default: no cap)", metavar="N", parse="count")
+    max_tokens: int | None = setting(None, "stop after N tokens in all, every split counted (train + val + test, "
+                                     "split by the fractions); the last document is cut (default: no cap)",
+                                     metavar="N", parse="count")
     bpe_file: str | None = setting(None, "local GPT-2 BPE for --tokenizer gpt2: vocab.bpe (+ encoder.json beside it), "
                                    "a directory with vocab.bpe + encoder.json or merges.txt + vocab.json, or a "
                                    ".tiktoken file (default: $DDL_GPT2_BPE, else tiktoken's download cache)",

@@ -148,8 +148,14 @@ class AttnResDesign(ResidualDesign):
         if config.attnres_blocks is None:
             return f"Attention Residuals, Full ({sublayers} sublayers, each output a source of its own)"
         blocks = min(config.attnres_blocks, sublayers)
-        same = ("; as many blocks as sublayers: this is Full AttnRes" if blocks == sublayers else "")
-        return f"Attention Residuals, Block ({blocks} blocks of the {sublayers} sublayers{same})"
+        same = self.caveat(config)
+        return f"Attention Residuals, Block ({blocks} blocks of the {sublayers} sublayers{'; ' + same if same else ''})"
+
+    def caveat(self, config) -> str | None:
+        sublayers = 2 * config.num_hidden_layers
+        if config.attnres_blocks is None or config.attnres_blocks < sublayers:
+            return None
+        return "as many blocks as sublayers: this is Full AttnRes, the same model"
 
     def info_fields(self, config) -> list[str]:
         return ["attnres_blocks"]

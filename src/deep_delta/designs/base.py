@@ -186,6 +186,12 @@ class ResidualDesign:
         """One line saying what the residual of ``config`` is (``ddl info``, an export's model card)."""
         return self.about or self.name
 
+    def caveat(self, config: DDLConfig) -> str | None:
+        """What a reader comparing this model with others must know of its settings, in a few words, where they make
+        it another design's model in effect (Block AttnRes with as many blocks as sublayers is Full AttnRes); None
+        for none. :meth:`describe` says it, and a comparison's report notes it for each compared variant."""
+        return None
+
     def state_width(self, config: DDLConfig) -> int:
         """The state's width per token, in elements (d for a vector state; the benchmarks size their inputs)."""
         return config.hidden_size

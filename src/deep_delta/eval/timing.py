@@ -4,7 +4,8 @@
   asynchronously: without the syncs a timer measures the launches, not the work).
 - :func:`interleaved`: round-robin over the cases, the starting case rotating each round so that none
   always runs first (after the others have warmed caches, or heated the chip); ``warmup`` untimed rounds
-  first. :func:`interleaved_medians` times plain callables that way and keeps the median of each.
+  first. :func:`interleaved_times` times plain callables that way, round by round; :func:`interleaved_medians`
+  keeps the median of each.
 - :data:`BENCH_DTYPES` and :func:`autocast_for`: ``dtype`` "bfloat16"/"float16" means autocast over fp32
   weights, as training runs (``ddl train``), in ``ddl bench`` and ``ddl bench-kernels`` alike (the names and
   their check live in ``eval/settings.py``, which the command line reads without PyTorch).
@@ -72,11 +73,17 @@ def interleaved(cases: Mapping[str, Callable[[], T]], repeats: int, warmup: int 
     return samples
 
 
+def interleaved_times(cases: Mapping[str, Callable[[], object]], device: torch.device, repeats: int,
+                      warmup: int = 0) -> dict[str, list[float]]:
+    """Seconds of each callable in each of ``repeats`` rounds (``{name: [seconds per round]}``), timed with
+    :func:`timed` in :func:`interleaved` rounds: round ``i`` of every case ran under the same load."""
+    return interleaved({name: (lambda fn=fn: timed(fn, device)) for name, fn in cases.items()}, repeats, warmup)
+
+
 def interleaved_medians(cases: Mapping[str, Callable[[], object]], device: torch.device, repeats: int,
                         warmup: int = 0) -> dict[str, float]:
-    """Median seconds of each callable, timed with :func:`timed` in :func:`interleaved` rounds."""
-    samples = interleaved({name: (lambda fn=fn: timed(fn, device)) for name, fn in cases.items()}, repeats, warmup)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
+    """Median seconds of each callable, timed in :func:`interleaved_times` rounds."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(cases, device, repeats, warmup).items()}
 
 
 def check_int(name: str, value: int, lo: int) -> None:

@@ -112,25 +112,55 @@ def summarize(per_seed: list[dict]) -> dict:
     return result
 
 
-def verdict(summary: dict, measured: float | None) -> str:
+def verdict(summary: dict, measured: float | None, spread: Sequence[float] | None = None) -> str:
     """Whether a design pays on this machine: its measured step-cost ratio against r* (below the whole interval:
-    it pays; above it: it does not; inside: undecided)."""
+    it pays; above it: it does not; inside: undecided). ``spread``: the lowest and highest ratio over the timing
+    rounds (``[low, high]``); a verdict that differs at either end of it is undecided, saying so (a rerun that timed
+    the steps again may land anywhere in it)."""
     if measured is None:
         return "no step time measured"
+    word, why = _call(summary, measured)
+    if not spread or not _timed(summary):
+        return f"{word} ({why})"
+    rounds = f"{spread[0]:.3f}-{spread[1]:.3f}"
+    if verdict_word(summary, measured, spread) == word:
+        return (f"{word} ({why}, at every timing round's ratio too, {rounds})" if word != "undecided" else
+                f"{word} ({why}; the timing rounds' ratios {rounds})")
+    ends = ", ".join(f"{_call(summary, x)[0]} at {x:.3f}" for x in spread)
+    return (f"undecided ({word} at the median ratio {measured:.3f}, but not over the timing rounds' ratios {rounds}: "
+            f"{ends})")
+
+
+def verdict_word(summary: dict, measured: float, spread: Sequence[float] | None = None) -> str:
+    """The verdict's word at the measured ratio ("pays", "does not pay", "undecided"): "undecided" too where it
+    differs at an end of the timing rounds' ``spread``."""
+    word = _call(summary, measured)[0]
+    return word if not spread or {_call(summary, x)[0] for x in spread} == {word} else "undecided"
+
+
+def _timed(summary: dict) -> bool:
+    """Whether the verdict on ``summary`` depends on the measured ratio (not where every seed is behind at equal
+    steps)."""
+    seeds = summary.get("per_seed") or []
+    return summary.get("geo_mean") is not None or not (seeds and all(x["outside"] == "below" for x in seeds))
+
+
+def _call(summary: dict, measured: float) -> tuple[str, str]:
+    """The verdict at the measured ratio ``measured``: ("pays" / "does not pay" / "undecided", why)."""
     r, ci = summary.get("geo_mean"), summary.get("ci95")
     if r is None:
         seeds = summary.get("per_seed") or []
         if seeds and all(x["outside"] == "below" for x in seeds):
-            return "does not pay (behind at equal steps in every seed)"
+            return "does not pay", "behind at equal steps in every seed"
         if seeds and all(x["outside"] == "above" and measured < x["bound"] for x in seeds):
-            return "pays (r* above the measured ratio in every seed)"
-        return "undecided (r* outside the curve in some seeds)"
+            return "pays", "r* above the measured ratio in every seed"
+        return "undecided", "r* outside the curve in some seeds"
     low, high = ci if ci else (r, r)
     if measured < low:
-        return "pays (measured ratio below r*)"
+        return "pays", "measured ratio below r*"
     if measured > high:
-        return "does not pay (measured ratio above r*)"
-    return "undecided (measured ratio inside the interval of r*)"
+        return "does not pay", "measured ratio above r*"
+    return "undecided", "measured ratio inside the interval of r*"
 
 
 def seed_text(x: dict) -> str:
@@ -174,8 +204,11 @@ def break_even_table(summary: dict[str, Any]) -> list[str]:
         seeds = ", ".join(f"{x['seed']}: {seed_text(x)}" for x in b["per_seed"])
         mean = fmt(b["geo_mean"], ".3f") if b["geo_mean"] is not None else (
             f"outside the curve in seed(s) {', '.join(map(str, b['outside_seeds']))}")
+        spread = r.get("time_ratio_spread")
+        measured = fmt(r.get("time_ratio"), ".3f") + (f" ({spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
         lines.append(f"| {r['variant']} | {seeds} | {mean} | {ci_text(b['ci95'], '.3f')} "
-                     f"| {fmt(r.get('time_ratio'), '.3f')} | {verdict(b, r.get('time_ratio'))} |")
+                     f"| {measured} | {verdict(b, r.get('time_ratio'), spread)} |")
+    lines += retimed_lines(summary, rows)
     for c in summary.get("break_even_checks") or []:
         if c["error"] is None:
             lines.append(f"\nCheck of {c['variant']} at r = {c['ratio']:g} ({c['steps']} steps, seed {c['seed']}): "
@@ -193,6 +226,23 @@ def break_even_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def retimed_lines(summary: dict[str, Any], rows: list[dict]) -> list[str]:
+    """Where the step times were measured again after an earlier report had measured them (``timing.earlier``):
+    each variant's ratio then and now, and its verdict where it changed; [] otherwise."""
+    changed = [r for r in rows if r.get("earlier_time_ratio") is not None and r.get("time_ratio") is not None]
+    if not changed:
+        return []
+    parts = []
+    for r in changed:
+        b, then, now = r["break_even"], r["earlier_time_ratio"], r["time_ratio"]
+        before, after = verdict_word(b, then), verdict_word(b, now, r.get("time_ratio_spread"))
+        parts.append(f"{r['variant']} {then:.3f} then, {now:.3f} now"
+                     + (f" ('{before}' then, '{after}' now)" if before != after else ""))
+    earlier = summary["timing"]["earlier"]
+    return [f"\nThe step times were measured again (the earlier report's, in {earlier.get('file', 'its summary')}, "
+            f"{earlier.get('repeats', '?')} rounds): measured step ratio " + "; ".join(parts) + "."]
+
+
 NOTE = (
     "r*: the step-cost ratio at which the variant's loss would equal the reference's at equal cost: with the "
     "reference at L_b(N) after N steps and the variant's validation curve L_v(s) (r* > 1: its step may be up to r* "
@@ -202,8 +252,11 @@ NOTE = (
     "schedule has not decayed as an N / r-step run's has, so the two losses differ, in either direction (the decay "
     "anneals the loss down; a shorter schedule also spends fewer steps at a high lr); `--break-even-check "
     "VARIANT=R` trains the exact run and states the error. "
-    "Measured step ratio: the variant's step time over the reference's, timed in this process (step ms); the "
-    "design pays on this machine when it is below r*.")
+    "Measured step ratio: the variant's step time over the reference's, timed in this process (step ms), the median "
+    "over the interleaved timing rounds (`--time-repeats`), and in brackets the lowest and highest ratio of one round "
+    "(every variant is timed once per round, under one load); the design pays on this machine when the ratio is "
+    "below r*, and a verdict that would differ anywhere in that spread is undecided.")
 
 
-__all__ = ["METHOD", "NOTE", "break_even", "break_even_table", "check_row", "crossing_step", "loglog_value", "seed_text", "summarize", "verdict"]
+__all__ = ["METHOD", "NOTE", "break_even", "break_even_table", "check_row", "crossing_step", "loglog_value",
+           "retimed_lines", "seed_text", "summarize", "verdict", "verdict_word"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,15 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     refused, naming the run and the field. The step times an earlier ``ddl compare`` measured for these runs (its
     compare.json) are kept, with the equal-time columns. Each run's device is recorded in the summary, and the
     summary's machine is the runs' own (their kernel switches, one set, threads, torch and commit:
-    :func:`~deep_delta.experiments.finished_runs.runs_machine`), not this process's. ``write``
-    False: the summary only, no file written (the width study recomputing a point from its runs)."""
+    :func:`~deep_delta.experiments.finished_runs.runs_machine`), not this process's; its ``wall_s`` is this call's
+    own (the runs' training time is each run's ``train_wall_s``, from its run.json). ``write`` False: the summary
+    only, no file written (the width study recomputing a point from its runs)."""
     from deep_delta.experiments.finished_runs import check_together, find_runs, lr_of_folder
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, choose_lrs
     from deep_delta.train.build import build_model_config
     from deep_delta.variants import VARIANTS
 
+    t0 = time.perf_counter()
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a comparison's or a "
@@ -48,6 +51,7 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
         runs = find_runs(out)
         check_together(runs, out)
         summary = _collect_point(out, runs, kept_timing(out / "compare.json", runs))
+        summary["wall_s"] = time.perf_counter() - t0  # this call's, which trained nothing (the runs': their run.json)
         if write:
             write_comparison(out, summary)
         return summary
@@ -66,6 +70,7 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     per_lr = {}
     for lr, (d, runs) in sorted(at_lr.items()):
         per_lr[lr] = _collect_point(d, runs, None)  # a grid's lr is run without timing; the grid times once
+        per_lr[lr]["wall_s"] = time.perf_counter() - t0
         if write:
             write_comparison(d, per_lr[lr])
     first = next(iter(per_lr.values()))
@@ -87,12 +92,14 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     summary = grid_summary(base, variants, seeds, lrs, per_lr, points, chosen, timing, limit, grids)
     summary["machine"], differ = runs_machine(all_runs)
     notes = [note] if note else []
+    notes = [*summary.get("notes", []), *notes, *differ]
     summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
                    devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
-                   **({"notes": notes + differ} if notes or differ else {}))
+                   **({"notes": notes} if notes else {}))
+    summary["wall_s"] = time.perf_counter() - t0
     if write:
         write_comparison(out, summary, "selection" if held else "compare")
-    return collect_held_out(out, base, summary, all_runs) if held else summary
+    return collect_held_out(out, base, summary, all_runs, started=t0) if held else summary
 
 
 def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | None, str | None] | None) -> dict[str, Any]:
@@ -115,12 +122,11 @@ def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | No
             "given in its compare.json)")
     summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
     summary["machine"], differ = runs_machine(runs)  # the runs' own, not this process's
-    notes += differ
+    notes = [*summary.get("notes", []), *notes, *differ]
     data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
     summary.update(data_fingerprint=data.get("fingerprint"), data_vocab=data.get("vocab_size"),
                    devices={_name(r.cfg.variant, r.cfg.seed if len(seeds) > 1 else None):
                             (r.record.get("device") or {}).get("name", "not recorded") for r in runs},
-                   wall_s=sum(r.end["wall_s"] for r in runs),
                    **({"step_costs": costs} if costs else {}), **({"notes": notes} if notes else {}))
     return summary
 

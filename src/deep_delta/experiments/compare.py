@@ -29,6 +29,7 @@ from deep_delta.experiments.compare_report import (
     reference_variant,
     reuse_remedy,
     summarize_runs,
+    with_earlier,
     write_comparison,
 )
 from deep_delta.settings import MAX_SEEDS
@@ -282,6 +283,7 @@ def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
                           progress=progress, quiet=quiet, outputs=[out / name for name in OUTPUTS],
                           wandb_group=base.wandb_group if base.wandb else None)
     timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
+    timing = with_earlier(timing, out / "compare.json", base.to_dict())
     summary = summarize_runs(out, variants, base, seeds=seeds, step_times=timing, diverged=diverged)
     summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
                    **({"step_costs": step_costs} if step_costs else {}))
@@ -338,6 +340,8 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
 
     def finish(per_lr: dict, points: list[dict], chosen: dict) -> dict:
         timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
+        timing = with_earlier(timing, out / ("compare.json" if after_selection is None else "selection.json"),
+                              base.to_dict())
         summary = grid_summary(base, variants, seeds, list(per_lr), per_lr, points, chosen, timing, limit, grids)
         summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
                        **({"step_costs": step_costs} if step_costs else {}))
@@ -381,9 +385,12 @@ def measure_step_times(base: TrainConfig, variants: list[str], data_vocab: int, 
     """Median seconds per optimizer step of each variant at the comparison's shape (batch, sequence, model,
     device) and with the step the runs trained (:func:`step_settings`: compile, CUDA graphs, activation
     checkpointing, ...), timed in interleaved rounds so that a busy machine slows every variant alike; the
-    sequential runs' own clocks are not used for this."""
+    sequential runs' own clocks are not used for this. ``step_time_rounds_s``: every round's seconds of each
+    variant (round i of every variant under one load: the spread of a ratio of step times over the rounds)."""
+    import statistics
+
     from deep_delta.eval.step_bench import StepSubject
-    from deep_delta.eval.timing import interleaved_medians
+    from deep_delta.eval.timing import interleaved_times
     from deep_delta.runtime import resolve_device, trains_in_bf16
     from deep_delta.train.build import build_model_config
 
@@ -393,8 +400,9 @@ def measure_step_times(base: TrainConfig, variants: list[str], data_vocab: int, 
     subjects = {v: StepSubject(v, base.preset, batch_size=base.batch_size, seq_len=base.seq_len, device=device,
                                dtype=dtype, overrides={**base.model, "vocab_size": vocab}, seed=base.seed,
                                train=step_settings(base)) for v in variants}
-    medians = interleaved_medians({v: s.train_step for v, s in subjects.items()}, device, repeats, warmup)
-    return {"step_time_s": medians, "repeats": repeats, "device": str(device), "dtype": dtype}
+    rounds = interleaved_times({v: s.train_step for v, s in subjects.items()}, device, repeats, warmup)
+    return {"step_time_s": {v: statistics.median(ts) for v, ts in rounds.items()}, "step_time_rounds_s": rounds,
+            "repeats": repeats, "device": str(device), "dtype": dtype}
 
 
 def run_divergence(run_dir: str | os.PathLike) -> str | None:

@@ -20,7 +20,7 @@ from deep_delta.experiments.lr_grid import (
 )
 from deep_delta.experiments.report import ci_text, fmt, log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
-from deep_delta.experiments.test_split import TEST_FILE, read_test
+from deep_delta.experiments.test_split import TEST_FILE, read_test, rounding_said
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.metrics import metrics_file, read_metrics
@@ -122,9 +122,26 @@ def summarize_runs(out: str | os.PathLike, variants: list[str], base: TrainConfi
     ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
     for r in rows:
         compare_rows(r, ref, step_times)
+    notes = design_notes(base, variants)
     return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
             "settings": base.to_dict() if base is not None else None, "timing": step_times,
-            "machine": machine(), "reported_split": split}
+            "machine": machine(), "reported_split": split, **({"notes": notes} if notes else {})}
+
+
+def design_notes(base: TrainConfig | None, variants: list[str]) -> list[str]:
+    """A note for each compared variant whose design has a caveat at the runs' settings
+    (:meth:`~deep_delta.designs.base.ResidualDesign.caveat`: Block AttnRes with as many blocks as sublayers is Full
+    AttnRes), saying what its residual is (the design's own one line, ``describe``)."""
+    if base is None:
+        return []
+    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+
+    notes = []
+    for v in variants:
+        cfg = DDLConfig.from_variant(v, base.preset, **base.model)
+        if cfg.design.caveat(cfg):
+            notes.append(f"{v} ({paper_name(v)}) at these settings: {cfg.design.describe(cfg)}")
+    return notes
 
 
 def loss_keys(split: str) -> dict[str, str]:
@@ -174,12 +191,61 @@ def compare_rows(r: dict, ref: dict, step_times: dict | None) -> None:
         return
     t_v, t_ref = step_times["step_time_s"][r["variant"]], step_times["step_time_s"][ref["variant"]]
     r["step_time_s"], r["time_ratio"] = t_v, t_v / t_ref
+    r["time_ratio_spread"] = ratio_spread(step_times.get("step_time_rounds_s"), r["variant"], ref["variant"])
+    r["time_rounds"] = len((step_times.get("step_time_rounds_s") or {}).get(r["variant"]) or [])
+    earlier = (step_times.get("earlier") or {}).get("step_time_s") or {}
+    if isinstance(earlier.get(r["variant"]), (int, float)) and isinstance(earlier.get(ref["variant"]), (int, float)):
+        r["earlier_time_ratio"] = earlier[r["variant"]] / earlier[ref["variant"]]
     at = [value_at(x["val_curve"], x["steps"] * t_ref / t_v) if x["steps"] else None for x in mine]
     for x, v in zip(mine, at):
         x["val_loss_at_reference_time"] = v
     r["equal_time_val_loss"] = mean_sd(at)[0]
     eq = paired_difference(at, [y["val_loss"] for y in theirs])
     r["equal_time_d_val_loss"], r["equal_time_ci95"], r["equal_time_wins"] = eq["mean"], eq["ci95"], eq["wins"]
+
+
+def with_earlier(timing: dict | None, path: Path, settings: dict[str, Any]) -> dict | None:
+    """``timing`` (step times just measured) with ``earlier``: the step times that the report in ``path`` (a
+    comparison's compare.json or selection.json, about to be replaced) had measured for the same step (every setting
+    that shapes it the same: :func:`timing_differences`), which these replace; the report then says each variant's
+    ratio then and now. ``timing`` as it is without such a report."""
+    from deep_delta.fsutil import read_json_file
+
+    if not timing or not path.is_file():
+        return timing
+    try:
+        old = read_json_file(path, "a comparison's summary (compare.json)", limit=256 << 20)
+    except ValueError:
+        return timing
+    before = old.get("timing") if isinstance(old, dict) else None
+    times = before.get("step_time_s") if isinstance(before, dict) else None
+    if not isinstance(times, dict) or timing_differences(old.get("settings") or {}, settings):
+        return timing
+    kept = {k: before[k] for k in ("step_time_s", "step_time_rounds_s", "repeats") if k in before}
+    return {**timing, "earlier": {**kept, "file": path.name}}
+
+
+def timing_differences(timed: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """How the settings a step was timed with (``timed``, a summary's ``settings``) differ from ``settings`` in what
+    shapes the step (the model, batch, sequence, device, dtype, compile, CUDA graphs, activation checkpointing,
+    ...; not the variant, seed, lr, length, data or bookkeeping): [] where the same step was timed."""
+    from deep_delta.train.provenance import differences
+    from deep_delta.train.run_dir import RESULT_NEUTRAL
+
+    shaping = {"compile", "cuda_graphs", "activation_checkpointing"}
+    free = (RESULT_NEUTRAL - shaping) | {"variant", "seed", "out", "steps", "lr", "wandb_run_name", "data"}
+    return differences(recorded(timed), recorded(settings), skip=free, has="it was timed with")
+
+
+def ratio_spread(rounds: dict | None, variant: str, reference: str) -> list[float] | None:
+    """The lowest and highest ratio of ``variant``'s step time to the ``reference``'s over the interleaved timing
+    rounds (``rounds``: each variant's seconds per round; round i of both under one load), [low, high]; None
+    without the rounds (a record written before they were kept)."""
+    mine, theirs = (rounds or {}).get(variant), (rounds or {}).get(reference)
+    if not mine or not theirs or len(mine) != len(theirs) or not all(t > 0 for t in theirs):
+        return None
+    ratios = [a / b for a, b in zip(mine, theirs)]
+    return [min(ratios), max(ratios)]
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -281,12 +347,13 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     split = summary.get("reported_split", "val")
     k = loss_keys(split)
     on = " on test" if split == "test" else ""
+    more = "--eval-seeds 3" if summary.get("held_out") else "--seeds 3"  # the seeds the numbers come from
     for r in summary["rows"]:
         if r["variant"] == ref or r.get(k["d"]) is None:
             continue
         d, ci, n, wins = r[k["d"]], r.get(k["ci"]), r.get(k["n"], 0), r.get(k["wins"], 0)
         if ci is None:
-            what = f"{d:+.4f} nats{on} in one seed: an anecdote, not evidence (use --seeds 3 or more)"
+            what = f"{d:+.4f} nats{on} in one seed: an anecdote, not evidence (use {more} or more)"
         elif ci[1] < 0:
             what = f"lower{on} by {-d:.4f} nats (95% CI {ci_text(ci)}, lower in {wins}/{n} seeds)"
         elif ci[0] > 0:
@@ -322,12 +389,60 @@ def conclusion(summary: dict[str, Any]) -> str:
             found = f"{'lower' if d < 0 else 'higher'} by {abs(d):.4f} nats (95% CI {ci_text(ci)})"
         else:
             found = f"not distinguishable (d = {d:+.4f}, 95% CI {ci_text(ci)})"
-        cost = f", its step {r['time_ratio']:.2f}x the {ref_name}'s" if r.get("time_ratio") else ""
+        spread, rounds = r.get("time_ratio_spread"), r.get("time_rounds")
+        cost = (f", its step {r['time_ratio']:.2f}x the {ref_name}'s" if r.get("time_ratio") else "") + (
+            f" ({spread[0]:.2f}x-{spread[1]:.2f}x over {rounds} timing rounds)" if r.get("time_ratio") and spread
+            else "")
         parts.append(f"{r['name']} {found}{cost}")
     seeds = "one seed, so no interval: an anecdote" if n == 1 else f"{n} paired seeds"
     timed = " (step times measured interleaved on this machine)" if any(r.get("time_ratio") for r in rows) else ""
-    return (f"Found ({seeds}): at equal steps, against the {ref_name}'s {loss} loss, " + "; ".join(parts)
+    return (f"Found ({seeds}): {lengths_text(summary)}, against the {ref_name}'s {loss} loss, " + "; ".join(parts)
             + f"{timed}.")
+
+
+def run_lengths(summary: dict[str, Any]) -> dict[str, int]:
+    """The optimizer steps each variant's runs trained ({variant: steps}), those that diverged left out (a run
+    stopped by its divergence is shorter by that)."""
+    return {r["variant"]: r["steps"] for r in summary["rows"] if not r.get("diverged")}
+
+
+def lengths_text(summary: dict[str, Any]) -> str:
+    """How the compared runs' lengths relate, as the closing sentence says it: "at equal steps"; at equal cost by
+    the step costs given (``step_costs``: each such variant's steps at its cost); or, for runs of other lengths that
+    no given cost accounts for (runs brought together by ``--report-only``), each variant's steps, called neither."""
+    steps = run_lengths(summary)
+    ref = summary["reference"]
+    if len(set(steps.values())) <= 1 or ref not in steps:
+        return "at equal steps"
+    if unequal_lengths(summary):
+        return ("at unequal lengths (" + ", ".join(f"{v} {n} steps" for v, n in steps.items())
+                + ": neither equal steps nor an equal cost given)")
+    costs = summary["step_costs"]
+    return (f"at equal cost by the step costs given ({ref} {steps[ref]} steps; "
+            + ", ".join(f"{v} {n} at {costs[v]:g}x" for v, n in steps.items() if n != steps[ref]) + ")")
+
+
+def unequal_lengths(summary: dict[str, Any]) -> bool:
+    """Whether some variant trained another number of steps than the reference with no step cost given for it
+    (``step_costs``) that accounts for it: runs of unequal lengths, compared neither at equal steps nor at cost."""
+    steps, ref = run_lengths(summary), summary["reference"]
+    costs = summary.get("step_costs") or {}
+    return ref in steps and any(n != steps[ref] and v not in costs for v, n in steps.items())
+
+
+def tokens_text(summary: dict[str, Any]) -> str:
+    """The training tokens of the compared runs in a few words: "N training tokens per variant" when every variant
+    trained as many; the reference's, then those of the variants with a step cost, at equal cost; else each
+    variant's."""
+    tokens = {r["variant"]: r["tokens"] for r in summary["rows"] if not r.get("diverged")} or {
+        r["variant"]: r["tokens"] for r in summary["rows"]}
+    ref, costs = summary["reference"], summary.get("step_costs") or {}
+    if len(set(tokens.values())) == 1:
+        return f"{next(iter(tokens.values())):,} training tokens per variant"
+    if ref in tokens and costs and not unequal_lengths(summary):
+        return f"{tokens[ref]:,} training tokens for {ref} (" + ", ".join(
+            f"{v} {n:,}" for v, n in tokens.items() if v in costs) + ")"
+    return "training tokens per variant: " + ", ".join(f"{v} {n:,}" for v, n in tokens.items())
 
 
 def lr_sentence(summary: dict[str, Any]) -> str:
@@ -339,6 +454,9 @@ def lr_sentence(summary: dict[str, Any]) -> str:
     if grid is None:
         return shared_lr_sentence(s.get("lr")) + muon
     chosen = selection_sentence(grid["lrs"], "final validation loss", grid.get("grids"))
+    rounded = held and rounding_said(held["test_tokens"], held.get("test_tokens_asked"), s.get("seq_len"),
+                                     s.get("batch_size"))
+    rounded = f"; {rounded}" if rounded else ""
     if held is None:
         return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
                 "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
@@ -348,8 +466,8 @@ def lr_sentence(summary: dict[str, Any]) -> str:
             f"tokens in {windows_text(recorded(s).get('eval_windows'))}) at the selection seeds {', '.join(map(str, held['selection_seeds']))} (the best mean among the "
             f"lrs at which no seed diverged). The numbers below are fresh runs at that lr with the evaluation seeds "
             f"{', '.join(map(str, held['eval_seeds']))}, reported on the `test` split ({held['test_tokens']:,} tokens "
-            f"in {windows_text(held.get('test_windows'))}, the same windows for every run), paired by seed: no number "
-            "below chose an lr." + muon)
+            f"in {windows_text(held.get('test_windows'))}, the same windows for every run{rounded}), paired by seed: "
+            "no number below chose an lr." + muon)
 
 
 def optimizer_text(settings: dict[str, Any]) -> str:
@@ -461,13 +579,18 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
             f"step ms: median of {timing['repeats']} interleaved rounds of the same optimizer step per variant "
             f"({timing['device']}, {timing['dtype']}), measured after training. val loss at ref. time: the "
             "validation loss each variant had reached when the reference finished its steps, at this step time "
-            "(interpolated on its validation curve; '-' where that falls before its first validation).",
+            "(interpolated on its validation curve; '-' where that falls before its first validation)."
+            + _retimed_sentence(summary),
         ]
+    steps_text, tokens_said = f"{s.get('steps')} steps", f"{tokens:,} tokens"
+    if unequal_lengths(summary):  # runs brought together: each variant's own length, none of them "the" steps
+        steps_text = "steps per variant (" + ", ".join(f"{v} {n}" for v, n in run_lengths(summary).items()) + ")"
+        tokens_said = tokens_text(summary)
     lines += [
         "",
         f"Seed s means the same initialisation seed and the same data order for every variant. Data "
-        f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {s.get('steps')} steps x "
-        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens:,} tokens), {optimizer_text(s)}, {lr_text} "
+        f"{s.get('data') or 'the embedded default text'}; preset {s.get('preset')}, {steps_text} x "
+        f"{s.get('batch_size')} x {s.get('seq_len')} tokens ({tokens_said}), {optimizer_text(s)}, {lr_text} "
         f"(warm-up {s.get('warmup_steps')}, cosine to {s.get('min_lr_ratio')} x lr), validation on "
         f"{s.get('eval_batches')} batches ({windows_text(recorded(s).get('eval_windows'))}) every "
         f"{s.get('eval_every')} steps.{cost_sentence(summary)}",
@@ -478,6 +601,19 @@ def _settings_lines(summary: dict[str, Any], s: dict, m: dict, tokens: int, lr_t
         "",
     ]
     return lines
+
+
+def _retimed_sentence(summary: dict[str, Any]) -> str:
+    """' ...': where these step times replace those an earlier report in the same directory had measured
+    (``timing.earlier``), each variant's ratio to the reference then and now; else ''."""
+    earlier = (summary.get("timing") or {}).get("earlier")
+    rows = [r for r in summary["rows"] if r.get("earlier_time_ratio") is not None and r.get("time_ratio")
+            and r["variant"] != summary["reference"]]
+    if not earlier or not rows:
+        return ""
+    return (f" These step times were measured again; the earlier report's ({earlier.get('file', 'its summary')}, "
+            f"{earlier.get('repeats', '?')} rounds) had the step ratio " + ", ".join(
+                f"{r['variant']} {r['earlier_time_ratio']:.2f}x (now {r['time_ratio']:.2f}x)" for r in rows) + ".")
 
 
 def machine_sentence(m: dict[str, Any]) -> str:
@@ -521,10 +657,17 @@ def _recorded_text(value: Any, show=None) -> str:
 def _wall_sentence(summary: dict[str, Any]) -> str:
     """How long it took: the runs' training, every session of an interrupted and resumed run counted (each run's
     run.json), and the call that wrote the report, which may have trained only a part of it (or nothing)."""
-    runs = [x.get("train_wall_s") for r in summary["rows"] for x in r["per_seed"]]
-    trained = (f"Training time of the runs: {sum(runs):.0f} s in all (every session of a resumed run counted). "
-               if runs and all(isinstance(x, (int, float)) for x in runs) else "")
+    runs = runs_training_s(summary)
+    trained = (f"Training time of the runs: {runs:.0f} s in all (every session of a resumed run counted). "
+               if runs is not None else "")
     return f"{trained}Wall time of the call that wrote this report: {summary.get('wall_s', 0):.0f} s."
+
+
+def runs_training_s(summary: dict[str, Any]) -> float | None:
+    """The training time of the reported runs, every session of a resumed run counted (each run's run.json); None
+    where a run does not record it."""
+    runs = [x.get("train_wall_s") for r in summary["rows"] for x in r["per_seed"]]
+    return sum(runs) if runs and all(isinstance(x, (int, float)) for x in runs) else None
 
 
 def _devices_sentence(summary: dict[str, Any]) -> str:
@@ -710,9 +853,10 @@ def grid_summary(base: TrainConfig, variants: list[str], seeds: list[int], lrs: 
     ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
     for r in rows:
         compare_rows(r, ref, timing)
+    notes = design_notes(base, variants)
     return {"rows": rows, "reference": ref["variant"], "seeds": seeds,
             "settings": {**base.to_dict(), "lr": None},  # no one lr: each row has its own
-            "timing": timing, "machine": machine(),
+            "timing": timing, "machine": machine(), **({"notes": notes} if notes else {}),
             "lr_selection": {"method": "per-variant best on the final validation loss", "lrs": lrs,
                              **({} if shared_grid(grids) is not None else {"grids": grids}),
                              "divergence_limit": limit, "chosen": chosen},

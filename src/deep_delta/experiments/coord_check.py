@@ -26,6 +26,7 @@ from torch import nn
 
 from deep_delta.experiments.settings import MUP_SLOPE_BOUND, CoordCheckSettings
 from deep_delta.layers.additive import AdditiveResidual
+from deep_delta.layers.attention_residuals import AttnResidual, DepthReadout
 from deep_delta.layers.delta_residual import DeltaResidual
 from deep_delta.layers.gate import BetaGate
 from deep_delta.layers.hyper_connections import HyperResidual
@@ -45,14 +46,18 @@ from deep_delta.ops.hyper import stream_read_reference
 #   kTx        u^T X with u = k / |k| the unit direction (B, T, d_v)           (DDL only)
 #   v          the value, (B, T, d_v)                                             (DDL only)
 #   v_logit    the value's pre-activation W_v src + b (B, T, d_v), 0 at init up to W_v's noise (DDL k-Map)
-#   beta       the gate, (B, T, 1)                                                (DDL only)
+#   beta       the gate, (B, T, 1); the untied rule's erase gate                  (DDL only)
 #   beta_logit the gate's pre-activation minus its initial bias (B, T, 1)         (DDL only)
+#   beta_write the untied rule's write gate, (B, T, 1), and its pre-activation minus its initial bias
+#   beta_write_logit                                                              (the untied rule only)
+#   depth_read the softmax over depth of the sources that a sublayer's pseudo-query reads, and the readout's
+#              before the final norm (B, T, d)                                    (AttnRes only)
 #   coef_logit the dynamic hyper-connection's projection of the state before its squashing: HC's
 #              norm(H_i)^T W (B, T, n, n+2) before tanh, mHC's RMS(vec H) phi (B, T, 2n+n^2) before alpha
 #   logits     the LM head's output (B, T, vocab)
 # The sigmoids bound v and beta, so a readout that grows with the width shows in the logits first.
 ACTIVATIONS = ("embedding", "attn_out", "mlp_out", "update", "state", "read", "kTx", "v", "v_logit", "beta",
-               "beta_logit", "coef_logit", "logits")
+               "beta_logit", "beta_write", "beta_write_logit", "depth_read", "coef_logit", "logits")
 # The width exponent muP aims for: 0 (a coordinate of a width-sized vector stays Theta(1)), except the two
 # scalars along the unit direction u, whose coordinates are O(1/sqrt d): u^T X and v must grow like sqrt(d) for
 # the write u (v - u^T X)^T to change X by Theta(1) per coordinate (docs/mup.md).
@@ -137,6 +142,8 @@ class ActivationRecorder:
                 self.handles.append(module.register_forward_hook(self._residual, with_kwargs=True))
             elif isinstance(module, HyperResidual):
                 self.handles.append(module.register_forward_hook(self._hyper))
+            elif isinstance(module, (AttnResidual, DepthReadout)):
+                self.handles.append(module.register_forward_hook(self._depth))
 
     def _add(self, name: str, t: torch.Tensor) -> None:
         self.seen[name].append(t.detach().float().clone())
@@ -149,10 +156,20 @@ class ActivationRecorder:
 
     @torch.no_grad()
     def _gate(self, module: BetaGate, args, output) -> None:
-        if self.on:
-            self._add("beta", output)
-            logit = torch.log(output) - torch.log(module.beta_max - output)  # the inverse of beta_max sigmoid(.)
-            self._add("beta_logit", logit - module.bias_init)
+        if not self.on:
+            return
+        logit = torch.log(output) - torch.log(module.beta_max - output) - module.bias_init  # beta_max sigmoid(.)'s inverse
+        # one gate; or the untied rule's two, erase then write (BetaGate outputs=2), each its own row
+        self._add("beta", output[..., :1])
+        self._add("beta_logit", logit[..., :1])
+        if module.outputs > 1:
+            self._add("beta_write", output[..., 1:2])
+            self._add("beta_write_logit", logit[..., 1:2])
+
+    @torch.no_grad()
+    def _depth(self, module: AttnResidual | DepthReadout, args, output) -> None:
+        if self.on:  # what the pseudo-query reads: the softmax over depth of the sources entering it
+            self._add("depth_read", module.attend(args[0]))
 
     @torch.no_grad()
     def _residual(self, module: AdditiveResidual | DeltaResidual, args, kwargs, output) -> None:

@@ -68,10 +68,11 @@ def eval_seed_list(count: int, start: int, selection: list[int]) -> list[int]:
     return seeds
 
 
-def check_break_even_checks(checks: dict[str, float] | None, variants: list[str],
-                            step_costs: dict[str, float]) -> dict[str, float]:
+def check_break_even_checks(checks: dict[str, float] | None, variants: list[str], step_costs: dict[str, float],
+                            steps: int | None = None, eval_every: int = 0) -> dict[str, float]:
     """``checks`` ({variant: r}) validated: each a compared variant other than the reference, trained the
-    reference's steps (not an equal-cost variant), with r in [MIN_STEP_COST, MAX_STEP_COST]."""
+    reference's steps (not an equal-cost variant), with r in [MIN_STEP_COST, MAX_STEP_COST]; given the runs'
+    ``steps`` N and ``eval_every``, each r one whose exact run can be checked (:func:`check_on_curve`)."""
     checks = dict(checks or {})
     reference = reference_variant(variants)
     for variant, r in checks.items():
@@ -82,7 +83,62 @@ def check_break_even_checks(checks: dict[str, float] | None, variants: list[str]
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not MIN_STEP_COST <= r <= MAX_STEP_COST:
             raise ValueError(f"`break_even_checks` for {variant!r} got {r!r}; allowed: a ratio in "
                              f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (near the variant's r*)")
+        if steps is not None:
+            check_on_curve(variant, r, steps, eval_every)
     return checks
+
+
+def check_on_curve(variant: str, r: float, steps: int, eval_every: int) -> None:
+    """Refuse a break-even check whose exact run cannot check the curve, before anything trains: its
+    :func:`~deep_delta.experiments.compare_report.cost_steps` ``n`` of N = ``steps`` must fall on the variant's
+    validation curve (from its first validation, at ``eval_every``, to N: r in [1, N / first]; r < 1 never does),
+    and cost N within ``STEP_BUDGET_TOLERANCE``, as ``step_costs`` must (6 steps at r = 1.1 train 5, which cost 5.5:
+    not equal cost); the refusal names the nearest ratios that fit."""
+    from deep_delta.experiments.compare import STEP_BUDGET_TOLERANCE
+
+    first = min(eval_every, steps) if eval_every else steps
+    n = cost_steps(steps, r)
+    if r < 1 or not first <= n <= steps:
+        fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
+        run = (f"below 1, its exact run (N / r = {steps / r:.4g} steps) would reach past the variant's {steps}-step "
+               "curve" if r < 1 else f"its exact run of {n} step(s) would fall before the variant's first "
+               f"validation, at step {first} (`eval_every` {eval_every}" + (")" if eval_every else
+                                                                             ": none before the end)"))
+        raise ValueError(
+            f"`break_even_checks` for {variant!r} got {r:g}: {run}: its curve gives no estimate to check there; "
+            f"allowed: a ratio in [1, {max((hi for _, _, hi in fits), default=1):g}] (N / r steps on the curve, "
+            f"from step {first} to {steps})")
+    if abs(n * r - steps) <= STEP_BUDGET_TOLERANCE * steps * (1 + 1e-9):
+        return
+    fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
+    below = max(((hi, m) for m, lo, hi in fits if hi < r), default=None)
+    above = min(((lo, m) for m, lo, hi in fits if lo > r), default=None)
+    near = " or ".join(f"{what} {pick[0]:g} ({pick[1]} steps)" for what, pick in (("up to", below), ("from", above))
+                       if pick is not None)
+    raise ValueError(
+        f"`break_even_checks` for {variant!r} got {r:g}: its exact run would train {n} step(s), which cost "
+        f"{n * r:g} of the reference's {steps} steps (off by {abs(n * r - steps) / steps:.0%}, more than "
+        f"{STEP_BUDGET_TOLERANCE:.0%}): not at equal cost; allowed: a ratio whose whole steps cost {steps} within "
+        f"{STEP_BUDGET_TOLERANCE:.0%}, the nearest {near}")
+
+
+def _fitting_ratios(steps: int, first: int, tolerance: float) -> list[tuple[int, float, float]]:
+    """Each step count ``n`` on the curve (``first`` to ``steps``) with the ratios r >= 1 that train it and cost
+    ``steps`` within ``tolerance``: ``(n, lo, hi)``, the ends rounded inward to 3 decimals (each end fits)."""
+    import math
+
+    out = []
+    for n in range(first, steps + 1):
+        lo = max(1.0, steps * (1 - tolerance) / n, steps / (n + 0.5))
+        hi = min(steps * (1 + tolerance) / n, steps / (n - 0.5))  # n >= 1
+        lo, hi = math.ceil(lo * 1000 - 1e-9) / 1000, math.floor(hi * 1000 + 1e-9) / 1000
+        while lo <= hi and cost_steps(steps, lo) != n:
+            lo = round(lo + 0.001, 3)
+        while hi >= lo and (cost_steps(steps, hi) != n or abs(n * hi - steps) > tolerance * steps * (1 + 1e-9)):
+            hi = round(hi - 0.001, 3)
+        if lo <= hi:
+            out.append((n, lo, hi))
+    return out
 
 
 def check_dir(out: Path, variant: str, ratio: float, seed: int, base: TrainConfig, lr: float) -> TrainConfig:
@@ -100,7 +156,13 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     """The study of the module docstring; returns the evaluation's summary (also ``OUT/compare.json``). Everything
     that can be refused (the test split and its size, the evaluation seeds, the checks) is refused before anything
     trains."""
-    from deep_delta.experiments.test_split import measure_test, resolve_test_tokens, sources_note
+    from deep_delta.experiments.test_split import (
+        measure_test,
+        measured_tokens,
+        resolve_test_tokens,
+        rounding_said,
+        sources_note,
+    )
     from deep_delta.fsutil import refuse_unwritable_results
 
     out = Path(out)
@@ -108,9 +170,13 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     data = data if data is not None else TrainData.resolve(base.data)
     tokens = resolve_test_tokens(data, test_tokens, base.seq_len)
     eval_seeds = eval_seed_list(eval_seeds, eval_seed_start, seeds)
-    checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}))
+    checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}), base.steps, base.eval_every)
     refuse_unwritable_results(out / name for name in SELECTION_OUTPUTS)
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
+    measured = measured_tokens(data, tokens, base.seq_len, base.batch_size)
+    rounded = rounding_said(measured, tokens, base.seq_len, base.batch_size)
+    if rounded:  # said before anything trains
+        say(f"test tokens: each evaluation run will be measured on {measured:,} ({rounded})")
     t0 = time.perf_counter()
     note = sources_note(data)
 
@@ -126,7 +192,8 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
         cfgs = study_configs(base, live, eval_seeds, where, step_costs, lrs=chosen)
         partial = _partial_report(out, base, selection, live, eval_seeds, cfgs, t0)
         say(f"evaluation seeds {', '.join(map(str, eval_seeds))} at the chosen lrs "
-            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {tokens:,} test tokens: {where}")
+            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {measured:,} test tokens"
+            f"{f' ({rounded})' if rounded else ''}: {where}")
         if note:
             say(note)
         diverged = train_runs(cfgs, where, data, overwrite=overwrite, progress=progress, quiet=quiet,
@@ -173,12 +240,14 @@ def _partial_report(out: Path, base: TrainConfig, selection: dict, live: list[st
 
 
 def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[str], eval_seeds: list[int],
-                     diverged: dict, checks: dict[str, float], complete: list[int] | None = None) -> dict[str, Any]:
+                     diverged: dict, checks: dict[str, float], complete: list[int] | None = None,
+                     training: bool = True) -> dict[str, Any]:
     """The evaluation's summary (``base``: the study's settings but lr): the runs of ``OUT/evaluation`` (each
     variant of ``live`` at its chosen lr, the
     evaluation seeds, or those of them ``complete``) on test, paired by seed, a variant without an lr (diverged at
     every lr) as its selection row says, the selection it comes from and the break-even checks (``checks``:
-    {variant: r})."""
+    {variant: r}). ``training``: whether the study is training the seeds not ``complete`` yet (False for
+    ``--report-only``, which trains nothing), as the partial report's note says."""
     from deep_delta.experiments.test_split import measured_windows, read_test
 
     seeds = complete or eval_seeds
@@ -196,6 +265,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
         raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on different test tokens "
                          f"({', '.join(map(str, test_tokens))}); allowed: every run on the same test windows (run the "
                          "study again: it measures each run with the study's `test_tokens`)")
+    asked = sorted({t.get("tokens_asked") for t in per_run if t and isinstance(t.get("tokens_asked"), int)})
     plans = sorted({measured_windows(t) for t in per_run if t})
     if len(plans) > 1:
         raise ValueError(f"the evaluation runs in {out / EVAL_DIR} were measured on test windows of different plans "
@@ -205,6 +275,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     held = {"selection_seeds": selection["seeds"], "eval_seeds": eval_seeds, "selection_split": "val",
             "report_split": "test", "selection_tokens": s["eval_batches"] * s["batch_size"] * s["seq_len"],
             "test_tokens": test_tokens[0] if test_tokens else None, "test_windows": plans[0] if plans else None,
+            "test_tokens_asked": asked[0] if len(asked) == 1 else None,
             "runs": EVAL_DIR, **source_rows(tests, [r["variant"] for r in summary["rows"]], seeds,
                                             summary["reference"], s)}
     summary.update(rows=[rows[r["variant"]] for r in selection["rows"]], seeds=seeds, held_out=held,
@@ -212,9 +283,12 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
                    data_fingerprint=selection.get("data_fingerprint"),
                    **({"step_costs": selection["step_costs"]} if selection.get("step_costs") else {}))
     if complete and len(complete) < len(eval_seeds):
+        rest = ("the study goes on and rewrites this report" if training else
+                "the other seeds' runs are not finished (this report trained nothing); the `ddl compare` that started "
+                "the study finishes them and rewrites this report")
         summary.setdefault("notes", []).append(
             f"PARTIAL: {len(complete)} of {len(eval_seeds)} evaluation seeds finished "
-            f"({', '.join(map(str, complete))}); the study goes on and rewrites this report")
+            f"({', '.join(map(str, complete))}); {rest}")
     summary["break_even_checks"] = [_check(out, v, r, eval_seeds[0], rows, summary["reference"])
                                     for v, r in checks.items()]
     return summary
@@ -275,14 +349,16 @@ def _no_sources(settings: dict, missing: int, runs: int) -> str | None:
     return f"no test loss per source: the test split records no sources ({no_sources_reason(meta)})"
 
 
-def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()) -> dict[str, Any]:
+def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=(),
+                     started: float | None = None) -> dict[str, Any]:
     """``--report-only`` of a study with evaluation seeds: its evaluation runs (``OUT/evaluation``) and break-even
     checks read from their records, checked against the selection (each variant at its chosen lr, the selection's
     settings and data, evaluation seeds apart from the selection seeds) and their test records (the run's final
     step, its data, the same test windows for every run), then reported as the live study reports them. An
     evaluation seed that some variant has not finished is left out, and the report says it is partial. The kernel
     switches of every run (``grid_runs``, the selection's, among them) agree, and the report's machine record is the
-    runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`)."""
+    runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`); its ``wall_s``, this call's (since
+    ``started``, a ``time.perf_counter()``), which trained nothing."""
     from deep_delta.experiments.finished_runs import check_switches, read_run, runs_machine
     from deep_delta.experiments.test_split import measured_windows, read_test
     from deep_delta.train.provenance import differences
@@ -343,11 +419,11 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()
     every = [*grid_runs, *runs.values(), *check_runs]
     check_switches(every)
     summary = held_out_summary(out, base, selection, live, eval_seeds, diverged, checks,
-                               complete=complete if len(complete) < len(eval_seeds) else None)
+                               complete=complete if len(complete) < len(eval_seeds) else None, training=False)
     summary["machine"], differ = runs_machine(every)
     if differ:
         summary["notes"] = [*summary.get("notes", []), *differ]
-    summary["wall_s"] = selection.get("wall_s", 0) + sum(r.end["wall_s"] for r in runs.values())
+    summary["wall_s"] = time.perf_counter() - (started if started is not None else time.perf_counter())
     write_comparison(out, summary)
     return summary
 

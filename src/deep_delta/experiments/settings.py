@@ -85,8 +85,9 @@ class HeldOutSettings:
     eval_seed_start: int = setting(100, "the first evaluation seed (seeds START..START+N-1; apart from the "
                                    "selection seeds)", metavar="START")
     test_tokens: int | None = setting(None, "test tokens each evaluation run's final model is measured on, the "
-                                      "same windows for every run (default 250K, or the whole test split where it "
-                                      "is smaller; more than the split holds is refused)", metavar="N",
+                                      "same windows for every run, rounded up to whole batches of windows (the "
+                                      "report says the tokens measured) (default 250K, or the whole test split where "
+                                      "it is smaller; more than the split holds is refused)", metavar="N",
                                       parse="count")
 
     def __post_init__(self):

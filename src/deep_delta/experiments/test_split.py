@@ -71,6 +71,19 @@ def measured_batches(tokens: int, seq_len: int, batch_size: int) -> int:
     return math.ceil(windows(tokens, seq_len) / batch_size)
 
 
+def measured_tokens(data: TrainData, tokens: int, seq_len: int, batch_size: int) -> int:
+    """The test tokens an evaluation of ``tokens`` measures: :func:`measured_batches` whole batches of windows, at
+    most every whole window of the split (a count below one batch is measured on one whole batch)."""
+    return min(measured_batches(tokens, seq_len, batch_size) * batch_size, (split_tokens(data) - 1) // seq_len) * seq_len
+
+
+def rounding_said(measured: int, asked: int | None, seq_len: int, batch_size: int) -> str | None:
+    """Why the test tokens ``measured`` are not the count ``asked``, in a few words (None where they are)."""
+    if asked is None or measured is None or asked == measured:
+        return None
+    return f"the {asked:,} asked rounded up to whole batches of {batch_size} windows of {seq_len} tokens"
+
+
 EARLIER_WINDOWS = "first"  # the plan of a test.json written before test.json recorded one
 
 
@@ -163,4 +176,5 @@ def _evaluate(cfg: TrainConfig, data: TrainData, tokens: int, step: int) -> dict
 
 
 __all__ = ["DEFAULT_TEST_TOKENS", "TEST_FILE", "TEST_SPLIT", "measure_test", "measured_windows", "read_test",
-           "resolve_test_tokens", "sources_note", "split_tokens", "measured_batches", "windows"]
+           "resolve_test_tokens", "sources_note", "split_tokens", "measured_batches", "measured_tokens", "rounding_said",
+           "windows"]

@@ -51,14 +51,17 @@ def model_card(loaded: LoadedModel) -> str:
         "",
         f"# {paper_name(variant)} ({variant}, preset {cfg.preset or 'custom'})",
         "",
-        f"A decoder-only language model whose residual is {cfg.design.about}, exported by `ddl export` from the "
-        "`deep-delta-learning` package (Deep Delta Learning, arXiv:2601.00417, and the designs it is compared with).",
+        # the design's own line for this model (a design's `about` is the design's, e.g. the additive design's is the
+        # baseline's, not Peri-LN's)
+        f"A decoder-only language model whose residual is {cfg.design.describe(cfg)}. Exported by `ddl export` from "
+        "the `deep-delta-learning` package (Deep Delta Learning, arXiv:2601.00417, and the designs it is compared "
+        "with).",
         "",
         "| field | value |",
         "| --- | --- |",
         f"| parameters | {count_parameters(loaded.model):,} |",
         f"| layers x width x heads | {cfg.num_hidden_layers} x {cfg.hidden_size} x {cfg.num_attention_heads} |",
-        f"| residual | {cfg.design.describe(cfg)} |",
+        f"| residual design | {cfg.design.name} |",
         f"| embedding norm | {'yes (an RMSNorm on the embedding before the first sublayer)' if cfg.embed_norm else 'no'} |",
         f"| context | {cfg.max_position_embeddings} tokens |",
         f"| vocab | {cfg.vocab_size} (tokenizer: {loaded.tokenizer_name or 'see tokenizer.json'}) |",
