@@ -33,7 +33,8 @@ SHARED = {
     "--data": dict(metavar="DIR", choices=None, nargs=None),
     "--tokenizer": dict(metavar=None, choices=["byte", "gpt2"], nargs=None),
     "--preset": dict(metavar=None, choices=list(PRESETS), nargs=None),
-    "--variant": dict(metavar=None, choices=list(VARIANTS), nargs=None),
+    # not choices: a design of the user's own registers its variants when its module is imported (docs/designs.md)
+    "--variant": dict(metavar="VARIANT", choices=None, nargs=None),
 }
 DTYPE_MEANINGS = ("dtype of the weights", "compute dtype: autocast over float32 weights")
 

@@ -90,7 +90,6 @@ def test_json_count_equals_an_instantiated_model(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--variant", "ddl-x"], r"argument --variant: invalid choice: 'ddl-x'"),
     (["--preset", "huge"], r"argument --preset: invalid choice: 'huge'"),
 ])
 def test_bad_arguments_exit_2(capsys, argv, message):
@@ -98,6 +97,14 @@ def test_bad_arguments_exit_2(capsys, argv, message):
         main(["info", *argv])
     assert exc.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_an_unknown_variant_is_refused_naming_the_variants(capsys):
+    """--variant takes a design of the user's own's variants too (its module imported first), so the name is checked
+    when the model is built: one line, exit 2, the shipped variants listed."""
+    assert main(["info", "--variant", "ddl-x"]) == 2
+    err = capsys.readouterr().err
+    assert "--variant got 'ddl-x'; allowed: baseline | ddl-dv1" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("variant", ["ddl-cc", "ddl-tc-write", "ddl-dv1-vmap", "hc", "mhc-static"])

@@ -14,7 +14,11 @@ def add_parser(sub) -> None:
         description="Build the model of VARIANT at PRESET (on the meta device: no memory is used) and print "
         "its configuration and parameter count (tied embeddings counted once).",
     )
-    p.add_argument("--variant", default="baseline", choices=list(VARIANTS), help="model variant (default: baseline)")
+    p.add_argument("--variant", default="baseline", metavar="VARIANT",
+                   help=f"model variant: {', '.join(VARIANTS)}, or a variant a design of your own registers (with "
+                   "--design-module; docs/designs.md) (default: baseline)")
+    p.add_argument("--design-module", metavar="MODULE", default=None,
+                   help="import path or .py file of a design of your own, imported first (default: none)")
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model size (default: tiny)")
     p.add_argument("--json", action="store_true", help="print the configuration as JSON only")
     p.set_defaults(func=run)
@@ -28,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from deep_delta.models import DDLConfig, DDLForCausalLM, count_parameters
     from deep_delta.variants import paper_name
 
-    cfg = DDLConfig.from_variant(args.variant, args.preset)
+    module = {"design_module": args.design_module} if args.design_module else {}
+    cfg = DDLConfig.from_variant(args.variant, args.preset, **module)
     with torch.device("meta"):
         model = DDLForCausalLM(cfg)
     n = count_parameters(model)
