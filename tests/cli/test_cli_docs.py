@@ -14,7 +14,7 @@ import pytest
 
 from deep_delta.cli.main import as_flags, build_parser, command_path
 from deep_delta.cli.options import DTYPE_CHOICES, integer
-from deep_delta.variants import PRESETS, VARIANTS
+from deep_delta.variants import PRESETS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
