@@ -343,7 +343,7 @@ def test_SW5c_report_only_refuses_mixed_kernel_switches_and_says_mixed_threads_a
     run = out / "seed_1" / "ddl-dv1"
     cfg = TrainConfig.from_dict(json.loads((run / "run.json").read_text())["train_config"])
     shutil.rmtree(run)
-    with switches.override(INKERNEL_REDUCE=True):
+    with switches.override(inkernel_reduce=True):
         train(replace(cfg, out=str(run)), progress=False, quiet=True)
     assert json.loads((run / "run.json").read_text())["kernel_switches"]["INKERNEL_REDUCE"] is True
     _refused(out, capsys, "seed_1/ddl-dv1/run.json records kernel switch INKERNEL_REDUCE True, there False",
@@ -356,7 +356,7 @@ def test_SW5c_report_only_refuses_mixed_kernel_switches_and_says_mixed_threads_a
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        with switches.override(TC_ONE_PASS=True):  # the reporting process's own: not the runs'
+        with switches.override(tc_one_pass=True):  # the reporting process's own: not the runs'
             assert main(["compare", "--out", str(out), "--report-only"]) == 0
     finally:
         torch.set_num_threads(threads)

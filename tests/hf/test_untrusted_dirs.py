@@ -220,8 +220,8 @@ def test_a_config_with_bad_fields_names_the_file_and_field(tmp_path, capsys, fie
     ({"hidden_size": 64}, ["shape", "model.embed_tokens.weight"]),
     ({"num_hidden_layers": 3}, ["missing", "model.layers.2."]),
     ({"num_hidden_layers": 1}, ["no place for", "model.layers.1."]),
-    ({"residual": "additive", "value_channels": 1, "compressor": "none", "state_init": "repeat",
-      "variant": "baseline"}, ["no place for"]),
+    ({"residual": "additive", "value_channels": 1, "compressor": "none", "compressor_kernel_size": None,
+      "state_init": "repeat", "variant": "baseline"}, ["no place for"]),
     ({"tie_word_embeddings": False}, ["missing", "lm_head.weight"]),
 ])
 def test_a_config_that_does_not_match_the_weights_is_refused(tmp_path, capsys, change, needles):

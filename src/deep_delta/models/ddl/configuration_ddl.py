@@ -252,6 +252,7 @@ class DDLConfig(PreTrainedConfig):
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"DDLConfig: unknown field(s) {unknown}; allowed: {sorted(known)}")
-        check_variant(name, overrides, owner="DDLConfig.from_variant")  # a variant's name says its design
         fields = {**PRESETS[preset], **VARIANTS[name], **overrides, "variant": name, "preset": preset}
-        return cls(**fields)
+        config = cls(**fields)  # each field checked first, then whether the model is still the variant it names
+        check_variant(name, overrides, owner="DDLConfig.from_variant")
+        return config
