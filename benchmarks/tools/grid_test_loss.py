@@ -6,7 +6,7 @@ shows, after the fact, whether the test split agrees with that choice (the chose
 neighbours').
 
 Each grid run's test loss is kept in its ``test.json`` (the record and the reuse rule of
-``deep_delta.experiments.test_split``: measured from the run's final checkpoint, reused when it holds the same
+``deep_delta.experiments.held_out_split``: measured from the run's final checkpoint, reused when it holds the same
 windows of the same data at the final step), so a second call measures nothing again. A run that diverged, or whose
 final checkpoint is gone without a record, is left out and named.
 
@@ -96,7 +96,7 @@ def evaluation_runs(out: Path) -> list[tuple[object, dict]]:
     without its run.json, is refused (these are the study's reported results)."""
     from deep_delta.experiments.finished_runs import read_run
     from deep_delta.experiments.held_out import EVAL_DIR
-    from deep_delta.experiments.test_split import read_test
+    from deep_delta.experiments.held_out_split import read_test
 
     where = out / EVAL_DIR
     if not where.is_dir():
@@ -117,7 +117,7 @@ def measure(out: Path, data_dir: str, tokens: int | None, say=print) -> dict:
     """Every grid run's test loss (measured or reused) and the evaluation runs' (their own test.json). Every check
     (the runs' records, ``data_dir``'s test split, the runs' data against it) comes before the first measurement."""
     from deep_delta.experiments.finished_runs import read_run
-    from deep_delta.experiments.test_split import measure_test, resolve_test_tokens
+    from deep_delta.experiments.held_out_split import measure_test, resolve_test_tokens
     from deep_delta.train.data import TrainData
 
     runs = grid_runs(out)
@@ -241,7 +241,7 @@ def read_selection(out: Path) -> dict[str, float]:
 
 def asked_tokens(out: Path) -> int | None:
     """The test tokens the evaluation runs were asked for (their first test.json's ``tokens_asked``), or None."""
-    from deep_delta.experiments.test_split import read_test
+    from deep_delta.experiments.held_out_split import read_test
 
     for path in sorted(out.glob("evaluation/seed_*/*/test.json")) + sorted(out.glob("evaluation/*/test.json")):
         asked = read_test(path.parent).get("tokens_asked")

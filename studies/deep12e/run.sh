@@ -9,6 +9,9 @@
 #          report and the step times of all five measured in one process)
 #   old    the old baseline (no embedding norm) at the deep study's chosen lr 2e-3, the same 4 fresh seeds and windows
 #   muon   baseline, DDL-CC and the twin under --optimizer muon, each with its own grid over Muon's lr
+#   length baseline, DDL-CC and the twin at 4x the tokens (1200 steps, their own schedule), each with a grid of three
+#          around its 300-step optimum (half, the same, twice: read from adamw/all/selection.json, so after adamw);
+#          not part of `all` (it costs about four times the AdamW stage): run it with STAGE=length
 #   bash studies/deep12e/run.sh [OUT]              (default runs/deep12e)
 set -uo pipefail
 out=${1:-runs/deep12e}
@@ -49,4 +52,27 @@ if [ "$stage" = muon ] || [ "$stage" = all ]; then
   merge "$m/all" "$m/p1" "$m/p2"
   "$ddl" compare "${common[@]}" --optimizer muon --time-repeats 5 --variants baseline ddl-cc ddl-cc-write \
     --lrs "$mgrid_baseline" "$mgrid_cc" "$mgrid_twin" --out "$m/all" 2>&1 | tee "$m/all.log"
+fi
+if [ "$stage" = length ]; then
+  selection=$out/adamw/all/selection.json
+  [ -f "$selection" ] || { echo "deep12e: the length stage reads each design's 300-step lr from $selection; run STAGE=adamw first" >&2; exit 2; }
+  # each design's grid: half, the same and twice its chosen 300-step lr (a best at an edge extends it, as above)
+  read -r lgrid_baseline lgrid_cc lgrid_twin < <("$py" - "$selection" <<'PY'
+import json, sys
+chosen = json.load(open(sys.argv[1]))["lr_selection"]["chosen"]
+print(" ".join(f"{v}={chosen[v]['lr'] / 2:g},{chosen[v]['lr']:g},{chosen[v]['lr'] * 2:g}"
+               for v in ("baseline", "ddl-cc", "ddl-cc-write")))
+PY
+)
+  [ -n "$lgrid_twin" ] || { echo "deep12e: no chosen lr for every design in $selection" >&2; exit 2; }
+  l=$out/length
+  mkdir -p "$l"
+  "$ddl" compare "${common[@]}" --steps 1200 --time-repeats 0 --variants baseline ddl-cc-write \
+    --lrs "$lgrid_baseline" "$lgrid_twin" --out "$l/p1" > "$l/p1.log" 2>&1 &
+  "$ddl" compare "${common[@]}" --steps 1200 --time-repeats 0 --variants ddl-cc --lrs "$lgrid_cc" \
+    --out "$l/p2" > "$l/p2.log" 2>&1 &
+  wait
+  merge "$l/all" "$l/p1" "$l/p2"
+  "$ddl" compare "${common[@]}" --steps 1200 --time-repeats 0 --variants baseline ddl-cc ddl-cc-write \
+    --lrs "$lgrid_baseline" "$lgrid_cc" "$lgrid_twin" --out "$l/all" 2>&1 | tee "$l/all.log"
 fi

@@ -11,8 +11,8 @@ import pytest
 from tests.experiments.test_compare_scaling import micro
 
 from deep_delta.cli.main import main
-from deep_delta.experiments.compare import check_step_costs
 from deep_delta.experiments.lr_grid import choose_lrs, gap_warning, grid_table
+from deep_delta.experiments.plan import check_step_costs
 
 
 @pytest.fixture(scope="module")

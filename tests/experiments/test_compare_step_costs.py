@@ -9,7 +9,7 @@ import pytest
 from tests.experiments.test_compare_scaling import micro
 
 from deep_delta.cli.main import main
-from deep_delta.experiments.compare import cost_steps
+from deep_delta.experiments.plan import cost_steps
 
 
 def test_cost_steps():

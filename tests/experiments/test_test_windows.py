@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from deep_delta.data.shards import open_shard, write_shard_record
-from deep_delta.experiments import test_split
+from deep_delta.experiments import held_out_split
 from deep_delta.train.data import TrainData
 from deep_delta.train.trainer import train
 
@@ -33,23 +33,23 @@ def test_test_json_names_its_plan_and_another_plan_is_measured_again(tmp_path, w
     cfg = make_config(tmp_path / "run", data=with_test, eval_windows="first", steps=2, eval_every=0)
     train(cfg, progress=False, quiet=True)
     data = TrainData.resolve(str(with_test))
-    first = test_split.measure_test(cfg, data, 256, step=cfg.steps, say=lambda msg: None)
+    first = held_out_split.measure_test(cfg, data, 256, step=cfg.steps, say=lambda msg: None)
     path = tmp_path / "run" / "test.json"
     assert first["eval_windows"] == "first" and json.loads(path.read_text()) == first
-    real = test_split._evaluate
+    real = held_out_split._evaluate
 
     def measured(*args):
         measured.calls += 1
         return real(*args)
 
     measured.calls = 0
-    monkeypatch.setattr(test_split, "_evaluate", measured)
-    assert test_split.measure_test(cfg, data, 256, step=cfg.steps, say=lambda msg: None) == first
+    monkeypatch.setattr(held_out_split, "_evaluate", measured)
+    assert held_out_split.measure_test(cfg, data, 256, step=cfg.steps, say=lambda msg: None) == first
     earlier = {k: v for k, v in first.items() if k != "eval_windows"}  # as test.json was written before plans
     path.write_text(json.dumps(earlier))
-    assert test_split.measure_test(cfg, data, 256, step=cfg.steps, say=lambda msg: None) == earlier
+    assert held_out_split.measure_test(cfg, data, 256, step=cfg.steps, say=lambda msg: None) == earlier
     assert measured.calls == 0  # both reused
-    spread = test_split.measure_test(replace(cfg, eval_windows="spread"), data, 256, step=cfg.steps,
+    spread = held_out_split.measure_test(replace(cfg, eval_windows="spread"), data, 256, step=cfg.steps,
                                      say=lambda msg: None)
     assert measured.calls == 1 and spread["eval_windows"] == "spread"
     assert spread["tokens"] == first["tokens"] and spread["loss"] != first["loss"]
@@ -69,8 +69,8 @@ def test_test_json_records_the_loss_of_each_source(tmp_path, make_config):
     cfg = make_config(tmp_path / "run", data=data_dir, steps=2, eval_every=0)
     train(cfg, progress=False, quiet=True)
     data = TrainData.resolve(str(data_dir))
-    assert test_split.sources_note(data) is None
-    record = test_split.measure_test(cfg, data, 1024, step=cfg.steps, say=lambda msg: None)
+    assert held_out_split.sources_note(data) is None
+    record = held_out_split.measure_test(cfg, data, 1024, step=cfg.steps, say=lambda msg: None)
     assert list(record["sources"]) == ["prose", "backwards"]  # the spread windows reach both
     parts = record["sources"].values()
     assert sum(x["tokens"] for x in parts) == record["tokens"]
@@ -110,7 +110,7 @@ def test_a_named_corpus_without_source_runs_is_said_in_one_line(tmp_path):
     from pathlib import Path
 
     data = TrainData(Path("/data/prose"), {"source": "prose-v1", "splits": {"test": {"num_tokens": 10}}}, "f" * 64)
-    note = test_split.sources_note(data)
+    note = held_out_split.sources_note(data)
     assert note.startswith("no test loss per source: the test split of /data/prose records no sources (it was "
                            "prepared from prose-v1 before `ddl data prepare` recorded where each source's tokens lie")
-    assert test_split.sources_note(TrainData(Path("/d"), {"source": "notes.jsonl"}, "f" * 64)) is None
+    assert held_out_split.sources_note(TrainData(Path("/d"), {"source": "notes.jsonl"}, "f" * 64)) is None

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from deep_delta.experiments.plan import build_plan, parse_step_costs
     from deep_delta.experiments.settings import HeldOutSettings
     from deep_delta.train.config import TrainConfig, load_config
 
@@ -104,100 +105,45 @@ def run(args: argparse.Namespace) -> int:
     held_given = options.given_settings(args, options.setting_names(HeldOutSettings))
     held = HeldOutSettings(**held_given)
     if args.report_only:
-        return _report_only(args, {**given, **held_given}, held)
+        return _report_only(args, {**given, **held_given})
     lrs = options.lr_grid(args.lrs, given.get("lr"), args.assignments)
     # the recipe `compare` by default; checked as the first variant compared (each run's own is checked too), so that a
     # setting is refused naming a variant of the comparison
     first = {"variant": args.variants[0]} if args.variants else {}
     base = load_config(args.config or "compare", {**given, **first}, args.assignments)
     options.check_wandb_names([n for n in options.WANDB_NAMES if n in given], base.wandb, config=True)
-    variants = options.variant_list(args.variants)
-    if isinstance(lrs, dict):  # each variant's own grid
-        from deep_delta.experiments.lr_grid import variant_grids
-
-        lrs = variant_grids(lrs, variants)
-        if args.widths is not None or args.lengths is not None:
-            raise ValueError("`lrs` with a grid per variant and `widths` / `lengths`: the width / length study "
-                             "takes one grid for every variant; allowed: plain lrs (--lrs 1e-3 2e-3 4e-3)")
+    _check_points(args, given)
+    plan = build_plan(base, options.variant_list(args.variants), seeds=options.seed_list(args.seeds, base.seed),
+                      lrs=lrs, eval_seeds=held.eval_seeds, eval_seed_start=held.eval_seed_start,
+                      test_tokens=held.test_tokens, step_costs=parse_step_costs(args.step_costs),
+                      checks=parse_step_costs(args.break_even_checks, "break_even_checks"), widths=args.widths,
+                      lengths=args.lengths, given=frozenset(held_given))
     options.apply_threads(args.threads)
-    seeds = options.seed_list(args.seeds, base.seed)
-    step_costs = parse_step_costs(args.step_costs)
-    if step_costs:  # refused before the banner announces them
-        from deep_delta.experiments.compare import check_step_costs
+    print(plan.describe(base, args.out, torch.get_num_threads()), flush=True)
+    from deep_delta.experiments.lr_grid import gap_warning
 
-        check_step_costs(step_costs, variants, args.lengths or [base.steps],
-                         "lengths" if args.lengths else "steps")
-    checks = parse_step_costs(args.break_even_checks, "break_even_checks")
-    _check_held_out(args, held, lrs, checks, given=set(held_given))
-    print(_banner(args, base, variants, seeds, lrs, step_costs, held, torch.get_num_threads()), flush=True)
-    if lrs is not None:
-        from deep_delta.experiments.lr_grid import gap_warning
+    for variant, grid in (plan.grids or {}).items() if isinstance(lrs, dict) else [(None, plan.lrs)] if lrs else []:
+        warning = gap_warning(grid)
+        if warning:
+            print(f"ddl compare: {variant + chr(39) + 's grid: ' if variant else ''}{warning}", file=sys.stderr,
+                  flush=True)
+    from deep_delta.experiments.compare import run_plan
 
-        for variant, grid in (lrs.items() if isinstance(lrs, dict) else [(None, lrs)]):
-            warning = gap_warning(grid)
-            if warning:
-                print(f"ddl compare: {variant + chr(39) + 's grid: ' if variant else ''}{warning}", file=sys.stderr,
-                      flush=True)
-    if args.widths is not None or args.lengths is not None:
-        return _run_scaling(args, given, base, variants, seeds, lrs, step_costs)
-    kw = dict(seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress, time_repeats=args.time_repeats,
-              step_costs=step_costs)
-    if held.eval_seeds is not None:
-        from deep_delta.experiments.held_out import run_held_out
-
-        summary = run_held_out(base, variants, args.out, lrs, eval_seeds=held.eval_seeds,
-                               eval_seed_start=held.eval_seed_start, test_tokens=held.test_tokens,
-                               break_even_checks=checks, **kw)
-    elif lrs is None:
-        from deep_delta.experiments.compare import run_compare
-
-        summary = run_compare(base, variants, args.out, **kw)
-    else:
-        from deep_delta.experiments.compare import run_lr_grid
-
-        summary = run_lr_grid(base, variants, args.out, lrs, **kw)
+    summary = run_plan(plan, base, args.out, overwrite=args.overwrite, progress=not args.no_progress,
+                       time_repeats=args.time_repeats)
+    if plan.mode == "scaling":
+        return _print_scaling(args.out, summary)
     return _print_report(args.out, summary)
 
 
-def _check_held_out(args: argparse.Namespace, held, lrs, checks: dict[str, float],
-                    given: set[str] = frozenset()) -> None:
-    """The evaluation seeds go with an lr grid (they report its choice), not with the width / length study; their
-    first seed (``given``: the HeldOutSettings fields given) and the break-even checks with the evaluation seeds."""
-    if "eval_seed_start" in given and held.eval_seeds is None:
-        raise ValueError("`eval_seed_start` got a value without `eval_seeds`; allowed: with `eval_seeds` (the first "
-                         "of the evaluation seeds; without them no evaluation seed is trained)")
-    if held.eval_seeds is not None and lrs is None:
-        raise ValueError("`eval_seeds` reports fresh seeds at each variant's chosen lr, but no lr grid was given; "
-                         "allowed: with `lrs` (e.g. --lrs 1e-3 2e-3 4e-3)")
-    if held.eval_seeds is not None and (args.widths is not None or args.lengths is not None):
-        raise ValueError("`eval_seeds` with `widths` / `lengths`: the width / length study reports its selection "
-                         "runs; allowed: `eval_seeds` with one comparison (its `lrs`)")
-    if checks and held.eval_seeds is None:
-        raise ValueError("`break_even_checks` checks r* at the first evaluation seed; allowed: with `eval_seeds`")
-
-
-def _banner(args, base, variants: list[str], seeds: list[int], lrs, step_costs: dict[str, float], held,
-            threads: int) -> str:
-    """The line ``ddl compare`` starts with: what it trains, where, and how the lr is chosen and reported."""
-    if isinstance(lrs, dict):
-        grid = " each at every lr of its own grid (" + "; ".join(
-            f"{v} {' '.join(f'{x:g}' for x in g)}" for v, g in lrs.items()) + ")"
-    else:
-        grid = f" at every lr of {' '.join(f'{x:g}' for x in lrs)}" if lrs else ""
-    if step_costs:
-        grid += "; equal cost: " + ", ".join(f"{v}'s step {c:g}x the baseline's" for v, c in step_costs.items())
-    steps = "/".join(map(str, args.lengths)) if args.lengths else str(base.steps)
-    widths = f", widths {' '.join(map(str, args.widths))}" if args.widths else ""
-    seeds_text = f"paired seeds {', '.join(map(str, seeds))}"
-    if held.eval_seeds is not None:
-        last = held.eval_seed_start + held.eval_seeds - 1
-        seeds_text = (f"lr chosen on val at the selection seeds {', '.join(map(str, seeds))}, reported on test at the "
-                      f"evaluation seeds {held.eval_seed_start}..{last}")
-    elif lrs:
-        seeds_text += " (lr chosen and reported on the same seeds and validation sample)"
-    return (f"ddl compare: {', '.join(variants)} at preset {base.preset}{widths}, {steps} steps x "
-            f"{base.batch_size} x {base.seq_len} tokens each{grid}, {seeds_text}; {threads} CPU thread(s); runs in "
-            f"{args.out}")
+def _check_points(args: argparse.Namespace, given: dict) -> None:
+    """The width / length study sets each point's width and length: refused beside one width or length given."""
+    keys = {a.partition("=")[0].strip() for a in args.assignments}
+    if args.widths is not None and "model.hidden_size" in keys:
+        raise ValueError("`widths` and `--set model.hidden_size=...` were both given; allowed: one of them")
+    if args.lengths is not None and ("steps" in given or "steps" in keys):
+        raise ValueError("`lengths` and one length (`steps`, or --set steps=...) were both given; allowed: one "
+                         "of them")
 
 
 def _print_report(out: str, summary: dict) -> int:
@@ -239,53 +185,23 @@ def _say_written(out: str, summary: dict, names: tuple[str, ...] = COMPARE_FILES
     print(f"\nwrote {', '.join(written)}")
 
 
-def parse_step_costs(items: list[str] | None, name: str = "step_costs") -> dict[str, float]:
-    """``--step-costs VARIANT=RATIO ...`` (or ``--break-even-check``: ``name``) as {variant: ratio}; a malformed
-    item is an error naming it."""
-    costs = {}
-    for item in items or []:
-        variant, sep, ratio = item.partition("=")
-        try:
-            value = float(ratio) if sep and variant else None
-        except ValueError:
-            value = None
-        if value is None:
-            raise ValueError(f"`{name}` got {item!r}; allowed: VARIANT=RATIO, e.g. ddl-cc=1.22")
-        if variant in costs:
-            raise ValueError(f"`{name}` names {variant!r} twice; allowed: each variant once")
-        costs[variant] = value
-    return costs
+def _print_scaling(out: str, summary: dict) -> int:
+    from deep_delta.experiments.scaling import format_scaling
 
-
-def _run_scaling(args: argparse.Namespace, given: dict, base, variants: list[str], seeds: list[int], lrs,
-                 step_costs: dict[str, float]) -> int:
-    """``--widths`` / ``--lengths``: the comparison at every (width, length), then the study's summary."""
-    from deep_delta.experiments.scaling import format_scaling, run_scaling
-    from deep_delta.models.ddl.configuration_ddl import PRESETS
-
-    keys = {a.partition("=")[0].strip() for a in args.assignments}
-    if args.widths is not None and "model.hidden_size" in keys:
-        raise ValueError("`widths` and `--set model.hidden_size=...` were both given; allowed: one of them")
-    if args.lengths is not None and ("steps" in given or "steps" in keys):
-        raise ValueError("`lengths` and one length (`steps`, or --set steps=...) were both given; allowed: one "
-                         "of them")
-    widths = args.widths or [base.model.get("hidden_size", PRESETS[base.preset]["hidden_size"])]
-    summary = run_scaling(base, variants, args.out, widths=widths, lengths=args.lengths or [base.steps], lrs=lrs,
-                          seeds=seeds, overwrite=args.overwrite, progress=not args.no_progress,
-                          time_repeats=args.time_repeats, step_costs=step_costs)
     print()
     print(format_scaling(summary))
-    _say_written(args.out, summary, SCALING_FILES)
+    _say_written(out, summary, SCALING_FILES)
     return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
 
 
-def _report_only(args: argparse.Namespace, given: dict, held) -> int:
+def _report_only(args: argparse.Namespace, given: dict) -> int:
     """``--report-only``: from what OUT holds, training nothing: the width / length study's summary from its
     finished points (``d<W>_s<N>/``), or else one comparison's (with an lr grid: each lr's and the best-lr one;
     with evaluation seeds, the selection's and the evaluation's) from its finished run directories; ``given``: the
     settings given on the command line, each of them an option that trains (refused)."""
 
-    from deep_delta.experiments.scaling import collect_scaling, format_scaling, has_points
+    from deep_delta.experiments.plan import recorded_mode
+    from deep_delta.experiments.scaling import collect_scaling
     from deep_delta.variants import DEFAULT_VARIANTS
 
     trains = {"--variants": args.variants != list(DEFAULT_VARIANTS), "--set": bool(args.assignments),
@@ -296,11 +212,8 @@ def _report_only(args: argparse.Namespace, given: dict, held) -> int:
     if refused:
         raise ValueError(f"`report_only` trains nothing, but got {', '.join(refused)}; allowed with it: --out, "
                          "--widths and --lengths (which points to summarise), --threads, --no-progress")
-    if args.widths is None and args.lengths is None and not has_points(args.out):
+    if args.widths is None and args.lengths is None and recorded_mode(args.out) != "scaling":
         from deep_delta.experiments.collect import collect_comparison
 
         return _print_report(args.out, collect_comparison(args.out))
-    summary = collect_scaling(args.out, widths=args.widths, lengths=args.lengths)
-    print(format_scaling(summary))
-    _say_written(args.out, summary, SCALING_FILES)
-    return 1 if any(p["d_val_loss"] is None for p in summary["points"]) else 0
+    return _print_scaling(args.out, collect_scaling(args.out, widths=args.widths, lengths=args.lengths))

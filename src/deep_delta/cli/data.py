@@ -185,7 +185,7 @@ def _overlap(d, meta: dict):
     default tokens; returns it and those settings."""
     from deep_delta.data.loader import eval_windows
     from deep_delta.data.overlap import held_out_overlap
-    from deep_delta.experiments.test_split import DEFAULT_TEST_TOKENS, measured_batches
+    from deep_delta.experiments.held_out_split import DEFAULT_TEST_TOKENS, measured_batches
     from deep_delta.train.config import TrainConfig
     from deep_delta.train.recipes import compare
 

@@ -12,15 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deep_delta.experiments.compare import compare_config
 from deep_delta.experiments.compare_report import (
     grid_summary,
     lm_grid_points,
-    reference_variant,
     summarize_runs,
     write_comparison,
 )
 from deep_delta.experiments.finished_runs import FinishedRun, runs_machine
+from deep_delta.experiments.plan import ComparePlan, cost_steps, recorded_mode, reference_variant, run_config
 from deep_delta.train.config import TrainConfig, recorded
 
 
@@ -46,8 +45,8 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     if not out.is_dir():
         raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a comparison's or a "
                                 "study's directory (the `out` of `ddl compare`)")
-    lr_dirs = [d for d in sorted(out.iterdir()) if d.name.startswith("lr_") and d.is_dir()]
-    if not lr_dirs:
+    mode = recorded_mode(out)
+    if mode == "single":
         runs = find_runs(out)
         check_together(runs, out)
         summary = _collect_point(out, runs, kept_timing(out / "compare.json", runs))
@@ -55,9 +54,10 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
         if write:
             write_comparison(out, summary)
         return summary
-    from deep_delta.experiments.held_out import EVAL_DIR, collect_held_out
+    from deep_delta.experiments.held_out import collect_held_out
 
-    held = (out / EVAL_DIR).is_dir()
+    held = mode == "held_out"
+    lr_dirs = [d for d in sorted(out.iterdir()) if d.name.startswith("lr_") and d.is_dir()]
     beside = [d.name for d in out.iterdir() if d.name in VARIANTS or d.name.startswith("seed_")]
     if beside:
         raise ValueError(f"{out} holds an lr grid (lr_<lr>/ folders) and runs beside it ({beside[0]}/); allowed: "
@@ -93,7 +93,8 @@ def collect_comparison(out: str | os.PathLike, *, write: bool = True) -> dict[st
     summary["machine"], differ = runs_machine(all_runs)
     notes = [note] if note else []
     notes = [*summary.get("notes", []), *notes, *differ]
-    summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first},
+    plan = ComparePlan(tuple(variants), tuple(seeds), grids, step_costs=first.get("step_costs") or {})
+    summary.update({k: first[k] for k in ("data_fingerprint", "step_costs") if k in first}, plan=plan.to_dict(),
                    devices={f"lr {lr:g}: {k}": v for lr, at in per_lr.items() for k, v in at["devices"].items()},
                    **({"notes": notes} if notes else {}))
     summary["wall_s"] = time.perf_counter() - t0
@@ -121,6 +122,7 @@ def _collect_point(where: Path, runs: list[FinishedRun], timing: tuple[dict | No
             "this is not reported as an equal-cost comparison (`ddl compare --step-costs` records the costs it was "
             "given in its compare.json)")
     summary = summarize_runs(where, variants, base, seeds=seeds, diverged=diverged, step_times=step_times)
+    summary["plan"] = ComparePlan(tuple(variants), tuple(seeds), step_costs=costs).to_dict()
     summary["machine"], differ = runs_machine(runs)  # the runs' own, not this process's
     notes = [*summary.get("notes", []), *notes, *differ]
     data = ref.record.get("data") if isinstance(ref.record.get("data"), dict) else {}
@@ -136,7 +138,6 @@ def kept_costs(path: Path, reference: str, steps: dict[str, int]) -> tuple[dict[
     when they give exactly the step counts the runs trained (:func:`~deep_delta.experiments.compare_report.
     cost_steps` of the reference's): (the costs, False); without such a record, (``{}``, whether the variants'
     step counts differ): unequal lengths are said to be such, never read as costs nobody gave."""
-    from deep_delta.experiments.compare_report import cost_steps
     from deep_delta.fsutil import read_json_file
 
     differ = {v for v, n in steps.items() if n != steps[reference]}
@@ -155,7 +156,7 @@ def kept_costs(path: Path, reference: str, steps: dict[str, int]) -> tuple[dict[
 
 def _check_layout(runs: list[FinishedRun], where: Path) -> None:
     """Each run of one comparison in ``where`` (an lr's folder, in a grid) must stand where ``ddl compare`` puts it
-    (:func:`compare_config`) for the comparison's seeds: ``VARIANT/`` with one seed, ``seed_S/VARIANT/`` with
+    (:func:`~deep_delta.experiments.plan.run_config`) for the comparison's seeds: ``VARIANT/`` with one seed, ``seed_S/VARIANT/`` with
     several; within a comparison, one lr."""
     seeds = sorted({r.cfg.seed for r in runs})
     lrs = sorted({r.cfg.lr for r in runs})
@@ -165,7 +166,7 @@ def _check_layout(runs: list[FinishedRun], where: Path) -> None:
                          f"lr {a.cfg.lr:g}, in one comparison; allowed: one lr per comparison (an lr grid keeps each "
                          "lr in its lr_<lr>/ folder)")
     for run in runs:
-        expected = Path(compare_config(run.cfg, run.cfg.variant, where, run.cfg.seed, len(seeds) > 1).out)
+        expected = Path(run_config(run.cfg, run.cfg.variant, where, run.cfg.seed, len(seeds) > 1).out)
         if expected != run.dir:
             layout = "seed_S/VARIANT/ (several seeds)" if len(seeds) > 1 else "VARIANT/ (one seed)"
             raise ValueError(f"{run.dir} is the run of {run.name}, which `ddl compare` puts in {expected} (seeds "

@@ -22,85 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from deep_delta.experiments.compare_report import (
-    cost_steps,
     grid_summary,
     lm_grid_points,
     log_comparison,
-    reference_variant,
     reuse_remedy,
     summarize_runs,
     with_earlier,
     write_comparison,
 )
-from deep_delta.settings import MAX_SEEDS
+from deep_delta.experiments.plan import ComparePlan
 from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.data import TrainData
-from deep_delta.variants import DEFAULT_VARIANTS
 
-# the step costs an equal-cost comparison takes: a step between a hundredth and a hundred times the reference's
-MIN_STEP_COST, MAX_STEP_COST = 0.01, 100.0
-# how far a variant's whole steps may cost from the reference's budget and still be called equal cost
-STEP_BUDGET_TOLERANCE = 0.05
 OUTPUTS = ("compare.md", "compare.json", "curves.png")
-
-
-def compare_config(base: TrainConfig, variant: str, out: Path, seed: int | None = None,
-                   per_seed_dirs: bool = False, step_cost: float | None = None) -> TrainConfig:
-    """The run of ``variant`` (with ``seed``): ``base`` with its own variant, seed and run directory,
-    ``out/<variant>`` or, for several seeds, ``out/seed_<s>/<variant>``; with ``wandb``, the W&B run
-    ``<variant>-seed<s>`` (in ``base.wandb_group``, the comparison's group). With ``step_cost`` (its step's
-    cost relative to the reference's), :func:`cost_steps` of ``base.steps``: an equal-cost budget with its own
-    full lr schedule."""
-    seed = base.seed if seed is None else seed
-    run = out / f"seed_{seed}" / variant if per_seed_dirs else out / variant
-    name = f"{variant}-seed{seed}" if base.wandb else base.wandb_run_name
-    steps = base.steps if step_cost is None else cost_steps(base.steps, step_cost)
-    return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name, steps=steps)
-
-
-def check_step_costs(step_costs: dict[str, float] | None, variants: list[str],
-                     budgets: Sequence[int] = (), budget: str = "steps") -> dict[str, float]:
-    """``step_costs`` validated against the comparison's variants: each a variant of it other than the reference
-    (``baseline`` when present, else the first), with a cost in [MIN_STEP_COST, MAX_STEP_COST]; and against each of
-    the reference's step ``budgets``: a variant's whole steps (:func:`cost_steps`) must cost that budget within
-    ``STEP_BUDGET_TOLERANCE`` (6 reference steps at a cost of 100 would be one step costing 100: not equal cost);
-    ``budget``: the setting the budgets come from (``steps``, or the study's ``lengths``), which a refusal names."""
-    step_costs = dict(step_costs or {})
-    reference = reference_variant(variants)
-    for variant, cost in step_costs.items():
-        if variant not in variants:
-            raise ValueError(f"compare: `step_costs` names {variant!r}, which is not compared; allowed: one of "
-                             f"{', '.join(v for v in variants if v != reference)}")
-        if variant == reference:
-            raise ValueError(f"compare: `step_costs` names the reference {variant!r}, whose steps are the budget "
-                             "(`steps`); allowed: the other variants")
-        if (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)
-                or not MIN_STEP_COST <= cost <= MAX_STEP_COST):
-            raise ValueError(f"compare: `step_costs` for {variant!r} got {cost!r}; allowed: a number in "
-                             f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (the variant's step time over the reference's)")
-        for steps in budgets:
-            n = cost_steps(steps, cost)
-            # "within 5%" includes 5% exactly: 6 x 1.05 is 6.300000000000001 in binary floating point
-            if abs(n * cost - steps) > STEP_BUDGET_TOLERANCE * steps * (1 + 1e-9):
-                enough = math.ceil(cost / (2 * STEP_BUDGET_TOLERANCE))
-                raise ValueError(
-                    f"compare: `step_costs` for {variant!r} ({cost:g}) with `{budget}` {steps}: {variant} would train "
-                    f"{n} step(s), which cost {n * cost:g} of the reference's steps, not {steps} (off by "
-                    f"{abs(n * cost - steps) / steps:.0%}, more than {STEP_BUDGET_TOLERANCE:.0%}): not an equal cost; "
-                    f"allowed: `{budget}` of at least {enough} at this cost, so that whole steps come within "
-                    f"{STEP_BUDGET_TOLERANCE:.0%} of the budget")
-    return step_costs
-
-
-def check_study(variants, seeds: list[int] | None, base: TrainConfig) -> tuple[list[str], list[int]]:
-    """The variants and seeds of a comparison (repeats dropped), refused when empty or out of bounds."""
-    variants = list(dict.fromkeys(variants))
-    seeds = list(dict.fromkeys([base.seed] if seeds is None else seeds))
-    if not variants:
-        raise ValueError("compare: `variants` is empty; allowed: one or more variant names")
-    if not seeds or len(seeds) > MAX_SEEDS or any(not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"compare: `seeds` got {seeds!r}; allowed: 1 to {MAX_SEEDS} integers >= 0")
-    return variants, seeds
 
 
 def wandb_group(base: TrainConfig, out: Path) -> str:
@@ -187,17 +121,6 @@ def _check_layout_of(run: Path) -> None:
                          "comparison was run with (finished runs are reused), or another `out`")
 
 
-def study_configs(base: TrainConfig, variants: list[str], seeds: list[int], out: Path,
-                  step_costs: dict[str, float] | None = None,
-                  lrs: dict[str, float] | None = None) -> dict[tuple[str, int], TrainConfig]:
-    """Every run of a comparison, in training order (:func:`~deep_delta.experiments.study.run_keys`):
-    :func:`compare_config` of each (variant, seed), with the variant's step cost and, given ``lrs``, its own lr."""
-    from deep_delta.experiments.study import run_keys
-
-    return {(v, s): compare_config(replace(base, lr=lrs[v]) if lrs else base, v, out, s, len(seeds) > 1,
-                                   (step_costs or {}).get(v)) for v, s in run_keys(variants, seeds)}
-
-
 def train_runs(cfgs: dict[tuple[str, int], TrainConfig], out: Path, data: TrainData, *, overwrite: bool,
                progress: bool, quiet: bool, outputs: Sequence[Path] = (), lock: str = "ddl compare",
                wandb_group: str | None = None, after_run=None, after_each=None) -> dict[tuple[str, int], str]:
@@ -256,72 +179,83 @@ def train_or_reuse(cfg: TrainConfig, tag: str, data: TrainData, *, overwrite: bo
         say(f"{tag}: {e.reason}")
 
 
-def run_compare(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.PathLike = "runs/compare", *,
-                seeds: list[int] | None = None, overwrite: bool = False, progress: bool = True, quiet: bool = False,
-                time_repeats: int = 5, step_costs: dict[str, float] | None = None,
+def run_plan(plan: ComparePlan, base: TrainConfig, out: str | os.PathLike = "runs/compare", *,
+             overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
+             data: TrainData | None = None) -> dict[str, Any]:
+    """Train and report what ``plan`` says (:mod:`deep_delta.experiments.plan`), each mode beside the others: one
+    comparison (``single``), an lr grid (``grid``), the grid then the evaluation seeds (``held_out``:
+    :func:`~deep_delta.experiments.held_out.evaluate` once the grid has chosen, ``OUT`` still locked), or either at
+    every width and length (``scaling``: :func:`~deep_delta.experiments.scaling.run_scaling`). ``data``: the data
+    resolved by the caller (default ``base.data``). Returns the summary (also compare.json / scaling.json)."""
+    kw = dict(overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats)
+    if plan.mode == "scaling":
+        from deep_delta.experiments.scaling import run_scaling
+
+        return run_scaling(base, plan, out, **kw)
+    data = data if data is not None else TrainData.resolve(base.data)
+    if plan.mode == "single":
+        return run_compare(base, plan, out, data=data, **kw)
+    after = None
+    if plan.mode == "held_out":
+        from deep_delta.experiments.held_out import evaluate
+
+        t0 = time.perf_counter()
+        after = evaluate(plan, base, Path(out), data, overwrite=overwrite, progress=progress, quiet=quiet, t0=t0)
+    return run_lr_grid(base, plan, out, data=data, after_selection=after, **kw)
+
+
+def run_compare(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "runs/compare", *,
+                overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
                 data: TrainData | None = None) -> dict[str, Any]:
-    """Train every variant with every seed and write the comparison.
+    """Train every variant of ``plan`` with every seed at ``base.lr`` and write the comparison.
 
     Seed ``s`` is paired: every variant trains from initialisation seed ``s`` on the data in the order seed
-    ``s`` draws (``TrainConfig.seed``). One seed (default ``[base.seed]``) keeps one run directory per variant,
-    ``out/<variant>``; several use ``out/seed_<s>/<variant>``. A finished identical run is reused and an
-    interrupted one continued; a run with other settings is refused unless ``overwrite``. After training, the
-    step time of each variant is measured interleaved (``time_repeats`` rounds; 0 skips it) for the
-    equal-wall-clock view. ``step_costs`` ({variant: its step time over the reference's, e.g. measured by
-    ``ddl bench`` on the machine the comparison stands for}) gives those variants the budget of the reference's
-    ``steps`` at that cost (:func:`cost_steps`), each with its own full lr schedule: an equal-cost comparison.
-    ``data``: the data resolved by the caller (default ``base.data``). Returns the summary (also compare.json).
-    """
+    ``s`` draws (``TrainConfig.seed``). One seed keeps one run directory per variant, ``out/<variant>``; several use
+    ``out/seed_<s>/<variant>``. A finished identical run is reused and an interrupted one continued; a run with
+    other settings is refused unless ``overwrite``. After training, the step time of each variant is measured
+    interleaved (``time_repeats`` rounds; 0 skips it) for the equal-wall-clock view. The plan's ``step_costs``
+    ({variant: its step time over the reference's}) give those variants the budget of the reference's ``steps`` at
+    that cost (:func:`~deep_delta.experiments.plan.cost_steps`), each with its own full lr schedule: an equal-cost
+    comparison. Returns the summary (also compare.json)."""
     out = Path(out)
-    variants, seeds = check_study(variants, seeds, base)
-    step_costs = check_step_costs(step_costs, variants, [base.steps])
+    variants = list(plan.variants)
     if base.wandb:
         base = replace(base, wandb_group=wandb_group(base, out))
     data = data if data is not None else TrainData.resolve(base.data)
     t0 = time.perf_counter()
-    diverged = train_runs(study_configs(base, variants, seeds, out, step_costs), out, data, overwrite=overwrite,
+    diverged = train_runs(plan.runs(base, out), out, data, overwrite=overwrite,
                           progress=progress, quiet=quiet, outputs=[out / name for name in OUTPUTS],
                           wandb_group=base.wandb_group if base.wandb else None)
     timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
     timing = with_earlier(timing, out / "compare.json", base.to_dict())
-    summary = summarize_runs(out, variants, base, seeds=seeds, step_times=timing, diverged=diverged)
-    summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
-                   **({"step_costs": step_costs} if step_costs else {}))
+    summary = summarize_runs(out, variants, base, seeds=list(plan.seeds), step_times=timing, diverged=diverged)
+    summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0, plan=plan.to_dict(),
+                   **({"step_costs": plan.step_costs} if plan.step_costs else {}))
     write_comparison(out, summary)
     if base.wandb:
         log_comparison(out, summary, base, say=print if not quiet else (lambda msg: None))
     return summary
 
 
-def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.PathLike = "runs/compare",
-                lrs: list[float] | tuple[float, ...] | dict[str, list[float]] = (), *, seeds: list[int] | None = None,
+def run_lr_grid(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "runs/compare", *,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
-                step_costs: dict[str, float] | None = None, data: TrainData | None = None,
-                after_selection=None) -> dict[str, Any]:
-    """:func:`run_compare` at every lr of ``lrs`` (``out/lr_<lr>``, a complete comparison each, resumable as
-    one; ``lrs`` a mapping {variant: grid} gives each variant a grid of its own, ``"*"`` the grid of those not
-    named: at each lr the variants whose grid holds it train), then each variant at its own best lr, chosen on the final validation loss alone
-    (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference at its own
-    best lr. A run diverges when its loss is non-finite or its final validation loss is above
+                data: TrainData | None = None, after_selection=None) -> dict[str, Any]:
+    """:func:`run_compare` at every lr of the plan's grids (``out/lr_<lr>``, a complete comparison each of the
+    variants whose grid holds that lr, resumable as one), then each variant at its own best lr, chosen on the final
+    validation loss alone (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference
+    at its own best lr. A run diverges when its loss is non-finite or its final validation loss is above
     ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked
     "diverged". Writes ``compare.md``, ``compare.json``, ``curves.png`` (each variant at its chosen lr) and
     ``lr_sensitivity.png`` in ``out``; returns the summary. ``after_selection(summary)``, given, runs while
-    ``out`` is still locked once the grid is chosen (the evaluation seeds,
-    :mod:`deep_delta.experiments.held_out`): the grid's report is then ``selection.md`` / ``selection.json``, and
-    what it returns is returned."""
-    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR, grid_union, variant_grids
-    from deep_delta.experiments.study import run_keys, run_lr_study
+    ``out`` is still locked once the grid is chosen (the evaluation seeds): the grid's report is then
+    ``selection.md`` / ``selection.json``, and what it returns is returned."""
+    from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR
+    from deep_delta.experiments.study import run_lr_study
     from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
     from deep_delta.train.build import build_model_config
 
     out = Path(out)
-    variants, seeds = check_study(variants, seeds, base)
-    grids = variant_grids(lrs, variants)
-    lrs = grid_union(grids)
-
-    def at(lr: float) -> list[str]:
-        return [v for v in variants if lr in grids[v]]
-    step_costs = check_step_costs(step_costs, variants, [base.steps])
+    variants, grids = list(plan.variants), plan.grids
     data = data if data is not None else TrainData.resolve(base.data)
     check_grid_data(data)
     limit = DIVERGENCE_FACTOR * math.log(build_model_config(base, data.vocab_size).vocab_size)
@@ -330,26 +264,26 @@ def run_lr_grid(base: TrainConfig, variants=DEFAULT_VARIANTS, out: str | os.Path
     t0 = time.perf_counter()
 
     def check(lr: float, where: Path) -> None:
-        for v, s in run_keys(at(lr), seeds):
-            check_reusable(compare_config(replace(base, lr=lr), v, where, s, len(seeds) > 1, step_costs.get(v)),
-                           data.fingerprint, overwrite=overwrite, data_dir=data.dir)
+        for cfg in plan.runs(replace(base, lr=lr), where, plan.at(lr)).values():
+            check_reusable(cfg, data.fingerprint, overwrite=overwrite, data_dir=data.dir)
 
     def run_at(lr: float, where: Path) -> dict:
-        return run_compare(replace(base, lr=lr), at(lr), where, seeds=seeds, overwrite=overwrite,
-                           progress=progress, quiet=quiet, time_repeats=0, step_costs=step_costs, data=data)
+        return run_compare(replace(base, lr=lr), replace(plan, variants=tuple(plan.at(lr))), where,
+                           overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=0, data=data)
 
     def finish(per_lr: dict, points: list[dict], chosen: dict) -> dict:
         timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
         timing = with_earlier(timing, out / ("compare.json" if after_selection is None else "selection.json"),
                               base.to_dict())
-        summary = grid_summary(base, variants, seeds, list(per_lr), per_lr, points, chosen, timing, limit, grids)
-        summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
-                       **({"step_costs": step_costs} if step_costs else {}))
+        summary = grid_summary(base, variants, list(plan.seeds), plan.lrs, per_lr, points, chosen, timing, limit,
+                               grids)
+        summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0, plan=plan.to_dict(),
+                       **({"step_costs": plan.step_costs} if plan.step_costs else {}))
         write_comparison(out, summary, "compare" if after_selection is None else "selection")
         return summary if after_selection is None else after_selection(summary)
 
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
-    return run_lr_study(out, lrs, variants, check=check, run_at=run_at,
+    return run_lr_study(out, plan.lrs, variants, check=check, run_at=run_at,
                         points_at=lambda lr, at_lr: lm_grid_points(lr, at_lr, limit), higher_is_better=False,
                         finish=finish, lock="ddl compare --lrs", say=say, grids=grids)
 
@@ -427,6 +361,5 @@ def stored_end(run_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-__all__ = ["check_grid_data", "check_reusable", "check_step_costs", "compare_config", "cost_steps",
-           "measure_step_times", "reference_variant", "run_compare", "run_divergence", "run_lr_grid", "step_settings",
-           "stored_end", "study_configs", "train_runs"]
+__all__ = ["check_grid_data", "check_reusable", "measure_step_times", "run_compare", "run_divergence", "run_lr_grid",
+           "run_plan", "step_settings", "stored_end", "train_runs"]

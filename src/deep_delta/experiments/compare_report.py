@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from deep_delta.experiments.held_out_split import TEST_FILE, read_test, rounding_said
 from deep_delta.experiments.lr_grid import (
     DIVERGENCE_FACTOR,
     grid_table,
@@ -18,9 +19,9 @@ from deep_delta.experiments.lr_grid import (
     selection_sentence,
     shared_lr_sentence,
 )
+from deep_delta.experiments.plan import cost_steps, plan_of, reference_variant
 from deep_delta.experiments.report import ci_text, fmt, log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
-from deep_delta.experiments.test_split import TEST_FILE, read_test, rounding_said
 from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig, recorded
 from deep_delta.train.metrics import metrics_file, read_metrics
@@ -42,16 +43,6 @@ def windows_text(plan: str | None) -> str:
         plan, "windows not recorded")
 
 
-def reference_variant(variants: list[str]) -> str:
-    """The variant a comparison measures the others against: ``baseline`` when compared, else the first."""
-    return "baseline" if "baseline" in variants else variants[0]
-
-
-def cost_steps(steps: int, cost: float) -> int:
-    """The optimizer steps that cost what ``steps`` reference steps cost, for a step ``cost`` x as dear."""
-    return max(1, round(steps / cost))
-
-
 def _median_tokens_per_s(records: list[dict]) -> float | None:
     rates = [r["tokens_per_s"] for r in records if "loss" in r and "tokens_per_s" in r]
     if len(rates) > 1:
@@ -62,7 +53,7 @@ def _median_tokens_per_s(records: list[dict]) -> float | None:
 def seed_result(run_dir: Path, seed: int, diverged: str | None, eval_batches: int | None = None,
                 split: str = "val") -> dict[str, Any]:
     """One run's numbers from its directory: its final training and validation loss, validation curve and speed;
-    with ``split`` "test", its test loss too (``RUN/test.json``: :mod:`deep_delta.experiments.test_split`)."""
+    with ``split`` "test", its test loss too (``RUN/test.json``: :mod:`deep_delta.experiments.held_out_split`)."""
     records = read_metrics(run_dir)
     train_recs = [r for r in records if "loss" in r]
     vals = [r for r in records if "val_loss" in r]
@@ -347,7 +338,9 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     split = summary.get("reported_split", "val")
     k = loss_keys(split)
     on = " on test" if split == "test" else ""
-    more = "--eval-seeds 3" if summary.get("held_out") else "--seeds 3"  # the seeds the numbers come from
+    plan = plan_of(summary)
+    held = plan.mode == "held_out" if plan is not None else bool(summary.get("held_out"))
+    more = "--eval-seeds 3" if held else "--seeds 3"  # the seeds the numbers come from
     for r in summary["rows"]:
         if r["variant"] == ref or r.get(k["d"]) is None:
             continue
@@ -450,14 +443,16 @@ def lr_sentence(summary: dict[str, Any]) -> str:
     chosen and reported on the same seeds and validation sample (labelled so); or a grid chosen on the selection
     split and seeds, reported on fresh evaluation seeds and the test split (``held_out``)."""
     s, grid, held = summary.get("settings") or {}, summary.get("lr_selection"), summary.get("held_out")
+    plan = plan_of(summary)
+    mode = plan.mode if plan is not None else "held_out" if held else "grid" if grid else "single"
     muon = _muon_sentence(s)
-    if grid is None:
+    if mode == "single" or grid is None:
         return shared_lr_sentence(s.get("lr")) + muon
     chosen = selection_sentence(grid["lrs"], "final validation loss", grid.get("grids"))
     rounded = held and rounding_said(held["test_tokens"], held.get("test_tokens_asked"), s.get("seq_len"),
                                      s.get("batch_size"))
     rounded = f"; {rounded}" if rounded else ""
-    if held is None:
+    if mode != "held_out" or held is None:
         return (chosen + " The lr was chosen and reported on the same seeds and validation sample: the loss "
                 "reported is the one the lr was chosen on (optimistic, for every variant alike; `--eval-seeds N` "
                 "reports fresh seeds on the test split instead)." + muon)

@@ -6,7 +6,7 @@ fresh runs at the chosen lr with evaluation seeds, reported on the test split.
 1. the lr grid at the selection seeds (0, 1), each variant's lr chosen on its final validation loss on ``val``
    (:func:`~deep_delta.experiments.compare.run_lr_grid`; its report ``OUT/selection.md`` / ``selection.json``);
 2. every variant at its chosen lr with the evaluation seeds (100..103) in ``OUT/evaluation/``, each run's final
-   model measured on the first ``test_tokens`` of the ``test`` split (:mod:`deep_delta.experiments.test_split`);
+   model measured on the first ``test_tokens`` of the ``test`` split (:mod:`deep_delta.experiments.held_out_split`);
 3. ``OUT/compare.md`` / ``compare.json`` / ``curves.png``: the equal-steps differences to the reference on test,
    paired over the evaluation seeds, with the break-even step-cost ratio of each variant
    (:mod:`deep_delta.experiments.break_even`) from the evaluation runs' validation curves; with
@@ -20,143 +20,28 @@ every variant has finished, labelled partial. ``ddl compare --report-only`` read
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deep_delta.experiments.compare import (
-    MAX_STEP_COST,
-    MIN_STEP_COST,
-    check_study,
-    compare_config,
-    run_lr_grid,
-    study_configs,
-    train_runs,
-)
-from deep_delta.experiments.compare_report import (
-    cost_steps,
-    reference_variant,
-    seed_result,
-    summarize_runs,
-    write_comparison,
-)
-from deep_delta.settings import MAX_SEEDS
+from deep_delta.experiments.compare import train_runs
+from deep_delta.experiments.compare_report import seed_result, summarize_runs, write_comparison
+from deep_delta.experiments.plan import CHECK_DIR, EVAL_DIR, ComparePlan, cost_steps
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.data import TrainData
 
-EVAL_DIR = "evaluation"
-CHECK_DIR = "break_even"
 SELECTION_OUTPUTS = ("selection.md", "selection.json", "selection_curves.png")
 
 
-def eval_seed_list(count: int, start: int, selection: list[int]) -> list[int]:
-    """The evaluation seeds ``start .. start + count - 1``, refused when empty, too many, or sharing a seed with
-    the ``selection`` seeds (fresh seeds: no evaluation run repeats a run that chose an lr)."""
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SEEDS:
-        raise ValueError(f"`eval_seeds` got {count!r}; allowed: a count of evaluation seeds, 1 to {MAX_SEEDS}")
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ValueError(f"`eval_seed_start` got {start!r}; allowed: an integer >= 0")
-    seeds = list(range(start, start + count))
-    shared = sorted(set(seeds) & set(selection))
-    if shared:
-        raise ValueError(f"`eval_seed_start` {start} with `eval_seeds` {count} gives the seeds {seeds[0]}..{seeds[-1]}, "
-                         f"which share {', '.join(map(str, shared))} with the selection seeds "
-                         f"({', '.join(map(str, selection))}); allowed: evaluation seeds apart from the selection "
-                         f"seeds, e.g. `eval_seed_start` {max(selection) + 1} or 100")
-    return seeds
-
-
-def check_break_even_checks(checks: dict[str, float] | None, variants: list[str], step_costs: dict[str, float],
-                            steps: int | None = None, eval_every: int = 0) -> dict[str, float]:
-    """``checks`` ({variant: r}) validated: each a compared variant other than the reference, trained the
-    reference's steps (not an equal-cost variant), with r in [MIN_STEP_COST, MAX_STEP_COST]; given the runs'
-    ``steps`` N and ``eval_every``, each r one whose exact run can be checked (:func:`check_on_curve`)."""
-    checks = dict(checks or {})
-    reference = reference_variant(variants)
-    for variant, r in checks.items():
-        if variant not in variants or variant == reference or variant in step_costs:
-            allowed = ", ".join(v for v in variants if v != reference and v not in step_costs)
-            raise ValueError(f"`break_even_checks` names {variant!r}; allowed: a compared variant that trains the "
-                             f"reference's steps, not the reference ({allowed or 'none'})")
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not MIN_STEP_COST <= r <= MAX_STEP_COST:
-            raise ValueError(f"`break_even_checks` for {variant!r} got {r!r}; allowed: a ratio in "
-                             f"[{MIN_STEP_COST:g}, {MAX_STEP_COST:g}] (near the variant's r*)")
-        if steps is not None:
-            check_on_curve(variant, r, steps, eval_every)
-    return checks
-
-
-def check_on_curve(variant: str, r: float, steps: int, eval_every: int) -> None:
-    """Refuse a break-even check whose exact run cannot check the curve, before anything trains: its
-    :func:`~deep_delta.experiments.compare_report.cost_steps` ``n`` of N = ``steps`` must fall on the variant's
-    validation curve (from its first validation, at ``eval_every``, to N: r in [1, N / first]; r < 1 never does),
-    and cost N within ``STEP_BUDGET_TOLERANCE``, as ``step_costs`` must (6 steps at r = 1.1 train 5, which cost 5.5:
-    not equal cost); the refusal names the nearest ratios that fit."""
-    from deep_delta.experiments.compare import STEP_BUDGET_TOLERANCE
-
-    first = min(eval_every, steps) if eval_every else steps
-    n = cost_steps(steps, r)
-    if r < 1 or not first <= n <= steps:
-        fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
-        run = (f"below 1, its exact run (N / r = {steps / r:.4g} steps) would reach past the variant's {steps}-step "
-               "curve" if r < 1 else f"its exact run of {n} step(s) would fall before the variant's first "
-               f"validation, at step {first} (`eval_every` {eval_every}" + (")" if eval_every else
-                                                                             ": none before the end)"))
-        raise ValueError(
-            f"`break_even_checks` for {variant!r} got {r:g}: {run}: its curve gives no estimate to check there; "
-            f"allowed: a ratio in [1, {max((hi for _, _, hi in fits), default=1):g}] (N / r steps on the curve, "
-            f"from step {first} to {steps})")
-    if abs(n * r - steps) <= STEP_BUDGET_TOLERANCE * steps * (1 + 1e-9):
-        return
-    fits = _fitting_ratios(steps, first, STEP_BUDGET_TOLERANCE)
-    below = max(((hi, m) for m, lo, hi in fits if hi < r), default=None)
-    above = min(((lo, m) for m, lo, hi in fits if lo > r), default=None)
-    near = " or ".join(f"{what} {pick[0]:g} ({pick[1]} steps)" for what, pick in (("up to", below), ("from", above))
-                       if pick is not None)
-    raise ValueError(
-        f"`break_even_checks` for {variant!r} got {r:g}: its exact run would train {n} step(s), which cost "
-        f"{n * r:g} of the reference's {steps} steps (off by {abs(n * r - steps) / steps:.0%}, more than "
-        f"{STEP_BUDGET_TOLERANCE:.0%}): not at equal cost; allowed: a ratio whose whole steps cost {steps} within "
-        f"{STEP_BUDGET_TOLERANCE:.0%}, the nearest {near}")
-
-
-def _fitting_ratios(steps: int, first: int, tolerance: float) -> list[tuple[int, float, float]]:
-    """Each step count ``n`` on the curve (``first`` to ``steps``) with the ratios r >= 1 that train it and cost
-    ``steps`` within ``tolerance``: ``(n, lo, hi)``, the ends rounded inward to 3 decimals (each end fits)."""
-    import math
-
-    out = []
-    for n in range(first, steps + 1):
-        lo = max(1.0, steps * (1 - tolerance) / n, steps / (n + 0.5))
-        hi = min(steps * (1 + tolerance) / n, steps / (n - 0.5))  # n >= 1
-        lo, hi = math.ceil(lo * 1000 - 1e-9) / 1000, math.floor(hi * 1000 + 1e-9) / 1000
-        while lo <= hi and cost_steps(steps, lo) != n:
-            lo = round(lo + 0.001, 3)
-        while hi >= lo and (cost_steps(steps, hi) != n or abs(n * hi - steps) > tolerance * steps * (1 + 1e-9)):
-            hi = round(hi - 0.001, 3)
-        if lo <= hi:
-            out.append((n, lo, hi))
-    return out
-
-
-def check_dir(out: Path, variant: str, ratio: float, seed: int, base: TrainConfig, lr: float) -> TrainConfig:
-    """The exact run that checks a break-even ratio: ``variant`` at ``lr`` with the first evaluation seed, trained
-    ``cost_steps(N, ratio)`` steps with its own schedule (as ``step_costs`` trains it), in
-    ``OUT/break_even/r_<ratio>/VARIANT``."""
-    return compare_config(replace(base, lr=lr), variant, out / CHECK_DIR / f"r_{ratio:g}", seed, False, ratio)
-
-
-def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike, lrs: list[float], *,
-                 seeds: list[int], eval_seeds: int, eval_seed_start: int = 100, test_tokens: int | None = None,
-                 break_even_checks: dict[str, float] | None = None, overwrite: bool = False, progress: bool = True,
-                 quiet: bool = False, time_repeats: int = 5, step_costs: dict[str, float] | None = None,
-                 data: TrainData | None = None) -> dict[str, Any]:
-    """The study of the module docstring; returns the evaluation's summary (also ``OUT/compare.json``). Everything
-    that can be refused (the test split and its size, the evaluation seeds, the checks) is refused before anything
-    trains."""
-    from deep_delta.experiments.test_split import (
+def evaluate(plan: ComparePlan, base: TrainConfig, out: Path, data: TrainData, *, overwrite: bool, progress: bool,
+             quiet: bool, t0: float):
+    """What runs once the plan's grid has chosen (the ``after_selection`` of
+    :func:`~deep_delta.experiments.compare.run_lr_grid`, ``OUT`` still locked): the plan's evaluation runs at the
+    chosen lrs, each measured on the test split, then its break-even checks, and the evaluation's summary (also
+    ``OUT/compare.json``), which is returned. What can be refused (the test split and its size) is refused here,
+    before anything trains."""
+    from deep_delta.experiments.held_out_split import (
         measure_test,
         measured_tokens,
         resolve_test_tokens,
@@ -165,54 +50,44 @@ def run_held_out(base: TrainConfig, variants: list[str], out: str | os.PathLike,
     )
     from deep_delta.fsutil import refuse_unwritable_results
 
-    out = Path(out)
-    variants, seeds = check_study(variants, seeds, base)
-    data = data if data is not None else TrainData.resolve(base.data)
-    tokens = resolve_test_tokens(data, test_tokens, base.seq_len)
-    eval_seeds = eval_seed_list(eval_seeds, eval_seed_start, seeds)
-    checks = check_break_even_checks(break_even_checks, variants, dict(step_costs or {}), base.steps, base.eval_every)
+    tokens = resolve_test_tokens(data, plan.test_tokens, base.seq_len)
     refuse_unwritable_results(out / name for name in SELECTION_OUTPUTS)
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     measured = measured_tokens(data, tokens, base.seq_len, base.batch_size)
     rounded = rounding_said(measured, tokens, base.seq_len, base.batch_size)
     if rounded:  # said before anything trains
         say(f"test tokens: each evaluation run will be measured on {measured:,} ({rounded})")
-    t0 = time.perf_counter()
     note = sources_note(data)
 
-    def evaluate(selection: dict) -> dict:
-        chosen = {v: selection["lr_selection"]["chosen"][v]["lr"] for v in variants}
-        reference = reference_variant(variants)
-        if chosen[reference] is None:
-            raise ValueError(f"the reference {reference} diverged at every lr of the grid ({out / 'selection.md'}): "
+    def after_selection(selection: dict) -> dict:
+        chosen = {v: selection["lr_selection"]["chosen"][v]["lr"] for v in plan.variants}
+        if chosen[plan.reference] is None:
+            raise ValueError(f"the reference {plan.reference} diverged at every lr of the grid ({out / 'selection.md'}): "
                              "the evaluation seeds would have nothing to be paired with; allowed: a grid with an lr "
                              "at which the reference trains")
-        live = [v for v in variants if chosen[v] is not None]
-        where = out / EVAL_DIR
-        cfgs = study_configs(base, live, eval_seeds, where, step_costs, lrs=chosen)
-        partial = _partial_report(out, base, selection, live, eval_seeds, cfgs, t0)
-        say(f"evaluation seeds {', '.join(map(str, eval_seeds))} at the chosen lrs "
-            f"({', '.join(f'{v} {chosen[v]:g}' for v in live)}), reported on {measured:,} test tokens"
-            f"{f' ({rounded})' if rounded else ''}: {where}")
+        live = {v: lr for v, lr in chosen.items() if lr is not None}
+        cfgs = plan.report_runs(base, out, live)
+        partial = _partial_report(out, base, selection, list(live), list(plan.eval_seeds), cfgs, t0)
+        say(f"evaluation seeds {', '.join(map(str, plan.eval_seeds))} at the chosen lrs "
+            f"({', '.join(f'{v} {lr:g}' for v, lr in live.items())}), reported on {measured:,} test tokens"
+            f"{f' ({rounded})' if rounded else ''}: {out / EVAL_DIR}")
         if note:
             say(note)
-        diverged = train_runs(cfgs, where, data, overwrite=overwrite, progress=progress, quiet=quiet,
+        diverged = train_runs(cfgs, out / EVAL_DIR, data, overwrite=overwrite, progress=progress, quiet=quiet,
                               lock="ddl compare --eval-seeds", after_each=partial,
                               after_run=lambda key, cfg: measure_test(cfg, data, tokens, step=cfg.steps, say=say))
-        check_cfgs = {(v, eval_seeds[0]): check_dir(out, v, r, eval_seeds[0], base, chosen[v])
-                      for v, r in checks.items() if chosen[v] is not None}
+        check_cfgs = plan.check_runs(base, out, chosen)
         if check_cfgs:
-            say(f"break-even checks: {', '.join(f'{v} at r = {checks[v]:g}' for v, _ in check_cfgs)}")
+            say(f"break-even checks: {', '.join(f'{v} at r = {plan.checks[v]:g}' for v, _ in check_cfgs)}")
             train_runs(check_cfgs, out / CHECK_DIR, data, overwrite=overwrite, progress=progress, quiet=quiet,
                        lock="ddl compare --break-even-check")
-        summary = held_out_summary(out, base, selection, live, eval_seeds, diverged,
-                                   {v: checks[v] for v, _ in check_cfgs})
+        summary = held_out_summary(out, base, selection, list(live), list(plan.eval_seeds), diverged,
+                                   {v: plan.checks[v] for v, _ in check_cfgs})
         summary["wall_s"] = time.perf_counter() - t0
         write_comparison(out, summary)
         return summary
 
-    return run_lr_grid(base, variants, out, lrs, seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet,
-                       time_repeats=time_repeats, step_costs=step_costs, data=data, after_selection=evaluate)
+    return after_selection
 
 
 def _partial_report(out: Path, base: TrainConfig, selection: dict, live: list[str], eval_seeds: list[int],
@@ -220,7 +95,7 @@ def _partial_report(out: Path, base: TrainConfig, selection: dict, live: list[st
     """What runs after each evaluation run: ``compare.md`` rewritten over the evaluation seeds every variant has
     finished so far (with their test losses), labelled partial; nothing before the first such seed."""
     from deep_delta.experiments.compare import run_divergence, stored_end
-    from deep_delta.experiments.test_split import read_test
+    from deep_delta.experiments.held_out_split import read_test
 
     def done(key) -> bool:
         path = cfgs[key].out
@@ -248,7 +123,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     every lr) as its selection row says, the selection it comes from and the break-even checks (``checks``:
     {variant: r}). ``training``: whether the study is training the seeds not ``complete`` yet (False for
     ``--report-only``, which trains nothing), as the partial report's note says."""
-    from deep_delta.experiments.test_split import measured_windows, read_test
+    from deep_delta.experiments.held_out_split import measured_windows, read_test
 
     seeds = complete or eval_seeds
     several = (out / EVAL_DIR / f"seed_{seeds[0]}").is_dir()  # seed folders: a study of several evaluation seeds
@@ -291,6 +166,9 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
             f"({', '.join(map(str, complete))}); {rest}")
     summary["break_even_checks"] = [_check(out, v, r, eval_seeds[0], rows, summary["reference"])
                                     for v, r in checks.items()]
+    if selection.get("plan"):  # the selection's plan, with the seeds and checks that report
+        summary["plan"] = replace(ComparePlan.from_dict(selection["plan"]), eval_seeds=tuple(eval_seeds),
+                                  checks=dict(checks)).to_dict()
     return summary
 
 
@@ -360,7 +238,7 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()
     runs' own (:func:`~deep_delta.experiments.finished_runs.runs_machine`); its ``wall_s``, this call's (since
     ``started``, a ``time.perf_counter()``), which trained nothing."""
     from deep_delta.experiments.finished_runs import check_switches, read_run, runs_machine
-    from deep_delta.experiments.test_split import measured_windows, read_test
+    from deep_delta.experiments.held_out_split import measured_windows, read_test
     from deep_delta.train.provenance import differences
     from deep_delta.train.run_dir import RESULT_NEUTRAL, RunNotFinished, read_run_file, run_end
 
@@ -445,5 +323,4 @@ def _check(out: Path, variant: str, ratio: float, seed: int, rows: dict, referen
     return check_row(variant, ratio, steps, exact["val_loss"], mine["val_curve"], theirs["val_loss"], seed)
 
 
-__all__ = ["CHECK_DIR", "EVAL_DIR", "check_break_even_checks", "collect_held_out", "eval_seed_list",
-           "held_out_summary", "run_held_out"]
+__all__ = ["collect_held_out", "evaluate", "held_out_summary", "source_rows"]

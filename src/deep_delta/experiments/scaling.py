@@ -23,19 +23,13 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
 from deep_delta.train.config import TrainConfig, recorded
 
-
-def _check_sizes(name: str, values: list[int], low: int) -> list[int]:
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < low]
-    twice = sorted({v for v in values if values.count(v) > 1})
-    if not values or bad or twice:
-        got = f"{bad!r}" if bad else f"{twice!r} more than once" if twice else "no value"
-        raise ValueError(f"`{name}` got {got}; allowed: one or more distinct integers >= {low}")
-    return list(values)
+if TYPE_CHECKING:
+    from deep_delta.experiments.plan import ComparePlan
 
 
 def point_dir(out: str | os.PathLike, width: int, steps: int) -> Path:
@@ -56,26 +50,24 @@ def has_points(out: str | os.PathLike) -> bool:
     return out.is_dir() and any(_POINT_NAME.fullmatch(d.name) and d.is_dir() for d in out.iterdir())
 
 
-def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, *, widths: list[int],
-                lengths: list[int], lrs: list[float] | None = None, seeds: list[int] | None = None,
-                overwrite: bool = False, progress: bool = True, quiet: bool = False,
-                time_repeats: int = 0, step_costs: dict[str, float] | None = None) -> dict[str, Any]:
-    """The comparison at every width (``model.hidden_size``; the preset's heads, layers and the rest stay) and
-    every length (``steps``), each in its own directory and resumable; returns the summary (also
-    ``scaling.json``). ``step_costs``: an equal-cost comparison at every point
-    (:func:`~deep_delta.experiments.compare.run_compare`; a length is the reference's steps)."""
-    from deep_delta.experiments.compare import check_grid_data, check_step_costs, run_compare, run_lr_grid
-    from deep_delta.models.ddl.configuration_ddl import DDLConfig
+def run_scaling(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike, *, overwrite: bool = False,
+                progress: bool = True, quiet: bool = False, time_repeats: int = 0) -> dict[str, Any]:
+    """The plan's comparison (one lr, or its grid) at every width (``model.hidden_size``; the preset's heads, layers
+    and the rest stay) and every length (``steps``; default ``base.steps``), each in its own directory and
+    resumable; returns the summary (also ``scaling.json``). The plan's ``step_costs``: an equal-cost comparison at
+    every point (a length is the reference's steps)."""
+    from deep_delta.experiments.compare import check_grid_data, run_plan
+    from deep_delta.models.ddl.configuration_ddl import PRESETS, DDLConfig
     from deep_delta.train.data import TrainData
 
-    widths, lengths = _check_sizes("widths", widths, 1), _check_sizes("lengths", lengths, 1)
-    step_costs = check_step_costs(step_costs, variants, lengths, "lengths" if len(lengths) > 1 else "steps")
+    widths = list(plan.widths or [base.model.get("hidden_size", PRESETS[base.preset]["hidden_size"])])
+    lengths = list(plan.lengths or [base.steps])
     for w in widths:  # a width the heads cannot divide is refused before anything trains
-        DDLConfig.from_variant(variants[0], base.preset, **{**base.model, "hidden_size": w})
+        DDLConfig.from_variant(plan.variants[0], base.preset, **{**base.model, "hidden_size": w})
     refuse_replaced_dir(out)
     refuse_unwritable_results(Path(out) / f"scaling.{ext}" for ext in ("md", "json", "png"))
     data = TrainData.resolve(base.data)  # once, for every point
-    if lrs is not None:
+    if plan.grids is not None:
         check_grid_data(data)
     studies = {}
     for i, (w, n) in enumerate([(w, n) for w in widths for n in lengths], 1):
@@ -83,13 +75,11 @@ def run_scaling(base: TrainConfig, variants: list[str], out: str | os.PathLike, 
         where = point_dir(out, w, n)
         if not quiet:
             print(f"width {w}, {n} steps ({i}/{len(widths) * len(lengths)} of the study): {where}", flush=True)
-        kw = dict(seeds=seeds, overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats,
-                  step_costs=step_costs, data=data)
-        studies[w, n] = (run_compare(cfg, variants, where, **kw) if lrs is None
-                         else run_lr_grid(cfg, variants, where, lrs, **kw))
-    summary = summarize_scaling(studies, base.to_dict(), lrs)
-    if step_costs:
-        summary["step_costs"] = step_costs
+        studies[w, n] = run_plan(plan.point(), cfg, where, overwrite=overwrite, progress=progress, quiet=quiet,
+                                 time_repeats=time_repeats, data=data)
+    summary = summarize_scaling(studies, base.to_dict(), plan.lrs or None)
+    if plan.step_costs:
+        summary["step_costs"] = plan.step_costs
     write_scaling(out, summary)
     return summary
 
@@ -207,19 +197,19 @@ def check_point_runs(point: Path, summary: dict) -> bool:
     the old summary beside some new runs; a report from it would mix the two. A point with none of its runs on
     disk (a record kept without them, as studies/ keeps its points) is taken as recorded: returns False
     for it, True for a point whose runs were checked."""
-    from deep_delta.experiments.compare import check_reusable, compare_config
+    from deep_delta.experiments.compare import check_reusable
     from deep_delta.experiments.lr_grid import lr_dir
+    from deep_delta.experiments.plan import ComparePlan
 
     settings = recorded(summary.get("settings") or {})
     seeds, costs = summary.get("seeds") or [settings.get("seed")], summary.get("step_costs") or {}
     grid = (summary.get("lr_selection") or {}).get("lrs")
     where = {lr: lr_dir(point, lr) for lr in grid} if grid else {settings.get("lr"): point}
-    variants = [r["variant"] for r in summary.get("rows", [])]
+    plan = ComparePlan(tuple(r["variant"] for r in summary.get("rows", [])), tuple(seeds), step_costs=costs)
     runs = []
     for lr, root in where.items():
         base = TrainConfig.from_dict({**settings, "lr": lr}, origin=f" ({point / 'compare.json'})")
-        runs += [compare_config(base, variant, root, seed, len(seeds) > 1, costs.get(variant))
-                 for seed in seeds for variant in variants]
+        runs += list(plan.runs(base, root).values())
     if not any(Path(cfg.out).exists() for cfg in runs):
         return False
     for cfg in runs:
