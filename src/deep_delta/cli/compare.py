@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         if warning:
             print(f"ddl compare: {variant + chr(39) + 's grid: ' if variant else ''}{warning}", file=sys.stderr,
                   flush=True)
-    from deep_delta.experiments.compare import run_plan
+    from deep_delta.experiments.runner import run_plan
 
     summary = run_plan(plan, base, args.out, overwrite=args.overwrite, progress=not args.no_progress,
                        time_repeats=args.time_repeats)

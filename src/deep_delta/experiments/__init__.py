@@ -7,7 +7,7 @@ and the mechanism tasks (``ddl tasks run``: :mod:`~deep_delta.experiments.task_r
 look inside trained models and the muP coordinate check. This layer may import every package below it (train,
 eval, models, data, tasks); nothing below imports it.
 
-    from deep_delta.experiments.compare import run_plan
+    from deep_delta.experiments.runner import run_plan
     from deep_delta.experiments.plan import build_plan
     base = TrainConfig(preset="tiny", steps=200)
     summary = run_plan(build_plan(base, ["baseline", "ddl-cc"], seeds=[0, 1, 2]), base, "runs/cmp")

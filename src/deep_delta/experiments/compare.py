@@ -179,31 +179,6 @@ def train_or_reuse(cfg: TrainConfig, tag: str, data: TrainData, *, overwrite: bo
         say(f"{tag}: {e.reason}")
 
 
-def run_plan(plan: ComparePlan, base: TrainConfig, out: str | os.PathLike = "runs/compare", *,
-             overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
-             data: TrainData | None = None) -> dict[str, Any]:
-    """Train and report what ``plan`` says (:mod:`deep_delta.experiments.plan`), each mode beside the others: one
-    comparison (``single``), an lr grid (``grid``), the grid then the evaluation seeds (``held_out``:
-    :func:`~deep_delta.experiments.held_out.evaluate` once the grid has chosen, ``OUT`` still locked), or either at
-    every width and length (``scaling``: :func:`~deep_delta.experiments.scaling.run_scaling`). ``data``: the data
-    resolved by the caller (default ``base.data``). Returns the summary (also compare.json / scaling.json)."""
-    kw = dict(overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=time_repeats)
-    if plan.mode == "scaling":
-        from deep_delta.experiments.scaling import run_scaling
-
-        return run_scaling(base, plan, out, **kw)
-    data = data if data is not None else TrainData.resolve(base.data)
-    if plan.mode == "single":
-        return run_compare(base, plan, out, data=data, **kw)
-    after = None
-    if plan.mode == "held_out":
-        from deep_delta.experiments.held_out import evaluate
-
-        t0 = time.perf_counter()
-        after = evaluate(plan, base, Path(out), data, overwrite=overwrite, progress=progress, quiet=quiet, t0=t0)
-    return run_lr_grid(base, plan, out, data=data, after_selection=after, **kw)
-
-
 def run_compare(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "runs/compare", *,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
                 data: TrainData | None = None) -> dict[str, Any]:
@@ -362,4 +337,4 @@ def stored_end(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 __all__ = ["check_grid_data", "check_reusable", "measure_step_times", "run_compare", "run_divergence", "run_lr_grid",
-           "run_plan", "step_settings", "stored_end", "train_runs"]
+           "step_settings", "stored_end", "train_runs"]

@@ -4,7 +4,7 @@ A plan names the runs that select (each variant's lr grid at the selection seeds
 that report (the same runs where there is no grid or no evaluation seed; else fresh evaluation seeds at each
 variant's chosen lr, on the ``test`` split), the break-even checks and the width / length points. It is built once,
 every setting checked before anything trains (:func:`build_plan`), or read back from what a comparison's directory
-holds (:meth:`ComparePlan.from_records`, for ``--report-only``); the runner (:func:`deep_delta.experiments.compare.
+holds (:func:`recorded_mode`, for ``--report-only``); the runner (:func:`deep_delta.experiments.runner.
 run_plan`), ``--report-only`` (:mod:`deep_delta.experiments.collect`) and the report (``summary["plan"]``,
 :func:`plan_of`) all read it. Its modes stand beside each other:
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -157,15 +158,20 @@ class ComparePlan:
                 f"{base.batch_size} x {base.seq_len} tokens each{grid}, {seeds}; {threads} CPU thread(s); runs in {out}")
 
 
+POINT_NAME = re.compile(r"d([0-9]+)_s([0-9]+)")  # a width / length study's point: d<W>_s<STEPS>/
+
+
+def point_dir(out: str | os.PathLike, width: int, steps: int) -> Path:
+    return Path(out) / f"d{width}_s{steps}"
+
+
 def recorded_mode(out: str | os.PathLike) -> str:
     """The mode of the comparison whose records ``out`` holds (what ``--report-only`` reads back): ``scaling``
     (``d<W>_s<STEPS>/`` points), ``held_out`` (an lr grid and ``evaluation/``), ``grid`` (``lr_<lr>/`` folders)
     or ``single``; the runs themselves then say the rest (their variants, seeds and lrs)."""
-    from deep_delta.experiments.scaling import has_points
-
     out = Path(out)
-    if has_points(out):
-        return "scaling"
+    if out.is_dir() and any(POINT_NAME.fullmatch(d.name) and d.is_dir() for d in out.iterdir()):
+        return "scaling"  # a user's drafts_sorted/ or d1_s1.txt is not a point
     if not out.is_dir() or not any(d.name.startswith("lr_") and d.is_dir() for d in out.iterdir()):
         return "single"
     return "held_out" if (out / EVAL_DIR).is_dir() else "grid"
@@ -398,4 +404,4 @@ def _fitting_ratios(steps: int, first: int, tolerance: float) -> list[tuple[int,
 
 
 __all__ = ["CHECK_DIR", "EVAL_DIR", "ComparePlan", "build_plan", "check_break_even_checks", "check_step_costs",
-           "cost_steps", "eval_seed_list", "parse_step_costs", "plan_of", "recorded_mode", "reference_variant", "run_config"]
+           "cost_steps", "eval_seed_list", "parse_step_costs", "plan_of", "point_dir", "recorded_mode", "reference_variant", "run_config"]

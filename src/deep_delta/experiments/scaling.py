@@ -1,8 +1,8 @@
 """The width / length study: the same comparison at several model widths and training lengths, to see whether a
 variant's difference to the baseline grows or shrinks with scale.
 
-One complete comparison per (width, length) in ``OUT/d<width>_s<steps>/`` (:func:`run_compare`, or with an lr
-grid :func:`run_lr_grid`, so that each variant is at its own best lr at every width); then in ``OUT``:
+One complete comparison per (width, length) in ``OUT/d<width>_s<steps>/`` (:func:`~deep_delta.experiments.runner.
+run_plan`; with an lr grid each variant is at its own best lr at every width); then in ``OUT``:
 ``scaling.md`` and ``scaling.json`` (per variant and point: the paired difference of the final validation loss
 to the reference, its 95% t-interval, the seeds in which it was lower, the chosen lrs, parameters, tokens and
 training compute) and ``scaling.png`` (the difference against width, one line per training length, and against
@@ -20,84 +20,33 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results, save_figure
+from deep_delta.experiments.plan import POINT_NAME
+from deep_delta.fsutil import save_figure
 from deep_delta.train.config import TrainConfig, recorded
 
-if TYPE_CHECKING:
-    from deep_delta.experiments.plan import ComparePlan
-
-
-def point_dir(out: str | os.PathLike, width: int, steps: int) -> Path:
-    return Path(out) / f"d{width}_s{steps}"
-
-
-_POINT_NAME = re.compile(r"d([0-9]+)_s([0-9]+)")
 # settings in which the points of one summary may differ: the point's own width and length, its lr and seeds (each
 # point's grid and seeds are recorded with it), how often it validated (the final loss is what is compared), the
 # data's path (the data is compared by fingerprint) and what never changes a result
 _POINTS_MAY_DIFFER = frozenset({"steps", "lr", "seed", "eval_every", "data", "variant", "model"})
 
 
-def has_points(out: str | os.PathLike) -> bool:
-    """Whether ``out`` holds a point of a width / length study (a directory ``d<W>_s<STEPS>``, as :func:`point_dir`
-    names it; a user's ``drafts_sorted/`` or ``d1_s1.txt`` is not one)."""
-    out = Path(out)
-    return out.is_dir() and any(_POINT_NAME.fullmatch(d.name) and d.is_dir() for d in out.iterdir())
-
-
-def run_scaling(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike, *, overwrite: bool = False,
-                progress: bool = True, quiet: bool = False, time_repeats: int = 0) -> dict[str, Any]:
-    """The plan's comparison (one lr, or its grid) at every width (``model.hidden_size``; the preset's heads, layers
-    and the rest stay) and every length (``steps``; default ``base.steps``), each in its own directory and
-    resumable; returns the summary (also ``scaling.json``). The plan's ``step_costs``: an equal-cost comparison at
-    every point (a length is the reference's steps)."""
-    from deep_delta.experiments.compare import check_grid_data, run_plan
-    from deep_delta.models.ddl.configuration_ddl import PRESETS, DDLConfig
-    from deep_delta.train.data import TrainData
-
-    widths = list(plan.widths or [base.model.get("hidden_size", PRESETS[base.preset]["hidden_size"])])
-    lengths = list(plan.lengths or [base.steps])
-    for w in widths:  # a width the heads cannot divide is refused before anything trains
-        DDLConfig.from_variant(plan.variants[0], base.preset, **{**base.model, "hidden_size": w})
-    refuse_replaced_dir(out)
-    refuse_unwritable_results(Path(out) / f"scaling.{ext}" for ext in ("md", "json", "png"))
-    data = TrainData.resolve(base.data)  # once, for every point
-    if plan.grids is not None:
-        check_grid_data(data)
-    studies = {}
-    for i, (w, n) in enumerate([(w, n) for w in widths for n in lengths], 1):
-        cfg = replace(base, steps=n, model={**base.model, "hidden_size": w})
-        where = point_dir(out, w, n)
-        if not quiet:
-            print(f"width {w}, {n} steps ({i}/{len(widths) * len(lengths)} of the study): {where}", flush=True)
-        studies[w, n] = run_plan(plan.point(), cfg, where, overwrite=overwrite, progress=progress, quiet=quiet,
-                                 time_repeats=time_repeats, data=data)
-    summary = summarize_scaling(studies, base.to_dict(), plan.lrs or None)
-    if plan.step_costs:
-        summary["step_costs"] = plan.step_costs
-    write_scaling(out, summary)
-    return summary
-
-
 def collect_scaling(out: str | os.PathLike, *, widths: list[int] | None = None,
                     lengths: list[int] | None = None) -> dict[str, Any]:
     """The study's summary from the finished points already in ``out`` (every ``d<W>_s<N>/compare.json``; with
     ``widths`` / ``lengths`` only those, each of which must be there), training nothing; written as
-    :func:`run_scaling` writes it. Each point keeps its own seeds and lr grid; the points must share the reference,
-    the data (by fingerprint), the step costs and every setting that changes a result except width, length, lr
-    and seeds, else they are refused, naming the differences."""
+    :func:`~deep_delta.experiments.runner.run_plan` writes it. Each point keeps its own seeds and lr grid; the
+    points must share the reference, the data (by fingerprint), the step costs and every setting that changes a
+    result except width, length, lr and seeds, else they are refused, naming the differences."""
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"`out` got {str(out)!r}, which is not a directory; allowed: a study's directory "
                                 "(the `out` of `ddl compare --widths ...`)")
     found = {}
     for d in sorted(out.iterdir()):
-        m = _POINT_NAME.fullmatch(d.name)
+        m = POINT_NAME.fullmatch(d.name)
         if m and d.is_dir():
             found[int(m.group(1)), int(m.group(2))] = d
     keep = {k: d for k, d in found.items()
