@@ -74,11 +74,6 @@ def variant_grids(lrs: Sequence[float] | Mapping[str, Sequence[float]], variants
     return grids
 
 
-def grid_union(grids: Mapping[str, Sequence[float]]) -> list[float]:
-    """Every lr of the variants' grids, each once, in increasing order: the grid's folders ``lr_<lr>``."""
-    return sorted({lr for grid in grids.values() for lr in grid})
-
-
 def shared_grid(grids: Mapping[str, Sequence[float]]) -> list[float] | None:
     """The one grid every variant has (sorted), or None when the variants have grids of their own."""
     found = {tuple(sorted(g)) for g in grids.values()}
