@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
     print(plan.describe(base, args.out, torch.get_num_threads()), flush=True)
     from deep_delta.experiments.lr_grid import gap_warning
 
-    for variant, grid in (plan.grids or {}).items() if isinstance(lrs, dict) else [(None, plan.lrs)] if lrs else []:
+    # a grid per variant (--lrs ... ddl-cc=...) warned about per variant, one grid for all once
+    per_variant = isinstance(lrs, dict)
+    for variant, grid in (plan.grids.items() if per_variant else [(None, plan.lrs)]) if plan.grids else []:
         warning = gap_warning(grid)
         if warning:
             print(f"ddl compare: {variant + chr(39) + 's grid: ' if variant else ''}{warning}", file=sys.stderr,
