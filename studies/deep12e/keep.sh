@@ -22,7 +22,7 @@ copy_of_half() {  # STAGE/all/REL holds the records STAGE/p1/REL or STAGE/p2/REL
   done
   return 1
 }
-for part in adamw/p1 adamw/p2 adamw/all old_baseline muon/p1 muon/p2 muon/all length/p1 length/p2 length/all; do
+for part in adamw/p1 adamw/p2 adamw/all old_baseline muon/p1 muon/p2 muon/all length/p1 length/p2 length/all paired; do
   [ -d "$part" ] || continue
   # every finished or running run's record, and the study's reports and figures; never a checkpoint
   find "$part" \( -name checkpoints -prune \) -o -type f \( -name run.json -o -name metrics.jsonl \
