@@ -19,7 +19,7 @@ from deep_delta.experiments.lr_grid import (
     selection_sentence,
     shared_lr_sentence,
 )
-from deep_delta.experiments.plan import cost_steps, plan_of, reference_variant
+from deep_delta.experiments.plan import cost_steps, plan_of, reference_variant, run_dir
 from deep_delta.experiments.report import ci_text, fmt, log_study, machine, write_outputs
 from deep_delta.experiments.stats import mean_sd, paired_difference, value_at
 from deep_delta.fsutil import save_figure
@@ -107,7 +107,7 @@ def summarize_runs(out: str | os.PathLike, variants: list[str], base: TrainConfi
     per_seed_dirs = len(seeds) > 1 if per_seed_dirs is None else per_seed_dirs
     rows = []
     for v in variants:
-        results = [seed_result(out / f"seed_{s}" / v if per_seed_dirs else out / v, s, diverged.get((v, s)),
+        results = [seed_result(run_dir(out, v, s, per_seed_dirs), s, diverged.get((v, s)),
                                base.eval_batches if base is not None else None, split) for s in seeds]
         rows.append(variant_row(v, results))
     ref = next(r for r in rows if r["variant"] == reference_variant([x["variant"] for x in rows]))
@@ -677,10 +677,6 @@ def _devices_sentence(summary: dict[str, Any]) -> str:
         f"{name}: {', '.join(runs)}" for name, runs in by_device.items()) + "."
 
 
-def _run_dirs(out: Path, variant: str, seeds: list[int]) -> list[Path]:
-    return [out / f"seed_{s}" / variant for s in seeds] if len(seeds) > 1 else [out / variant]
-
-
 def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
     """Mean, min and max over the curves at the steps they all have."""
     common = sorted(set.intersection(*(set(dict(c)) for c in curves))) if curves else []
@@ -710,7 +706,7 @@ def plot_curves(out: str | os.PathLike, variants: list[str], path: str | os.Path
         root = roots.get(v) if roots is not None else Path(out)
         if root is None:
             continue
-        records = [read_metrics(d) for d in _run_dirs(root, v, seeds)]
+        records = [read_metrics(run_dir(root, v, s, len(seeds) > 1)) for s in seeds]
         train = []
         for recs in records:
             pts = [(r["step"], r["loss"]) for r in recs if "loss" in r]

@@ -27,7 +27,7 @@ from typing import Any
 
 from deep_delta.experiments.compare import train_runs
 from deep_delta.experiments.compare_report import seed_result, summarize_runs, write_comparison
-from deep_delta.experiments.plan import CHECK_DIR, EVAL_DIR, ComparePlan, cost_steps
+from deep_delta.experiments.plan import CHECK_DIR, EVAL_DIR, ComparePlan, check_dir, cost_steps, run_dir
 from deep_delta.train.config import TrainConfig
 from deep_delta.train.data import TrainData
 
@@ -133,7 +133,7 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
     rows = {r["variant"]: {**r, "lr": chosen[r["variant"]]["lr"]} for r in summary["rows"]}
     for r in selection["rows"]:  # a variant with no lr free of divergence: its selection row says why
         rows.setdefault(r["variant"], r)
-    tests = {(v, s): read_test(_run_dir(out, v, s, several)) for v in live for s in seeds if not diverged.get((v, s))}
+    tests = {(v, s): read_test(run_dir(out / EVAL_DIR, v, s, several)) for v in live for s in seeds if not diverged.get((v, s))}
     per_run = list(tests.values())
     test_tokens = sorted({t["tokens"] for t in per_run if t})
     if len(test_tokens) > 1:
@@ -250,14 +250,14 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()
     found = [(d / v, int(d.name[5:]) if d.name[5:].isdigit() else None) for d in seed_dirs for v in live] \
         if several else [(where / v, None) for v in live]
     runs = {}
-    for run_dir, seed in found:
-        if not (run_dir / "run.json").is_file():
+    for path, seed in found:
+        if not (path / "run.json").is_file():
             continue
         try:
-            run_end(run_dir, read_run_file(run_dir))
+            run_end(path, read_run_file(path))
         except RunNotFinished:
             continue  # still training: its seed is left out (partial)
-        run = read_run(run_dir, seed)
+        run = read_run(path, seed)
         runs[run.cfg.variant, run.cfg.seed] = run
     free = RESULT_NEUTRAL | {"variant", "seed", "out", "lr", "wandb_run_name", "data", "steps"}
     for (v, s), run in runs.items():
@@ -306,10 +306,6 @@ def collect_held_out(out: Path, base: TrainConfig, selection: dict, grid_runs=()
     return summary
 
 
-def _run_dir(out: Path, variant: str, seed: int, several: bool) -> Path:
-    return out / EVAL_DIR / f"seed_{seed}" / variant if several else out / EVAL_DIR / variant
-
-
 def _check(out: Path, variant: str, ratio: float, seed: int, rows: dict, reference: str) -> dict:
     """One break-even check: the exact run's final validation loss against its curve's estimate."""
     from deep_delta.experiments.break_even import check_row
@@ -318,7 +314,7 @@ def _check(out: Path, variant: str, ratio: float, seed: int, rows: dict, referen
     mine = next(x for x in rows[variant]["per_seed"] if x["seed"] == seed)
     theirs = next(x for x in rows[reference]["per_seed"] if x["seed"] == seed)
     steps = cost_steps(mine["steps"], ratio)
-    run = out / CHECK_DIR / f"r_{ratio:g}" / variant
+    run = check_dir(out, ratio) / variant
     exact = seed_result(run, seed, run_divergence(run))
     return check_row(variant, ratio, steps, exact["val_loss"], mine["val_curve"], theirs["val_loss"], seed)
 

@@ -117,7 +117,7 @@ class ComparePlan:
     def check_runs(self, base: TrainConfig, out: Path, chosen: Mapping[str, float | None]) -> dict[tuple[str, int], Any]:
         """The break-even checks' exact runs: each checked variant with an lr at its chosen lr and the first
         evaluation seed, trained ``cost_steps(N, r)`` steps with its own schedule, in ``OUT/break_even/r_<r>/VARIANT``."""
-        return {(v, self.eval_seeds[0]): run_config(replace(base, lr=chosen[v]), v, out / CHECK_DIR / f"r_{r:g}",
+        return {(v, self.eval_seeds[0]): run_config(replace(base, lr=chosen[v]), v, check_dir(out, r),
                                                     self.eval_seeds[0], False, r)
                 for v, r in self.checks.items() if chosen.get(v) is not None}
 
@@ -192,6 +192,17 @@ def plan_of(summary: Mapping[str, Any]) -> ComparePlan | None:
                        tuple(held.get("eval_seeds") or ()), step_costs=dict(summary.get("step_costs") or {}))
 
 
+def run_dir(out: str | os.PathLike, variant: str, seed: int, per_seed_dirs: bool) -> Path:
+    """Where a comparison keeps the run of ``variant`` and ``seed``: ``out/<variant>`` for one seed, ``out/seed_<s>/
+    <variant>`` for several (``per_seed_dirs``): the one layout every writer and reader of a comparison uses."""
+    return Path(out) / f"seed_{seed}" / variant if per_seed_dirs else Path(out) / variant
+
+
+def check_dir(out: str | os.PathLike, ratio: float) -> Path:
+    """Where a break-even check of ratio r keeps its exact runs: ``out/break_even/r_<r>``."""
+    return Path(out) / CHECK_DIR / f"r_{ratio:g}"
+
+
 def run_config(base: TrainConfig, variant: str, out: Path, seed: int | None = None, per_seed_dirs: bool = False,
                step_cost: float | None = None) -> TrainConfig:
     """The run of ``variant`` (with ``seed``): ``base`` with its own variant, seed and run directory,
@@ -200,7 +211,7 @@ def run_config(base: TrainConfig, variant: str, out: Path, seed: int | None = No
     cost relative to the reference's), :func:`cost_steps` of ``base.steps``: an equal-cost budget with its own
     full lr schedule."""
     seed = base.seed if seed is None else seed
-    run = out / f"seed_{seed}" / variant if per_seed_dirs else out / variant
+    run = run_dir(out, variant, seed, per_seed_dirs)
     name = f"{variant}-seed{seed}" if base.wandb else base.wandb_run_name
     steps = base.steps if step_cost is None else cost_steps(base.steps, step_cost)
     return replace(base, variant=variant, seed=seed, out=str(run), wandb_run_name=name, steps=steps)
@@ -404,4 +415,5 @@ def _fitting_ratios(steps: int, first: int, tolerance: float) -> list[tuple[int,
 
 
 __all__ = ["CHECK_DIR", "EVAL_DIR", "ComparePlan", "build_plan", "check_break_even_checks", "check_step_costs",
-           "cost_steps", "eval_seed_list", "parse_step_costs", "plan_of", "point_dir", "recorded_mode", "reference_variant", "run_config"]
+           "cost_steps", "eval_seed_list", "parse_step_costs", "plan_of", "point_dir", "recorded_mode", "reference_variant", "run_config",
+           "run_dir", "check_dir"]
