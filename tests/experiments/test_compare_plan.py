@@ -32,6 +32,8 @@ def test_each_mode_is_one_plan_with_its_selection_and_report():
     assert single.reference == "baseline" and single.grids is None
     assert (single.report_split, single.report_seeds) == ("val", [0, 1])
     assert grid.lrs == [1e-3, 2e-3, 4e-3, 8e-3] and grid.at(4e-3) == ["ddl-cc"] and grid.at(1e-3) == ["baseline"]
+    at = held.at_lr(2e-3)  # one lr of the grid: a plain comparison of the variants whose grid holds it
+    assert (at.mode, at.variants, at.seeds, at.report_split) == ("single", ("baseline", "ddl-cc"), (0, 1), "val")
     assert (held.report_split, held.report_seeds, held.seeds) == ("test", [100, 101, 102], (0, 1))
     assert scaling.point().mode == "grid"
     # the plan survives its record (compare.json's "plan") as it was
@@ -98,5 +100,6 @@ def test_a_comparison_records_its_plan_and_report_only_rebuilds_the_same(tmp_pat
     trained = json.loads((out / "compare.json").read_text())["plan"]
     assert trained["mode"] == "grid" and trained["seeds"] == [0, 1]
     assert trained["grids"] == {"baseline": [1e-3, 2e-3], "ddl-dv1": [1e-3, 2e-3]}
+    assert json.loads((out / "lr_0.001" / "compare.json").read_text())["plan"]["mode"] == "single"
     assert main(["compare", "--out", str(out), "--report-only"]) == 0
     assert json.loads((out / "compare.json").read_text())["plan"] == trained

@@ -239,11 +239,11 @@ def run_lr_grid(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "
     t0 = time.perf_counter()
 
     def check(lr: float, where: Path) -> None:
-        for cfg in plan.runs(replace(base, lr=lr), where, plan.at(lr)).values():
+        for cfg in plan.at_lr(lr).runs(replace(base, lr=lr), where).values():
             check_reusable(cfg, data.fingerprint, overwrite=overwrite, data_dir=data.dir)
 
     def run_at(lr: float, where: Path) -> dict:
-        return run_compare(replace(base, lr=lr), replace(plan, variants=tuple(plan.at(lr))), where,
+        return run_compare(replace(base, lr=lr), plan.at_lr(lr), where,
                            overwrite=overwrite, progress=progress, quiet=quiet, time_repeats=0, data=data)
 
     def finish(per_lr: dict, points: list[dict], chosen: dict) -> dict:

@@ -87,6 +87,12 @@ class ComparePlan:
         """The variants whose grid holds ``lr`` (they train at it)."""
         return [v for v in self.variants if lr in (self.grids or {}).get(v, ())]
 
+    def at_lr(self, lr: float) -> ComparePlan:
+        """The grid's comparison at ``lr`` (``OUT/lr_<lr>``): the variants whose grid holds it, at the selection
+        seeds, one shared lr (``single``)."""
+        return replace(self, variants=tuple(self.at(lr)), grids=None, eval_seeds=(), checks={}, widths=None,
+                       lengths=None)
+
     @property
     def report_split(self) -> str:
         return "test" if self.eval_seeds else "val"
