@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.experiments.test_compare_held_out import held_out, split_data  # noqa: F401, F811 (fixture)
 from tests.experiments.test_compare_scaling import micro
 
 from deep_delta.cli.main import main
@@ -35,6 +36,7 @@ def test_each_mode_is_one_plan_with_its_selection_and_report():
     at = held.at_lr(2e-3)  # one lr of the grid: a plain comparison of the variants whose grid holds it
     assert (at.mode, at.variants, at.seeds, at.report_split) == ("single", ("baseline", "ddl-cc"), (0, 1), "val")
     assert (held.report_split, held.report_seeds, held.seeds) == ("test", [100, 101, 102], (0, 1))
+    assert (held.selection.mode, held.selection.grids, held.selection.report_split) == ("grid", held.grids, "val")
     assert scaling.point().mode == "grid"
     # the plan survives its record (compare.json's "plan") as it was
     for plan in (single, grid, held, scaling):
@@ -101,5 +103,16 @@ def test_a_comparison_records_its_plan_and_report_only_rebuilds_the_same(tmp_pat
     assert trained["mode"] == "grid" and trained["seeds"] == [0, 1]
     assert trained["grids"] == {"baseline": [1e-3, 2e-3], "ddl-dv1": [1e-3, 2e-3]}
     assert json.loads((out / "lr_0.001" / "compare.json").read_text())["plan"]["mode"] == "single"
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    assert json.loads((out / "compare.json").read_text())["plan"] == trained
+
+
+def test_a_held_out_study_records_its_plan_and_report_only_rebuilds_the_same(tmp_path, split_data):  # noqa: F811
+    out = tmp_path / "held"
+    assert main(held_out(out, split_data, steps=2, eval_every=1)) == 0
+    trained = json.loads((out / "compare.json").read_text())["plan"]
+    assert (trained["mode"], trained["report_split"], trained["seeds"], trained["eval_seeds"]) == (
+        "held_out", "test", [0, 1], [100, 101])
+    assert json.loads((out / "selection.json").read_text())["plan"]["mode"] == "grid"
     assert main(["compare", "--out", str(out), "--report-only"]) == 0
     assert json.loads((out / "compare.json").read_text())["plan"] == trained

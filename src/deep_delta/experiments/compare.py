@@ -252,8 +252,8 @@ def run_lr_grid(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "
                               base.to_dict())
         summary = grid_summary(base, variants, list(plan.seeds), plan.lrs, per_lr, points, chosen, timing, limit,
                                grids)
-        summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0, plan=plan.to_dict(),
-                       **({"step_costs": plan.step_costs} if plan.step_costs else {}))
+        summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
+                       plan=plan.selection.to_dict(), **({"step_costs": plan.step_costs} if plan.step_costs else {}))
         write_comparison(out, summary, "compare" if after_selection is None else "selection")
         return summary if after_selection is None else after_selection(summary)
 

@@ -166,9 +166,9 @@ def held_out_summary(out: Path, base: TrainConfig, selection: dict, live: list[s
             f"({', '.join(map(str, complete))}); {rest}")
     summary["break_even_checks"] = [_check(out, v, r, eval_seeds[0], rows, summary["reference"])
                                     for v, r in checks.items()]
-    if selection.get("plan"):  # the selection's plan, with the seeds and checks that report
+    if selection.get("plan"):  # the selection's plan, with the seeds, test tokens (as resolved) and checks that report
         summary["plan"] = replace(ComparePlan.from_dict(selection["plan"]), eval_seeds=tuple(eval_seeds),
-                                  checks=dict(checks)).to_dict()
+                                  test_tokens=held["test_tokens_asked"], checks=dict(checks)).to_dict()
     return summary
 
 

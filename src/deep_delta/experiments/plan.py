@@ -87,6 +87,12 @@ class ComparePlan:
         """The variants whose grid holds ``lr`` (they train at it)."""
         return [v for v in self.variants if lr in (self.grids or {}).get(v, ())]
 
+    @property
+    def selection(self) -> ComparePlan:
+        """The runs that select: the grid at the selection seeds (``grid``; its report is ``selection.md`` in a
+        held-out plan)."""
+        return replace(self, eval_seeds=(), test_tokens=None, checks={})
+
     def at_lr(self, lr: float) -> ComparePlan:
         """The grid's comparison at ``lr`` (``OUT/lr_<lr>``): the variants whose grid holds it, at the selection
         seeds, one shared lr (``single``)."""
