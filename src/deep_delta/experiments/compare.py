@@ -214,16 +214,16 @@ def run_compare(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "
 
 def run_lr_grid(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "runs/compare", *,
                 overwrite: bool = False, progress: bool = True, quiet: bool = False, time_repeats: int = 5,
-                data: TrainData | None = None, after_selection=None) -> dict[str, Any]:
+                data: TrainData | None = None, stem: str = "compare", lock: str | None = "ddl compare --lrs"
+                ) -> dict[str, Any]:
     """:func:`run_compare` at every lr of the plan's grids (``out/lr_<lr>``, a complete comparison each of the
     variants whose grid holds that lr, resumable as one), then each variant at its own best lr, chosen on the final
     validation loss alone (:func:`~deep_delta.experiments.lr_grid.choose_lrs`), paired by seed against the reference
     at its own best lr. A run diverges when its loss is non-finite or its final validation loss is above
     ``DIVERGENCE_FACTOR`` x ln(vocabulary size) (a uniform guess's loss); such a run is a grid point marked
     "diverged". Writes ``compare.md``, ``compare.json``, ``curves.png`` (each variant at its chosen lr) and
-    ``lr_sensitivity.png`` in ``out``; returns the summary. ``after_selection(summary)``, given, runs while
-    ``out`` is still locked once the grid is chosen (the evaluation seeds): the grid's report is then
-    ``selection.md`` / ``selection.json``, and what it returns is returned."""
+    ``lr_sensitivity.png`` in ``out`` (``stem`` "selection": ``selection.md``, ... , the grid of a held-out plan);
+    returns the summary. ``lock``: what ``out``'s lock names (None: the caller holds it)."""
     from deep_delta.experiments.lr_grid import DIVERGENCE_FACTOR
     from deep_delta.experiments.study import run_lr_study
     from deep_delta.fsutil import refuse_replaced_dir, refuse_unwritable_results
@@ -248,19 +248,18 @@ def run_lr_grid(base: TrainConfig, plan: ComparePlan, out: str | os.PathLike = "
 
     def finish(per_lr: dict, points: list[dict], chosen: dict) -> dict:
         timing = measure_step_times(base, variants, data.vocab_size, repeats=time_repeats) if time_repeats else None
-        timing = with_earlier(timing, out / ("compare.json" if after_selection is None else "selection.json"),
-                              base.to_dict())
+        timing = with_earlier(timing, out / f"{stem}.json", base.to_dict())
         summary = grid_summary(base, variants, list(plan.seeds), plan.lrs, per_lr, points, chosen, timing, limit,
                                grids)
         summary.update(data_fingerprint=data.fingerprint, wall_s=time.perf_counter() - t0,
                        plan=plan.selection.to_dict(), **({"step_costs": plan.step_costs} if plan.step_costs else {}))
-        write_comparison(out, summary, "compare" if after_selection is None else "selection")
-        return summary if after_selection is None else after_selection(summary)
+        write_comparison(out, summary, stem)
+        return summary
 
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, flush=True))
     return run_lr_study(out, plan.lrs, variants, check=check, run_at=run_at,
                         points_at=lambda lr, at_lr: lm_grid_points(lr, at_lr, limit), higher_is_better=False,
-                        finish=finish, lock="ddl compare --lrs", say=say, grids=grids)
+                        finish=finish, lock=lock, say=say, grids=grids)
 
 
 def check_grid_data(data: TrainData) -> None:

@@ -34,12 +34,12 @@ from deep_delta.train.data import TrainData
 SELECTION_OUTPUTS = ("selection.md", "selection.json", "selection_curves.png")
 
 
-def evaluate(plan: ComparePlan, base: TrainConfig, out: Path, data: TrainData, *, overwrite: bool, progress: bool,
-             quiet: bool, t0: float):
-    """What runs once the plan's grid has chosen (the ``after_selection`` of
-    :func:`~deep_delta.experiments.compare.run_lr_grid`, ``OUT`` still locked): the plan's evaluation runs at the
-    chosen lrs, each measured on the test split, then its break-even checks, and the evaluation's summary (also
-    ``OUT/compare.json``), which is returned. What can be refused (the test split and its size) is refused here,
+def evaluation(plan: ComparePlan, base: TrainConfig, out: Path, data: TrainData, *, overwrite: bool, progress: bool,
+               quiet: bool, t0: float):
+    """What runs once the plan's grid has chosen, ``OUT`` still locked (:func:`~deep_delta.experiments.runner.
+    run_plan`): ``evaluate(selection)``, the plan's evaluation runs at the lrs ``selection`` (the grid's summary)
+    chose, each measured on the test split, then its break-even checks, and the evaluation's summary (also
+    ``OUT/compare.json``), which it returns. What can be refused (the test split and its size) is refused here,
     before anything trains."""
     from deep_delta.experiments.held_out_split import (
         measure_test,
@@ -59,7 +59,7 @@ def evaluate(plan: ComparePlan, base: TrainConfig, out: Path, data: TrainData, *
         say(f"test tokens: each evaluation run will be measured on {measured:,} ({rounded})")
     note = sources_note(data)
 
-    def after_selection(selection: dict) -> dict:
+    def evaluate(selection: dict) -> dict:
         chosen = {v: selection["lr_selection"]["chosen"][v]["lr"] for v in plan.variants}
         if chosen[plan.reference] is None:
             raise ValueError(f"the reference {plan.reference} diverged at every lr of the grid ({out / 'selection.md'}): "
@@ -87,7 +87,7 @@ def evaluate(plan: ComparePlan, base: TrainConfig, out: Path, data: TrainData, *
         write_comparison(out, summary)
         return summary
 
-    return after_selection
+    return evaluate
 
 
 def _partial_report(out: Path, base: TrainConfig, selection: dict, live: list[str], eval_seeds: list[int],
@@ -319,4 +319,4 @@ def _check(out: Path, variant: str, ratio: float, seed: int, rows: dict, referen
     return check_row(variant, ratio, steps, exact["val_loss"], mine["val_curve"], theirs["val_loss"], seed)
 
 
-__all__ = ["collect_held_out", "evaluate", "held_out_summary", "source_rows"]
+__all__ = ["collect_held_out", "evaluation", "held_out_summary", "source_rows"]

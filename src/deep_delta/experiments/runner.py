@@ -1,7 +1,7 @@
 """The runner of ``ddl compare``: what a :class:`~deep_delta.experiments.plan.ComparePlan` says, each mode beside
 the others and none built on another's code path: one comparison (``single``), an lr grid (``grid``), the grid then
-the evaluation seeds (``held_out``: :func:`~deep_delta.experiments.held_out.evaluate` once the grid has chosen,
-``OUT`` still locked), or one of the first two at every width and length (``scaling``, each point in
+the evaluation seeds in one hold of ``OUT`` (``held_out``: the evaluation, :func:`~deep_delta.experiments.held_out.
+evaluation`, once the grid has chosen), or one of the first two at every width and length (``scaling``, each point in
 ``OUT/d<W>_s<STEPS>/``, then the study's summary)."""
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ def run_plan(plan: ComparePlan, base: TrainConfig, out: str | os.PathLike = "run
     data = data if data is not None else TrainData.resolve(base.data)
     if plan.mode == "single":
         return run_compare(base, plan, out, data=data, **kw)
-    after = None
-    if plan.mode == "held_out":
-        from deep_delta.experiments.held_out import evaluate
+    if plan.mode == "grid":
+        return run_lr_grid(base, plan, out, data=data, **kw)
+    from deep_delta.experiments.held_out import evaluation
+    from deep_delta.train.checkpoint import run_lock
 
-        after = evaluate(plan, base, Path(out), data, overwrite=overwrite, progress=progress, quiet=quiet,
-                         t0=time.perf_counter())
-    return run_lr_grid(base, plan, out, data=data, after_selection=after, **kw)
+    evaluate = evaluation(plan, base, Path(out), data, overwrite=overwrite, progress=progress, quiet=quiet,
+                          t0=time.perf_counter())  # what can be refused is, before anything trains
+    with run_lock(out, "ddl compare --lrs"):  # the grid, then its evaluation, in one hold of OUT
+        return evaluate(run_lr_grid(base, plan.selection, out, data=data, stem="selection", lock=None, **kw))
 
 
 def _run_points(plan: ComparePlan, base: TrainConfig, out: Path, **kw) -> dict[str, Any]:

@@ -88,20 +88,23 @@ def run_study(out: str | os.PathLike, keys: Sequence[Key], *, check: Callable[[K
 def run_lr_study(out: str | os.PathLike, lrs: Sequence[float], variants: Sequence[str], *,
                  check: Callable[[float, Path], None], run_at: Callable[[float, Path], Any],
                  points_at: Callable[[float, Any], list[dict]], higher_is_better: bool,
-                 finish: Callable[[dict[float, Any], list[dict], dict], dict], lock: str, say=print,
+                 finish: Callable[[dict[float, Any], list[dict], dict], dict], lock: str | None, say=print,
                  grids: dict[str, list[float]] | None = None) -> dict:
     """The study at every lr of ``lrs`` (``run_at(lr, OUT/lr_<lr>)``, each a complete study of the variants whose
     grid holds that lr, resumable as one), then each variant's best lr of its grid (``grids``, {variant: grid};
     None: ``lrs`` for every variant) from the grid points (``points_at(lr, result)``: one per (variant, seed) with
     its validation ``value`` and ``diverged``), and ``finish(per_lr, points, chosen)``, the summary, written while
-    ``out`` is still locked. Every lr's stored results (``check(lr, OUT/lr_<lr>)``) are checked first."""
+    ``out`` is still locked (``lock``: what the lock names; None: the caller holds it). Every lr's stored results
+    (``check(lr, OUT/lr_<lr>)``) are checked first."""
+    from contextlib import nullcontext
+
     from deep_delta.experiments.lr_grid import check_lrs, choose_lrs, lr_dir
     from deep_delta.train.checkpoint import run_lock
 
     out, lrs = Path(out), check_lrs(lrs)
     for lr in lrs:  # every stored run of every lr is checked before anything trains
         check(lr, lr_dir(out, lr))
-    with run_lock(out, lock):
+    with run_lock(out, lock) if lock is not None else nullcontext():
         per_lr = {}
         for i, lr in enumerate(lrs, 1):
             say(f"lr {lr:g} ({i}/{len(lrs)} of the grid): {lr_dir(out, lr)}")
