@@ -37,7 +37,6 @@ MIN_STEP_COST, MAX_STEP_COST = 0.01, 100.0
 STEP_BUDGET_TOLERANCE = 0.05
 EVAL_DIR = "evaluation"
 CHECK_DIR = "break_even"
-MODES = ("single", "grid", "held_out", "scaling")
 
 
 def reference_variant(variants: Sequence[str]) -> str:
@@ -107,9 +106,9 @@ class ComparePlan:
     def report_seeds(self) -> list[int]:
         return list(self.eval_seeds or self.seeds)
 
-    def point(self, **changes) -> ComparePlan:
-        """This plan with ``changes`` (one point of the width / length study: no widths, no lengths)."""
-        return replace(self, widths=None, lengths=None, **changes)
+    def point(self) -> ComparePlan:
+        """One point of the width / length study: this plan without its widths and lengths."""
+        return replace(self, widths=None, lengths=None)
 
     def runs(self, base: TrainConfig, out: Path, variants: Sequence[str] | None = None,
              lrs: Mapping[str, float] | None = None, seeds: Sequence[int] | None = None) -> dict[tuple[str, int], Any]:
